@@ -1,0 +1,15 @@
+"""Small pieces every command module shares: the stderr console, output checks."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+
+# Everything a person reads while waiting goes to stderr; stdout carries data only.
+console = Console(stderr=True)
+
+
+def print_json(value) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, allow_nan=False) + "\n")

@@ -1,0 +1,38 @@
+"""`headprune import`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..checkpoint import load, save
+from ..errors import CheckpointError
+from ..fileio import check_output
+from ..importer import import_folder
+from .common import console
+
+
+def import_model(
+    source: Annotated[Path, typer.Argument(help="A Hugging Face model folder (config.json + *.safetensors + tokenizer files) or a headprune checkpoint.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Checkpoint to write (.safetensors).")],
+    force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")] = False,
+) -> None:
+    """Make one self-describing headprune checkpoint from a model folder.
+
+    Examples:
+
+      headprune import ./all-MiniLM-L6-v2 -o minilm.safetensors
+
+      headprune import old.safetensors -o copy.safetensors
+    """
+    check_output(output, force, inputs=[source])
+    if source.is_dir():
+        model = import_folder(source)
+    elif source.is_file():
+        model = load(source)
+    else:
+        raise CheckpointError(f"{source}: no such folder or file")
+    digest = save(model, output)
+    console.print(f"wrote {output} (sha256 {digest[:12]})")

@@ -1,0 +1,51 @@
+"""`headprune inspect`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..checkpoint import load
+from ..describe import describe
+from .common import console, print_json
+
+
+def inspect(
+    checkpoint: Annotated[Path, typer.Argument(help="A headprune checkpoint.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object on stdout instead of a table.")] = False,
+    seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Sequence length for FLOPs per token.")] = 128,
+) -> None:
+    """Show a checkpoint: family, layers, heads kept (original indices), params, FLOPs, provenance.
+
+    Examples:
+
+      headprune inspect small.safetensors
+
+      headprune inspect small.safetensors --json | jq .heads
+    """
+    facts = describe(load(checkpoint), seq_len)
+    if as_json:
+        print_json(facts)
+        return
+    table = Table(title=f"{checkpoint}", show_header=True)
+    table.add_column("layer", justify="right")
+    table.add_column("heads kept (original indices)")
+    table.add_column("kv heads")
+    for layer in facts["layers"]:
+        table.add_row(str(layer), _ints(facts["heads"][str(layer)]), _ints(facts["kv_heads"][str(layer)]))
+    console.print(
+        f"[bold]{facts['family']}[/] {facts['architecture']} ({facts['task']}), "
+        f"{facts['num_layers']}/{facts['original_num_layers']} layers, "
+        f"{facts['kept_heads']}/{facts['original_heads']} heads, {facts['params']:,} params, "
+        f"{facts['flops_per_token'] / 1e6:,.2f} MFLOPs/token at seq {seq_len}"
+    )
+    console.print(table)
+    root = facts["provenance"].get("root")
+    console.print(f"root: {root[:12] if root else '(this is a root model)'}")
+
+
+def _ints(values: list[int]) -> str:
+    return " ".join(str(v) for v in values)

@@ -1,0 +1,81 @@
+"""File I/O at the edges: atomic writes, hashes, no overwritten inputs.
+
+Every output goes to a temporary file in the destination folder, is fsynced, and is
+renamed into place, so a crash or kill leaves the old file or none, never half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from .errors import HeadpruneError, UsageError
+
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_output(path: str | os.PathLike, force: bool = False, inputs: Iterable[str | os.PathLike] = ()) -> Path:
+    """Refuse an output that would overwrite an input, or an existing file without --force."""
+    out = Path(path)
+    for given in inputs:
+        if given is not None and str(given) != "-" and Path(given).exists() and out.exists():
+            if out.resolve() == Path(given).resolve():
+                raise UsageError(f"output {out} is also an input; choose another output path")
+    if out.exists() and not force:
+        raise UsageError(f"{out} exists; pass --force to overwrite it")
+    if out.exists() and out.is_dir():
+        raise UsageError(f"{out} is a directory, not a file")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"output folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise HeadpruneError(f"output folder {parent} is not writable")
+    return out
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+    """Run `write(tmp_path)`, fsync, then rename over `path`; clean up on any failure."""
+    out = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent if str(out.parent) else ".")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, out)
+    except OSError as exc:
+        _remove_quietly(tmp)
+        raise HeadpruneError(f"could not write {out}: {exc.strerror or exc}") from exc
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+
+    atomic_write(path, write)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

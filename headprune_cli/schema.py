@@ -1,0 +1,234 @@
+"""Versioned JSON artifacts (scores, plan, report), validated on read with pydantic.
+
+Every artifact shares one envelope: kind, schema_version, headprune_version, created,
+inputs [{role, path, sha256}], config (the resolved options), then its payload. Readers
+refuse an unknown kind or version, non-finite numbers and out-of-range indices.
+`created` honours SOURCE_DATE_EPOCH so that reruns can be byte-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from . import __version__
+from .errors import ArtifactError
+from .fileio import atomic_write_bytes, sha256_bytes, sha256_file
+
+SCHEMA_VERSION = 1
+MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class InputRef(_Strict):
+    role: str
+    path: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Envelope(_Strict):
+    kind: str
+    schema_version: int
+    headprune_version: str
+    created: str
+    inputs: list[InputRef]
+    config: dict[str, Any]
+
+
+def _index_map(value: dict[str, Any]) -> dict[int, Any]:
+    out = {}
+    for key, item in value.items():
+        if not str(key).isdigit():
+            raise ValueError(f"index {key!r} is not a non-negative integer")
+        out[int(key)] = item
+    return out
+
+
+class Scores(Envelope):
+    """Importance of every kept head (original indices); higher = more important."""
+
+    kind: Literal["scores"]
+    method: str
+    objective: str
+    shape: tuple[int, int]  # [original layers, max original heads per layer]
+    num_heads: list[int]  # original query heads per original layer
+    num_kv_heads: list[int]
+    kept: dict[int, list[int]]  # original layer -> original heads the scored model keeps
+    heads: dict[int, dict[int, float]]  # original layer -> original head -> score
+    layers: dict[int, float] | None = None  # original layer -> score, when asked
+    samples: int
+    cost: dict[str, Any]  # cost.CostTable as a dict
+
+    @field_validator("kept", "heads", "layers", mode="before")
+    @classmethod
+    def _maps(cls, value):
+        return _index_map(value) if isinstance(value, dict) else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Scores":
+        layers, _ = self.shape
+        if len(self.num_heads) != layers or len(self.num_kv_heads) != layers:
+            raise ValueError("num_heads/num_kv_heads do not match shape")
+        for layer, heads in self.heads.items():
+            if layer not in self.kept or sorted(heads) != sorted(self.kept[layer]):
+                raise ValueError(f"layer {layer}: scored heads differ from the heads the model keeps")
+        for layer, heads in self.kept.items():
+            if not 0 <= layer < layers or any(not 0 <= h < self.num_heads[layer] for h in heads):
+                raise ValueError(f"layer {layer}: head index out of range")
+        return self
+
+
+class Prediction(_Strict):
+    params: int
+    flops_per_token: float
+
+
+class Plan(Envelope):
+    kind: Literal["plan"]
+    strategy: str
+    constraints: dict[str, Any]
+    remove_heads: dict[int, list[int]]
+    remove_layers: list[int]
+    predicted: dict[Literal["before", "after"], Prediction]
+    num_heads: list[int]
+
+    @field_validator("remove_heads", mode="before")
+    @classmethod
+    def _maps(cls, value):
+        return _index_map(value) if isinstance(value, dict) else value
+
+    @model_validator(mode="after")
+    def _in_range(self) -> "Plan":
+        n = len(self.num_heads)
+        for layer, heads in self.remove_heads.items():
+            if not 0 <= layer < n or any(not 0 <= h < self.num_heads[layer] for h in heads):
+                raise ValueError(f"layer {layer}: head index out of range")
+        if any(not 0 <= layer < n for layer in self.remove_layers):
+            raise ValueError("remove_layers: layer index out of range")
+        return self
+
+
+KINDS: dict[str, type[Envelope]] = {"scores": Scores, "plan": Plan}
+
+
+def register_kind(kind: str, model: type[Envelope]) -> None:
+    """Later stages (report, ...) add their payload models here."""
+    KINDS[kind] = model
+
+
+# --- writing --------------------------------------------------------------------------
+def created_now() -> str:
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    moment = datetime.fromtimestamp(int(epoch), timezone.utc) if epoch else datetime.now(timezone.utc)
+    return moment.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def input_ref(role: str, path: str | os.PathLike, sha256: str | None = None) -> dict:
+    return {"role": role, "path": str(path), "sha256": sha256 or sha256_file(path)}
+
+
+def envelope(kind: str, inputs: list[dict], config: dict) -> dict:
+    return {
+        "kind": kind,
+        "schema_version": SCHEMA_VERSION,
+        "headprune_version": __version__,
+        "created": created_now(),
+        "inputs": inputs,
+        "config": config,
+    }
+
+
+def dumps(artifact: dict) -> str:
+    _check_finite(artifact)
+    return json.dumps(artifact, indent=2, allow_nan=False) + "\n"
+
+
+def write_artifact(artifact: dict, output: str | os.PathLike | None) -> str:
+    """Write to `output` atomically, or to stdout when it is None or '-'; returns sha256."""
+    text = dumps(artifact)
+    if output is None or str(output) == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        atomic_write_bytes(output, text.encode())
+    return sha256_bytes(text.encode())
+
+
+def _check_finite(value: Any, where: str = "artifact") -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ArtifactError(f"{where} contains a non-finite number")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_finite(item, where)
+
+
+# --- reading --------------------------------------------------------------------------
+def read_text(source: str | os.PathLike) -> tuple[str, str]:
+    """Text and a display name of an artifact file, or of stdin for '-'."""
+    if str(source) == "-":
+        if sys.stdin is None or sys.stdin.isatty():
+            raise ArtifactError("expected a JSON artifact on stdin (pipe one in, or give a path)")
+        return sys.stdin.read(MAX_ARTIFACT_BYTES + 1), "<stdin>"
+    path = Path(source)
+    if not path.is_file():
+        raise ArtifactError(f"{path}: no such file")
+    if path.stat().st_size > MAX_ARTIFACT_BYTES:
+        raise ArtifactError(f"{path}: too large to be a headprune artifact")
+    try:
+        return path.read_text(encoding="utf-8"), str(path)
+    except UnicodeDecodeError:
+        raise ArtifactError(f"{path}: not a text file") from None
+
+
+def parse_artifact(text: str, name: str, kinds: tuple[str, ...]) -> Envelope:
+    """Parse and validate an artifact of one of `kinds`; only ArtifactError escapes."""
+    if len(text) > MAX_ARTIFACT_BYTES:
+        raise ArtifactError(f"{name}: too large to be a headprune artifact")
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except (json.JSONDecodeError, RecursionError, ValueError) as exc:
+        raise ArtifactError(f"{name}: not valid JSON ({_short(exc)})") from None
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{name}: expected a JSON object")
+    kind = data.get("kind")
+    if kind not in kinds:
+        raise ArtifactError(f"{name}: expected a {' or '.join(kinds)} artifact, got kind {kind!r}")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ArtifactError(
+            f"{name}: {kind} schema_version {data.get('schema_version')!r} is not supported (need {SCHEMA_VERSION})"
+        )
+    try:
+        return KINDS[kind].model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or kind
+        raise ArtifactError(f"{name}: invalid {kind}: {where}: {first['msg']}") from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise ArtifactError(f"{name}: invalid {kind}: {_short(exc)}") from None
+
+
+def read_artifact(source: str | os.PathLike, kinds: tuple[str, ...]) -> tuple[Envelope, str]:
+    """Read and validate; returns the artifact and the sha256 of its exact bytes."""
+    text, name = read_text(source)
+    return parse_artifact(text, name, kinds), sha256_bytes(text.encode())
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not allowed")
+
+
+def _short(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]

@@ -1,0 +1,22 @@
+# Sourced by scripts/test.sh and scripts/demo.sh: create or refresh .venv, then activate it.
+# torch is installed first and pinned: with no torch present, an open range such as
+# torch>=2.4 would pull a multi-GB CUDA build; 2.13.0 is the CPU build.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "creating .venv" >&2
+  "$PYTHON" -m venv .venv
+fi
+# shellcheck disable=SC1091
+source .venv/bin/activate
+STAMP=".venv/.headprune-installed"
+WANT="$(cat pyproject.toml scripts/_env.sh | sha256sum | cut -c1-16)"
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
+  python -m pip install -q --upgrade pip >&2
+  python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0" >&2
+  python -m pip install -q -e ".[test,plot]" >&2
+  echo "$WANT" > "$STAMP"
+fi
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false

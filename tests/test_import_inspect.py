@@ -1,0 +1,124 @@
+"""Import from Hugging Face folders, inspect, and the bad-input contract of both."""
+
+import json
+
+import pytest
+import torch
+import transformers as T
+
+from headprune_cli import load, save
+from headprune_cli.layout import info_of
+
+from .conftest import TINY, model_inputs, model_output, snapshot
+
+HF_FAMILIES = [name for name in sorted(TINY) if name != "reference"]
+
+
+@pytest.mark.parametrize("name", HF_FAMILIES)
+def test_imported_folder_reproduces_transformers_outputs(name, tmp_path, cli):
+    model = TINY[name]()
+    model.save_pretrained(tmp_path / "hf")
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "m.safetensors")
+    assert result.code == 0, result.err
+    reference = type(model).from_pretrained(tmp_path / "hf")
+    reference.eval()
+    inputs = model_inputs(name)
+    assert torch.equal(model_output(load(tmp_path / "m.safetensors"), inputs), model_output(reference, inputs))
+
+
+def test_inspect_json_describes_a_pruned_checkpoint(tmp_path, cli):
+    from headprune_cli.surgery import apply_plan
+
+    model = TINY["llama-gqa"]()
+    apply_plan(model, {0: [0, 1, 2, 3]}, [2])
+    save(model, tmp_path / "m.safetensors")
+    result = cli("inspect", tmp_path / "m.safetensors", "--json", "--seq-len", "32")
+    assert result.code == 0, result.err
+    facts = json.loads(result.out)
+    assert facts["family"] == "llama" and facts["num_layers"] == 2
+    assert facts["heads"] == {"0": [4, 5, 6, 7], "1": list(range(8))}
+    assert facts["kv_heads"]["0"] == [1]
+    assert facts["params"] == sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    assert facts["flops_per_token"] > 0 and facts["seq_len"] == 32
+    assert set(facts["provenance"]) >= {"parent", "root", "plan"}
+    table = cli("inspect", tmp_path / "m.safetensors")
+    assert table.code == 0 and table.out == "" and "llama" in table.err
+
+
+def test_import_of_a_checkpoint_copies_it(tmp_path, cli):
+    save(TINY["reference"](), tmp_path / "a.safetensors")
+    assert cli("import", tmp_path / "a.safetensors", "-o", tmp_path / "b.safetensors").code == 0
+    assert info_of(load(tmp_path / "b.safetensors")).provenance["root"] is not None
+
+
+def _bad_files(tmp_path):
+    good = tmp_path / "good.safetensors"
+    save(TINY["bert"](), good)
+    raw = good.read_bytes()
+    (tmp_path / "text.safetensors").write_text("hello, not a model")
+    (tmp_path / "truncated.safetensors").write_bytes(raw[: len(raw) // 2])
+    (tmp_path / "tiny.safetensors").write_bytes(b"\x01\x02")
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "plain.safetensors"))
+    header_len = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + header_len])
+    header["__metadata__"]["headprune.family"] = "nosuchfamily"
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    (tmp_path / "family.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + header_len :])
+    (tmp_path / "noconfig").mkdir()
+    return {
+        "text.safetensors": "not a safetensors file",
+        "truncated.safetensors": "truncated",
+        "tiny.safetensors": "too short",
+        "plain.safetensors": "without headprune metadata",
+        "family.safetensors": "unknown model family 'nosuchfamily'",
+        "noconfig": "no config.json",
+        "missing.safetensors": "no such",
+    }
+
+
+def test_bad_checkpoints_fail_cleanly(tmp_path, cli):
+    cases = _bad_files(tmp_path)
+    before = snapshot(tmp_path)
+    for name, message in cases.items():
+        for args in (("inspect", tmp_path / name), ("import", tmp_path / name, "-o", tmp_path / "out.safetensors")):
+            result = cli(*args)
+            assert result.code == 1, (name, result)
+            assert result.err.startswith("Error: ") and result.err.count("\n") == 1, result.err
+            expected = "a folder, not a checkpoint" if (name, args[0]) == ("noconfig", "inspect") else message
+            assert expected in result.err, (name, result.err)
+            assert "Traceback" not in result.err and result.out == ""
+    assert snapshot(tmp_path) == before
+
+
+def test_import_refuses_pickled_only_folders(tmp_path, cli):
+    folder = tmp_path / "hf"
+    TINY["bert"]().save_pretrained(folder)
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+    result = cli("import", folder, "-o", tmp_path / "m.safetensors")
+    assert result.code == 1 and "pickled weights are never loaded" in result.err
+    assert not (tmp_path / "m.safetensors").exists()
+
+
+def test_import_never_overwrites_without_force(tmp_path, cli):
+    save(TINY["reference"](), tmp_path / "a.safetensors")
+    (tmp_path / "b.safetensors").write_bytes(b"keep me")
+    result = cli("import", tmp_path / "a.safetensors", "-o", tmp_path / "b.safetensors")
+    assert result.code == 2 and "--force" in result.err
+    assert (tmp_path / "b.safetensors").read_bytes() == b"keep me"
+    same = cli("import", tmp_path / "a.safetensors", "-o", tmp_path / "a.safetensors", "--force")
+    assert same.code == 2 and "also an input" in same.err
+
+
+def test_metadata_that_lies_about_head_counts_is_refused(tmp_path, cli):
+    from headprune_cli.surgery import apply_plan
+
+    model = TINY["bert"]()
+    apply_plan(model, {0: [0]}, [])
+    layout = info_of(model).layout
+    layout.heads[0] = layout.kv_heads[0] = [0, 1, 2, 3]  # claims 4 heads, weights hold 3
+    save(model, tmp_path / "lie.safetensors")
+    result = cli("inspect", tmp_path / "lie.safetensors")
+    assert result.code == 1 and "shape" in result.err
