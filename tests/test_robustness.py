@@ -1,0 +1,131 @@
+"""Reliability of the readers and writers (issue 8): kills, fuzzed metadata and artifacts."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors.torch import save_file
+
+from headprune_cli import load, save
+from headprune_cli.checkpoint import read_info
+from headprune_cli.errors import HeadpruneError
+from headprune_cli.schema import parse_artifact
+
+from .conftest import TINY
+
+_KEYS = ["format", "version", "family", "architecture", "config", "layout", "task", "tokenizer_config", "pooling", "provenance"]
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 40) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+_layout_like = st.fixed_dictionaries(
+    {
+        "num_heads": st.lists(st.integers(-1, 5), max_size=4),
+        "num_kv_heads": st.lists(st.integers(-1, 5), max_size=4),
+        "layers": st.lists(st.integers(-1, 4), max_size=4),
+        "heads": st.lists(st.lists(st.integers(-1, 5), max_size=4), max_size=4),
+        "kv_heads": st.lists(st.lists(st.integers(-1, 5), max_size=4), max_size=4),
+    }
+)
+
+
+def _valid_metadata(tmp_path_factory) -> dict[str, str]:
+    path = tmp_path_factory.mktemp("valid") / "m.safetensors"
+    save(TINY["bert"](), path)
+    with open(path, "rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        return json.loads(handle.read(length))["__metadata__"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    key=st.sampled_from(_KEYS),
+    value=st.one_of(st.text(max_size=30), _json_values.map(json.dumps), _layout_like.map(json.dumps)),
+)
+def test_fuzzed_checkpoint_metadata_only_raises_headprune_errors(tmp_path_factory, key, value):
+    metadata = _valid_metadata(tmp_path_factory)
+    metadata[f"headprune.{key}"] = value
+    path = tmp_path_factory.mktemp("fuzz") / "f.safetensors"
+    save_file({"w": torch.zeros(1)}, str(path), metadata=metadata)
+    try:
+        read_info(path)
+        load(path)
+    except HeadpruneError:
+        pass
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.binary(max_size=200))
+def test_random_bytes_are_refused_as_checkpoints(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("bytes") / "r.safetensors"
+    path.write_bytes(data)
+    try:
+        load(path)
+    except HeadpruneError:
+        return
+    raise AssertionError("random bytes loaded as a checkpoint")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    kind=st.sampled_from(["scores", "plan", "report", "other"]),
+    fields=st.dictionaries(
+        st.sampled_from(["schema_version", "inputs", "config", "heads", "kept", "remove_heads", "num_heads", "shape", "created", "cost"]),
+        _json_values,
+        max_size=6,
+    ),
+)
+def test_fuzzed_artifacts_only_raise_headprune_errors(kind, fields):
+    text = json.dumps({"kind": kind, "schema_version": 1, **fields})
+    try:
+        parse_artifact(text, "fuzz", ("scores", "plan"))
+    except HeadpruneError:
+        pass
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(max_size=80))
+def test_arbitrary_text_is_refused_as_an_artifact(text):
+    try:
+        parse_artifact(text, "fuzz", ("scores", "plan"))
+    except HeadpruneError:
+        return
+    raise AssertionError("arbitrary text parsed as an artifact")
+
+
+_WRITER = """
+import sys, torch
+from headprune_cli import save
+from headprune_cli.arch import ReferenceConfig, ReferenceEncoder
+model = ReferenceEncoder(ReferenceConfig(vocab_size=30000, hidden_size=512, heads_per_layer=[8, 8], head_dim=64, intermediate_size=2048))
+print("ready", flush=True)
+while True:
+    save(model, sys.argv[1])
+"""
+
+
+def test_sigkill_while_writing_leaves_old_file_or_none(tmp_path):
+    target = tmp_path / "m.safetensors"
+    save(TINY["reference"](), target)
+    old = target.read_bytes()
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(target)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        deadline = time.time() + 60
+        while not list(tmp_path.glob(".m.safetensors.*.tmp")) and time.time() < deadline:
+            time.sleep(0.005)  # wait until a write is in progress
+        assert list(tmp_path.glob(".m.safetensors.*.tmp")), "the writer never started writing"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    # Whatever moment the kill hit, the target is a whole checkpoint: the old one or a new one.
+    data = target.read_bytes()
+    assert data == old or load(target) is not None
+    load(target)
