@@ -1,0 +1,87 @@
+"""`headprune report`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .. import render
+from ..errors import GateFailed, UsageError
+from ..fileio import check_output
+from ..report import ReportOptions, build_report
+from ..schema import write_artifact
+from .common import console
+
+
+def report(
+    model: Annotated[Path, typer.Option("--model", help="The pruned checkpoint.")],
+    data: Annotated[Path, typer.Option("--data", help="Evaluation data (JSONL/CSV/text/safetensors) for the model's task.")],
+    baseline: Annotated[str, typer.Option("--baseline", help="Baseline checkpoint, or 'auto' for the root model named in the pruned model's provenance.")] = "auto",
+    scores: Annotated[Optional[Path], typer.Option("--scores", help="Scores JSON: adds importance to the head map and its heatmap.")] = None,
+    max_drop: Annotated[Optional[float], typer.Option("--max-drop", min=0, help="Gate: largest allowed drop of the main metric, in points (accuracy/F1/fidelity x100) or in perplexity.")] = None,
+    max_rel_drop: Annotated[Optional[float], typer.Option("--max-rel-drop", min=0, help="Gate: largest allowed relative drop of the main metric (0.02 = 2%).")] = None,
+    min_speedup: Annotated[Optional[float], typer.Option("--min-speedup", min=0, help="Gate: smallest allowed measured speedup (baseline median / pruned median).")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Batch size for evaluation and latency.")] = 8,
+    seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Sequence length for FLOPs, latency, and the evaluation's max length.")] = 128,
+    threads: Annotated[int, typer.Option("--threads", min=1, help="CPU threads while timing (torch.set_num_threads).")] = 2,
+    repeats: Annotated[int, typer.Option("--repeats", min=0, help="Timed runs per model after warm-up; 0 skips latency.")] = 10,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed warm-up runs per model.")] = 2,
+    json_out: Annotated[Optional[str], typer.Option("--json", help="Write the report JSON here ('-' for stdout).")] = None,
+    markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY).")] = None,
+    plot_dir: Annotated[Optional[Path], typer.Option("--plot", help="Folder for PNG plots (head_map.png).")] = None,
+    junit_out: Annotated[Optional[Path], typer.Option("--junit", help="Write JUnit XML, one test case per gate.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")] = False,
+) -> None:
+    """Compare a pruned model with its baseline: quality, size, FLOPs, measured speed; gate CI.
+
+    Exit codes: 0 every gate passed (or none given), 3 a gate failed (the model got worse
+    than the budget), 1 an error, 2 a usage error. Outputs are written before exit 3.
+
+    Examples:
+
+      headprune report --model small.safetensors --data dev.jsonl --max-drop 1.0
+
+      headprune report --model small.safetensors --baseline base.safetensors --data dev.jsonl \\
+        --min-speedup 1.3 --json report.json --markdown report.md --junit gates.xml
+
+      cat report.md >> "$GITHUB_STEP_SUMMARY"
+    """
+    inputs = [model, data, scores, None if baseline == "auto" else baseline]
+    outputs = _check_outputs(json_out, markdown_out, junit_out, plot_dir, force, inputs)
+    if min_speedup is not None and repeats == 0:
+        raise UsageError("--min-speedup needs latency measurements; --repeats must be at least 1")
+    opts = ReportOptions(batch_size, seq_len, threads, repeats, warmup, max_drop, max_rel_drop, min_speedup)
+    result = build_report(model, baseline, data, scores, opts, warn=lambda m: console.print(f"[yellow]warning:[/] {m}", highlight=False))
+    if json_out is not None:
+        write_artifact(result, json_out)
+    if markdown_out is not None:
+        render.write_text(markdown_out, render.markdown(result))
+    if junit_out is not None:
+        render.write_text(junit_out, render.junit(result))
+    if plot_dir is not None:
+        render.head_map_png(result, outputs["plot"])
+    render.terminal(result, console)
+    failed = [g["name"] for g in result["gates"] if not g["passed"]]
+    if failed:
+        raise GateFailed(f"gate {', '.join(failed)} failed: {render.headline(result)}")
+
+
+def _check_outputs(json_out, markdown_out, junit_out, plot_dir, force, inputs) -> dict:
+    """Every output is checked before any work, so a refused output costs nothing."""
+    outputs = {}
+    if json_out is not None and json_out != "-":
+        outputs["json"] = check_output(json_out, force, inputs)
+    for key, path in (("markdown", markdown_out), ("junit", junit_out)):
+        if path is not None:
+            outputs[key] = check_output(path, force, inputs)
+    if plot_dir is not None:
+        if plot_dir.exists() and not plot_dir.is_dir():
+            raise UsageError(f"--plot {plot_dir} is a file; give a folder")
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        outputs["plot"] = check_output(plot_dir / "head_map.png", force, inputs)
+    paths = [str(Path(p).resolve()) for p in outputs.values()]
+    if len(set(paths)) != len(paths):
+        raise UsageError("two outputs name the same file")
+    return outputs
