@@ -119,12 +119,12 @@ def terminal(report: dict, console) -> None:
     from rich.table import Table
 
     style = {"pass": "bold green", "fail": "bold red", "no-gates": "bold"}[report["verdict"]]
-    console.print(f"[{style}]{headline(report)}[/]", highlight=False)
+    console.print(f"[{style}]{headline(report)}[/]", highlight=False, soft_wrap=True)
     for warning in report["warnings"]:
-        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     for g in report["gates"]:
         mark = "[green]pass[/]" if g["passed"] else "[red]FAIL[/]"
-        console.print(f"  {mark} {g['description']} (value {g['value']:.4g})", highlight=False)
+        console.print(f"  {mark} {g['description']} (value {g['value']:.4g})", highlight=False, soft_wrap=True)
     table = Table(title="head map (original indices)")
     table.add_column("layer", justify="right")
     table.add_column("kept")

@@ -53,7 +53,7 @@ def report(
     if min_speedup is not None and repeats == 0:
         raise UsageError("--min-speedup needs latency measurements; --repeats must be at least 1")
     opts = ReportOptions(batch_size, seq_len, threads, repeats, warmup, max_drop, max_rel_drop, min_speedup)
-    result = build_report(model, baseline, data, scores, opts, warn=lambda m: console.print(f"[yellow]warning:[/] {m}", highlight=False))
+    result = build_report(model, baseline, data, scores, opts)
     if json_out is not None:
         write_artifact(result, json_out)
     if markdown_out is not None:
