@@ -1,0 +1,63 @@
+"""torchrun support: the same command runs single-process or data-parallel.
+
+torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; when WORLD_SIZE > 1 we join the process
+group (gloo on CPU, nccl on GPUs). Only rank 0 writes files or draws progress bars.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """All-reduce (sum) a copy; identity when single-process."""
+        if not self.active:
+            return tensor
+        tensor = tensor.clone()
+        dist.all_reduce(tensor)
+        return tensor
+
+
+def setup() -> Dist:
+    """Join the process group when launched by torchrun with more than one process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() > local
+    device = torch.device(f"cuda:{local}") if cuda else torch.device("cpu")
+    if not dist.is_initialized():
+        if cuda:
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return Dist(rank=rank, world=world, device=device)
+
+
+def shard(batch: dict[str, torch.Tensor], ctx: Dist) -> dict[str, torch.Tensor]:
+    """This rank's rows of a global batch: rows rank, rank + world, ..."""
+    if not ctx.active:
+        return batch
+    return {k: v[ctx.rank :: ctx.world] for k, v in batch.items()}
