@@ -178,14 +178,14 @@ def head_map_png(report: dict, path: str | Path) -> None:
     _save_png(figure, path)
 
 
-def curve_png(curves: dict[str, list[tuple[float, float]]], metric: str, path: str | Path, budget: float | None = None, baseline: float | None = None) -> None:
+def curve_png(curves: dict[str, list[tuple[float, float]]], metric: str, path: str | Path, budget: float | None = None) -> None:
     """Quality versus fraction of heads removed, one line per method (sweep)."""
     figure = _figure(6.0, 4.0)
     ax = figure.add_subplot()
     for method, points in sorted(curves.items()):
         xs, ys = zip(*sorted(points)) if points else ((), ())
         ax.plot([x * 100 for x in xs], ys, marker="o", label=method)
-    if baseline is not None and budget is not None:
+    if budget is not None:
         ax.axhline(budget, color="grey", linestyle="--", linewidth=1, label="budget")
     ax.set_xlabel("heads removed (%)")
     ax.set_ylabel(metric)

@@ -114,4 +114,48 @@ class Report(Envelope):
     verdict: Literal["pass", "fail", "no-gates"]
 
 
+class SweepRow(_Strict):
+    method: str
+    ratio: float
+    heads_removed: int
+    fraction_removed: float
+    metrics: list[Metric]
+    main: float
+    drop: float
+    rel_drop: float
+    params: int
+    flops_per_token: float
+    predicted_speedup: float
+    within_budget: bool
+
+
+class SweepBest(_Strict):
+    ratio: float
+    heads_removed: int
+    fraction_removed: float
+    main: float
+    drop: float
+    predicted_speedup: float
+
+
+class SweepMain(_Strict):
+    name: str
+    higher_is_better: bool
+    baseline: float
+    unit: str
+
+
+class Sweep(Envelope):
+    kind: Literal["sweep"]
+    task: str
+    objective: str
+    main_metric: SweepMain
+    baseline_metrics: list[Metric]
+    total_heads: int
+    max_drop: float
+    rows: list[SweepRow]
+    best: dict[str, SweepBest | None]  # method -> largest ratio within the budget
+
+
 register_kind("report", Report)
+register_kind("sweep", Sweep)

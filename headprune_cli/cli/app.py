@@ -13,7 +13,7 @@ import traceback
 import typer
 
 from ..errors import EXIT_ERROR, EXIT_USAGE, HeadpruneError
-from . import import_cmd, inspect_cmd, report_cmd
+from . import import_cmd, inspect_cmd, report_cmd, sweep_cmd
 
 app = typer.Typer(
     name="headprune",
@@ -30,6 +30,7 @@ app = typer.Typer(
 app.command("import")(import_cmd.import_model)
 app.command("inspect")(inspect_cmd.inspect)
 app.command("report")(report_cmd.report)
+app.command("sweep")(sweep_cmd.sweep)
 
 
 def _debug() -> bool:
