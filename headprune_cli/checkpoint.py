@@ -153,7 +153,8 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
 
 
 def read_info(path: str | os.PathLike) -> ModelInfo:
-    meta = read_metadata(path)
+    """Metadata only (cheap): of a checkpoint file, or of a folder from `headprune export --hf`."""
+    meta = read_folder_metadata(path) if is_export_folder(path) else read_metadata(path)
     return ModelInfo(
         family=meta["family"],
         architecture=meta["architecture"],
@@ -178,8 +179,10 @@ def _loads(text: str, key: str, path, kind: type):
 
 
 def load(path: str | os.PathLike) -> nn.Module:
-    """Rebuild the model stored in a headprune checkpoint, at exactly its stored shapes."""
+    """Rebuild the model stored in a headprune checkpoint (or an exported HF-style folder),
+    at exactly its stored shapes."""
     info = read_info(path)
+    weights = Path(path) / FOLDER_WEIGHTS if is_export_folder(path) else path
     adapter = adapter_for_family(info.family)
     try:
         model = adapter.build(info.config, info.architecture)
@@ -188,10 +191,43 @@ def load(path: str | os.PathLike) -> nn.Module:
     except Exception as exc:
         raise CheckpointError(f"{path}: cannot build {info.architecture} from the stored config ({_first_line(exc)})") from None
     _cut_to_layout(model, info)
-    _load_weights(model, path)
+    _load_weights(model, weights)
     model.eval()
-    info_of(model).loaded_from = (str(path), sha256_file(path))
+    info_of(model).loaded_from = (str(path), sha256_file(weights))
     return model
+
+
+# --- exported HF-style folders (written by export.py) ----------------------------------
+FOLDER_FORMAT = "headprune-folder"
+FOLDER_INFO = "headprune.json"  # the layout and everything else transformers' config.json cannot say
+FOLDER_WEIGHTS = "model.safetensors"
+
+
+def is_export_folder(path: str | os.PathLike) -> bool:
+    return Path(path).is_dir() and (Path(path) / FOLDER_INFO).is_file()
+
+
+def read_folder_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """headprune.json (+ tokenizer.json) as the same string metadata a checkpoint carries."""
+    folder = Path(path)
+    try:
+        data = json.loads((folder / FOLDER_INFO).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise CheckpointError(f"{folder / FOLDER_INFO}: not valid JSON ({_first_line(exc)})") from None
+    if not isinstance(data, dict) or data.get("format") != FOLDER_FORMAT:
+        raise CheckpointError(f"{folder / FOLDER_INFO}: not a headprune export (format is not {FOLDER_FORMAT!r})")
+    if data.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"{folder}: export format version {data.get('version')!r} is not supported (need {FORMAT_VERSION})")
+    missing = [k for k in _KEYS if k not in data]
+    if missing:
+        raise CheckpointError(f"{folder / FOLDER_INFO}: lacks {', '.join(missing)}")
+    if not (folder / FOLDER_WEIGHTS).is_file():
+        raise CheckpointError(f"{folder}: no {FOLDER_WEIGHTS}")
+    meta = {k: v if isinstance(v, str) else _dumps(v) for k, v in data.items()}
+    tokenizer = folder / "tokenizer.json"
+    if tokenizer.is_file():
+        meta["tokenizer"] = tokenizer.read_text(encoding="utf-8")
+    return meta
 
 
 def _cut_to_layout(model: nn.Module, stored: ModelInfo) -> None:

@@ -13,7 +13,7 @@ import traceback
 import typer
 
 from ..errors import EXIT_ERROR, EXIT_USAGE, HeadpruneError
-from . import import_cmd, inspect_cmd, report_cmd, sweep_cmd
+from . import export_cmd, import_cmd, inspect_cmd, report_cmd, sweep_cmd
 
 app = typer.Typer(
     name="headprune",
@@ -29,6 +29,7 @@ app = typer.Typer(
 )
 app.command("import")(import_cmd.import_model)
 app.command("inspect")(inspect_cmd.inspect)
+app.command("export")(export_cmd.export)
 app.command("report")(report_cmd.report)
 app.command("sweep")(sweep_cmd.sweep)
 

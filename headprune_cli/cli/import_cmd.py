@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ..checkpoint import load, save
+from ..checkpoint import is_export_folder, load, save
 from ..errors import CheckpointError
 from ..fileio import check_output
 from ..importer import import_folder
@@ -15,7 +15,7 @@ from .common import console
 
 
 def import_model(
-    source: Annotated[Path, typer.Argument(help="A Hugging Face model folder (config.json + *.safetensors + tokenizer files) or a headprune checkpoint.")],
+    source: Annotated[Path, typer.Argument(help="A Hugging Face model folder (config.json + *.safetensors + tokenizer files), a folder from `headprune export --hf`, or a headprune checkpoint.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Checkpoint to write (.safetensors).")],
     force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")] = False,
 ) -> None:
@@ -28,7 +28,9 @@ def import_model(
       headprune import old.safetensors -o copy.safetensors
     """
     check_output(output, force, inputs=[source])
-    if source.is_dir():
+    if is_export_folder(source):  # written by `headprune export --hf`: keeps its pruned layout
+        model = load(source)
+    elif source.is_dir():
         model = import_folder(source)
     elif source.is_file():
         model = load(source)
