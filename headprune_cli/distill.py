@@ -3,7 +3,7 @@
 Losses are returned as (sum, count) pairs rather than means so that data-parallel
 training can divide by the global count and match single-process training exactly.
   logits (classification, causal-lm): T^2 * KL(softmax(teacher/T) || softmax(student/T))
-  embeddings (fidelity):              squared distance between pooled embeddings
+  embeddings (fidelity):              1 - cosine to the teacher's embeddings (task_losses)
 """
 
 from __future__ import annotations
@@ -103,9 +103,3 @@ class _SoftKL(torch.autograd.Function):
         t = ctx.t
         diff = torch.softmax(student / t, dim=-1) - torch.softmax(teacher / t, dim=-1)
         return grad.unsqueeze(-1) * diff * t, None, None
-
-
-def embedding_distance(student: torch.Tensor, teacher: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum over rows of the squared L2 distance between embeddings, and the row count."""
-    per = (student.float() - teacher.float()).pow(2).sum(-1)
-    return per.sum(), torch.tensor(float(per.numel()))

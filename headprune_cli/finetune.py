@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from . import distributed, train_state
-from .distill import embedding_distance, kd_logits
+from .distill import kd_logits
 from .errors import NumericalError, UsageError
 from .layout import info_of
-from .task_losses import check_labels, predict, task_loss
+from .task_losses import as_tensors, check_labels, fidelity_loss, next_token_mask, predict, task_loss, trim
 
 # Recovery starts from trained weights, so it uses about a tenth of the rate the model
 # size is usually fine-tuned at (BERT-base: ~2e-5 instead of 2e-4..5e-5 from scratch).
@@ -134,17 +134,9 @@ def finetune(
     total, loss, lr)` and `on_epoch(record)` feed progress displays (rank 0 only).
     """
     ctx = distributed.setup()
-    task = info_of(model).task
-    check_labels(model, train)
-    kd = cfg.kd_weight if cfg.kd_weight is not None else (1.0 if task == "embedding" else 0.5 if teacher is not None else 0.0)
-    if task == "embedding" and teacher is None:
-        raise UsageError("an embedding model is recovered by matching a teacher's embeddings; pass --teacher auto or a checkpoint")
-    if kd > 0 and teacher is None:
-        raise UsageError("--kd-weight > 0 needs a teacher (--teacher auto or a checkpoint)")
-    if not 0.0 <= kd <= 1.0:
-        raise UsageError("--kd-weight must be between 0 and 1")
-    lr = cfg.lr if cfg.lr is not None else default_lr(model)
-    plan = Plan(len(train["input_ids"]), cfg, lr)
+    train = as_tensors(train)
+    kd, plan = validate(model, train, cfg, teacher)
+    lr = plan.lr
     torch.manual_seed(cfg.seed + ctx.rank)
     model.to(ctx.device)
     if teacher is not None:
@@ -158,6 +150,26 @@ def finetune(
         loop.evaluate(0, 0, None, on_epoch)
     completed = loop.run(start, fingerprint, on_step, on_epoch)
     return FinetuneResult(loop.final_model(), loop.step, lr, kd, loop.history, loop.best_epoch, completed, loop.first_loss)
+
+
+def validate(model: nn.Module, train, cfg: FinetuneConfig, teacher: nn.Module | None) -> tuple[float, Plan]:
+    """Check everything before training starts; returns (kd weight, step plan)."""
+    task = info_of(model).task
+    train = as_tensors(train)
+    check_labels(model, train)
+    kd = cfg.kd_weight if cfg.kd_weight is not None else (1.0 if task == "embedding" else 0.5 if teacher is not None else 0.0)
+    if task == "embedding" and teacher is None:
+        raise UsageError("an embedding model is recovered by matching a teacher's embeddings; pass --teacher auto or a checkpoint")
+    if kd > 0 and teacher is None:
+        raise UsageError("--kd-weight > 0 needs a teacher (--teacher auto or a checkpoint)")
+    if not 0.0 <= kd <= 1.0:
+        raise UsageError("--kd-weight must be between 0 and 1")
+    if cfg.resume and cfg.state_dir is None:
+        raise UsageError("--resume needs a state folder (--state-dir)")
+    lr = cfg.lr if cfg.lr is not None else default_lr(model)
+    if not lr > 0:
+        raise UsageError(f"--lr must be a positive number (got {lr})")
+    return kd, Plan(len(train["input_ids"]), cfg, lr)
 
 
 class _Loop:
@@ -208,18 +220,15 @@ class _Loop:
 
     def _count(self, idx: torch.Tensor) -> float:
         """The global number of loss terms in a micro-batch (rows, or tokens for LMs)."""
-        task = info_of(self.model).task
-        if task != "causal-lm":
+        if info_of(self.model).task != "causal-lm":
             return float(len(idx))
-        mask = self.train.get("attention_mask")
-        ids = self.train["input_ids"][idx]
-        return float((mask[idx][:, 1:] if mask is not None else torch.ones_like(ids[:, 1:])).sum())
+        return float(next_token_mask({"attention_mask": self.train["attention_mask"][idx]}).sum())
 
     def micro_step(self, idx: torch.Tensor, count: float, grand: float) -> float:
-        rows = distributed.shard({k: v[idx] for k, v in self.train.items()}, self.ctx)
-        weight = 1.0
+        rows = trim({k: v[idx] for k, v in self.train.items()})
+        full, rows, weight = rows, distributed.shard(rows, self.ctx), 1.0
         if len(rows["input_ids"]) == 0:  # fewer rows than processes: join with a zero-weight row
-            rows, weight = {k: v[idx[:1]] for k, v in self.train.items()}, 0.0
+            rows, weight = {k: v[:1] for k, v in full.items()}, 0.0
         rows = {k: v.to(self.ctx.device) for k, v in rows.items()}
         task = info_of(self.model).task
         pred = predict(self.wrapped, rows, task, self.model)
@@ -237,11 +246,9 @@ class _Loop:
 
     def _kd(self, pred, ref, rows, task):
         if task == "embedding":
-            return embedding_distance(pred, ref)[0]
+            return fidelity_loss(pred, ref, rows)[0]
         if task == "causal-lm":
-            mask = rows.get("attention_mask")
-            mask = (mask[:, 1:] if mask is not None else torch.ones_like(rows["input_ids"][:, 1:])).float()
-            return kd_logits(pred[:, :-1], ref[:, :-1], self.cfg.kd_temperature, mask)[0]
+            return kd_logits(pred[:, :-1], ref[:, :-1], self.cfg.kd_temperature, next_token_mask(rows))[0]
         return kd_logits(pred, ref, self.cfg.kd_temperature)[0]
 
     # --- epochs, best model, state -------------------------------------------------------

@@ -13,31 +13,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import DataError
+from . import objectives
 from .layout import info_of
-
-_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-
 
 def predict(module: nn.Module, rows: dict[str, torch.Tensor], task: str, model: nn.Module) -> torch.Tensor:
     """Logits (classification [B, C], causal-lm [B, S, V]) or pooled embeddings [B, H].
 
     `module` is what is called (possibly a DDP wrapper), `model` the bare model that
-    carries the headprune info.
+    carries the headprune info (pooling) - objectives.embed with a wrapper allowed.
     """
-    out = module(**{k: v for k, v in rows.items() if k in _MODEL_INPUTS})
-    if task != "embedding":
-        return out.logits
-    return pool(out.last_hidden_state, rows.get("attention_mask"), info_of(model).pooling)
-
-
-def pool(hidden: torch.Tensor, mask: torch.Tensor | None, pooling: dict) -> torch.Tensor:
-    """Sentence embedding as sentence-transformers pools it (mean by default)."""
-    if pooling.get("mode") == "cls":
-        emb = hidden[:, 0]
-    else:
-        weights = (mask if mask is not None else torch.ones(hidden.shape[:2], device=hidden.device)).unsqueeze(-1).to(hidden.dtype)
-        emb = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
-    return F.normalize(emb, dim=-1) if pooling.get("normalize") else emb
+    out = objectives.outputs_of(module, rows)
+    return objectives.pool(model, out, rows["attention_mask"])
 
 
 def task_loss(pred: torch.Tensor, rows: dict[str, torch.Tensor], task: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,12 +31,40 @@ def task_loss(pred: torch.Tensor, rows: dict[str, torch.Tensor], task: str) -> t
     if task == "classification":
         return F.cross_entropy(pred.float(), rows["labels"], reduction="sum"), torch.tensor(float(len(pred)))
     if task == "causal-lm":
-        ids = rows["input_ids"]
-        mask = rows.get("attention_mask")
-        mask = (mask[:, 1:] if mask is not None else torch.ones_like(ids[:, 1:])).float()
-        per = F.cross_entropy(pred[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
-        return (per * mask).sum(), mask.sum()
+        nll, count = objectives.token_nll(pred, rows)
+        return nll.sum(), count.sum()
     raise DataError(f"no task loss for {task!r} models; they are trained against a teacher")
+
+
+def next_token_mask(rows: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Positions t whose next token t+1 is predicted (both real tokens), as objectives counts them."""
+    mask = rows["attention_mask"]
+    return (mask[:, 1:] * mask[:, :-1]).float()
+
+
+def fidelity_loss(student: torch.Tensor, teacher: torch.Tensor, rows: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum, count) of 1 - cosine to the teacher's embeddings: the fidelity objective."""
+    per = 1.0 - objectives.cosine(student, teacher, rows["attention_mask"])
+    return per.sum(), torch.tensor(float(len(per)))
+
+
+def as_tensors(data) -> dict[str, torch.Tensor]:
+    """A data.Dataset (or a dict of tensors) as the dict of row-aligned tensors training indexes."""
+    if isinstance(data, dict):
+        tensors = dict(data)
+    else:
+        names = ("input_ids", "attention_mask", "labels", "token_type_ids")
+        tensors = {k: getattr(data, k) for k in names if getattr(data, k, None) is not None}
+    if "attention_mask" not in tensors:
+        tensors["attention_mask"] = torch.ones_like(tensors["input_ids"])
+    return tensors
+
+
+def trim(rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop trailing columns that are padding in every row (as data.as_batch does)."""
+    used = rows["attention_mask"].any(dim=0).nonzero()
+    width = int(used.max()) + 1 if len(used) else 1
+    return {k: (v[:, :width] if v.dim() == 2 else v) for k, v in rows.items()}
 
 
 def check_labels(model: nn.Module, data: dict[str, torch.Tensor], name: str = "training data") -> None:

@@ -1,0 +1,104 @@
+"""`headprune finetune` end to end: output, teacher auto, bad input, torchrun = single process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from headprune_cli import load, save
+from headprune_cli.surgery import apply_plan
+
+from .conftest import TINY, VOCAB, snapshot
+
+
+def _tensor_set(path: Path, rows: int = 32, seed: int = 0, labels_mod: int = 2) -> Path:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, VOCAB, (rows, 8), generator=gen)
+    save_file({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids[:, 0] % labels_mod}, str(path))
+    return path
+
+
+@pytest.fixture
+def pruned(tmp_path) -> Path:
+    """root.safetensors and pruned.safetensors (2 heads removed) with provenance to the root."""
+    save(TINY["reference"](), tmp_path / "root.safetensors")
+    model = load(tmp_path / "root.safetensors")
+    apply_plan(model, {0: [1], 2: [0]}, [])
+    save(model, tmp_path / "pruned.safetensors")
+    _tensor_set(tmp_path / "train.safetensors")
+    _tensor_set(tmp_path / "dev.safetensors", rows=16, seed=1)
+    return tmp_path / "pruned.safetensors"
+
+
+def test_finetune_writes_a_checkpoint_and_cleans_its_state(cli, pruned):
+    folder = pruned.parent
+    out = folder / "ft.safetensors"
+    res = cli("finetune", pruned, "--data", folder / "train.safetensors", "--eval-data", folder / "dev.safetensors",
+              "--teacher", "auto", "--epochs", "2", "--lr", "1e-3", "-o", out)
+    assert res.code == 0, res.err
+    assert res.out == ""  # stdout carries data only
+    assert "accuracy" in res.err and "best" in res.err
+    model = load(out)
+    assert model.headprune.layout.heads == load(pruned).headprune.layout.heads
+    assert not (folder / "ft.safetensors.state").exists()
+    assert cli("finetune", pruned, "--data", folder / "train.safetensors", "--steps", "1", "-o", out).code == 2  # exists
+
+
+def test_bad_input_writes_nothing(cli, pruned, tmp_path):
+    import transformers as T
+
+    folder = pruned.parent
+    other = T.BertForSequenceClassification(T.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48))
+    save(other, folder / "bert.safetensors")
+    ref = TINY["reference"]()
+    ref.config.vocab_size = VOCAB + 4
+    ref.token_embedding = torch.nn.Embedding(VOCAB + 4, 32)
+    save(ref, folder / "bigvocab.safetensors")
+    _tensor_set(folder / "dev-bad.safetensors", labels_mod=5)
+    before = snapshot(folder)
+    train = folder / "train.safetensors"
+    cases = {
+        "same family": ["--teacher", folder / "bert.safetensors"],
+        "vocabulary": ["--teacher", folder / "bigvocab.safetensors"],
+        "zero training steps": ["--steps", "0"],
+        "out of range": ["--eval-data", folder / "dev-bad.safetensors"],
+        "root model itself": ["--teacher", "auto", "--steps", "1"],
+    }
+    for message, extra in cases.items():
+        ckpt = folder / "root.safetensors" if message == "root model itself" else pruned
+        res = cli("finetune", ckpt, "--data", train, *extra, "-o", folder / "out.safetensors")
+        assert res.code != 0 and message in res.err, (message, res.err)
+        assert res.err.count("\n") == 1 and "Traceback" not in res.err
+        assert snapshot(folder) == before
+
+
+def _torchrun() -> str:
+    path = Path(sys.executable).parent / "torchrun"
+    if not path.exists():
+        pytest.skip("torchrun not installed next to the interpreter")
+    return str(path)
+
+
+def test_torchrun_two_processes_match_one(pruned):
+    folder = pruned.parent
+    args = ["finetune", str(pruned), "--data", str(folder / "train.safetensors"), "--steps", "4",
+            "--batch-size", "8", "--grad-accum", "2", "--lr", "1e-3", "--seed", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HEADPRUNE_DEBUG": "1"}
+    single = subprocess.run([sys.executable, "-m", "headprune_cli", *args, "-o", str(folder / "one.safetensors")], env=env, capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr
+    launch = [_torchrun(), "--standalone", "--nproc-per-node", "2", "-m", "headprune_cli", *args, "-o", str(folder / "two.safetensors")]
+    double = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
+    assert double.returncode == 0, double.stderr[-3000:]
+    one, two = load_file(str(folder / "one.safetensors")), load_file(str(folder / "two.safetensors"))
+    start = load_file(str(pruned))
+    assert one.keys() == two.keys()
+    moved = max(float((one[k] - start[k]).abs().max()) for k in one)
+    assert moved > 2e-3  # training changed the weights...
+    for name in one:  # ...identically in both runs, up to float summation order
+        torch.testing.assert_close(two[name], one[name], rtol=1e-3, atol=1e-4)  # Adam amplifies rounding on tiny gradients
