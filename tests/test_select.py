@@ -1,0 +1,287 @@
+"""Selection: every strategy respects every constraint; the select command's contract."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from headprune_cli.cost import CostTable, LayerCost, predict
+from headprune_cli.errors import HeadpruneError, NumericalError, UsageError
+from headprune_cli.selection import Constraints, ScoreTable, parse_protect, select
+
+from .conftest import snapshot
+from .select_helpers import saved_model, scores_for, write_scores
+
+
+# --- tables built directly ------------------------------------------------------------
+def synthetic_cost(num_heads, num_kv_heads) -> CostTable:
+    layers = [
+        LayerCost(layer=i, fixed_params=1000, fixed_flops=2000.0, q_head_params=50.0, q_head_flops=100.0,
+                  kv_head_params=30.0, kv_head_flops=60.0, group_size=n // kv)
+        for i, (n, kv) in enumerate(zip(num_heads, num_kv_heads))
+    ]
+    return CostTable(seq_len=16, outside_params=500, outside_flops=700.0, layers=layers)
+
+
+@st.composite
+def tables(draw):
+    n_layers = draw(st.integers(1, 4))
+    num_heads, num_kv, heads = [], [], {}
+    for layer in range(n_layers):
+        kv = draw(st.sampled_from([1, 2, 3, 4]))
+        group = draw(st.sampled_from([1, 1, 2, 4]))
+        num_heads.append(kv * group)
+        num_kv.append(kv)
+        values = st.floats(-2, 5, allow_nan=False) | st.sampled_from([0.0, 1.0])  # ties too
+        heads[layer] = {h: draw(values) for h in range(kv * group)}
+    layer_scores = {layer: draw(st.floats(0, 1)) for layer in range(n_layers)}
+    return ScoreTable(heads=heads, num_heads=num_heads, num_kv_heads=num_kv, layers=layer_scores,
+                      cost=synthetic_cost(num_heads, num_kv))
+
+
+@st.composite
+def requests(draw, table):
+    pairs = [(l, h) for l, hs in table.heads.items() for h in hs]
+    protect = tuple(sorted(set(draw(st.lists(st.sampled_from(pairs), max_size=3)))))
+    constraints = Constraints(
+        min_heads=draw(st.integers(1, 3)),
+        multiple_of=draw(st.sampled_from([1, 1, 2, 3])),
+        protect=protect,
+        drop_layers=draw(st.integers(0, 1)),
+        gqa_unit=draw(st.sampled_from(["group", "head"])),
+    )
+    kind = draw(st.sampled_from(["global", "layer", "threshold", "budget"]))
+    amount = {
+        "global": {"ratio": draw(st.floats(0, 1))},
+        "layer": {"ratio": draw(st.floats(0, 1))},
+        "threshold": {"threshold": draw(st.sampled_from(["0.5", "25%", "90%", "-1"]))},
+        "budget": {"target_flops": draw(st.floats(0.3, 1))},
+    }[kind]
+    return kind, amount, constraints
+
+
+def check_constraints(table: ScoreTable, c: Constraints, sel) -> None:
+    assert len(sel.remove_layers) < len(table.heads)
+    protected_layers = {l for l, _ in c.protect}
+    assert not set(sel.remove_layers) & protected_layers
+    for layer, kept in table.heads.items():
+        if layer in sel.remove_layers:
+            assert layer not in sel.remove_heads
+            continue
+        removed = set(sel.remove_heads.get(layer, []))
+        assert removed <= set(kept)
+        left = [h for h in kept if h not in removed]
+        assert len(left) >= c.min_heads
+        assert len(left) % c.multiple_of == 0
+        assert not {(layer, h) for h in removed} & set(c.protect)
+        group = table.num_heads[layer] // table.num_kv_heads[layer]
+        sizes = {}
+        for h in left:
+            sizes[h // group] = sizes.get(h // group, 0) + 1
+        assert len(set(sizes.values())) == 1, "GQA groups must keep equal sizes"
+        if c.gqa_unit == "group":
+            assert set(sizes.values()) == {group}, "group unit removes whole KV groups"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_strategy_respects_every_constraint(data):
+    table = data.draw(tables())
+    kind, amount, constraints = data.draw(requests(table))
+    try:
+        sel = select(table, kind, constraints=constraints, **amount)
+    except UsageError as exc:
+        # Only for impossible requests, which the message names.
+        assert any(word in str(exc) for word in ("--min-heads", "--multiple-of", "budget", "--drop-layers", "every layer"))
+        return
+    check_constraints(table, constraints, sel)
+    if kind == "budget":
+        after = predict(table.cost, table.kept(), sel.remove_heads, sel.remove_layers)["flops_per_token"]
+        before = predict(table.cost, table.kept())["flops_per_token"]
+        assert after <= amount["target_flops"] * before * (1 + 1e-9)
+        assert sel.predicted["after"]["flops_per_token"] == after
+
+
+@settings(max_examples=100, deadline=None)
+@given(table=tables())
+def test_selection_is_deterministic(table):
+    first = select(table, "global", ratio=0.5, constraints=Constraints(drop_layers=0))
+    again = select(table, "global", ratio=0.5, constraints=Constraints(drop_layers=0))
+    assert first == again
+
+
+def mha(scores: dict[int, list[float]], layer_scores=None) -> ScoreTable:
+    heads = {l: dict(enumerate(v)) for l, v in scores.items()}
+    n = [len(v) for v in scores.values()]
+    return ScoreTable(heads=heads, num_heads=n, num_kv_heads=n, layers=layer_scores, cost=synthetic_cost(n, n))
+
+
+def test_global_removes_the_least_important_heads_overall():
+    table = mha({0: [0.9, 0.1, 0.5, 0.3], 1: [0.2, 0.8, 0.05, 0.7]})
+    sel = select(table, ratio=0.5)
+    assert sel.strategy == "global"
+    assert sel.remove_heads == {0: [1, 3], 1: [0, 2]}
+
+
+def test_ties_break_by_lower_original_index():
+    table = mha({0: [1.0, 1.0, 1.0, 1.0], 1: [1.0, 1.0, 1.0, 1.0]})
+    assert select(table, ratio=0.25).remove_heads == {0: [0, 1]}
+
+
+def test_ratio_zero_removes_nothing_and_ratio_one_keeps_min_heads():
+    table = mha({0: [0.9, 0.1, 0.5, 0.3], 1: [0.2, 0.8, 0.05, 0.7], 2: [0.1, 0.2, 0.3, 0.4]})
+    assert select(table, ratio=0.0).remove_heads == {}
+    sel = select(table, ratio=1.0, constraints=Constraints(min_heads=1))
+    kept = {l: [h for h in range(4) if h not in sel.remove_heads[l]] for l in range(3)}
+    assert kept == {0: [0], 1: [1], 2: [3]}  # the most important head of each layer
+    sel = select(table, ratio=1.0, constraints=Constraints(min_heads=2))
+    assert all(len(v) == 2 for v in sel.remove_heads.values())
+
+
+def test_layer_strategy_takes_the_same_count_from_every_layer():
+    table = mha({0: [0.01, 0.02, 0.03, 0.04], 1: [0.9, 0.8, 0.7, 0.6]})
+    assert select(table, "layer", ratio=0.5).remove_heads == {0: [0, 1], 1: [2, 3]}
+    assert select(table, "global", ratio=0.5).remove_heads == {0: [0, 1, 2], 1: [3]}  # min_heads=1
+
+
+def test_threshold_absolute_and_percentile():
+    table = mha({0: [0.1, 0.2, 0.3, 0.4], 1: [0.5, 0.6, 0.7, 0.8]})
+    assert select(table, threshold="0.35").remove_heads == {0: [0, 1, 2]}
+    assert select(table, threshold="50%").remove_heads == {0: [0, 1, 2]}  # median 0.45
+    assert select(table, threshold="0%").remove_heads == {}
+
+
+def test_multiple_of_and_protect():
+    table = mha({0: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6], 1: [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]})
+    sel = select(table, ratio=0.3, constraints=Constraints(multiple_of=2))
+    assert sel.remove_heads == {0: [0, 1, 2, 3]}  # round(3.6) = 4 heads, two steps of 2
+    sel = select(table, ratio=0.5, constraints=Constraints(protect=parse_protect("0:0,0:1")))
+    assert not {0, 1} & set(sel.remove_heads[0])
+
+
+def test_gqa_removes_whole_groups_by_summed_scores():
+    # 4 query heads, 2 KV heads: groups {0,1} and {2,3}; group 1 sums lower although head 0 is lowest.
+    table = ScoreTable(heads={0: {0: 0.0, 1: 0.9, 2: 0.2, 3: 0.3}}, num_heads=[4], num_kv_heads=[2])
+    assert select(table, ratio=0.5).remove_heads == {0: [2, 3]}
+    rows = select(table, ratio=0.5, constraints=Constraints(gqa_unit="head"))
+    assert rows.remove_heads == {0: [0, 2]}  # the least important head of every group
+
+
+def test_budget_meets_the_target_with_least_important_heads():
+    table = mha({0: [0.1, 0.2, 0.3, 0.4], 1: [0.5, 0.6, 0.7, 0.8]})
+    sel = select(table, target_params=0.95)  # 3140 params, 80 per head: two heads must go
+    before, after = sel.predicted["before"]["params"], sel.predicted["after"]["params"]
+    assert after <= 0.95 * before
+    assert sel.remove_heads == {0: [0, 1]}
+    with pytest.raises(UsageError, match="budget cannot be met"):
+        select(table, target_params=0.1)
+
+
+def test_layer_removal_by_layer_scores():
+    table = mha({0: [0.1, 0.2], 1: [0.5, 0.6], 2: [0.3, 0.3]}, layer_scores={0: 0.5, 1: 0.1, 2: 0.9})
+    assert select(table, ratio=0.0, constraints=Constraints(drop_layers=1)).remove_layers == [1]
+    assert select(table, ratio=0.0, constraints=Constraints(layer_threshold=0.6)).remove_layers == [0, 1]
+    protected = Constraints(drop_layers=1, protect=((1, 0),))
+    assert select(table, ratio=0.0, constraints=protected).remove_layers == [0]
+    with pytest.raises(UsageError, match="every layer"):
+        select(table, ratio=0.0, constraints=Constraints(drop_layers=3))
+    with pytest.raises(UsageError, match="layer scores"):
+        select(mha({0: [0.1, 0.2], 1: [0.1, 0.2]}), ratio=0.0, constraints=Constraints(drop_layers=1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"ratio": 1.5}, "outside"),
+        ({"ratio": -0.1}, "outside"),
+        ({"ratio": 0.3, "constraints": Constraints(min_heads=5)}, "--min-heads 5"),
+        ({"ratio": 0.3, "constraints": Constraints(multiple_of=5)}, "--multiple-of 5"),
+        ({"ratio": 0.3, "strategy": "gloabl"}, "did you mean 'global'"),
+        ({"ratio": 0.3, "threshold": "1"}, "exactly one"),
+        ({"strategy": "layer", "target_flops": 0.5}, "takes --ratio"),
+    ],
+)
+def test_bad_requests_are_refused(kwargs, match):
+    table = mha({0: [0.1, 0.2, 0.3, 0.4], 1: [0.5, 0.6, 0.7, 0.8]})
+    strategy = kwargs.pop("strategy", None)
+    with pytest.raises(UsageError, match=match):
+        select(table, strategy, **kwargs)
+
+
+def test_nan_scores_are_refused():
+    table = mha({0: [0.1, math.nan, 0.3, 0.4]})
+    with pytest.raises(NumericalError):
+        select(table, ratio=0.3)
+
+
+# --- the command ------------------------------------------------------------------------
+def test_select_writes_a_valid_plan(tmp_path, cli, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
+    model, model_path = saved_model(tmp_path)
+    scores = write_scores(tmp_path, model, model_path)
+    result = cli("select", scores, "--ratio", "0.5", "--min-heads", "1")
+    assert result.code == 0, result.err
+    plan = json.loads(result.out)
+    assert plan["kind"] == "plan" and plan["strategy"] == "global"
+    assert sum(len(v) for v in plan["remove_heads"].values()) == 6  # half of 3 x 4 heads
+    roles = {i["role"]: i for i in plan["inputs"]}
+    assert roles["model"]["path"] == str(model_path) and roles["scores"]["path"] == str(scores)
+    assert plan["predicted"]["after"]["params"] < plan["predicted"]["before"]["params"]
+    assert plan["constraints"]["min_heads"] == 1
+    again = cli("select", "-", "--ratio", "0.5", stdin=scores.read_text())
+    assert again.code == 0
+    assert json.loads(again.out)["remove_heads"] == plan["remove_heads"]
+    out = tmp_path / "plan.json"
+    assert cli("select", scores, "--ratio", "0.5", "-o", out).code == 0
+    assert out.read_text() == result.out  # byte-identical, file or stdout
+    assert cli("select", scores, "--ratio", "0.5", "-o", out).code != 0  # exists without --force
+
+
+@pytest.mark.parametrize(
+    "args, edit",
+    [
+        (["--ratio", "1.2"], None),
+        (["--ratio", "-0.5"], None),
+        (["--ratio", "0.3", "--min-heads", "9"], None),
+        (["--ratio", "0.3", "--multiple-of", "5"], None),
+        (["--ratio", "0.3", "--strategy", "globl"], None),
+        (["--ratio", "0.3", "--protect", "zero:1"], None),
+        (["--ratio", "0.3"], "nan"),
+        (["--ratio", "0.3"], "kind"),
+    ],
+)
+def test_select_bad_input_is_one_error_line_and_writes_nothing(tmp_path, cli, args, edit):
+    model, model_path = saved_model(tmp_path)
+    scores = write_scores(tmp_path, model, model_path)
+    if edit == "nan":
+        scores.write_text(scores.read_text().replace('"0": 0.', '"0": NaN, "x": 0.', 1))
+    if edit == "kind":
+        scores.write_text(scores.read_text().replace('"kind": "scores"', '"kind": "plan"'))
+    before = snapshot(tmp_path)
+    result = cli("select", scores, *args, "-o", tmp_path / "plan.json")
+    assert result.code != 0
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.err
+    assert result.out == ""
+    assert snapshot(tmp_path) == before
+
+
+def test_unknown_strategy_names_the_available_ones(tmp_path, cli):
+    model, model_path = saved_model(tmp_path)
+    scores = write_scores(tmp_path, model, model_path)
+    result = cli("select", scores, "--ratio", "0.3", "--strategy", "layr")
+    assert "did you mean 'layer'" in result.err and "budget" in result.err
+
+
+def test_scores_helper_makes_valid_artifacts(tmp_path):
+    from headprune_cli.schema import Scores
+
+    model, model_path = saved_model(tmp_path, "llama-gqa")
+    Scores.model_validate(scores_for(model, model_path))
+    with pytest.raises(HeadpruneError):
+        select(ScoreTable(heads={0: {0: 1.0}}, num_heads=[1], num_kv_heads=[1]), ratio=0.5,
+               constraints=Constraints(min_heads=2))
