@@ -106,7 +106,7 @@ def per_example_loss(
     if objective == "classification":
         if "labels" not in batch:
             raise DataError("classification needs labels in the data")
-        return F.cross_entropy(out.float(), batch["labels"], reduction="none")
+        return F.cross_entropy(_wide(out), batch["labels"], reduction="none")
     if objective == "causal-lm":
         nll, count = token_nll(out, batch)
         return nll / count.clamp(min=1)
@@ -122,17 +122,22 @@ def token_nll(logits: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Te
     ids, mask = batch["input_ids"], batch["attention_mask"]
     # Token t+1 is predicted from t; both must be real tokens.
     valid = (mask[:, 1:] * mask[:, :-1]).to(logits.dtype)
-    nll = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
+    nll = F.cross_entropy(_wide(logits[:, :-1]).transpose(1, 2), ids[:, 1:], reduction="none")
     return (nll * valid).sum(1), valid.sum(1)
 
 
 def cosine(out: torch.Tensor, reference: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Cosine similarity per example; per-token outputs are averaged over real tokens."""
-    sim = F.cosine_similarity(out.float(), reference.float(), dim=-1, eps=1e-12)
+    sim = F.cosine_similarity(_wide(out), _wide(reference), dim=-1, eps=1e-12)
     if sim.dim() == 1:
         return sim
     weights = mask[:, : sim.shape[1]].to(sim.dtype)
     return (sim * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """Losses in at least float32 (half-precision logits lose too much), float64 kept."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def check_finite(loss: torch.Tensor, where: str) -> None:

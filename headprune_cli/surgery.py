@@ -23,8 +23,8 @@ class HeadGates:
     """Multiplies each head's slice of the output-projection input by a gate.
 
     `gates[pos]` belongs to the kept layer at block position `pos` and has shape
-    [heads] or [batch, heads] (per-example gates give per-example gradients in one
-    backward pass). `outputs[pos]` is filled with that projection's input when
+    [heads], [batch, heads] (per-example gates give per-example gradients in one
+    backward pass) or [batch, seq, heads] (per token). `outputs[pos]` is filled with that projection's input when
     `capture=True`, for Taylor scores on head outputs.
     """
 
@@ -50,8 +50,12 @@ class HeadGates:
             (x, *rest) = args
             heads = x.view(*x.shape[:-1], -1, head_dim)
             gate = self.gates[pos]
-            # [heads] -> broadcast over everything; [batch, heads] -> over positions.
-            gate = gate.view(gate.shape[0], *([1] * (heads.dim() - 3)), gate.shape[-1], 1) if gate.dim() == 2 else gate[:, None]
+            # [heads] -> broadcast over everything; [batch, heads] -> over positions;
+            # [batch, seq, heads] -> one gate per token (per-token Taylor terms in one backward).
+            if gate.dim() == 3:
+                gate = gate[..., None]
+            else:
+                gate = gate.view(gate.shape[0], *([1] * (heads.dim() - 3)), gate.shape[-1], 1) if gate.dim() == 2 else gate[:, None]
             gated = heads * gate
             if self.capture:
                 self.outputs[pos] = heads

@@ -13,7 +13,7 @@ import traceback
 import typer
 
 from ..errors import EXIT_ERROR, EXIT_USAGE, HeadpruneError
-from . import export_cmd, finetune_cmd, import_cmd, inspect_cmd, report_cmd, sweep_cmd, prune_cmd, select_cmd
+from . import export_cmd, finetune_cmd, import_cmd, inspect_cmd, report_cmd, sweep_cmd, prune_cmd, select_cmd, score_cmd
 
 app = typer.Typer(
     name="headprune",
@@ -29,6 +29,7 @@ app = typer.Typer(
 )
 app.command("import")(import_cmd.import_model)
 app.command("inspect")(inspect_cmd.inspect)
+app.command("score")(score_cmd.score)
 app.command("select")(select_cmd.select)
 app.command("prune")(prune_cmd.prune)
 app.command("export")(export_cmd.export)

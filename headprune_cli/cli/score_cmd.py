@@ -1,0 +1,102 @@
+"""`headprune score`."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..checkpoint import load
+from ..data import read_data
+from ..fileio import check_output
+from ..importance import HEAD_METHODS, init_distributed, score_model, scores_artifact, world
+from ..importance.baselines import parse_weights
+from ..objectives import check_objective, needs_labels
+from ..schema import write_artifact
+from .common import console
+
+
+def score(
+    checkpoint: Annotated[Path, typer.Argument(help="A headprune checkpoint.")],
+    data: Annotated[Path, typer.Option("--data", "-d", help="JSONL/CSV (text[, text_pair][, label]), plain text, or a tokenized .safetensors set.")],
+    method: Annotated[str, typer.Option("--method", "-m", help=f"Importance method: {', '.join(HEAD_METHODS)}.")] = "taylor",
+    objective: Annotated[str | None, typer.Option("--objective", help="classification, causal-lm or fidelity (default: from the model's task).")] = None,
+    samples: Annotated[int | None, typer.Option("--samples", help="Use the first N examples.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per forward pass.")] = 32,
+    max_length: Annotated[int, typer.Option("--max-length", help="Truncate sequences to this many tokens.")] = 128,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for random, fidelity probes and anything stochastic.")] = 0,
+    layers: Annotated[bool, typer.Option("--layers", help="Also score whole layers.")] = False,
+    layer_method: Annotated[str | None, typer.Option("--layer-method", help="cosine (block influence) or loo (default: loo with --method loo, else cosine).")] = None,
+    weights: Annotated[list[str] | None, typer.Option("--weights", help="For combined: METHOD=WEIGHT[,METHOD=WEIGHT] (default taylor=1,loo=1).")] = None,
+    normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="gradient: divide each layer's scores by their L2 norm.")] = True,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the scores JSON here (default: stdout).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
+) -> None:
+    """Score the importance of every attention head (and, with --layers, every layer).
+
+    Runs unchanged under `torchrun --nproc-per-node N -m headprune_cli score ...`: each
+    process scores a shard of the batches, sums are all-reduced, rank 0 writes.
+
+    Examples:
+
+      headprune score model.safetensors --data dev.jsonl --method taylor -o scores.json
+
+      headprune score lm.safetensors --data wiki.txt --method loo --layers --samples 256
+
+      headprune score emb.safetensors --data sentences.txt --method combined --weights taylor=1,entropy=0.5
+    """
+    if output is not None and str(output) != "-":
+        check_output(output, force, [checkpoint, data])
+    init_distributed()
+    rank, _ = world()
+    model = load(checkpoint)
+    model.to(_device())
+    objective = check_objective(objective, model)
+    dataset = read_data(data, model, max_length=max_length, samples=samples, seed=seed, need_labels=needs_labels(objective))
+    chosen_weights = parse_weights(weights, list(HEAD_METHODS))
+    if weights and method != "combined":
+        raise typer.BadParameter("--weights only applies to --method combined", param_hint="--weights")
+    layer_method = (layer_method or ("loo" if method == "loo" else "cosine")) if layers else None
+    with _progress(rank == 0) as progress:
+        result = score_model(
+            model, dataset, method, objective, batch_size=batch_size, seed=seed, normalize=normalize,
+            weights=chosen_weights, layers=layer_method, progress=progress,
+        )
+    if rank == 0:
+        artifact = scores_artifact(model, result, model_path=checkpoint, data_path=data, max_length=max_length,
+                                   extra_config={"samples": samples})
+        write_artifact(artifact, output)
+    _finish_distributed()
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+@contextmanager
+def _progress(show: bool):
+    """A rich progress bar on stderr; scorers open one task per pass over the data."""
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=console, transient=False, disable=not show)
+
+    def factory(description: str, total: int):
+        task = bar.add_task(description, total=total)
+        return lambda: bar.advance(task)
+
+    with bar:
+        yield factory
+
+
+def _finish_distributed() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
