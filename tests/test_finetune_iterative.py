@@ -1,0 +1,44 @@
+"""Iterative pruning: follows the schedule of ORIGINAL heads, stops at the quality floor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headprune_cli.data import Dataset
+from headprune_cli.errors import UsageError
+from headprune_cli.finetune import FinetuneConfig
+from headprune_cli.iterative import iterative_prune
+
+from .conftest import TINY, VOCAB
+
+
+def _dataset(rows: int, seed: int) -> Dataset:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, VOCAB, (rows, 8), generator=gen)
+    return Dataset(ids, torch.ones_like(ids), ids[:, 0] % 2)
+
+
+CFG = FinetuneConfig(steps=2, lr=1e-3, batch_size=16)
+
+
+def test_rounds_follow_the_schedule_of_original_heads():
+    model = TINY["reference"]()  # 4 + 3 + 4 = 11 heads
+    result = iterative_prune(model, _dataset(32, 0), _dataset(16, 1), schedule=(0.2, 0.5), method="taylor", finetune_config=CFG)
+    assert [r.heads_kept for r in result.rounds] == [9, 5]  # round(0.2 * 11) = 2, round(0.5 * 11) = 6 removed
+    assert all(r.accepted for r in result.rounds) and not result.stopped_early
+    assert sum(len(h) for h in result.model.headprune.layout.heads) == 5
+    assert sum(len(h) for h in model.headprune.layout.heads) == 11  # the input is untouched
+
+
+def test_a_floor_that_would_be_crossed_keeps_the_last_good_model():
+    model = TINY["reference"]()
+    result = iterative_prune(model, _dataset(32, 0), _dataset(16, 1), schedule=(0.2, 0.5), finetune_config=CFG, floor=1.01)
+    assert len(result.rounds) == 1 and result.stopped_early and not result.rounds[0].accepted
+    assert sum(len(h) for h in result.model.headprune.layout.heads) == 11
+
+
+def test_bad_schedules_are_refused():
+    for schedule in [(), (0.3, 0.2), (0.0, 0.2), (0.5, 1.0)]:
+        with pytest.raises(UsageError):
+            iterative_prune(TINY["reference"](), _dataset(8, 0), _dataset(8, 1), schedule=schedule)
