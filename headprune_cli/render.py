@@ -139,7 +139,7 @@ def _figure(width: float, height: float):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(width, height), dpi=100)
+    figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     return figure
 
@@ -164,7 +164,7 @@ def head_map_png(report: dict, path: str | Path) -> None:
                 grid[r["layer"], h] = np.nan if score is None else score
             else:
                 grid[r["layer"], h] = 1.0 if h in r["kept"] else 0.0
-    figure = _figure(max(4.0, 0.5 * width + 2), max(3.0, 0.4 * len(rows) + 1.5))
+    figure = _figure(max(5.0, 0.45 * width + 3), max(3.5, 0.35 * len(rows) + 2))
     ax = figure.add_subplot()
     image = ax.imshow(grid, aspect="auto", cmap="viridis" if has_scores else "Greys_r", interpolation="nearest")
     if has_scores:
@@ -172,9 +172,11 @@ def head_map_png(report: dict, path: str | Path) -> None:
     for r in rows:
         for h in r["removed"]:
             ax.text(h, r["layer"], "×", ha="center", va="center", color="red", fontsize=12, fontweight="bold")
+    ax.set_xticks(range(width))
+    ax.set_yticks(range(len(rows)))
     ax.set_xlabel("head (original index)")
     ax.set_ylabel("layer (original index)")
-    ax.set_title("head importance, × = removed" if has_scores else "heads kept (white) and removed (×)")
+    ax.set_title("head importance (× = removed)" if has_scores else "heads kept (white), removed (×)", fontsize=10)
     _save_png(figure, path)
 
 
@@ -189,6 +191,7 @@ def curve_png(curves: dict[str, list[tuple[float, float]]], metric: str, path: s
         ax.axhline(budget, color="grey", linestyle="--", linewidth=1, label="budget")
     ax.set_xlabel("heads removed (%)")
     ax.set_ylabel(metric)
+    ax.set_title(f"{metric} vs heads removed (no finetuning)", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend()
     _save_png(figure, path)

@@ -147,21 +147,24 @@ def _pruned_copy(model: nn.Module, table, ratio: float, calib, opts: SweepOption
 
 
 def markdown(result: dict) -> str:
+    from .render import _metric_value as fmt
+
     main = result["main_metric"]
+    name = main["name"]
     lines = [
         f"## headprune sweep: {main['name']} vs heads removed (budget: drop <= {result['max_drop']:g} {main['unit']})",
         "",
-        f"Baseline {main['name']}: {main['baseline']:.4f}. Largest ratio within the budget:",
+        f"Baseline {name}: {fmt(name, main['baseline'])}. Largest ratio within the budget:",
         "",
     ]
     for method, best in result["best"].items():
         lines.append(f"- **{method}**: " + (
-            f"ratio {best['ratio']:g} ({best['heads_removed']} of {result['total_heads']} heads, {main['name']} {best['main']:.4f}, "
+            f"ratio {best['ratio']:g} ({best['heads_removed']} of {result['total_heads']} heads, {name} {fmt(name, best['main'])}, "
             f"drop {best['drop']:+.3g} {main['unit']}, predicted speedup {best['predicted_speedup']:.2f}x)" if best else "none of the ratios"
         ))
     lines += ["", f"| method | ratio | heads removed | {main['name']} | drop ({main['unit']}) | predicted speedup | within budget |", "|---|---:|---:|---:|---:|---:|:---:|"]
     for r in result["rows"]:
-        lines.append(f"| {r['method']} | {r['ratio']:g} | {r['heads_removed']} | {r['main']:.4f} | {r['drop']:+.3g} | {r['predicted_speedup']:.2f}x | {'yes' if r['within_budget'] else 'no'} |")
+        lines.append(f"| {r['method']} | {r['ratio']:g} | {r['heads_removed']} | {fmt(name, r['main'])} | {r['drop']:+.3g} | {r['predicted_speedup']:.2f}x | {'yes' if r['within_budget'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
 
