@@ -42,3 +42,24 @@ def test_bad_schedules_are_refused():
     for schedule in [(), (0.3, 0.2), (0.0, 0.2), (0.5, 1.0)]:
         with pytest.raises(UsageError):
             iterative_prune(TINY["reference"](), _dataset(8, 0), _dataset(8, 1), schedule=schedule)
+
+
+def test_iterate_command_writes_the_pruned_model(cli, tmp_path):
+    from safetensors.torch import save_file
+
+    from headprune_cli import load, save
+
+    save(TINY["reference"](), tmp_path / "m.safetensors")
+    for name, seed in (("train", 0), ("dev", 1)):
+        d = _dataset(32, seed)
+        save_file({"input_ids": d.input_ids, "attention_mask": d.attention_mask, "labels": d.labels}, str(tmp_path / f"{name}.safetensors"))
+    res = cli("iterate", tmp_path / "m.safetensors", "--data", tmp_path / "train.safetensors", "--eval-data", tmp_path / "dev.safetensors",
+              "--schedule", "0.2,0.4", "--lr", "1e-3", "--teacher", "self", "-o", tmp_path / "out.safetensors")
+    assert res.code == 0, res.err
+    assert "round 40%" in res.err and res.out == ""
+    out = load(tmp_path / "out.safetensors")
+    assert sum(len(h) for h in out.headprune.layout.heads) == 7  # 11 - round(0.4 * 11)
+    assert out.headprune.provenance["parent"] is not None
+    bad = cli("iterate", tmp_path / "m.safetensors", "--data", tmp_path / "train.safetensors", "--eval-data", tmp_path / "dev.safetensors",
+              "--schedule", "0.4,0.2", "-o", tmp_path / "bad.safetensors")
+    assert bad.code == 2 and "schedule" in bad.err and not (tmp_path / "bad.safetensors").exists()
