@@ -102,3 +102,32 @@ def test_torchrun_two_processes_match_one(pruned):
     assert moved > 2e-3  # training changed the weights...
     for name in one:  # ...identically in both runs, up to float summation order
         torch.testing.assert_close(two[name], one[name], rtol=1e-3, atol=1e-4)  # Adam amplifies rounding on tiny gradients
+
+
+def test_killed_run_resumes_to_the_same_weights(pruned):
+    import json
+    import signal
+    import time
+
+    folder = pruned.parent
+    args = [sys.executable, "-m", "headprune_cli", "finetune", str(pruned), "--data", str(folder / "train.safetensors"),
+            "--steps", "60", "--batch-size", "4", "--lr", "1e-3", "--save-every", "1", "--seed", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    straight = subprocess.run([*args, "-o", str(folder / "straight.safetensors")], env=env, capture_output=True, text=True, timeout=300)
+    assert straight.returncode == 0, straight.stderr
+    out, state = folder / "resumed.safetensors", folder / "resumed.safetensors.state"
+    proc = subprocess.Popen([*args, "-o", str(out)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        latest = state / "latest.json"
+        if latest.exists() and json.loads(latest.read_text())["step"] >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()  # a killed run leaves no output, only its training state
+    resumed = subprocess.run([*args, "--resume", "-o", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = load_file(str(folder / "straight.safetensors")), load_file(str(out))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not state.exists()
