@@ -42,14 +42,9 @@ def finetune_command(
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the saved training state.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite OUT if it exists.")] = False,
 ) -> None:
-    """Recover quality after pruning: AdamW with warmup and linear decay, on the checkpoint's
-    own objective, optionally distilling from the unpruned model.
+    """Recover quality after pruning: AdamW with warmup and linear decay, on the checkpoint's own objective, optionally distilling from the unpruned model.
 
-    Loss with a teacher: (1 - a) * task + a * T^2 * KL(teacher/T || student/T); embedding
-    models match the teacher's embeddings (1 - cosine). The output is written atomically
-    at the end; the training state is saved every --save-every steps, and --resume
-    continues from it with the same final weights as an uninterrupted run. Runs unchanged
-    under `torchrun --nproc-per-node N` (data parallel; --batch-size stays global).
+    Loss with a teacher: (1 - a) * task + a * T^2 * KL(softmax(teacher/T) || softmax(student/T)); embedding models match the teacher's embeddings (1 - cosine). The output is written atomically at the end; the training state is saved every --save-every steps, and --resume continues from it with the same final weights as an uninterrupted run. Runs unchanged under torchrun (data parallel; --batch-size stays global).
 
     Examples:
 
@@ -57,7 +52,7 @@ def finetune_command(
 
       headprune finetune small.safetensors --data train.jsonl --teacher auto --kd-weight 0.5 -o small-kd.safetensors
 
-      torchrun --nproc-per-node 2 $(which headprune) finetune small.safetensors --data train.jsonl --steps 500 -o out.safetensors
+      torchrun --nproc-per-node 2 -m headprune_cli finetune small.safetensors --data train.jsonl --steps 500 -o out.safetensors
     """
     inputs = [checkpoint, data, eval_data] + ([Path(teacher)] if teacher not in (None, "auto") else [])
     check_output(output, force, inputs)

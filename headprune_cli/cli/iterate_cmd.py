@@ -38,9 +38,7 @@ def iterate(
     max_length: Annotated[int, typer.Option("--max-length", min=1)] = 128,
     force: Annotated[bool, typer.Option("--force", help="Overwrite OUT if it exists.")] = False,
 ) -> None:
-    """Prune gradually: each round rescores the current model, removes heads up to the next
-    fraction of the original heads, and recovers; stops before the dev metric crosses the
-    floor and writes the last model above it.
+    """Prune gradually: each round rescores the current model, removes heads up to the next fraction of the original heads, and recovers; stops before the dev metric crosses the floor and writes the last model above it.
 
     Examples:
 
