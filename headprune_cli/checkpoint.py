@@ -109,6 +109,7 @@ def _metadata(info: ModelInfo, provenance: dict) -> dict[str, str]:
         "task": info.task,
         "tokenizer_config": _dumps(info.tokenizer_config),
         "pooling": _dumps(info.pooling),
+        "build_options": _dumps(info.build_options),
         "provenance": _dumps(provenance),
     }
     if info.tokenizer is not None:
@@ -164,6 +165,7 @@ def read_info(path: str | os.PathLike) -> ModelInfo:
         tokenizer=meta.get("tokenizer"),
         tokenizer_config=_loads(meta.get("tokenizer_config", "{}"), "tokenizer_config", path, dict),
         pooling=_loads(meta.get("pooling", "{}"), "pooling", path, dict),
+        build_options=_loads(meta.get("build_options", "{}"), "build_options", path, dict),
         provenance=_loads(meta.get("provenance", "{}"), "provenance", path, dict),
     )
 
@@ -185,7 +187,7 @@ def load(path: str | os.PathLike) -> nn.Module:
     weights = Path(path) / FOLDER_WEIGHTS if is_export_folder(path) else path
     adapter = adapter_for_family(info.family)
     try:
-        model = adapter.build(info.config, info.architecture)
+        model = adapter.build(info.config, info.architecture, info.build_options)
     except HeadpruneError:
         raise
     except Exception as exc:

@@ -114,6 +114,7 @@ def _folder_info(info: ModelInfo) -> dict:
         "task": info.task,
         "tokenizer_config": info.tokenizer_config,
         "pooling": info.pooling,
+        "build_options": info.build_options,
         "provenance": provenance,
     }
 

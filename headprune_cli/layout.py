@@ -82,6 +82,7 @@ class ModelInfo:
     tokenizer_config: dict = field(default_factory=dict)  # special tokens, max length
     pooling: dict = field(default_factory=dict)  # sentence-transformers pooling, for embeddings
     provenance: dict = field(default_factory=lambda: {"parent": None, "plan": None, "root": None})
+    build_options: dict = field(default_factory=dict)  # constructor options, e.g. add_pooling_layer
     loaded_from: tuple[str, str] | None = None  # (path, sha256) of the file it came from; not stored
 
 
@@ -107,6 +108,13 @@ def default_task(model: nn.Module) -> str:
     return "embedding"
 
 
+def _build_options(model: nn.Module) -> dict:
+    """Constructor options a rebuild needs: a base model built without its pooler."""
+    if getattr(model, "pooler", "absent") is None:
+        return {"add_pooling_layer": False}
+    return {}
+
+
 def info_of(model: nn.Module) -> ModelInfo:
     """The model's ModelInfo, created on first use for a model built in Python."""
     info = getattr(model, "headprune", None)
@@ -118,6 +126,7 @@ def info_of(model: nn.Module) -> ModelInfo:
             config=copy.deepcopy(model.config.to_dict()),
             layout=full_layout(model),
             task=default_task(model),
+            build_options=_build_options(model),
         )
         model.headprune = info
     return info

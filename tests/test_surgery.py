@@ -152,3 +152,15 @@ def test_save_is_deterministic(tmp_path):
         apply_plan(model, {0: [1]}, [2])
         save(model, tmp_path / f"{name}.safetensors")
     assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+
+
+def test_base_model_without_pooler_round_trips(tmp_path):
+    import transformers as T
+
+    model = T.BertModel(T.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48), add_pooling_layer=False)
+    model.eval()
+    save(model, tmp_path / "m.safetensors")
+    again = load(tmp_path / "m.safetensors")
+    assert again.pooler is None
+    inputs = model_inputs("bert")
+    assert torch.equal(model_output(again, inputs), model_output(model, inputs))

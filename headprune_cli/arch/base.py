@@ -129,12 +129,17 @@ class Adapter:
                 layer.layer_idx = new_index
 
     # --- construction -----------------------------------------------------------
-    def build(self, config: dict, architecture: str) -> nn.Module:
+    def build(self, config: dict, architecture: str, options: dict | None = None) -> nn.Module:
         """Build an unpruned model of the stored architecture from its config."""
-        return build_transformers_model(config, architecture, self.model_types)
+        return build_transformers_model(config, architecture, self.model_types, options or {})
 
 
-def build_transformers_model(config: dict, architecture: str, model_types: tuple[str, ...]) -> nn.Module:
+BUILD_OPTIONS = {"add_pooling_layer": bool}  # the only constructor options a checkpoint may set
+
+
+def build_transformers_model(
+    config: dict, architecture: str, model_types: tuple[str, ...], options: dict | None = None
+) -> nn.Module:
     """Instantiate a transformers class by name, never with remote code."""
     import transformers
 
@@ -145,7 +150,11 @@ def build_transformers_model(config: dict, architecture: str, model_types: tuple
     if cls is None or not isinstance(cls, type) or not issubclass(cls, transformers.PreTrainedModel):
         raise ArchitectureError(f"unknown transformers architecture {architecture!r}")
     fields = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "architectures")}
+    options = options or {}
+    for key, value in options.items():
+        if not isinstance(value, BUILD_OPTIONS.get(key, type(None))):
+            raise ArchitectureError(f"unsupported build option {key}={value!r}")
     hf_config = transformers.AutoConfig.for_model(model_type, **fields)
-    model = cls(hf_config)
+    model = cls(hf_config, **options)
     model.eval()
     return model

@@ -141,8 +141,8 @@ class ReferenceAdapter(Adapter):
     def renumber_layers(self, model: nn.Module, kept: list[int]) -> None:
         model.config.heads_per_layer = [model.config.heads_per_layer[i] for i in kept]
 
-    def build(self, config: dict, architecture: str) -> nn.Module:
-        if architecture != "ReferenceEncoder":
+    def build(self, config: dict, architecture: str, options: dict | None = None) -> nn.Module:
+        if architecture != "ReferenceEncoder" or options:
             raise ArchitectureError(f"unknown reference architecture {architecture!r}")
         known = set(ReferenceConfig.__dataclass_fields__)
         unknown = sorted(set(config) - known)
