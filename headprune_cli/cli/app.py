@@ -13,7 +13,7 @@ import traceback
 import typer
 
 from ..errors import EXIT_ERROR, EXIT_USAGE, HeadpruneError
-from . import export_cmd, finetune_cmd, import_cmd, iterate_cmd, inspect_cmd, report_cmd, sweep_cmd, prune_cmd, select_cmd, score_cmd
+from . import export_cmd, finetune_cmd, import_cmd, iterate_cmd, inspect_cmd, report_cmd, run_cmd, sweep_cmd, prune_cmd, select_cmd, score_cmd
 
 app = typer.Typer(
     name="headprune",
@@ -37,6 +37,7 @@ app.command("report")(report_cmd.report)
 app.command("finetune")(finetune_cmd.finetune_command)
 app.command("iterate")(iterate_cmd.iterate)
 app.command("sweep")(sweep_cmd.sweep)
+app.command("run")(run_cmd.run)
 
 
 def _debug() -> bool:
