@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnxruntime as ort  # in the `test` extra: required, not optional
 import pytest
 import torch
 
@@ -16,7 +17,6 @@ from headprune_cli.surgery import apply_plan
 
 from .conftest import TINY, model_inputs, model_output, snapshot
 
-ort = pytest.importorskip("onnxruntime")  # in the `test` extra; required, not optional
 
 # Uneven heads per layer and a dropped layer, in original indices, per family.
 PLANS = {
