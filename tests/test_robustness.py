@@ -129,3 +129,12 @@ def test_sigkill_while_writing_leaves_old_file_or_none(tmp_path):
     data = target.read_bytes()
     assert data == old or load(target) is not None
     load(target)
+
+
+def test_outputs_get_the_usual_file_mode(tmp_path):
+    old = os.umask(0o022)
+    try:
+        save(TINY["reference"](), tmp_path / "m.safetensors")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "m.safetensors").stat().st_mode & 0o777 == 0o644
