@@ -17,7 +17,8 @@ import typer
 import yaml
 
 import headprune_cli
-from headprune_cli.pipeline import STATE_FILE, execute, exit_code, prepare
+from headprune_cli.pipeline import prepare
+from headprune_cli.pipeline_run import STATE_FILE, execute, exit_code
 from headprune_cli.pipeline_config import ConfigError
 
 from .conftest import TINY

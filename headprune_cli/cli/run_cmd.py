@@ -10,7 +10,8 @@ import typer
 from rich.table import Table
 
 from ..errors import EXIT_USAGE
-from ..pipeline import RESOLVED_FILE, STATE_FILE, exit_code, execute, prepare
+from ..pipeline import prepare
+from ..pipeline_run import RESOLVED_FILE, STATE_FILE, execute, exit_code
 from ..pipeline_config import ConfigError
 from .common import console
 

@@ -1,0 +1,119 @@
+"""configs/demo.yaml end to end with the real stages: artifacts, the gate, reruns, determinism.
+
+One shipped run (module fixture) is shared by the tests; the rerun tests change only
+late stages so that the module stays well under a minute of CPU on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from headprune_cli.cli import main
+from headprune_cli.pipeline_run import STATE_FILE
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ("scores.json", "plan.json", "pruned.safetensors", "finetuned.safetensors", "report.json", "report.md", "resolved.yaml", STATE_FILE)
+STAGES = ["score", "select", "prune", "finetune", "report"]
+
+
+def run(*args: str) -> int:
+    return main(["run", "configs/demo.yaml", *args])
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def comparable(name: str, data: bytes):
+    """Artifact contents minus what is measured on the wall clock (latency, speedup)."""
+    if name == "report.json":
+        report = json.loads(data)
+        report.pop("measured")
+        report["gates"] = [g for g in report["gates"] if g["name"] != "min-speedup"]
+        return report
+    if name == "report.md":
+        return [line for line in data.decode().splitlines() if "latency" not in line and "peedup" not in line]
+    if name == STATE_FILE:  # the report's fingerprint is fixed, its output hash is not
+        state = json.loads(data)
+        return [{k: v for k, v in s.items() if not (s["name"] == "report" and k == "outputs")} for s in state["stages"]]
+    return data
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory):
+    """configs/demo.yaml as shipped, run once from the repository root."""
+    out = tmp_path_factory.mktemp("demo") / "run"
+    cwd, epoch = os.getcwd(), os.environ.get("SOURCE_DATE_EPOCH")
+    os.chdir(ROOT)
+    os.environ["SOURCE_DATE_EPOCH"] = "1700000000"
+    try:
+        code = run("--out", str(out))
+        yield out, code, files(out)
+    finally:
+        os.chdir(cwd)
+        if epoch is None:
+            os.environ.pop("SOURCE_DATE_EPOCH", None)
+        else:
+            os.environ["SOURCE_DATE_EPOCH"] = epoch
+
+
+@pytest.fixture
+def at_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+
+
+def statuses(out: Path) -> dict[str, str]:
+    return {s["name"]: s["fingerprint"] for s in json.loads((out / STATE_FILE).read_text())["stages"]}
+
+
+def test_demo_runs_end_to_end_and_the_gate_passes(shipped):
+    out, code, first = shipped
+    assert code == 0
+    for name in ARTIFACTS:
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    report = json.loads(first["report.json"])
+    assert report["verdict"] == "pass" and report["gates"] and all(g["passed"] for g in report["gates"])
+    assert report["models"]["pruned"]["heads"] < report["models"]["baseline"]["heads"]
+    assert report["main_metric"]["baseline"] >= 0.95  # the bundled example is a good model
+    plan = json.loads(first["plan.json"])
+    assert sum(len(h) for h in plan["remove_heads"].values()) == 8  # ratio 0.5 of 16 heads
+    resolved = yaml.safe_load(first["resolved.yaml"])
+    assert [s["name"] for s in resolved["stages"]] == STAGES
+    assert list(statuses(out)) == STAGES
+
+
+def test_rerun_skips_unchanged_stages_and_redoes_a_changed_one_and_those_after(shipped, at_root, capsys):
+    out, _, first = shipped
+    before = statuses(out)
+    capsys.readouterr()
+    assert run("--out", str(out)) == 0
+    err = capsys.readouterr().err
+    for stage in STAGES:
+        assert f"[{stage}] unchanged, skipped" in err
+    assert files(out)["finetuned.safetensors"] == first["finetuned.safetensors"]
+
+    assert run("--out", str(out), "--set", "stages.finetune.lr=0.0005") == 0
+    err = capsys.readouterr().err
+    for stage in ("score", "select", "prune"):
+        assert f"[{stage}] unchanged, skipped" in err
+    for stage in ("finetune", "report"):
+        assert f"[{stage}] headprune {stage}" in err
+    after = statuses(out)
+    assert [s for s in STAGES if after[s] != before[s]] == ["finetune", "report"]
+    assert files(out)["finetuned.safetensors"] != first["finetuned.safetensors"]
+
+
+def test_demo_from_scratch_twice_is_byte_identical(shipped, at_root):
+    out, _, first = shipped
+    # Same output path (artifacts name their inputs by path), from scratch with --force.
+    assert run("--out", str(out), "--force") == 0
+    second = files(out)
+    assert sorted(first) == sorted(second)
+    for name in first:
+        assert comparable(name, first[name]) == comparable(name, second[name]), name
