@@ -55,7 +55,7 @@ WIRING: dict[str, Wiring] = {
     "score": Wiring({"checkpoint": ("model",), "data": ("data",)}, {"output": "{stem}.json"}, {"scores": "output"}, ("checkpoint", "data")),
     "select": Wiring({"scores": ("scores",)}, {"output": "{stem}.json"}, {"plan": "output"}, ("scores",)),
     "prune": Wiring(
-        {"checkpoint": ("model",), "plan": ("plan",)},
+        {"checkpoint": ("model",), "plan": ("plan",), "data": ("data",)},  # data: compensation only
         {"output": "{stem}.safetensors"},
         {"model": "output"},
         ("checkpoint",),
@@ -232,7 +232,7 @@ def _wire(pipeline: Pipeline, specs, problems: list[str]) -> None:
         wiring, spec = WIRING[stage.command], specs[stage.command]
         values = dict(stage.options)
         for key, candidates in wiring.inputs.items():
-            if key in values or key not in spec.options:
+            if key in values or key not in spec.options or _unused(stage.command, key, values):
                 continue
             found = next((roles[r] for r in candidates if r in roles), None)
             if key == "plan" and SELECT_KEYS & set(values):
@@ -248,7 +248,8 @@ def _wire(pipeline: Pipeline, specs, problems: list[str]) -> None:
         for key, pattern in OPTIONAL_OUTPUTS.get(stage.command, {}).items():
             if values.pop(key, False) is True:
                 produced[key] = str(out / pattern.format(stem=stem))
-        missing = [k for k in wiring.needs if k not in values]
+        needs = wiring.needs + (("data",) if stage.command == "prune" and not _unused("prune", "data", values) else ())
+        missing = [k for k in needs if k not in values]
         if stage.command == "prune" and "plan" not in values and not ("scores" in values and SELECT_KEYS & set(values)):
             missing.append("plan")
         for key in missing:
@@ -263,11 +264,17 @@ def _wire(pipeline: Pipeline, specs, problems: list[str]) -> None:
         stage.options = {k: v for k, v in values.items() if k not in produced and k != "force"}
 
 
+def _unused(command: str, key: str, values: dict) -> bool:
+    """Inputs a command reads only in some modes: prune reads data only to compensate."""
+    return command == "prune" and key == "data" and values.get("compensate") in (None, "none")
+
+
 def _hint(command: str, key: str) -> str:
     hints = {
         ("select", "scores"): " (add a `score` stage before it, or set `scores:`)",
         ("prune", "plan"): " (add a `select` stage before it, set `plan:`, or give `ratio:` after a `score` stage)",
         ("score", "data"): " (set top-level `data:`)",
+        ("prune", "data"): " (compensation needs calibration data: set top-level `data:`)",
         ("finetune", "data"): " (set top-level `train_data:` or `data:`)",
         ("report", "data"): " (set top-level `eval_data:` or `data:`)",
     }

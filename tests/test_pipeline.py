@@ -59,6 +59,7 @@ def _select(scores: Annotated[str, typer.Argument()] = "-", ratio: Annotated[Opt
 @stub.command("prune")
 def _prune(checkpoint: Annotated[Optional[Path], typer.Argument()] = None, plan: Annotated[Optional[str], typer.Option("--plan")] = None,
            scores: Annotated[Optional[str], typer.Option("--scores")] = None, ratio: Annotated[Optional[float], typer.Option("--ratio")] = None,
+           compensation: Annotated[str, typer.Option("--compensate")] = "none", data: Annotated[Optional[Path], typer.Option("--data")] = None,
            output: Annotated[Path, typer.Option("-o", "--output")] = None, force: Annotated[bool, typer.Option("--force")] = False):
     calls.append("prune")
     _write(output, checkpoint, plan, scores, ratio)
@@ -294,3 +295,13 @@ def _make_causal_lm(path: Path) -> None:
     script = ROOT / "scripts" / "make_causal_lm.py"
     subprocess.run([sys.executable, str(script), "--out", str(path), "--steps", "0"], check=True, cwd=ROOT,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_prune_reads_data_only_to_compensate(workdir):
+    cfg = config(stages=[{"command": "score"}, {"command": "select", "ratio": 0.5}, {"command": "prune"}])
+    assert "--data" not in prepare(cfg, app=stub).stages[2].argv
+    cfg["stages"][2]["compensate"] = "lstsq"
+    argv = prepare(cfg, app=stub).stages[2].argv
+    assert argv[argv.index("--data") + 1] == "calib.jsonl"
+    with pytest.raises(ConfigError, match=r"stages.2 \(prune\): needs `data`"):
+        prepare({k: v for k, v in cfg.items() if k not in ("data",)}, app=stub)
