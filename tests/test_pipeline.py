@@ -305,3 +305,13 @@ def test_prune_reads_data_only_to_compensate(workdir):
     assert argv[argv.index("--data") + 1] == "calib.jsonl"
     with pytest.raises(ConfigError, match=r"stages.2 \(prune\): needs `data`"):
         prepare({k: v for k, v in cfg.items() if k not in ("data",)}, app=stub)
+
+
+def test_check_prints_the_commands_and_runs_nothing(cli, monkeypatch, tmp_path):
+    monkeypatch.chdir(ROOT)
+    result = cli("run", "configs/demo.yaml", "--check", "--out", str(tmp_path / "o"))
+    assert result.code == 0
+    lines = result.out.strip().splitlines()
+    assert [line.split()[1] for line in lines] == ["score", "select", "prune", "finetune", "report"]
+    assert lines[1].startswith(f"headprune select {tmp_path}/o/scores.json --ratio 0.5")
+    assert not (tmp_path / "o").exists()
