@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import ArtifactError, PlanError, UsageError
+from .errors import ArtifactError, CheckpointError, PlanError
 from .fileio import sha256_file
 from .schema import Envelope, Plan, envelope, input_ref
 from .selection import Constraints, Selection
@@ -55,7 +55,7 @@ def resolve_model(artifact: Envelope, artifact_path: str | None, checkpoint: str
     if checkpoint is not None:
         path = Path(checkpoint)
         if not path.is_file():
-            raise UsageError(f"{path}: no such checkpoint file")
+            raise CheckpointError(f"{path}: no such checkpoint file")
     else:
         path = _find(ref.path, artifact_path)
     digest = sha256_file(path)
@@ -74,4 +74,4 @@ def _find(named: str, artifact_path: str | None) -> Path:
     for path in candidates:
         if path.is_file():
             return path
-    raise UsageError(f"cannot find the model the artifact names ({named}); give the checkpoint path as an argument")
+    raise CheckpointError(f"cannot find the model the artifact names ({named}); give the checkpoint path as an argument")

@@ -15,6 +15,7 @@ from ..checkpoint import load
 from ..data import read_data
 from ..fileio import check_output
 from ..importance import HEAD_METHODS, init_distributed, score_model, scores_artifact, world
+from ..importance.api import make_scorer
 from ..importance.baselines import parse_weights
 from ..objectives import check_objective, needs_labels
 from ..schema import write_artifact
@@ -26,9 +27,9 @@ def score(
     data: Annotated[Path, typer.Option("--data", "-d", help="JSONL/CSV (text[, text_pair][, label]), plain text, or a tokenized .safetensors set.")],
     method: Annotated[str, typer.Option("--method", "-m", help=f"Importance method: {', '.join(HEAD_METHODS)}.")] = "taylor",
     objective: Annotated[str | None, typer.Option("--objective", help="classification, causal-lm or fidelity (default: from the model's task).")] = None,
-    samples: Annotated[int | None, typer.Option("--samples", help="Use the first N examples.")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per forward pass.")] = 32,
-    max_length: Annotated[int, typer.Option("--max-length", help="Truncate sequences to this many tokens.")] = 128,
+    samples: Annotated[int | None, typer.Option("--samples", min=1, help="Use the first N examples.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Examples per forward pass.")] = 32,
+    max_length: Annotated[int, typer.Option("--max-length", min=1, help="Truncate sequences to this many tokens.")] = 128,
     seed: Annotated[int, typer.Option("--seed", help="Seed for random, fidelity probes and anything stochastic.")] = 0,
     layers: Annotated[bool, typer.Option("--layers", help="Also score whole layers.")] = False,
     layer_method: Annotated[str | None, typer.Option("--layer-method", help="cosine (block influence) or loo (default: loo with --method loo, else cosine).")] = None,
@@ -52,6 +53,7 @@ def score(
     """
     if output is not None and str(output) != "-":
         check_output(output, force, [checkpoint, data])
+    make_scorer(method)  # an unknown name is answered before any model or data is read
     init_distributed()
     rank, _ = world()
     model = load(checkpoint)
@@ -84,7 +86,7 @@ def _device() -> torch.device:
 def _progress(show: bool):
     """A rich progress bar on stderr; scorers open one task per pass over the data."""
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=console, transient=False, disable=not show)
+                   console=console, transient=True, disable=not show)
 
     def factory(description: str, total: int):
         task = bar.add_task(description, total=total)

@@ -1,0 +1,209 @@
+"""Bad input across every command: 53 cases.
+
+Each case runs one `headprune` command in a fresh copy of a small workspace (the bundled
+example model, its data, a scores and a plan artifact) and checks the contract of issue
+8: one `Error: ...` line on stderr, the documented exit code (1 error, 2 usage), no
+traceback, nothing on stdout, and every file in the folder exactly as it was.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from headprune_cli import load, save
+from headprune_cli.surgery import apply_plan
+
+from .conftest import snapshot
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "examples" / "demo"
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """model.safetensors, data files, scores.json and plan.json made by the real commands."""
+    from headprune_cli.cli import main
+
+    base = tmp_path_factory.mktemp("ws")
+    shutil.copy(DEMO / "model.safetensors", base / "model.safetensors")
+    rows = (DEMO / "dev.jsonl").read_text().splitlines()[:24]
+    (base / "data.jsonl").write_text("\n".join(rows) + "\n")
+    (base / "text.txt").write_text("\n".join(json.loads(r)["text"] for r in rows) + "\n")
+    assert main(["score", str(base / "model.safetensors"), "--data", str(base / "data.jsonl"), "--method", "taylor", "-o", str(base / "scores.json")]) == 0
+    assert main(["select", str(base / "scores.json"), "--ratio", "0.25", "-o", str(base / "plan.json")]) == 0
+    other = load(base / "model.safetensors")
+    apply_plan(other, {0: [0]}, [])
+    save(other, base / "other.safetensors")
+    return base
+
+
+@dataclass
+class Case:
+    name: str
+    args: Callable[[Path], list]  # the command line, given the case's folder
+    code: int
+    message: str  # a piece of the one error line
+    prepare: Callable[[Path], None] | None = None
+    stdin: str | None = None
+
+
+def _rewrite_tensors(folder: Path, change: Callable[[dict], None], name: str = "bad.safetensors") -> None:
+    tensors = load_file(str(folder / "model.safetensors"))
+    with open(folder / "model.safetensors", "rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        metadata = json.loads(handle.read(length))["__metadata__"]
+    change(tensors)
+    save_file(tensors, str(folder / name), metadata=metadata)
+
+
+def _first_tensor(tensors: dict) -> str:
+    return sorted(k for k in tensors if k.endswith("weight"))[0]
+
+
+def _edit_json(name: str, change: Callable[[dict], None], out: str = "edited.json") -> Callable[[Path], None]:
+    def prepare(folder: Path) -> None:
+        data = json.loads((folder / name).read_text())
+        change(data)
+        (folder / out).write_text(json.dumps(data))
+
+    return prepare
+
+
+def _write(name: str, content: str | bytes) -> Callable[[Path], None]:
+    def prepare(folder: Path) -> None:
+        path = folder / name
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+
+    return prepare
+
+
+def _nan_score(data: dict) -> None:
+    layer = next(iter(data["heads"]))
+    head = next(iter(data["heads"][layer]))
+    data["heads"][layer][head] = float("nan")
+
+
+def _corrupt_truncate(folder: Path) -> None:
+    raw = (folder / "model.safetensors").read_bytes()
+    (folder / "bad.safetensors").write_bytes(raw[: len(raw) - 1000])
+
+
+M = "model.safetensors"
+CASES = [
+    # --- checkpoints -----------------------------------------------------------------------
+    Case("truncated checkpoint", lambda f: ["inspect", f / "bad.safetensors"], 1, "truncated", _corrupt_truncate),
+    Case("corrupt bytes", lambda f: ["inspect", f / "bad.safetensors"], 1, "corrupt safetensors", _write("bad.safetensors", b"\x00" * 64)),
+    Case("empty checkpoint", lambda f: ["score", f / "bad.safetensors", "--data", f / "data.jsonl"], 1, "too short", _write("bad.safetensors", b"")),
+    Case("wrong dtype", lambda f: ["inspect", f / "bad.safetensors"], 1, "dtype",
+         lambda f: _rewrite_tensors(f, lambda t: t.update({_first_tensor(t): t[_first_tensor(t)].double()}))),
+    Case("wrong shape", lambda f: ["inspect", f / "bad.safetensors"], 1, "shape",
+         lambda f: _rewrite_tensors(f, lambda t: t.update({_first_tensor(t): t[_first_tensor(t)][:1]}))),
+    Case("missing tensor", lambda f: ["inspect", f / "bad.safetensors"], 1, "missing",
+         lambda f: _rewrite_tensors(f, lambda t: t.pop(_first_tensor(t)))),
+    Case("NaN weight", lambda f: ["inspect", f / "bad.safetensors"], 1, "NaN",
+         lambda f: _rewrite_tensors(f, lambda t: t[_first_tensor(t)].fill_(float("nan")))),
+    Case("plain safetensors", lambda f: ["inspect", f / "bad.safetensors"], 1, "without headprune metadata",
+         lambda f: save_file({"w": torch.zeros(2)}, str(f / "bad.safetensors"))),
+    Case("checkpoint is a folder", lambda f: ["score", f, "--data", f / "data.jsonl"], 1, "a folder, not a checkpoint"),
+    Case("missing checkpoint", lambda f: ["prune", f / "nope.safetensors", "--plan", f / "plan.json", "-o", f / "o.safetensors"], 1, "nope.safetensors"),
+    Case("import folder without config", lambda f: ["import", f / "empty", "-o", f / "o.safetensors"], 1, "no config.json",
+         lambda f: (f / "empty").mkdir()),
+    # --- JSON artifacts ----------------------------------------------------------------------
+    Case("plan where scores expected", lambda f: ["select", f / "plan.json", "--ratio", "0.5"], 1, "expected a scores artifact"),
+    Case("scores of a newer version", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "schema_version",
+         _edit_json("scores.json", lambda d: d.update(schema_version=99))),
+    Case("NaN in scores", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "NaN", _edit_json("scores.json", _nan_score)),
+    Case("scores not JSON", lambda f: ["select", f / "bad.json", "--ratio", "0.5"], 1, "not valid JSON", _write("bad.json", "{not json")),
+    Case("empty stdin", lambda f: ["select", "--ratio", "0.5"], 1, "not valid JSON", stdin=""),
+    Case("report JSON as plan", lambda f: ["prune", f / M, "--plan", f / "scores.json", "-o", f / "o.safetensors"], 1, "expected a plan"),
+    Case("plan for another model", lambda f: ["prune", f / "other.safetensors", "--plan", f / "plan.json", "-o", f / "o.safetensors"], 1, "another model"),
+    Case("plan head out of range", lambda f: ["prune", f / M, "--plan", f / "edited.json", "-o", f / "o.safetensors"], 1, "out of range",
+         _edit_json("plan.json", lambda d: d.update(remove_heads={"0": [99]}))),
+    Case("plan empties a layer", lambda f: ["prune", f / M, "--plan", f / "edited.json", "-o", f / "o.safetensors"], 1, "every head",
+         _edit_json("plan.json", lambda d: d.update(remove_heads={"0": [0, 1, 2, 3]}, remove_layers=[]))),
+    Case("scores head index not an int", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "invalid scores",
+         _edit_json("scores.json", lambda d: d["heads"].update({"x": {}}))),
+    Case("unknown artifact kind on stdin", lambda f: ["prune", f / M, "-o", f / "o.safetensors"], 1, "kind", stdin='{"kind": "banana", "schema_version": 1}'),
+    Case("scores for report of wrong kind", lambda f: ["report", "--model", f / M, "--baseline", f / M, "--data", f / "data.jsonl", "--scores", f / "plan.json"], 1, "scores"),
+    # --- options ---------------------------------------------------------------------------
+    Case("ratio above 1", lambda f: ["select", f / "scores.json", "--ratio", "1.5"], 2, "ratio"),
+    Case("ratio below 0", lambda f: ["select", f / "scores.json", "--ratio", "-0.1"], 2, "ratio"),
+    Case("min-heads above head count", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "--min-heads", "9"], 2, "min-heads"),
+    Case("impossible multiple-of", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "--multiple-of", "5"], 2, "multiple-of"),
+    Case("unknown strategy", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "--strategy", "globl"], 2, "did you mean"),
+    Case("unknown method", lambda f: ["score", f / M, "--data", f / "data.jsonl", "--method", "taylr"], 2, "did you mean"),
+    Case("samples zero", lambda f: ["score", f / M, "--data", f / "data.jsonl", "--samples", "0"], 2, "samples"),
+    Case("unknown option", lambda f: ["score", f / M, "--data", f / "data.jsonl", "--bogus"], 2, "No such option"),
+    Case("missing required option", lambda f: ["prune", f / M, "--plan", f / "plan.json"], 2, "Missing option"),
+    Case("zero finetune steps", lambda f: ["finetune", f / M, "--data", f / "data.jsonl", "--steps", "0", "-o", f / "o.safetensors"], 2, "steps"),
+    Case("negative gate", lambda f: ["report", "--model", f / M, "--baseline", f / M, "--data", f / "data.jsonl", "--max-drop", "-1"], 2, "max-drop"),
+    Case("unknown command", lambda f: ["scroe"], 2, "No such command"),
+    Case("compensate without data", lambda f: ["prune", f / M, "--plan", f / "plan.json", "--compensate", "lstsq", "-o", f / "o.safetensors"], 2, "--data"),
+    # --- data ------------------------------------------------------------------------------
+    Case("empty data", lambda f: ["score", f / M, "--data", f / "empty.jsonl"], 1, "empty", _write("empty.jsonl", "")),
+    Case("malformed JSONL", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "bad.jsonl", _write("bad.jsonl", '{"text": "a b", "label": 0}\n{oops\n')),
+    Case("label out of range", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "label", _write("bad.jsonl", '{"text": "a X b Y c", "label": 17}\n')),
+    Case("missing label", lambda f: ["score", f / M, "--data", f / "text.txt", "--objective", "classification"], 1, "label"),
+    Case("unknown label name", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "label", _write("bad.jsonl", '{"text": "a X b Y c", "label": "zebra"}\n')),
+    Case("missing data file", lambda f: ["score", f / M, "--data", f / "nope.jsonl"], 1, "nope.jsonl"),
+    Case("eval labels the model does not know", lambda f: ["finetune", f / M, "--data", f / "data.jsonl", "--eval-data", f / "bad.jsonl", "--steps", "1", "-o", f / "o.safetensors"], 1, "label",
+         _write("bad.jsonl", '{"text": "a X b Y c", "label": 9}\n')),
+    Case("report on unlabelled data for a classifier", lambda f: ["report", "--model", f / M, "--baseline", f / M, "--data", f / "text.txt"], 1, "label"),
+    # --- outputs ---------------------------------------------------------------------------
+    Case("output equals input", lambda f: ["prune", f / M, "--plan", f / "plan.json", "-o", f / M, "--force"], 2, "also an input"),
+    Case("output exists", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "-o", f / "plan.json"], 2, "--force"),
+    Case("output folder missing", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "-o", f / "no" / "plan.json"], 2, "does not exist"),
+    Case("output under a file", lambda f: ["prune", f / M, "--plan", f / "plan.json", "-o", f / "data.jsonl" / "o.safetensors"], 2, "does not exist"),
+    Case("finetune output equals input", lambda f: ["finetune", f / M, "--data", f / "data.jsonl", "--steps", "1", "-o", f / M, "--force"], 2, "also an input"),
+    Case("export onto existing file", lambda f: ["export", f / M, "--onnx", f / "data.jsonl"], 2, "--force"),
+    # --- YAML --------------------------------------------------------------------------------
+    Case("bad YAML", lambda f: ["run", f / "bad.yaml"], 2, "YAML", _write("bad.yaml", "stages: [score\n  - :")),
+    Case("YAML key typo", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "did you mean",
+         lambda f: (f / "bad.yaml").write_text(f"model: {f / M}\ndata: {f / 'data.jsonl'}\nstages:\n  - command: score\n    methd: taylor\n")),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input(case: Case, workspace: Path, tmp_path: Path, cli):
+    folder = tmp_path / "ws"
+    shutil.copytree(workspace, folder)
+    if case.prepare:
+        case.prepare(folder)
+    before = snapshot(folder)
+    result = cli(*case.args(folder), stdin=case.stdin)
+    assert result.code == case.code, result
+    assert result.err.startswith("Error: ") and result.err.count("\n") == 1, result.err
+    assert case.message.lower() in result.err.lower(), result.err
+    assert "Traceback" not in result.err and result.out == ""
+    assert snapshot(folder) == before
+
+
+def test_disk_full_leaves_nothing_behind(workspace: Path, tmp_path: Path, cli, monkeypatch):
+    """ENOSPC in the middle of writing a checkpoint: one line, exit 1, no partial file."""
+    import headprune_cli.checkpoint as checkpoint
+
+    folder = tmp_path / "ws"
+    shutil.copytree(workspace, folder)
+    before = snapshot(folder)
+
+    def full_disk(model, path, metadata=None):
+        Path(path).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save_model", full_disk)
+    result = cli("prune", folder / M, "--plan", folder / "plan.json", "-o", folder / "small.safetensors")
+    assert result.code == 1 and "No space left on device" in result.err and result.err.count("\n") == 1
+    assert snapshot(folder) == before
+
+
+def test_case_count_matches_docstring():
+    assert f"{len(CASES) + 1} cases" in __doc__
