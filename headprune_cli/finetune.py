@@ -118,7 +118,7 @@ class Plan:
 
 def finetune(
     model: nn.Module,
-    train: dict[str, torch.Tensor],
+    train,  # data.Dataset or {input_ids, attention_mask, labels?, token_type_ids?} tensors
     cfg: FinetuneConfig,
     eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
     higher_is_better: bool = True,
