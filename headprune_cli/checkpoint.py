@@ -145,12 +145,16 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     meta = {k[len("headprune.") :]: v for k, v in raw.items() if k.startswith("headprune.")}
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: a safetensors file without headprune metadata; use `headprune import` first")
+    _check_version_and_keys(meta, path, "checkpoint")
+    return meta
+
+
+def _check_version_and_keys(meta: dict, where, what: str) -> None:
     if meta.get("version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format version {meta.get('version')!r} is not supported (need {FORMAT_VERSION})")
+        raise CheckpointError(f"{where}: {what} format version {meta.get('version')!r} is not supported (need {FORMAT_VERSION})")
     missing = [k for k in _KEYS if k not in meta]
     if missing:
-        raise CheckpointError(f"{path}: checkpoint metadata lacks {', '.join(missing)}")
-    return meta
+        raise CheckpointError(f"{where}: {what} metadata lacks {', '.join(missing)}")
 
 
 def read_info(path: str | os.PathLike) -> ModelInfo:
@@ -218,11 +222,7 @@ def read_folder_metadata(path: str | os.PathLike) -> dict[str, str]:
         raise CheckpointError(f"{folder / FOLDER_INFO}: not valid JSON ({_first_line(exc)})") from None
     if not isinstance(data, dict) or data.get("format") != FOLDER_FORMAT:
         raise CheckpointError(f"{folder / FOLDER_INFO}: not a headprune export (format is not {FOLDER_FORMAT!r})")
-    if data.get("version") != FORMAT_VERSION:
-        raise CheckpointError(f"{folder}: export format version {data.get('version')!r} is not supported (need {FORMAT_VERSION})")
-    missing = [k for k in _KEYS if k not in data]
-    if missing:
-        raise CheckpointError(f"{folder / FOLDER_INFO}: lacks {', '.join(missing)}")
+    _check_version_and_keys(data, folder / FOLDER_INFO, "export")
     if not (folder / FOLDER_WEIGHTS).is_file():
         raise CheckpointError(f"{folder}: no {FOLDER_WEIGHTS}")
     meta = {k: v if isinstance(v, str) else _dumps(v) for k, v in data.items()}

@@ -30,7 +30,7 @@ from torch import nn
 
 from .checkpoint import FOLDER_FORMAT, FOLDER_INFO, FOLDER_WEIGHTS, FORMAT_VERSION, _canonical_header, is_export_folder
 from .errors import HeadpruneError, NumericalError, UsageError
-from .fileio import atomic_write
+from .fileio import atomic_write, check_parent, refuse_input_as_output
 from .layout import ModelInfo, info_of
 
 ONNX_ATOL = 1e-4  # largest |onnxruntime - pytorch| accepted for an fp32 model
@@ -58,9 +58,7 @@ def export_hf(model: nn.Module, folder: str | os.PathLike, force: bool = False, 
 def check_folder_output(folder: str | os.PathLike, force: bool, inputs=()) -> Path:
     """Refuse an output folder that is an input, exists without --force, or is not ours to replace."""
     out = Path(folder)
-    for given in inputs:
-        if given is not None and out.exists() and Path(given).exists() and out.resolve() == Path(given).resolve():
-            raise UsageError(f"output {out} is also an input; choose another output folder")
+    refuse_input_as_output(out, inputs)
     if out.exists():
         if not force:
             raise UsageError(f"{out} exists; pass --force to overwrite it")
@@ -69,11 +67,7 @@ def check_folder_output(folder: str | os.PathLike, force: bool, inputs=()) -> Pa
         # --force replaces an earlier export or an empty folder, never an arbitrary folder.
         if not is_export_folder(out) and any(out.iterdir()):
             raise UsageError(f"{out} is a non-empty folder that headprune did not write; refusing to replace it")
-    parent = out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"output folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise HeadpruneError(f"output folder {parent} is not writable")
+    check_parent(out)
     return out
 
 

@@ -32,20 +32,29 @@ def sha256_bytes(data: bytes) -> str:
 def check_output(path: str | os.PathLike, force: bool = False, inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """Refuse an output that would overwrite an input, or an existing file without --force."""
     out = Path(path)
-    for given in inputs:
-        if given is not None and str(given) != "-" and Path(given).exists() and out.exists():
-            if out.resolve() == Path(given).resolve():
-                raise UsageError(f"output {out} is also an input; choose another output path")
+    refuse_input_as_output(out, inputs)
     if out.exists() and not force:
         raise UsageError(f"{out} exists; pass --force to overwrite it")
     if out.exists() and out.is_dir():
         raise UsageError(f"{out} is a directory, not a file")
+    check_parent(out)
+    return out
+
+
+def refuse_input_as_output(out: Path, inputs: Iterable[str | os.PathLike]) -> None:
+    for given in inputs:
+        if given is not None and str(given) != "-" and Path(given).exists() and out.exists():
+            if out.resolve() == Path(given).resolve():
+                raise UsageError(f"output {out} is also an input; choose another output path")
+
+
+def check_parent(out: Path) -> None:
+    """The folder an output goes into must exist and be writable."""
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(f"output folder {parent} does not exist")
     if not os.access(parent, os.W_OK):
         raise HeadpruneError(f"output folder {parent} is not writable")
-    return out
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:

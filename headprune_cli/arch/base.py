@@ -33,6 +33,14 @@ class AttentionView:
     def group_size(self) -> int:
         return self.num_heads // self.num_kv_heads
 
+    @classmethod
+    def of_projections(cls, module: nn.Module, q, k, v, o, head_dim: int) -> "AttentionView":
+        """A view of separate Q/K/V/O projections; head counts come from their shapes."""
+        return cls(
+            module=module, q=q, k=k, v=v, o=o, head_dim=head_dim,
+            num_heads=q.out_features // head_dim, num_kv_heads=k.out_features // head_dim,
+        )
+
 
 def out_rows(head_indices: list[int], head_dim: int) -> torch.Tensor:
     """Feature indices that belong to the given heads in a [heads * head_dim] axis."""

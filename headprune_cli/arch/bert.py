@@ -12,15 +12,8 @@ class BertAdapter(Adapter):
 
     def attention(self, layer: nn.Module) -> AttentionView:
         attn = layer.attention.self
-        return AttentionView(
-            module=attn,
-            q=attn.query,
-            k=attn.key,
-            v=attn.value,
-            o=layer.attention.output.dense,
-            num_heads=attn.num_attention_heads,
-            num_kv_heads=attn.num_attention_heads,
-            head_dim=attn.attention_head_size,
+        return AttentionView.of_projections(
+            attn, attn.query, attn.key, attn.value, layer.attention.output.dense, attn.attention_head_size
         )
 
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:

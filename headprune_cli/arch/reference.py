@@ -124,16 +124,7 @@ class ReferenceAdapter(Adapter):
 
     def attention(self, layer: nn.Module) -> AttentionView:
         attn = layer.attention
-        return AttentionView(
-            module=attn,
-            q=attn.q_proj,
-            k=attn.k_proj,
-            v=attn.v_proj,
-            o=attn.o_proj,
-            num_heads=attn.num_heads,
-            num_kv_heads=attn.num_heads,
-            head_dim=attn.head_dim,
-        )
+        return AttentionView.of_projections(attn, attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, attn.head_dim)
 
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
         view.module.num_heads = num_heads
