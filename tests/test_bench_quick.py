@@ -1,4 +1,4 @@
-"""scripts/bench_peer.py --quick runs in the suite so it cannot rot: the headprune side
+"""scripts/bench.py --quick and scripts/bench_peer.py --quick run in the suite so it cannot rot: the headprune side
 (taylor scores, selection, compensation, removal, reload) and the onnxruntime path, on a
 tiny random BERT. The peer (Torch-Pruning) is never needed here: it lives only in the
 benchmark environment."""
@@ -40,3 +40,61 @@ def test_bench_peer_quick(tmp_path, capsys):
     assert all(v["median_ms"] > 0 for v in result["onnxruntime"].values())
     table = capsys.readouterr().out
     assert "| headprune taylor + lstsq | 6/12 |" in table and "| onnxruntime |" in table
+
+
+def load_named(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_peer_row_with_another_head_count_is_refused():
+    bench = load_script()
+    bench.check_same_removal(36, 36)
+    try:
+        bench.check_same_removal(0, 36)
+    except ValueError as exc:
+        assert "0 heads" in str(exc) and "36" in str(exc)
+    else:
+        raise AssertionError("a peer that removed 0 of 36 heads must be refused")
+
+
+def test_bench_quick_fills_every_table(tmp_path):
+    """scripts/bench.py --quick runs every section's code path on tiny models and writes
+    the same document BENCHMARKS.md gets; re-rendering its JSON gives the same text."""
+    bench = load_named("bench")
+    out, raw = tmp_path / "bench.md", tmp_path / "bench.json"
+    assert bench.main(["--quick", "--out", str(out), "--json", str(raw)]) == 0
+    text = out.read_text()
+    for heading in ("## 1. Scoring cost", "## 2. Speed", "## 3. Quality", "## 4. Recovery", "## 5. Pipeline wall time",
+                    "## 6. Peer comparison", "## 7. onnxruntime latency", "Which method to pick"):
+        assert heading in text, heading
+    result = json.loads(raw.read_text())
+    assert result["mode"] == "quick" and result["machine"]["threads"] == 2
+    assert result["score"]["ratio"] > 0 and result["score"]["score_s"] > 0
+    speed = result["speed"]
+    assert [r["removed"] for r in speed] == ["25%", "50%", "75%"] * 3  # three shapes, three cuts
+    assert all(r["predicted"] > 1 and r["measured"] > 0 for r in speed)
+    quality = result["quality"]["rows"]
+    assert list(quality) == ["random", "taylor-weight", "gradient", "taylor", "fisher", "loo"]
+    assert all(0 < v <= 1 + 1e-6 for by in quality.values() for pair in by.values() for v in pair)
+    recovery = [r["model"].split(",")[0] for r in result["recovery"]["rows"]]
+    assert recovery[:2] == ["baseline", "pruned 40% (taylor)"] and len(recovery) == 4
+    assert result["pipeline"][0]["seconds"] > 0
+    assert set(result["peer"]["onnxruntime"]) == {"unpruned", "headprune taylor + lstsq"}
+    assert "No peer row in this run" in text
+    again = tmp_path / "again.md"
+    assert bench.main(["--render", str(raw), "--out", str(again)]) == 0
+    assert again.read_text() == text
+
+
+def test_bench_quick_refuses_to_overwrite_benchmarks_md(capsys):
+    bench = load_named("bench")
+    try:
+        bench.main(["--quick", "--out", str(SCRIPT.parent.parent / "BENCHMARKS.md")])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError("--quick must not write BENCHMARKS.md")
+    assert "--out" in capsys.readouterr().err
