@@ -18,7 +18,7 @@ from .checkpoint import read_info
 from .cost import count_params, flops_per_token
 from .errors import ArchitectureError, CheckpointError, DataError, UsageError
 from .fileio import sha256_file
-from .latency import measure, synthetic_inputs
+from .latency import max_sequence, measure, synthetic_inputs
 from .layout import ModelInfo, info_of
 
 # The metric a gate reads, per task, and whether its drop is stated in points (x100).
@@ -220,10 +220,13 @@ def verdict(gate_list: list[Gate]) -> str:
 
 
 # --- the whole report -------------------------------------------------------------
+DEFAULT_SEQ_LEN = 128
+
+
 @dataclass
 class ReportOptions:
     batch_size: int = 8
-    seq_len: int = 128
+    seq_len: int | None = None  # None: 128, or the model's maximum positions when smaller
     threads: int = 2
     repeats: int = 10
     warmup: int = 2
@@ -252,13 +255,14 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     if not family_tree["descendant"]:
         warnings.append(f"{pruned_path} does not descend from the baseline {baseline_path}: the comparison is not a pruning comparison")
         warn(warnings[-1])
-    base_metrics, new_metrics = evaluate_both(baseline, pruned, data, opts.batch_size, opts.seq_len)
+    seq_len = opts.seq_len or min(DEFAULT_SEQ_LEN, max_sequence(baseline) or DEFAULT_SEQ_LEN)
+    base_metrics, new_metrics = evaluate_both(baseline, pruned, data, opts.batch_size, seq_len)
     main = main_metric(new_info.task, base_metrics, new_metrics)
-    facts = {"baseline": model_facts(baseline, baseline_path, base_sha, opts.seq_len), "pruned": model_facts(pruned, pruned_path, new_sha, opts.seq_len)}
+    facts = {"baseline": model_facts(baseline, baseline_path, base_sha, seq_len), "pruned": model_facts(pruned, pruned_path, new_sha, seq_len)}
     predicted = facts["baseline"]["flops_per_token"] / facts["pruned"]["flops_per_token"]
     measured = None
     if opts.repeats > 0:
-        measured = measure_speed(baseline, pruned, opts.batch_size, opts.seq_len, opts.threads, opts.repeats, opts.warmup)
+        measured = measure_speed(baseline, pruned, opts.batch_size, seq_len, opts.threads, opts.repeats, opts.warmup)
         measured["speedup_vs_predicted"] = measured["speedup"] / predicted
     gate_list = gates(main, measured and measured["speedup"], opts.max_drop, opts.max_rel_drop, opts.min_speedup)
     inputs = [input_ref("baseline", baseline_path, base_sha), input_ref("pruned", pruned_path, new_sha), input_ref("data", data)]
@@ -274,7 +278,7 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
         "metrics": {"baseline": base_metrics, "pruned": new_metrics},
         "main_metric": main.to_dict(),
         "cost": {
-            "seq_len": opts.seq_len,
+            "seq_len": seq_len,
             "params_ratio": facts["pruned"]["params"] / facts["baseline"]["params"],
             "flops_ratio": facts["pruned"]["flops_per_token"] / facts["baseline"]["flops_per_token"],
             "predicted_speedup": predicted,

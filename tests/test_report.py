@@ -266,3 +266,14 @@ def _assert_png(path):
     assert path.read_bytes()[:8] == PNG_SIGNATURE
     image = imread(path)
     assert image.ndim == 3 and image.shape[0] > 50 and image.shape[1] > 50
+
+
+def test_default_sequence_length_fits_the_model(tmp_path, cli):
+    """The bundled example has 64 positions: the default 128 is capped, not an error."""
+    from pathlib import Path
+
+    demo = Path(__file__).resolve().parents[1] / "examples" / "demo"
+    result = cli("report", "--model", demo / "model.safetensors", "--baseline", demo / "model.safetensors",
+                 "--data", demo / "dev.jsonl", "--repeats", "0", "--json", tmp_path / "r.json")
+    assert result.code == 0, result.err
+    assert json.loads((tmp_path / "r.json").read_text())["cost"]["seq_len"] == 64

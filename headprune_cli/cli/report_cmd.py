@@ -24,7 +24,7 @@ def report(
     max_rel_drop: Annotated[Optional[float], typer.Option("--max-rel-drop", min=0, help="Gate: largest allowed relative drop of the main metric (0.02 = 2%).")] = None,
     min_speedup: Annotated[Optional[float], typer.Option("--min-speedup", min=0, help="Gate: smallest allowed measured speedup (baseline median / pruned median).")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Batch size for evaluation and latency.")] = 8,
-    seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Sequence length for FLOPs, latency, and the evaluation's max length.")] = 128,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", min=1, help="Sequence length for FLOPs, latency, and the evaluation's max length (default: 128, or the model's maximum when smaller).")] = None,
     threads: Annotated[int, typer.Option("--threads", min=1, help="CPU threads while timing (torch.set_num_threads).")] = 2,
     repeats: Annotated[int, typer.Option("--repeats", min=0, help="Timed runs per model after warm-up; 0 skips latency.")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed warm-up runs per model.")] = 2,
