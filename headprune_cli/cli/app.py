@@ -13,7 +13,9 @@ import traceback
 import typer
 
 from ..errors import EXIT_ERROR, EXIT_USAGE, HeadpruneError
-from . import export_cmd, finetune_cmd, import_cmd, iterate_cmd, inspect_cmd, report_cmd, run_cmd, sweep_cmd, prune_cmd, select_cmd, score_cmd
+from . import (
+    export_cmd, finetune_cmd, import_cmd, inspect_cmd, iterate_cmd, prune_cmd, report_cmd, run_cmd, score_cmd, select_cmd, sweep_cmd,
+)
 
 app = typer.Typer(
     name="headprune",
@@ -27,16 +29,17 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode="rich",
 )
+# In pipeline order, which is also the order `headprune --help` lists them.
 app.command("import")(import_cmd.import_model)
 app.command("inspect")(inspect_cmd.inspect)
 app.command("score")(score_cmd.score)
 app.command("select")(select_cmd.select)
 app.command("prune")(prune_cmd.prune)
-app.command("export")(export_cmd.export)
-app.command("report")(report_cmd.report)
 app.command("finetune")(finetune_cmd.finetune_command)
 app.command("iterate")(iterate_cmd.iterate)
+app.command("report")(report_cmd.report)
 app.command("sweep")(sweep_cmd.sweep)
+app.command("export")(export_cmd.export)
 app.command("run")(run_cmd.run)
 
 
