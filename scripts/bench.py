@@ -188,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--quick measures tiny random models: give --out another path than BENCHMARKS.md")
     mode = "quick" if args.quick else "full" if args.full else "default"
     command = "OMP_NUM_THREADS=%s python scripts/bench.py %s" % (os.environ.get("OMP_NUM_THREADS", "unset"), " ".join(argv if argv is not None else sys.argv[1:]))
-    result = run(mode, args.threads, args.peer_python, command.strip())
-    if args.json:
+    result = json.loads(json.dumps(run(mode, args.threads, args.peer_python, command.strip()), sort_keys=True))
+    if args.json:  # rendered from the same JSON, so --render of this file rewrites the same text
         args.json.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     args.out.write_text(bench_report.render(result))
     print(f"bench: wrote {args.out}", file=sys.stderr)

@@ -69,7 +69,8 @@ def speed_section(rows: list[dict]) -> list[str]:
 
 def quality_section(q: dict) -> list[str]:
     ratios = [float(x) for x in q["ratios"]]
-    rows = {m: {float(r): tuple(v) for r, v in by.items()} for m, by in q["rows"].items()}
+    order = [m for m in bench_quality.METHODS if m in q["rows"]] + sorted(set(q["rows"]) - set(bench_quality.METHODS))
+    rows = {m: {float(r): tuple(q["rows"][m][r]) for r in q["rows"][m]} for m in order}
     lines = ["## 3. Quality: fidelity per importance method", "",
              f"Mean cosine of pooled embeddings to the unpruned model on {q['held_out']} held-out texts; scores and "
              f"lstsq calibration on the {q['calibration']} texts before them (examples/minilm_text.txt, max {q['max_length']} tokens). "
@@ -162,10 +163,11 @@ def peer_section(p: dict) -> list[str]:
         tp, hp = rows["torch-pruning taylor"], rows["headprune taylor"]
         lines.append(f"At {hp['heads_removed']}/{hp['heads_total']} heads removed: fidelity headprune {hp['fidelity']:.4f} "
                      f"(+lstsq {rows['headprune taylor + lstsq']['fidelity']:.4f}) vs Torch-Pruning {tp['fidelity']:.4f}; "
-                     f"measured speedup {hp['speedup']:.2f}x vs {tp['speedup']:.2f}x (same shapes when the same count is "
-                     "removed, so speed differs only by where the heads go). Torch-Pruning's output does not reload "
-                     "through `from_pretrained` (the config still says the original head count); headprune's checkpoint "
-                     "records its layout and reloads bit-identically.")
+                     f"measured speedup {hp['speedup']:.2f}x vs {tp['speedup']:.2f}x (the same FLOPs when the same count is "
+                     "removed, so speed differs only by where the heads go). Reload: Torch-Pruning's output via "
+                     f"`save_pretrained`/`from_pretrained`: {tp['reloads']}"
+                     + (" (its config still states the original head count);" if tp["reloads"].startswith("no") else ";")
+                     + f" headprune's checkpoint records its layout: {hp['reloads']}.")
     return lines + [""]
 
 
