@@ -19,7 +19,7 @@ surrogate: a fixed random projection of each pooled embedding):
     so that only whole heads go (the output projection follows as a dependent).
     A peer row whose removed-head count differs from headprune's is refused.
 Measured: fidelity (mean cosine of pooled embeddings to the unpruned model on the
-held-out half), PyTorch latency at --batch x --seq-len with --threads (all models
+held-out rest), PyTorch latency at --batch x --seq-len with --threads (all models
 interleaved, medians), whether the output reloads, and onnxruntime latency of the
 baseline and the headprune model (interleaved, medians).
 """
