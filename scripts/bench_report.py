@@ -59,7 +59,7 @@ def speed_section(rows: list[dict]) -> list[str]:
     if missed:
         worst = min(missed, key=lambda r: r["ratio"])
         lines.append(
-            f"Missed on: {', '.join(r['model'].split(',')[0] + ' ' + r['removed'] for r in missed)} (worst {worst['ratio']:.3f}). "
+            f"Missed on: {'; '.join(r['model'] + ' ' + r['removed'] for r in missed)} (worst {worst['ratio']:.3f}). "
             "Likely reasons: the FLOP model counts multiply-adds only, while softmax, layer norms, GELU/SiLU, "
             "reshapes and framework overhead per op do not shrink with the head count, so they take a growing "
             "share of the pruned model's time; narrower matrices also run at a lower fraction of peak on CPU. "
