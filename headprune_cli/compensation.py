@@ -37,7 +37,9 @@ from .names import did_you_mean
 from .surgery import HeadGates, removal_gates, skip_layers
 
 METHODS = ("none", "bias", "lstsq")
-DEFAULT_RIDGE = 1e-3
+# Measured on all-MiniLM-L6-v2 (taylor, 30%/50% of heads, 64 or 200 calibration texts):
+# 1e-3 overfits 64 texts and lowers held-out fidelity; 0.1 improved all four settings.
+DEFAULT_RIDGE = 0.1
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..checkpoint import load, save
-from ..compensation import METHODS, compensate
+from ..compensation import DEFAULT_RIDGE, METHODS, compensate
 from ..errors import UsageError
 from ..fileio import check_output, sha256_bytes
 from ..names import did_you_mean
@@ -40,6 +40,7 @@ def prune(
     samples: Annotated[int, typer.Option("--samples", help="Calibration examples to read from --data.")] = 256,
     max_length: Annotated[int, typer.Option("--max-length", help="Tokens per calibration example.")] = 128,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Calibration batch size.")] = 16,
+    ridge: Annotated[float, typer.Option("--ridge", min=0.0, help="lstsq: strength of the pull towards the current weights, relative to the mean input energy.")] = DEFAULT_RIDGE,
     force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")] = False,
 ) -> None:
     """Remove heads and layers physically (smaller dense matrices); optionally compensate.
@@ -81,7 +82,7 @@ def prune(
     model = load(path)
     remove_heads = {int(k): v for k, v in plan_dict["remove_heads"].items()}
     if compensation != "none":
-        _compensate(model, remove_heads, plan_dict["remove_layers"], compensation, data, samples, max_length, batch_size)
+        _compensate(model, remove_heads, plan_dict["remove_layers"], compensation, data, samples, max_length, batch_size, ridge)
     apply_plan(model, remove_heads, plan_dict["remove_layers"])
     digest = save(model, output, plan_sha=plan_sha)
     heads = sum(len(v) for v in remove_heads.values())
@@ -107,11 +108,11 @@ def _refuse_select_options(opts: dict) -> None:
         raise UsageError(f"{flags}: selection options apply to scores, but the input is a plan (already selected)")
 
 
-def _compensate(model, remove_heads, remove_layers, method, data, samples, max_length, batch_size) -> None:
+def _compensate(model, remove_heads, remove_layers, method, data, samples, max_length, batch_size, ridge) -> None:
     from ..data import batches, read_data  # deferred: tokenizers load only when needed
 
     dataset = read_data(data, model, max_length=max_length, samples=samples, need_labels=False)
-    result = compensate(model, remove_heads, remove_layers, list(batches(dataset, batch_size)), method=method)
+    result = compensate(model, remove_heads, remove_layers, list(batches(dataset, batch_size)), method=method, ridge=ridge)
     for layer, why in sorted(result.skipped.items()):
         console.print(f"[yellow]warning:[/] {method} compensation skipped layer {layer}: {why}")
     if result.layers:
