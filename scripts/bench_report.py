@@ -135,6 +135,9 @@ def recovery_section(rec: dict) -> list[str]:
     if gap > 0.5:
         lines.append("Likely reason: with 40% of 16 heads gone the small model has lost capacity the short default "
                      "recovery does not rebuild; more epochs, KD, or iterative pruning narrow the gap.")
+    if rec.get("stress"):
+        lines += ["", "The same at 75% of heads removed (a deeper cut than the target asks for), to show what "
+                  "recovery wins back when pruning does cost accuracy:", "", bench_recovery.markdown(rec["stress"])]
     return lines + [""]
 
 
