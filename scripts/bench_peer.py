@@ -139,7 +139,7 @@ def tp_reloads(model, held: Dataset, tmp: Path) -> str:
         back = T.AutoModel.from_pretrained(folder).eval()
     except Exception as exc:  # the answer we are measuring, not a bug here
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return f"no: {first[:90]}"
+        return f"no: {first.split('. ')[0][:120]}"
     batch = next(batches(held, 8))
     with torch.no_grad():
         want = model(**{k: v for k, v in batch.items()}).last_hidden_state
