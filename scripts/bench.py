@@ -151,12 +151,26 @@ def machine(threads: int) -> dict:
             "python": platform.python_version(), "threads": threads, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset")}
 
 
+def fresh_clone_demo() -> dict:
+    """README's first command from a fresh clone: no .venv, so it creates one and installs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(["git", "clone", "-q", str(ROOT), tmp], check=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+        env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if ".venv" not in p)
+        start = time.perf_counter()
+        done = subprocess.run(["bash", "scripts/demo.sh"], cwd=tmp, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"scripts/demo.sh failed in a fresh clone:\n{done.stderr[-2000:]}")
+    return {"seconds": round(seconds, 1), "printed_report": "headprune report" in done.stdout}
+
+
 def loadavg() -> str:
     path = Path("/proc/loadavg")
     return " ".join(path.read_text().split()[:3]) if path.exists() else "n/a"
 
 
-def run(mode: str, threads: int, peer_python: str | None, command: str) -> dict:
+def run(mode: str, threads: int, peer_python: str | None, command: str, fresh_clone: bool = False) -> dict:
     torch.set_num_threads(threads)
     cfg = MODES[mode]
     result = {"mode": mode, "command": command, "machine": machine(threads), "settings": cfg,
@@ -164,6 +178,8 @@ def run(mode: str, threads: int, peer_python: str | None, command: str) -> dict:
     steps = [("score", lambda: section_score(mode, cfg)), ("speed", lambda: section_speed(mode, cfg, threads)),
              ("quality", lambda: section_quality(mode, cfg)), ("recovery", lambda: section_recovery(cfg)),
              ("pipeline", lambda: section_pipeline(mode, cfg)), ("peer", lambda: section_peer(mode, cfg, threads, peer_python))]
+    if fresh_clone:
+        steps.append(("fresh_clone", fresh_clone_demo))
     for name, step in steps:
         print(f"bench: {name} (load {loadavg()})", file=sys.stderr, flush=True)
         start = time.perf_counter()
@@ -182,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write every measurement as JSON")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--peer-python", help="python of a separate venv with torch-pruning: runs the peer section there")
+    parser.add_argument("--fresh-clone", action="store_true", help="also time scripts/demo.sh in a fresh clone (creates .venv, installs)")
     parser.add_argument("--render", type=Path, help="measure nothing: rewrite --out from a --json file of an earlier run")
     args = parser.parse_args(argv)
     if args.render:
@@ -191,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--quick measures tiny random models: give --out another path than BENCHMARKS.md")
     mode = "quick" if args.quick else "full" if args.full else "default"
     command = "OMP_NUM_THREADS=%s python scripts/bench.py %s" % (os.environ.get("OMP_NUM_THREADS", "unset"), " ".join(argv if argv is not None else sys.argv[1:]))
-    result = json.loads(json.dumps(run(mode, args.threads, args.peer_python, command.strip()), sort_keys=True))
+    result = json.loads(json.dumps(run(mode, args.threads, args.peer_python, command.strip(), args.fresh_clone), sort_keys=True))
     if args.json:  # rendered from the same JSON, so --render of this file rewrites the same text
         args.json.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     args.out.write_text(bench_report.render(result))

@@ -141,11 +141,14 @@ def recovery_section(rec: dict) -> list[str]:
     return lines + [""]
 
 
-def pipeline_section(rows: list[dict]) -> list[str]:
+def pipeline_section(rows: list[dict], fresh: dict | None = None) -> list[str]:
     lines = ["## 5. Pipeline wall time", "",
              "`headprune run` in a fresh process (import, every stage, report), `--force` so that no stage is skipped.", "",
              "| pipeline | command | runs | wall time (s, median) |", "|---|---|---:|---:|"]
     lines += [f"| {r['pipeline']} | `{r['command']}` | {r['runs']} | {r['seconds']:.1f} |" for r in rows]
+    if fresh:  # --fresh-clone: the README's first command on a clone without .venv
+        lines.append(f"| bundled example from a fresh clone, no .venv (creates it, installs, runs, prints the report) "
+                     f"| `bash scripts/demo.sh` | 1 | {fresh['seconds']:.1f} |")
     return lines + [""]
 
 
@@ -187,5 +190,5 @@ def onnx_section(p: dict) -> list[str]:
 
 def render(r: dict) -> str:
     parts = (header(r) + score_section(r["score"]) + speed_section(r["speed"]) + quality_section(r["quality"])
-             + recovery_section(r["recovery"]) + pipeline_section(r["pipeline"]) + peer_section(r["peer"]) + onnx_section(r["peer"]))
+             + recovery_section(r["recovery"]) + pipeline_section(r["pipeline"], r.get("fresh_clone")) + peer_section(r["peer"]) + onnx_section(r["peer"]))
     return "\n".join(parts).rstrip() + "\n"
