@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_model
 from torch import nn
 
 from .arch import adapter_for_family
-from .errors import CheckpointError, HeadpruneError
+from .errors import CheckpointError, HeadpruneError, first_line
 from .fileio import atomic_write, sha256_file
 from .layout import Layout, ModelInfo, info_of
 from .surgery import apply_plan
@@ -141,7 +141,7 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
         with safe_open(str(path), framework="pt") as handle:
             raw = handle.metadata() or {}
     except Exception as exc:  # safetensors raises its own error types for corrupt files
-        raise CheckpointError(f"{path}: corrupt safetensors file ({_first_line(exc)})") from None
+        raise CheckpointError(f"{path}: corrupt safetensors file ({first_line(exc)})") from None
     meta = {k[len("headprune.") :]: v for k, v in raw.items() if k.startswith("headprune.")}
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: a safetensors file without headprune metadata; use `headprune import` first")
@@ -195,7 +195,7 @@ def load(path: str | os.PathLike) -> nn.Module:
     except HeadpruneError:
         raise
     except Exception as exc:
-        raise CheckpointError(f"{path}: cannot build {info.architecture} from the stored config ({_first_line(exc)})") from None
+        raise CheckpointError(f"{path}: cannot build {info.architecture} from the stored config ({first_line(exc)})") from None
     _cut_to_layout(model, info)
     _load_weights(model, weights)
     model.eval()
@@ -219,7 +219,7 @@ def read_folder_metadata(path: str | os.PathLike) -> dict[str, str]:
     try:
         data = json.loads((folder / FOLDER_INFO).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{folder / FOLDER_INFO}: not valid JSON ({_first_line(exc)})") from None
+        raise CheckpointError(f"{folder / FOLDER_INFO}: not valid JSON ({first_line(exc)})") from None
     if not isinstance(data, dict) or data.get("format") != FOLDER_FORMAT:
         raise CheckpointError(f"{folder / FOLDER_INFO}: not a headprune export (format is not {FOLDER_FORMAT!r})")
     _check_version_and_keys(data, folder / FOLDER_INFO, "export")
@@ -254,7 +254,7 @@ def _load_weights(model: nn.Module, path) -> None:
     try:
         tensors = load_file(str(path))
     except Exception as exc:
-        raise CheckpointError(f"{path}: cannot read tensors ({_first_line(exc)})") from None
+        raise CheckpointError(f"{path}: cannot read tensors ({first_line(exc)})") from None
     expected = model.state_dict()
     unknown = sorted(set(tensors) - set(expected))
     if unknown:
@@ -288,8 +288,3 @@ def _missing_tensors(model: nn.Module, tensors: dict) -> list[str]:
     for name, tensor in model.state_dict(keep_vars=True).items():
         by_storage.setdefault(tensor.data_ptr(), []).append(name)
     return sorted(names[0] for names in by_storage.values() if not any(n in tensors for n in names))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -51,3 +51,9 @@ class GateFailed(HeadpruneError):
     """A report gate failed: the model got worse than the budget allows."""
 
     exit_code = EXIT_GATE_FAILED
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when empty), for one-line errors."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

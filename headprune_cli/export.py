@@ -29,7 +29,7 @@ from safetensors.torch import save_model
 from torch import nn
 
 from .checkpoint import FOLDER_FORMAT, FOLDER_INFO, FOLDER_WEIGHTS, FORMAT_VERSION, _canonical_header, is_export_folder
-from .errors import HeadpruneError, NumericalError, UsageError
+from .errors import HeadpruneError, NumericalError, UsageError, first_line
 from .fileio import atomic_write, check_parent, refuse_input_as_output
 from .layout import ModelInfo, info_of
 
@@ -210,8 +210,7 @@ def _trace(wrapper: nn.Module, sample: dict, path: str, names: list[str], output
     except HeadpruneError:
         raise
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise HeadpruneError(f"ONNX export failed: {first}") from None
+        raise HeadpruneError(f"ONNX export failed: {first_line(exc)}") from None
 
 
 def _ort_diff(path: str, wrapper: nn.Module, inputs: dict) -> float:

@@ -8,7 +8,7 @@ from pathlib import Path
 from torch import nn
 
 from .arch import adapter_for_model_type
-from .errors import CheckpointError, HeadpruneError
+from .errors import CheckpointError, HeadpruneError, first_line
 from .layout import info_of
 
 # Tokenizer settings worth carrying; tokenizer.json holds the vocabulary and rules.
@@ -49,8 +49,7 @@ def _from_pretrained(folder: Path, config: dict) -> nn.Module:
     except HeadpruneError:
         raise
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CheckpointError(f"{folder}: transformers could not load this model ({first})") from None
+        raise CheckpointError(f"{folder}: transformers could not load this model ({first_line(exc)})") from None
     model.eval()
     return model
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import __version__
-from .errors import ArtifactError
+from .errors import ArtifactError, first_line
 from .fileio import atomic_write_bytes, sha256_bytes, sha256_file
 
 SCHEMA_VERSION = 1
@@ -200,7 +200,7 @@ def parse_artifact(text: str, name: str, kinds: tuple[str, ...]) -> Envelope:
     try:
         data = json.loads(text, parse_constant=_reject_constant)
     except (json.JSONDecodeError, RecursionError, ValueError) as exc:
-        raise ArtifactError(f"{name}: not valid JSON ({_short(exc)})") from None
+        raise ArtifactError(f"{name}: not valid JSON ({first_line(exc)})") from None
     if not isinstance(data, dict):
         raise ArtifactError(f"{name}: expected a JSON object")
     kind = data.get("kind")
@@ -217,7 +217,7 @@ def parse_artifact(text: str, name: str, kinds: tuple[str, ...]) -> Envelope:
         where = ".".join(str(p) for p in first["loc"]) or kind
         raise ArtifactError(f"{name}: invalid {kind}: {where}: {first['msg']}") from None
     except (ValueError, TypeError, RecursionError) as exc:
-        raise ArtifactError(f"{name}: invalid {kind}: {_short(exc)}") from None
+        raise ArtifactError(f"{name}: invalid {kind}: {first_line(exc)}") from None
 
 
 def read_artifact(source: str | os.PathLike, kinds: tuple[str, ...]) -> tuple[Envelope, str]:
@@ -228,7 +228,3 @@ def read_artifact(source: str | os.PathLike, kinds: tuple[str, ...]) -> tuple[En
 
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not allowed")
-
-
-def _short(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0]
