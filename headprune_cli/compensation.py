@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .arch import adapter_for
-from .arch.base import out_rows
+from .arch.base import is_conv1d, out_rows
 from .errors import NumericalError, PlanError, UsageError
 from .layout import info_of
 from .names import did_you_mean
@@ -184,19 +184,15 @@ def _original_weights(model: nn.Module, originals: dict):
 
 
 # --- weights: Linear [out, in] or GPT-2 Conv1D [in, out] ----------------------------
-def _is_conv1d(module: nn.Module) -> bool:
-    return type(module).__name__ == "Conv1D"
-
-
 def _weights(o: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight as [out, in], bias) copies."""
-    w = o.weight.detach().T if _is_conv1d(o) else o.weight.detach()
+    w = o.weight.detach().T if is_conv1d(o) else o.weight.detach()
     return w.clone(), (o.bias.detach().clone() if o.bias is not None else None)
 
 
 def _assign(o: nn.Module, w: torch.Tensor, b: torch.Tensor | None) -> None:
     with torch.no_grad():
-        o.weight.copy_(w.T if _is_conv1d(o) else w)
+        o.weight.copy_(w.T if is_conv1d(o) else w)
         if b is not None:
             o.bias.copy_(b)
 
@@ -214,7 +210,7 @@ def _stack(w, has_bias: bool) -> torch.Tensor:
 def _write(o: nn.Module, cols: torch.Tensor, solved, has_bias: bool) -> None:
     weight, bias = solved
     with torch.no_grad():
-        if _is_conv1d(o):
+        if is_conv1d(o):
             o.weight[cols, :] = weight.to(o.weight.dtype)
         else:
             o.weight[:, cols] = weight.T.to(o.weight.dtype)

@@ -17,13 +17,14 @@ from dataclasses import asdict, dataclass
 from torch import nn
 
 from .arch import adapter_for
+from .arch.base import is_conv1d
 from .layout import info_of
 
 PER_SEQUENCE_MODULES = ("pooler", "classifier", "pre_classifier", "score")
 
 
 def _is_linear(module: nn.Module) -> bool:
-    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+    return isinstance(module, nn.Linear) or is_conv1d(module)
 
 
 def _macs(module: nn.Module) -> int:

@@ -48,7 +48,7 @@ def out_rows(head_indices: list[int], head_dim: int) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.long)
 
 
-def _is_conv1d(module: nn.Module) -> bool:
+def is_conv1d(module: nn.Module) -> bool:
     # transformers' Conv1D stores weight as [in, out] (transposed w.r.t. nn.Linear).
     return type(module).__name__ == "Conv1D"
 
@@ -56,7 +56,7 @@ def _is_conv1d(module: nn.Module) -> bool:
 def keep_outputs(module: nn.Module, index: torch.Tensor) -> None:
     """Keep only the given output features of a Linear/Conv1D, in place."""
     with torch.no_grad():
-        if _is_conv1d(module):
+        if is_conv1d(module):
             module.weight = nn.Parameter(module.weight[:, index].clone())
             module.nf = len(index)
         else:
@@ -69,7 +69,7 @@ def keep_outputs(module: nn.Module, index: torch.Tensor) -> None:
 def keep_inputs(module: nn.Module, index: torch.Tensor) -> None:
     """Keep only the given input features of a Linear/Conv1D, in place."""
     with torch.no_grad():
-        if _is_conv1d(module):
+        if is_conv1d(module):
             module.weight = nn.Parameter(module.weight[index, :].clone())
             module.nx = len(index)
         else:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..arch import adapter_for
+from ..arch.base import is_conv1d
 from ..objectives import check_finite, embed, per_example_loss
 from ..surgery import HeadGates
 from .context import ScoreContext, trainable_only
@@ -134,6 +135,6 @@ class TaylorWeight:
         for o, grad, n in zip(_o_modules(ctx.model), stats["weight"], ctx.head_counts()):
             term = (grad * o.weight.detach().double()).abs()
             # nn.Linear weight is [out, in]; GPT-2's Conv1D is [in, out]. Heads split `in`.
-            term = term.T if type(o).__name__ == "Conv1D" else term
+            term = term.T if is_conv1d(o) else term
             scores.append(term.reshape(term.shape[0], n, -1).sum(dim=(0, 2)) / len(ctx.dataset))
         return scores
