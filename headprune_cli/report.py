@@ -53,10 +53,12 @@ def check_comparable(baseline: ModelInfo, pruned: ModelInfo) -> None:
         raise ArchitectureError(f"the baseline is a {baseline.task} model and the pruned model a {pruned.task} model")
 
 
-def lineage(pruned_path: str | Path, baseline_sha: str) -> dict:
-    """Whether the pruned checkpoint descends from the baseline, following provenance."""
+def lineage(pruned_path: str | Path, baseline_sha: str, pruned_sha: str) -> dict:
+    """Whether the pruned checkpoint descends from the baseline, following provenance.
+
+    `pruned_sha` is the hash `load` already took (of the weights file, for an export folder)."""
     path = Path(pruned_path)
-    if sha256_file(path) == baseline_sha:
+    if pruned_sha == baseline_sha:
         return {"descendant": True, "how": "the pruned model and the baseline are the same file"}
     if read_info(path).provenance.get("root") == baseline_sha:
         return {"descendant": True, "how": "the baseline is the root of the pruned model"}
@@ -251,7 +253,7 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     baseline, pruned = load(baseline_path), load(pruned_path)
     base_sha, new_sha = info_of(baseline).loaded_from[1], info_of(pruned).loaded_from[1]
     warnings = []
-    family_tree = lineage(pruned_path, base_sha)
+    family_tree = lineage(pruned_path, base_sha, new_sha)
     if not family_tree["descendant"]:
         warnings.append(f"{pruned_path} does not descend from the baseline {baseline_path}: the comparison is not a pruning comparison")
         warn(warnings[-1])
