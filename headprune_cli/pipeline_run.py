@@ -8,7 +8,6 @@ too, so a changed option redoes its stage and those after it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -21,10 +20,9 @@ import yaml
 
 from . import __version__
 from .errors import EXIT_GATE_FAILED, EXIT_OK
-from .fileio import atomic_write_bytes, sha256_file
-from .pipeline import Pipeline, Stage
+from .fileio import atomic_write_bytes, sha256_bytes, sha256_file
+from .pipeline import STATE_FILE, Pipeline, Stage
 
-STATE_FILE = "run-state.json"
 RESOLVED_FILE = "resolved.yaml"
 
 
@@ -92,7 +90,7 @@ def stage_fingerprint(stage: Stage) -> str:
     outputs = set(stage.outputs)
     inputs = {a: _hash_path(a) for a in stage.argv if a not in outputs and _is_file_arg(a)}
     blob = json.dumps({"argv": stage.argv, "inputs": inputs, "version": __version__}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return sha256_bytes(blob.encode())
 
 
 def _is_file_arg(arg: str) -> bool:
@@ -103,7 +101,7 @@ def _hash_path(path: str) -> str:
     p = Path(path)
     if p.is_file():
         return sha256_file(p)
-    return hashlib.sha256("".join(f"{f}:{sha256_file(f)}" for f in sorted(p.rglob("*")) if f.is_file()).encode()).hexdigest()
+    return sha256_bytes("".join(f"{f}:{sha256_file(f)}" for f in sorted(p.rglob("*")) if f.is_file()).encode())
 
 
 def _hashes(paths: list[str]) -> dict[str, str]:
