@@ -143,21 +143,23 @@ def _units(table: ScoreTable, layer: int, c: Constraints) -> list[tuple[float, t
     if group == 1:
         units = [(s, (h,)) for h, s in scores.items() if h not in protected]
     elif c.gqa_unit == "group":
-        groups: dict[int, list[int]] = {}
-        for h in sorted(scores):
-            groups.setdefault(h // group, []).append(h)
-        units = [(sum(scores[h] for h in hs), tuple(hs)) for hs in groups.values() if not protected & set(hs)]
+        units = [(sum(scores[h] for h in hs), tuple(hs)) for hs in _groups(scores, group) if not protected & set(hs)]
     else:
         return _rows(scores, group, protected)
     return sorted(units, key=lambda u: (u[0], u[1]))  # ties: lower original index first
 
 
-def _rows(scores: dict[int, float], group: int, protected: set[int]) -> list[tuple[float, tuple[int, ...]]]:
-    """Row r = the r-th least important query head of every group; sums are ascending."""
+def _groups(scores: dict[int, float], group: int) -> list[list[int]]:
+    """The kept query heads of each KV group (original indices), groups in order."""
     groups: dict[int, list[int]] = {}
     for h in sorted(scores):
         groups.setdefault(h // group, []).append(h)
-    ordered = [sorted(hs, key=lambda h: (h in protected, scores[h], h)) for hs in groups.values()]
+    return list(groups.values())
+
+
+def _rows(scores: dict[int, float], group: int, protected: set[int]) -> list[tuple[float, tuple[int, ...]]]:
+    """Row r = the r-th least important query head of every group; sums are ascending."""
+    ordered = [sorted(hs, key=lambda h: (h in protected, scores[h], h)) for hs in _groups(scores, group)]
     rows = []
     for r in range(min(len(hs) for hs in ordered)):
         row = tuple(sorted(hs[r] for hs in ordered))
@@ -317,7 +319,7 @@ def select(
             "before": predict(table.cost, table.kept()),
             "after": predict(table.cost, table.kept(), remove, drop),
         }
-    if chosen == "budget" and not _budget_check(table, chains, drop, target_params, target_flops)(prefixes):
+    if chosen == "budget" and not kwargs["fits"](prefixes):
         raise UsageError(f"the budget cannot be met within the constraints (best: {_fraction(selection, target_params)})")
     return selection
 
