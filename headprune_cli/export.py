@@ -31,6 +31,7 @@ from torch import nn
 from .checkpoint import FOLDER_FORMAT, FOLDER_INFO, FOLDER_WEIGHTS, FORMAT_VERSION, _canonical_header, is_export_folder
 from .errors import HeadpruneError, NumericalError, UsageError, first_line
 from .fileio import atomic_write, check_parent, refuse_input_as_output
+from .latency import max_sequence
 from .layout import ModelInfo, info_of
 
 ONNX_ATOL = 1e-4  # largest |onnxruntime - pytorch| accepted for an fp32 model
@@ -183,7 +184,7 @@ def example_inputs(model: nn.Module, batch: int, seq_len: int, seed: int = 0) ->
     if info_of(model).family == "vit":
         size = config.image_size
         return {"pixel_values": torch.randn(batch, config.num_channels, size, size, generator=gen)}
-    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "max_position", None)
+    limit = max_sequence(model)
     if limit is not None and seq_len > limit:
         raise UsageError(f"--seq-len {seq_len} exceeds the model's {limit} positions")
     ids = torch.randint(0, config.vocab_size, (batch, seq_len), generator=gen)
