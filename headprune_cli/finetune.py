@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from . import distributed, train_state
+from .cost import count_params
 from .distill import kd_logits
 from .errors import NumericalError, UsageError
 from .layout import info_of
@@ -34,7 +35,7 @@ LR_BY_PARAMS = ((1e6, 2e-4), (1e7, 1e-4), (5e7, 3e-5), (2e8, 2e-5), (1e9, 1e-5),
 
 
 def default_lr(model: nn.Module) -> float:
-    params = sum(p.numel() for p in model.parameters())
+    params = count_params(model)
     return next(lr for limit, lr in LR_BY_PARAMS if params < limit)
 
 
@@ -295,8 +296,7 @@ class _Loop:
         self.ctx.barrier()
 
     def restore(self, fingerprint: dict) -> int:
-        if self.cfg.state_dir is None:
-            raise UsageError("--resume needs a state folder (--state-dir)")
+        # validate() already refused --resume without a state folder.
         state, best = train_state.load_state(self.cfg.state_dir, self.model, self.optimizer)
         saved = state.get("fingerprint", {})
         changed = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
