@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..data import Dataset, as_batch, num_batches
+from ..distributed import setup
 from ..layout import info_of
 
 # progress(description, total) -> advance(); the CLI passes a rich progress bar.
@@ -33,11 +34,8 @@ def world() -> tuple[int, int]:
 
 
 def init_distributed() -> None:
-    """Join the process group torchrun set up (gloo on CPU, nccl on GPU)."""
-    import torch.distributed as dist
-
-    if world()[1] > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    """Join the process group torchrun set up, the same way finetune does (distributed.setup)."""
+    setup()
 
 
 @dataclass
