@@ -13,7 +13,7 @@ from ..errors import UsageError
 from ..fileio import check_output, sha256_bytes
 from ..names import did_you_mean
 from ..plan import resolve_model
-from ..schema import dumps, parse_artifact, read_artifact, read_text
+from ..schema import dumps, parse_artifact, read_text
 from ..surgery import apply_plan
 from . import select_cmd as so
 from .common import console
