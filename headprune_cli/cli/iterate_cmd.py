@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Annotated
 
@@ -50,7 +51,7 @@ def iterate(
     check_output(output, force, [checkpoint, data, eval_data, score_data])
     model = load(checkpoint)
     objective = check_objective(None, model)
-    teacher_model = load(checkpoint) if teacher == "self" else None
+    teacher_model = copy.deepcopy(model) if teacher == "self" else None  # the unpruned start; no second load
     if teacher not in (None, "self"):
         teacher_model = load_teacher(resolve_teacher(teacher, checkpoint), model)
     train = read_data(data, model, max_length=max_length, seed=seed)
