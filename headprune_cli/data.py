@@ -66,9 +66,14 @@ def num_batches(dataset: Dataset, batch_size: int) -> int:
     return (len(dataset) + batch_size - 1) // batch_size
 
 
+def used_width(mask: torch.Tensor) -> int:
+    """Columns up to the last one holding a real token in any row (at least 1)."""
+    used = mask.any(dim=0).nonzero()
+    return int(used.max()) + 1 if len(used) else 1
+
+
 def as_batch(part: Dataset) -> dict[str, torch.Tensor]:
-    used = part.attention_mask.any(dim=0).nonzero()
-    width = int(used.max()) + 1 if len(used) else 1
+    width = used_width(part.attention_mask)
     batch = {"input_ids": part.input_ids[:, :width], "attention_mask": part.attention_mask[:, :width]}
     if part.token_type_ids is not None:
         batch["token_type_ids"] = part.token_type_ids[:, :width]

@@ -27,7 +27,8 @@ from .cost import count_params
 from .distill import kd_logits
 from .errors import NumericalError, UsageError
 from .layout import info_of
-from .task_losses import as_tensors, check_labels, fidelity_loss, next_token_mask, predict, task_loss, trim
+from .objectives import next_token_mask
+from .task_losses import as_tensors, check_labels, fidelity_loss, predict, task_loss, trim
 
 # Recovery starts from trained weights, so it uses about a tenth of the rate the model
 # size is usually fine-tuned at (BERT-base: ~2e-5 instead of 2e-4..5e-5 from scratch).

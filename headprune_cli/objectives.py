@@ -119,11 +119,16 @@ def per_example_loss(
 
 def token_nll(logits: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token NLL per example and the number of predicted tokens per example."""
-    ids, mask = batch["input_ids"], batch["attention_mask"]
-    # Token t+1 is predicted from t; both must be real tokens.
-    valid = (mask[:, 1:] * mask[:, :-1]).to(logits.dtype)
+    ids = batch["input_ids"]
+    valid = next_token_mask(batch).to(logits.dtype)
     nll = F.cross_entropy(_wide(logits[:, :-1]).transpose(1, 2), ids[:, 1:], reduction="none")
     return (nll * valid).sum(1), valid.sum(1)
+
+
+def next_token_mask(batch: dict) -> torch.Tensor:
+    """1.0 at positions t whose next token t+1 is predicted: both must be real tokens."""
+    mask = batch["attention_mask"]
+    return (mask[:, 1:] * mask[:, :-1]).float()
 
 
 def cosine(out: torch.Tensor, reference: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .data import used_width
 from .errors import DataError
 from . import objectives
 from .layout import info_of
@@ -36,12 +37,6 @@ def task_loss(pred: torch.Tensor, rows: dict[str, torch.Tensor], task: str) -> t
     raise DataError(f"no task loss for {task!r} models; they are trained against a teacher")
 
 
-def next_token_mask(rows: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Positions t whose next token t+1 is predicted (both real tokens), as objectives counts them."""
-    mask = rows["attention_mask"]
-    return (mask[:, 1:] * mask[:, :-1]).float()
-
-
 def fidelity_loss(student: torch.Tensor, teacher: torch.Tensor, rows: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum, count) of 1 - cosine to the teacher's embeddings: the fidelity objective."""
     per = 1.0 - objectives.cosine(student, teacher, rows["attention_mask"])
@@ -62,8 +57,7 @@ def as_tensors(data) -> dict[str, torch.Tensor]:
 
 def trim(rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Drop trailing columns that are padding in every row (as data.as_batch does)."""
-    used = rows["attention_mask"].any(dim=0).nonzero()
-    width = int(used.max()) + 1 if len(used) else 1
+    width = used_width(rows["attention_mask"])
     return {k: (v[:, :width] if v.dim() == 2 else v) for k, v in rows.items()}
 
 
