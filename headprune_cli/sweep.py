@@ -81,6 +81,7 @@ def run_sweep(model: nn.Module, calib, eval_data, opts: SweepOptions, progress: 
             pruned, removed = _pruned_copy(model, table, ratio, calib, opts)
             metrics = metric_dicts(evaluate(pruned, eval_data, objective, reference=model, batch_size=opts.batch_size))
             main = main_metric(task, base_metrics, metrics)
+            flops = flops_per_token(pruned, opts.max_length)
             rows.append({
                 "method": method,
                 "ratio": ratio,
@@ -91,8 +92,8 @@ def run_sweep(model: nn.Module, calib, eval_data, opts: SweepOptions, progress: 
                 "drop": main.drop,
                 "rel_drop": main.rel_drop,
                 "params": count_params(pruned),
-                "flops_per_token": flops_per_token(pruned, opts.max_length),
-                "predicted_speedup": base_flops / flops_per_token(pruned, opts.max_length),
+                "flops_per_token": flops,
+                "predicted_speedup": base_flops / flops,
                 "within_budget": main.drop <= opts.max_drop,
             })
     main = main_metric(task, base_metrics, base_metrics)
