@@ -93,7 +93,8 @@ def iterative_prune(
         metrics = lambda m: {x.name: x.value for x in evaluate(m, dev, objective, reference=teacher)}  # noqa: E731
         trained = finetune(candidate, train, cfg, metrics, base.higher_is_better, teacher)
         pruned_value = trained.history[0].metrics[base.name]
-        value = metrics(trained.model)[base.name]
+        # finetune returns its best epoch's weights and has already evaluated them.
+        value = next(r.metrics[base.name] for r in trained.history if r.epoch == trained.best_epoch)
         ok = limit is None or (value >= limit if base.higher_is_better else value <= limit)
         heads_now = sum(len(h) for h in info_of(trained.model).layout.heads)
         record = Round(ratio, heads_now, removed, pruned_value, value, ok)
