@@ -64,15 +64,6 @@ def load_state(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer)
     return state, _restore(target, state, model, optimizer)
 
 
-def read_scalars(folder: Path) -> dict | None:
-    """The JSON part of the latest state, or None when there is none."""
-    try:
-        target = folder / json.loads((folder / LATEST).read_text())["folder"]
-        return json.loads((target / "state.json").read_text())
-    except (OSError, KeyError, json.JSONDecodeError):
-        return None
-
-
 def _restore(target: Path, state: dict, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
     missing, unexpected = load_model(model, str(target / "model.safetensors"), strict=False)
     if missing or unexpected:
