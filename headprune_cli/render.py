@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
+from .errors import UsageError
 from .fileio import atomic_write, atomic_write_bytes
 
 VERDICT = {"pass": "PASS", "fail": "FAIL", "no-gates": "NO GATES"}
@@ -136,8 +137,11 @@ def terminal(report: dict, console) -> None:
 
 # --- plots --------------------------------------------------------------------------
 def _figure(width: float, height: float):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UsageError("plots need matplotlib: pip install 'headprune[plot]'") from None
 
     figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
