@@ -17,12 +17,21 @@ from .errors import HeadpruneError, UsageError
 _CHUNK = 1 << 20
 
 
+# A stage often hashes the same checkpoint twice (to match an artifact's inputs, then on
+# load); multi-GB models make that slow. The key changes whenever the file does.
+_SHA_CACHE: dict[tuple, str] = {}
+
+
 def sha256_file(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    if key not in _SHA_CACHE:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            while chunk := handle.read(_CHUNK):
+                digest.update(chunk)
+        _SHA_CACHE[key] = digest.hexdigest()
+    return _SHA_CACHE[key]
 
 
 def sha256_bytes(data: bytes) -> str:

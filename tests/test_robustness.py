@@ -138,3 +138,17 @@ def test_outputs_get_the_usual_file_mode(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "m.safetensors").stat().st_mode & 0o777 == 0o644
+
+
+def test_file_hash_follows_changes_to_the_file(tmp_path):
+    from headprune_cli.fileio import sha256_bytes, sha256_file
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"one")
+    assert sha256_file(path) == sha256_bytes(b"one")
+    path.write_bytes(b"two, longer")
+    assert sha256_file(path) == sha256_bytes(b"two, longer")
+    save(TINY["reference"](), tmp_path / "m.safetensors")
+    first = sha256_file(tmp_path / "m.safetensors")
+    save(TINY["bert"](), tmp_path / "m.safetensors")  # atomic replace: a new inode
+    assert sha256_file(tmp_path / "m.safetensors") != first
