@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from .latency import Latency  # the dataclass latency.py fills is the schema too
 from .schema import Envelope, register_kind
 
 
@@ -52,15 +53,6 @@ class Cost(_Strict):
     params_ratio: float
     flops_ratio: float
     predicted_speedup: float
-
-
-class Latency(_Strict):
-    median_ms: float
-    q1_ms: float
-    q3_ms: float
-    min_ms: float
-    max_ms: float
-    runs: int
 
 
 class Measured(_Strict):
