@@ -7,6 +7,6 @@ Python API:
 
 __version__ = "0.1.0"
 
-from .checkpoint import load, save  # noqa: E402
+from headprune_cli.model.checkpoint import load, save  # noqa: E402
 
 __all__ = ["__version__", "load", "save"]

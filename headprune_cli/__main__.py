@@ -1,5 +1,5 @@
 """`python -m headprune_cli` (and `torchrun -m headprune_cli`) runs the CLI."""
 
-from .cli import main
+from headprune_cli.cli import main
 
 raise SystemExit(main())

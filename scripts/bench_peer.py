@@ -39,16 +39,16 @@ from pathlib import Path
 import torch
 
 import headprune_cli
-from headprune_cli.compensation import compensate
+from headprune_cli.stages.compensation import compensate
 from headprune_cli.data import Dataset, batches
-from headprune_cli.export import export_onnx
-from headprune_cli.importance.api import score_model
-from headprune_cli.importance.gradients import probe_loss
-from headprune_cli.latency import measure, synthetic_inputs
-from headprune_cli.layout import info_of
-from headprune_cli.objectives import cosine, embed
-from headprune_cli.selection import Constraints, ScoreTable, select
-from headprune_cli.surgery import apply_plan
+from headprune_cli.model.export import export_onnx
+from headprune_cli.stages.importance.api import score_model
+from headprune_cli.stages.importance.gradients import probe_loss
+from headprune_cli.stages.report.latency import measure, synthetic_inputs
+from headprune_cli.model.layout import info_of
+from headprune_cli.stages.objectives import cosine, embed
+from headprune_cli.stages.selection import Constraints, ScoreTable, select
+from headprune_cli.model.surgery import apply_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import count_heads, minilm, random_split, split_text, tiny_bert  # noqa: E402

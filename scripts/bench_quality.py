@@ -24,13 +24,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import minilm, split_text  # noqa: E402
 
-from headprune_cli.compensation import compensate  # noqa: E402
+from headprune_cli.stages.compensation import compensate  # noqa: E402
 from headprune_cli.data import batches  # noqa: E402
-from headprune_cli.importance import score_model  # noqa: E402
-from headprune_cli.layout import info_of  # noqa: E402
-from headprune_cli.objectives import embed  # noqa: E402
-from headprune_cli.selection import Constraints, ScoreTable, select  # noqa: E402
-from headprune_cli.surgery import apply_plan  # noqa: E402
+from headprune_cli.stages.importance import score_model  # noqa: E402
+from headprune_cli.model.layout import info_of  # noqa: E402
+from headprune_cli.stages.objectives import embed  # noqa: E402
+from headprune_cli.stages.selection import Constraints, ScoreTable, select  # noqa: E402
+from headprune_cli.model.surgery import apply_plan  # noqa: E402
 
 METHODS = ("random", "taylor-weight", "gradient", "taylor", "fisher", "loo")
 

@@ -23,13 +23,13 @@ import torch
 
 from headprune_cli import load
 from headprune_cli.data import read_data
-from headprune_cli.finetune import FinetuneConfig, finetune
-from headprune_cli.importance import score_model
-from headprune_cli.iterative import iterative_prune
-from headprune_cli.layout import info_of
-from headprune_cli.objectives import evaluate
-from headprune_cli.selection import ScoreTable, select
-from headprune_cli.surgery import apply_plan
+from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
+from headprune_cli.stages.importance import score_model
+from headprune_cli.stages.iterative import iterative_prune
+from headprune_cli.model.layout import info_of
+from headprune_cli.stages.objectives import evaluate
+from headprune_cli.stages.selection import ScoreTable, select
+from headprune_cli.model.surgery import apply_plan
 
 
 def accuracy(model, dev) -> float:

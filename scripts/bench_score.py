@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import minilm, split_text  # noqa: E402
 
 from headprune_cli.data import batches  # noqa: E402
-from headprune_cli.importance import score_model  # noqa: E402
-from headprune_cli.importance.context import ScoreContext  # noqa: E402
-from headprune_cli.importance.gradients import batch_losses  # noqa: E402
+from headprune_cli.stages.importance import score_model  # noqa: E402
+from headprune_cli.stages.importance.context import ScoreContext  # noqa: E402
+from headprune_cli.stages.importance.gradients import batch_losses  # noqa: E402
 
 
 def plain_forward_backward(model, dataset, batch_size: int) -> None:

@@ -6,10 +6,10 @@ Usage:
 
 For each model: the baseline and copies with 25/50/75% of the heads removed (the same
 count in every layer; whole key/value groups for grouped-query attention) are timed
-interleaved in one loop (headprune_cli.latency.measure, alternating order), after
+interleaved in one loop (headprune_cli.stages.report.latency.measure, alternating order), after
 warm-up, at a fixed batch, sequence length and thread count. Measured speedup is the
 ratio of median latencies; predicted speedup the ratio of analytic FLOPs per token
-(headprune_cli.cost). Weights are random for the GPT-2 and LLaMA shapes (speed does not
+(headprune_cli.model.cost). Weights are random for the GPT-2 and LLaMA shapes (speed does not
 depend on values); MiniLM is the real all-MiniLM-L6-v2.
 """
 
@@ -28,10 +28,10 @@ import transformers as T
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import minilm, tiny_bert  # noqa: E402
 
-from headprune_cli.cost import flops_per_token  # noqa: E402
-from headprune_cli.latency import measure, synthetic_inputs  # noqa: E402
-from headprune_cli.layout import info_of  # noqa: E402
-from headprune_cli.surgery import apply_plan  # noqa: E402
+from headprune_cli.model.cost import flops_per_token  # noqa: E402
+from headprune_cli.stages.report.latency import measure, synthetic_inputs  # noqa: E402
+from headprune_cli.model.layout import info_of  # noqa: E402
+from headprune_cli.model.surgery import apply_plan  # noqa: E402
 
 FRACTIONS = (0.25, 0.5, 0.75)
 HEADER = "| model | heads removed | batch x seq | baseline ms (IQR) | pruned ms (IQR) | predicted | measured | measured/predicted |\n|---|---|---|---:|---:|---:|---:|---:|"

@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers as T
 
-from headprune_cli.arch import ReferenceConfig, ReferenceEncoder
+from headprune_cli.model.arch import ReferenceConfig, ReferenceEncoder
 from headprune_cli.cli import main
 
 T.utils.logging.set_verbosity_error()

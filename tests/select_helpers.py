@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from headprune_cli import save
-from headprune_cli.cost import cost_table
-from headprune_cli.layout import info_of
+from headprune_cli.model.cost import cost_table
+from headprune_cli.model.layout import info_of
 from headprune_cli.schema import dumps, envelope, input_ref
 
 from .conftest import TINY

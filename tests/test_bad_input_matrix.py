@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from headprune_cli import load, save
-from headprune_cli.surgery import apply_plan
+from headprune_cli.model.surgery import apply_plan
 
 from .conftest import snapshot
 
@@ -189,7 +189,7 @@ def test_bad_input(case: Case, workspace: Path, tmp_path: Path, cli):
 
 def test_disk_full_leaves_nothing_behind(workspace: Path, tmp_path: Path, cli, monkeypatch):
     """ENOSPC in the middle of writing a checkpoint: one line, exit 1, no partial file."""
-    import headprune_cli.checkpoint as checkpoint
+    import headprune_cli.model.checkpoint as checkpoint
 
     folder = tmp_path / "ws"
     shutil.copytree(workspace, folder)

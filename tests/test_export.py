@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import headprune_cli
-from headprune_cli.export import export_hf, export_onnx
-from headprune_cli.layout import info_of
-from headprune_cli.surgery import apply_plan
+from headprune_cli.model.export import export_hf, export_onnx
+from headprune_cli.model.layout import info_of
+from headprune_cli.model.surgery import apply_plan
 
 from .conftest import TINY, model_inputs, model_output, snapshot
 
@@ -106,7 +106,7 @@ def test_cli_export_and_reimport(tmp_path, cli):
     assert cli("export", ckpt, "--hf", tmp_path / "dir", "--force").code == 0
     assert snapshot(tmp_path / "dir") == first
     meta = json.loads((tmp_path / "dir" / "headprune.json").read_text())
-    assert meta["provenance"]["exported_from"] == headprune_cli.checkpoint.sha256_file(ckpt)
+    assert meta["provenance"]["exported_from"] == headprune_cli.model.checkpoint.sha256_file(ckpt)
     res = cli("import", tmp_path / "dir", "-o", tmp_path / "again.safetensors")
     assert res.code == 0, res.err
     inputs = model_inputs("gpt2")

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from headprune_cli import load, save
-from headprune_cli.surgery import apply_plan
+from headprune_cli.model.surgery import apply_plan
 
 from .conftest import TINY, VOCAB, snapshot
 

@@ -7,8 +7,8 @@ import torch
 
 from headprune_cli.data import Dataset
 from headprune_cli.errors import UsageError
-from headprune_cli.finetune import FinetuneConfig
-from headprune_cli.iterative import iterative_prune
+from headprune_cli.stages.finetune.train import FinetuneConfig
+from headprune_cli.stages.iterative import iterative_prune
 
 from .conftest import TINY, VOCAB
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from headprune_cli.data import Dataset
-from headprune_cli.importance import score_model
-from headprune_cli.importance import ScoreContext
-from headprune_cli.importance.l0 import L0, hard_concrete, open_probability
+from headprune_cli.stages.importance import score_model
+from headprune_cli.stages.importance import ScoreContext
+from headprune_cli.stages.importance.l0 import L0, hard_concrete, open_probability
 
 from .conftest import TINY, VOCAB
 

@@ -7,7 +7,7 @@ import torch
 import transformers as T
 
 from headprune_cli import load, save
-from headprune_cli.layout import info_of
+from headprune_cli.model.layout import info_of
 
 from .conftest import TINY, model_inputs, model_output, snapshot
 
@@ -27,7 +27,7 @@ def test_imported_folder_reproduces_transformers_outputs(name, tmp_path, cli):
 
 
 def test_inspect_json_describes_a_pruned_checkpoint(tmp_path, cli):
-    from headprune_cli.surgery import apply_plan
+    from headprune_cli.model.surgery import apply_plan
 
     model = TINY["llama-gqa"]()
     apply_plan(model, {0: [0, 1, 2, 3]}, [2])
@@ -113,7 +113,7 @@ def test_import_never_overwrites_without_force(tmp_path, cli):
 
 
 def test_metadata_that_lies_about_head_counts_is_refused(tmp_path, cli):
-    from headprune_cli.surgery import apply_plan
+    from headprune_cli.model.surgery import apply_plan
 
     model = TINY["bert"]()
     apply_plan(model, {0: [0]}, [])

@@ -4,9 +4,9 @@ import torch
 from transformers import AutoTokenizer
 
 from headprune_cli import load, save
-from headprune_cli.cost import cost_table, count_params, predict
-from headprune_cli.layout import info_of
-from headprune_cli.surgery import HeadGates, apply_plan, removal_gates
+from headprune_cli.model.cost import cost_table, count_params, predict
+from headprune_cli.model.layout import info_of
+from headprune_cli.model.surgery import HeadGates, apply_plan, removal_gates
 
 SENTENCES = ["Pruning attention heads makes models faster.", "A cat sat on the mat, quite content."]
 

@@ -17,9 +17,9 @@ import typer
 import yaml
 
 import headprune_cli
-from headprune_cli.pipeline import prepare
-from headprune_cli.pipeline_run import STATE_FILE, execute, exit_code
-from headprune_cli.pipeline_config import ConfigError
+from headprune_cli.pipeline.prepare import prepare
+from headprune_cli.pipeline.execute import STATE_FILE, execute, exit_code
+from headprune_cli.pipeline.config import ConfigError
 
 from .conftest import TINY
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from headprune_cli.cli import main
-from headprune_cli.pipeline_run import STATE_FILE
+from headprune_cli.pipeline.execute import STATE_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ("scores.json", "plan.json", "pruned.safetensors", "finetuned.safetensors", "report.json", "report.md", "resolved.yaml", STATE_FILE)

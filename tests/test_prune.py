@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from headprune_cli import load
-from headprune_cli.compensation import compensate
-from headprune_cli.layout import info_of
-from headprune_cli.surgery import apply_plan
+from headprune_cli.stages.compensation import compensate
+from headprune_cli.model.layout import info_of
+from headprune_cli.model.surgery import apply_plan
 
 from .conftest import TINY, VOCAB, model_inputs, model_output, snapshot
 from .select_helpers import saved_model, tensor_data, write_scores

@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from headprune_cli.arch import adapter_for
-from headprune_cli.cost import cost_table, flops_per_token, predict
-from headprune_cli.layout import info_of
-from headprune_cli.surgery import apply_plan
+from headprune_cli.model.arch import adapter_for
+from headprune_cli.model.cost import cost_table, flops_per_token, predict
+from headprune_cli.model.layout import info_of
+from headprune_cli.model.surgery import apply_plan
 
 from .conftest import CAUSAL, TINY, VOCAB
 

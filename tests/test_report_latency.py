@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from headprune_cli.latency import measure, summarize, synthetic_inputs
+from headprune_cli.stages.report.latency import measure, summarize, synthetic_inputs
 
 from .conftest import TINY
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from headprune_cli import load, save
-from headprune_cli.checkpoint import read_info
+from headprune_cli.model.checkpoint import read_info
 from headprune_cli.errors import HeadpruneError
 from headprune_cli.schema import parse_artifact
 
@@ -103,7 +103,7 @@ def test_arbitrary_text_is_refused_as_an_artifact(text):
 _WRITER = """
 import sys, torch
 from headprune_cli import save
-from headprune_cli.arch import ReferenceConfig, ReferenceEncoder
+from headprune_cli.model.arch import ReferenceConfig, ReferenceEncoder
 model = ReferenceEncoder(ReferenceConfig(vocab_size=30000, hidden_size=512, heads_per_layer=[8, 8], head_dim=64, intermediate_size=2048))
 print("ready", flush=True)
 while True:

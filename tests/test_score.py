@@ -14,12 +14,12 @@ import torch
 
 from headprune_cli import save
 from headprune_cli.data import read_data
-from headprune_cli.importance import score_model
-from headprune_cli.importance.context import ScoreContext
-from headprune_cli.importance.gradients import batch_losses
-from headprune_cli.layout import info_of
-from headprune_cli.objectives import embed, per_example_loss
-from headprune_cli.surgery import HeadGates, apply_plan
+from headprune_cli.stages.importance import score_model
+from headprune_cli.stages.importance.context import ScoreContext
+from headprune_cli.stages.importance.gradients import batch_losses
+from headprune_cli.model.layout import info_of
+from headprune_cli.stages.objectives import embed, per_example_loss
+from headprune_cli.model.surgery import HeadGates, apply_plan
 from tests.conftest import TINY, snapshot
 from tests.tiny_data import give_tokenizer, write_jsonl, write_text
 

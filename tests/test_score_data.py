@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 
 from headprune_cli.data import batches, read_data, tokenizer_of
 from headprune_cli.errors import DataError, UsageError
-from headprune_cli.layout import info_of
-from headprune_cli.objectives import (
+from headprune_cli.model.layout import info_of
+from headprune_cli.stages.objectives import (
     check_objective,
     default_objective,
     embed,

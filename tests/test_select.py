@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from headprune_cli.cost import CostTable, LayerCost, predict
+from headprune_cli.model.cost import CostTable, LayerCost, predict
 from headprune_cli.errors import HeadpruneError, NumericalError, UsageError
-from headprune_cli.selection import Constraints, ScoreTable, parse_protect, select
+from headprune_cli.stages.selection import Constraints, ScoreTable, parse_protect, select
 
 from .conftest import snapshot
 from .select_helpers import saved_model, scores_for, write_scores

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from headprune_cli import load, save
-from headprune_cli.cost import count_params, cost_table, flops_per_token, predict
+from headprune_cli.model.cost import count_params, cost_table, flops_per_token, predict
 from headprune_cli.errors import ArchitectureError, PlanError
-from headprune_cli.layout import info_of
-from headprune_cli.surgery import HeadGates, apply_plan, removal_gates, skip_layers
+from headprune_cli.model.layout import info_of
+from headprune_cli.model.surgery import HeadGates, apply_plan, removal_gates, skip_layers
 
 from .conftest import CAUSAL, TINY, model_inputs, model_output
 
@@ -85,7 +85,7 @@ def test_causal_lm_generates_with_kv_cache_after_layer_removal(name):
 
 
 def _blocks(model):
-    from headprune_cli.arch import adapter_for
+    from headprune_cli.model.arch import adapter_for
 
     blocks = adapter_for(model).layer_list(model)
     return [b for b in blocks if hasattr(b, "self_attn")] or [type("B", (), {"self_attn": b.attn})() for b in blocks]

@@ -8,10 +8,10 @@ import pytest
 
 from headprune_cli import load, save
 from headprune_cli.data import read_data
-from headprune_cli.objectives import evaluate
-from headprune_cli.report_schema import Sweep  # noqa: F401  (registers the kind)
+from headprune_cli.stages.objectives import evaluate
+from headprune_cli.stages.report.schema import Sweep  # noqa: F401  (registers the kind)
 from headprune_cli.schema import read_artifact
-from headprune_cli.surgery import apply_plan
+from headprune_cli.model.surgery import apply_plan
 
 from .conftest import TINY
 from .tiny_data import give_tokenizer, write_jsonl
@@ -61,8 +61,8 @@ def test_sweep_writes_curve_table_and_knee(setup, cli, tmp_path):
 
 def test_a_sweep_point_equals_pruning_and_evaluating_by_hand(setup, cli):
     """Row metrics are what the same selection, cut and evaluated directly, gives."""
-    from headprune_cli.importance.api import score_model
-    from headprune_cli.selection import ScoreTable, select
+    from headprune_cli.stages.importance.api import score_model
+    from headprune_cli.stages.selection import ScoreTable, select
 
     result = _sweep(cli, setup, "--methods", "taylor", "--ratios", "0.5")
     assert result.code == 0, result.err

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-from headprune_cli.layout import info_of
+from headprune_cli.model.layout import info_of
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
 WORDS = [f"w{i}" for i in range(56)]  # ids 4..59, inside the tiny models' vocab of 60

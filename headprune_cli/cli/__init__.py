@@ -1,5 +1,5 @@
 """The thin Typer layer: one module per command, errors mapped once in `main()`."""
 
-from .app import app, main
+from headprune_cli.cli.app import app, main
 
 __all__ = ["app", "main"]

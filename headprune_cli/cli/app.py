@@ -12,8 +12,8 @@ import traceback
 
 import typer
 
-from ..errors import EXIT_ERROR, EXIT_USAGE, HeadpruneError
-from . import (
+from headprune_cli.errors import EXIT_ERROR, EXIT_USAGE, HeadpruneError
+from headprune_cli.cli import (
     export_cmd, finetune_cmd, import_cmd, inspect_cmd, iterate_cmd, prune_cmd, report_cmd, run_cmd, score_cmd, select_cmd, sweep_cmd,
 )
 

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from ..checkpoint import load
-from ..errors import UsageError
-from ..export import check_folder_output, export_hf, export_onnx
-from ..fileio import check_output
-from .common import console
+from headprune_cli.model.checkpoint import load
+from headprune_cli.errors import UsageError
+from headprune_cli.model.export import check_folder_output, export_hf, export_onnx
+from headprune_cli.fileio import check_output
+from headprune_cli.cli.common import console
 
 
 def export(

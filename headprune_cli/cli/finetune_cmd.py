@@ -10,15 +10,15 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from ..checkpoint import load, save
-from ..data import read_data
-from ..distill import load_teacher, resolve_teacher
-from ..distributed import setup
-from ..finetune import EpochRecord, FinetuneConfig, FinetuneResult, finetune, validate
-from ..fileio import check_output
-from ..objectives import default_objective, evaluate
-from ..task_losses import check_labels
-from .common import console
+from headprune_cli.model.checkpoint import load, save
+from headprune_cli.data import read_data
+from headprune_cli.stages.finetune.distill import load_teacher, resolve_teacher
+from headprune_cli.distributed import setup
+from headprune_cli.stages.finetune.train import EpochRecord, FinetuneConfig, FinetuneResult, finetune, validate
+from headprune_cli.fileio import check_output
+from headprune_cli.stages.objectives import default_objective, evaluate
+from headprune_cli.stages.finetune.losses import check_labels
+from headprune_cli.cli.common import console
 
 
 def finetune_command(

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from ..checkpoint import is_export_folder, load, save
-from ..errors import CheckpointError
-from ..fileio import check_output
-from ..importer import import_folder
-from .common import console
+from headprune_cli.model.checkpoint import is_export_folder, load, save
+from headprune_cli.errors import CheckpointError
+from headprune_cli.fileio import check_output
+from headprune_cli.model.importer import import_folder
+from headprune_cli.cli.common import console
 
 
 def import_model(

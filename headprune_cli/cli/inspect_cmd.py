@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..checkpoint import load
-from ..describe import describe
-from .common import console, print_json
+from headprune_cli.model.checkpoint import load
+from headprune_cli.model.describe import describe
+from headprune_cli.cli.common import console, print_json
 
 
 def inspect(

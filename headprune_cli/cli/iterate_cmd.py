@@ -9,15 +9,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..checkpoint import load, save
-from ..data import read_data
-from ..distill import load_teacher, resolve_teacher
-from ..errors import UsageError
-from ..fileio import check_output
-from ..finetune import FinetuneConfig
-from ..iterative import DEFAULT_SCHEDULE, Round, iterative_prune
-from ..objectives import check_objective, needs_labels
-from .common import console
+from headprune_cli.model.checkpoint import load, save
+from headprune_cli.data import read_data
+from headprune_cli.stages.finetune.distill import load_teacher, resolve_teacher
+from headprune_cli.errors import UsageError
+from headprune_cli.fileio import check_output
+from headprune_cli.stages.finetune.train import FinetuneConfig
+from headprune_cli.stages.iterative import DEFAULT_SCHEDULE, Round, iterative_prune
+from headprune_cli.stages.objectives import check_objective, needs_labels
+from headprune_cli.cli.common import console
 
 
 def iterate(

@@ -7,16 +7,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..checkpoint import load, save
-from ..compensation import DEFAULT_RIDGE, METHODS, compensate
-from ..errors import UsageError
-from ..fileio import check_output, sha256_bytes
-from ..names import did_you_mean
-from ..plan import resolve_model
-from ..schema import dumps, parse_artifact, read_text
-from ..surgery import apply_plan
-from . import select_cmd as so
-from .common import console
+from headprune_cli.model.checkpoint import load, save
+from headprune_cli.stages.compensation import DEFAULT_RIDGE, METHODS, compensate
+from headprune_cli.errors import UsageError
+from headprune_cli.fileio import check_output, sha256_bytes
+from headprune_cli.names import did_you_mean
+from headprune_cli.stages.plan import resolve_model
+from headprune_cli.schema import dumps, parse_artifact, read_text
+from headprune_cli.model.surgery import apply_plan
+from headprune_cli.cli import select_cmd as so
+from headprune_cli.cli.common import console
 
 
 def prune(
@@ -109,7 +109,7 @@ def _refuse_select_options(opts: dict) -> None:
 
 
 def _compensate(model, remove_heads, remove_layers, method, data, samples, max_length, batch_size, ridge) -> None:
-    from ..data import batches, read_data  # deferred: tokenizers load only when needed
+    from headprune_cli.data import batches, read_data  # deferred: tokenizers load only when needed
 
     dataset = read_data(data, model, max_length=max_length, samples=samples, need_labels=False)
     result = compensate(model, remove_heads, remove_layers, list(batches(dataset, batch_size)), method=method, ridge=ridge)

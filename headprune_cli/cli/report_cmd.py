@@ -7,12 +7,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import render
-from ..errors import GateFailed, UsageError
-from ..fileio import check_output
-from ..report import ReportOptions, build_report
-from ..schema import write_artifact
-from .common import console
+from headprune_cli.stages.report import render
+from headprune_cli.errors import GateFailed, UsageError
+from headprune_cli.fileio import check_output
+from headprune_cli.stages.report.build import ReportOptions, build_report
+from headprune_cli.schema import write_artifact
+from headprune_cli.cli.common import console
 
 
 def report(

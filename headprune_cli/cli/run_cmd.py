@@ -9,11 +9,11 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from ..errors import EXIT_USAGE
-from ..pipeline import prepare
-from ..pipeline_run import RESOLVED_FILE, STATE_FILE, execute, exit_code
-from ..pipeline_config import ConfigError
-from .common import console
+from headprune_cli.errors import EXIT_USAGE
+from headprune_cli.pipeline.prepare import prepare
+from headprune_cli.pipeline.execute import RESOLVED_FILE, STATE_FILE, execute, exit_code
+from headprune_cli.pipeline.config import ConfigError
+from headprune_cli.cli.common import console
 
 
 def run(

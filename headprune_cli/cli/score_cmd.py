@@ -11,15 +11,15 @@ import torch
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..checkpoint import load
-from ..data import read_data
-from ..fileio import check_output
-from ..importance import HEAD_METHODS, init_distributed, score_model, scores_artifact, world
-from ..importance.api import make_scorer
-from ..importance.baselines import parse_weights
-from ..objectives import check_objective, needs_labels
-from ..schema import write_artifact
-from .common import console
+from headprune_cli.model.checkpoint import load
+from headprune_cli.data import read_data
+from headprune_cli.fileio import check_output
+from headprune_cli.stages.importance import HEAD_METHODS, init_distributed, score_model, scores_artifact, world
+from headprune_cli.stages.importance.api import make_scorer
+from headprune_cli.stages.importance.baselines import parse_weights
+from headprune_cli.stages.objectives import check_objective, needs_labels
+from headprune_cli.schema import write_artifact
+from headprune_cli.cli.common import console
 
 
 def score(

@@ -8,11 +8,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..fileio import check_output
-from ..plan import make_plan
-from ..schema import read_artifact, write_artifact
-from ..selection import Constraints, ScoreTable, parse_protect, select as choose
-from .common import console
+from headprune_cli.fileio import check_output
+from headprune_cli.stages.plan import make_plan
+from headprune_cli.schema import read_artifact, write_artifact
+from headprune_cli.stages.selection import Constraints, ScoreTable, parse_protect, select as choose
+from headprune_cli.cli.common import console
 
 Ratio = Annotated[Optional[float], typer.Option("--ratio", help="Fraction of the kept heads to remove, in [0, 1].")]
 Strategy = Annotated[

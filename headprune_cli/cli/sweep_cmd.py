@@ -7,14 +7,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import render
-from ..checkpoint import load
-from ..data import read_data
-from ..errors import UsageError
-from ..fileio import check_output
-from ..schema import envelope, input_ref, write_artifact
-from ..sweep import DEFAULT_RATIOS, SweepOptions, curves, markdown, options_dict, parse_list, run_sweep, check_options
-from .common import console
+from headprune_cli.stages.report import render
+from headprune_cli.model.checkpoint import load
+from headprune_cli.data import read_data
+from headprune_cli.errors import UsageError
+from headprune_cli.fileio import check_output
+from headprune_cli.schema import envelope, input_ref, write_artifact
+from headprune_cli.stages.sweep import DEFAULT_RATIOS, SweepOptions, curves, markdown, options_dict, parse_list, run_sweep, check_options
+from headprune_cli.cli.common import console
 
 
 def sweep(
@@ -57,8 +57,8 @@ def sweep(
     payload = run_sweep(model, calib, evaluation, opts, progress=lambda m: console.print(f"[dim]{m}[/]", highlight=False))
     inputs = [input_ref("model", checkpoint, model.headprune.loaded_from[1]), input_ref("data", data), input_ref("eval_data", eval_data)]
     artifact = {**envelope("sweep", inputs, options_dict(opts)), **payload}
-    from .. import report_schema  # noqa: F401  (registers the `sweep` kind)
-    from ..schema import KINDS
+    from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (registers the `sweep` kind)
+    from headprune_cli.schema import KINDS
 
     KINDS["sweep"].model_validate(artifact)  # never write what cannot be read back
     table = markdown(payload)

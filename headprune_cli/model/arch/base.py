@@ -1,0 +1,168 @@
+"""The one model view everything else sits on.
+
+An adapter knows, for one model family, where the attention blocks are and which
+attributes its forward reads. Everything generic (gating, head removal, layer removal,
+cost counting) is written once, here and in `surgery.py`, against that view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from headprune_cli.errors import ArchitectureError
+
+
+@dataclass
+class AttentionView:
+    """The parts of one layer's self-attention that head pruning touches."""
+
+    module: nn.Module  # the attention module whose head-count attributes we update
+    q: nn.Module | None  # None when Q/K/V are one fused projection (GPT-2)
+    k: nn.Module | None
+    v: nn.Module | None
+    o: nn.Module  # output projection; its input is the concatenation of head outputs
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    fused_qkv: nn.Module | None = None
+
+    @property
+    def group_size(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @classmethod
+    def of_projections(cls, module: nn.Module, q, k, v, o, head_dim: int) -> "AttentionView":
+        """A view of separate Q/K/V/O projections; head counts come from their shapes."""
+        return cls(
+            module=module, q=q, k=k, v=v, o=o, head_dim=head_dim,
+            num_heads=q.out_features // head_dim, num_kv_heads=k.out_features // head_dim,
+        )
+
+
+def out_rows(head_indices: list[int], head_dim: int) -> torch.Tensor:
+    """Feature indices that belong to the given heads in a [heads * head_dim] axis."""
+    rows = [h * head_dim + i for h in head_indices for i in range(head_dim)]
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def is_conv1d(module: nn.Module) -> bool:
+    # transformers' Conv1D stores weight as [in, out] (transposed w.r.t. nn.Linear).
+    return type(module).__name__ == "Conv1D"
+
+
+def keep_outputs(module: nn.Module, index: torch.Tensor) -> None:
+    """Keep only the given output features of a Linear/Conv1D, in place."""
+    with torch.no_grad():
+        if is_conv1d(module):
+            module.weight = nn.Parameter(module.weight[:, index].clone())
+            module.nf = len(index)
+        else:
+            module.weight = nn.Parameter(module.weight[index].clone())
+            module.out_features = len(index)
+        if module.bias is not None:
+            module.bias = nn.Parameter(module.bias[index].clone())
+
+
+def keep_inputs(module: nn.Module, index: torch.Tensor) -> None:
+    """Keep only the given input features of a Linear/Conv1D, in place."""
+    with torch.no_grad():
+        if is_conv1d(module):
+            module.weight = nn.Parameter(module.weight[index, :].clone())
+            module.nx = len(index)
+        else:
+            module.weight = nn.Parameter(module.weight[:, index].clone())
+            module.in_features = len(index)
+
+
+class Adapter:
+    """Base adapter. Subclasses name their family and locate the attention parts."""
+
+    family: str = ""
+    model_types: tuple[str, ...] = ()  # Hugging Face `config.model_type` values served
+
+    layers_path: str = ""  # dotted path of the block list, from the base model
+
+    # --- locating -------------------------------------------------------------
+    def base_model(self, model: nn.Module) -> nn.Module:
+        return getattr(model, "base_model", model)
+
+    def _layers_parent(self, model: nn.Module) -> tuple[nn.Module, str]:
+        parent = self.base_model(model)
+        *path, name = self.layers_path.split(".")
+        for part in path:
+            parent = getattr(parent, part)
+        return parent, name
+
+    def layer_list(self, model: nn.Module) -> nn.ModuleList:
+        parent, name = self._layers_parent(model)
+        return getattr(parent, name)
+
+    def set_layer_list(self, model: nn.Module, layers: nn.ModuleList) -> None:
+        parent, name = self._layers_parent(model)
+        setattr(parent, name, layers)
+
+    def attention(self, layer: nn.Module) -> AttentionView:
+        raise NotImplementedError
+
+    def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
+        """Update whatever head-count attributes the family's forward reads."""
+        raise NotImplementedError
+
+    # --- generic slicing, overridden only for fused projections ----------------
+    def slice_heads(self, view: AttentionView, keep_q: list[int], keep_kv: list[int]) -> None:
+        """Keep the given (current, 0-based) query and key/value heads of one layer."""
+        q_index = out_rows(keep_q, view.head_dim)
+        kv_index = out_rows(keep_kv, view.head_dim)
+        keep_outputs(view.q, q_index)
+        keep_outputs(view.k, kv_index)
+        keep_outputs(view.v, kv_index)
+        keep_inputs(view.o, q_index)
+        self.set_head_counts(view, len(keep_q), len(keep_kv))
+
+    def renumber_layers(self, model: nn.Module, kept: list[int]) -> None:
+        """After blocks were dropped: fix config and everything indexed by layer."""
+        config = model.config
+        config.num_hidden_layers = len(kept)
+        layer_types = getattr(config, "layer_types", None)
+        if layer_types is not None:
+            config.layer_types = [layer_types[i] for i in kept]
+        for new_index, layer in enumerate(self.layer_list(model)):
+            attn = self.attention(layer).module
+            if hasattr(attn, "layer_idx"):
+                attn.layer_idx = new_index
+            if hasattr(layer, "layer_idx"):
+                layer.layer_idx = new_index
+
+    # --- construction -----------------------------------------------------------
+    def build(self, config: dict, architecture: str, options: dict | None = None) -> nn.Module:
+        """Build an unpruned model of the stored architecture from its config."""
+        return build_transformers_model(config, architecture, self.model_types, options or {})
+
+
+BUILD_OPTIONS = {"add_pooling_layer": bool}  # the only constructor options a checkpoint may set
+
+
+def build_transformers_model(
+    config: dict, architecture: str, model_types: tuple[str, ...], options: dict | None = None
+) -> nn.Module:
+    """Instantiate a transformers class by name, never with remote code."""
+    import transformers
+
+    model_type = config.get("model_type")
+    if model_type not in model_types:
+        raise ArchitectureError(f"config model_type {model_type!r} does not belong to this family")
+    cls = getattr(transformers, architecture, None)
+    if cls is None or not isinstance(cls, type) or not issubclass(cls, transformers.PreTrainedModel):
+        raise ArchitectureError(f"unknown transformers architecture {architecture!r}")
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "architectures")}
+    options = options or {}
+    for key, value in options.items():
+        if not isinstance(value, BUILD_OPTIONS.get(key, type(None))):
+            raise ArchitectureError(f"unsupported build option {key}={value!r}")
+    hf_config = transformers.AutoConfig.for_model(model_type, **fields)
+    model = cls(hf_config, **options)
+    model.eval()
+    return model

@@ -1,0 +1,21 @@
+"""BERT family: BERT, RoBERTa, MiniLM (a BERT), ELECTRA, XLM-R."""
+
+from torch import nn
+
+from headprune_cli.model.arch.base import Adapter, AttentionView
+
+
+class BertAdapter(Adapter):
+    family = "bert"
+    model_types = ("bert", "roberta", "electra", "xlm-roberta")
+    layers_path = "encoder.layer"
+
+    def attention(self, layer: nn.Module) -> AttentionView:
+        attn = layer.attention.self
+        return AttentionView.of_projections(
+            attn, attn.query, attn.key, attn.value, layer.attention.output.dense, attn.attention_head_size
+        )
+
+    def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
+        view.module.num_attention_heads = num_heads
+        view.module.all_head_size = num_heads * view.head_dim

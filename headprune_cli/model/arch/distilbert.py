@@ -1,0 +1,18 @@
+"""DistilBERT."""
+
+from torch import nn
+
+from headprune_cli.model.arch.base import Adapter, AttentionView
+
+
+class DistilBertAdapter(Adapter):
+    family = "distilbert"
+    model_types = ("distilbert",)
+    layers_path = "transformer.layer"
+
+    def attention(self, layer: nn.Module) -> AttentionView:
+        attn = layer.attention
+        return AttentionView.of_projections(attn, attn.q_lin, attn.k_lin, attn.v_lin, attn.out_lin, attn.attention_head_size)
+
+    def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
+        view.module.n_heads = num_heads

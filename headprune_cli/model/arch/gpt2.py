@@ -1,0 +1,42 @@
+"""GPT-2: one fused Conv1D for Q, K and V (weights stored [in, out])."""
+
+import torch
+from torch import nn
+
+from headprune_cli.errors import ArchitectureError
+from headprune_cli.model.arch.base import Adapter, AttentionView, keep_inputs, keep_outputs, out_rows
+
+
+class GPT2Adapter(Adapter):
+    family = "gpt2"
+    model_types = ("gpt2",)
+    layers_path = "h"
+
+    def attention(self, layer: nn.Module) -> AttentionView:
+        attn = layer.attn
+        if getattr(attn, "is_cross_attention", False):
+            raise ArchitectureError("GPT-2 cross-attention layers are not supported")
+        return AttentionView(
+            module=attn,
+            q=None,
+            k=None,
+            v=None,
+            o=attn.c_proj,
+            num_heads=attn.num_heads,
+            num_kv_heads=attn.num_heads,
+            head_dim=attn.head_dim,
+            fused_qkv=attn.c_attn,
+        )
+
+    def slice_heads(self, view: AttentionView, keep_q: list[int], keep_kv: list[int]) -> None:
+        # c_attn's output is [Q | K | V], each block `split_size` wide.
+        width = view.num_heads * view.head_dim
+        rows = out_rows(keep_q, view.head_dim)
+        fused = torch.cat([rows, rows + width, rows + 2 * width])
+        keep_outputs(view.fused_qkv, fused)
+        keep_inputs(view.o, rows)
+        self.set_head_counts(view, len(keep_q), len(keep_kv))
+
+    def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
+        view.module.num_heads = num_heads
+        view.module.split_size = num_heads * view.head_dim

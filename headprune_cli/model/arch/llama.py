@@ -1,0 +1,19 @@
+"""LLaMA family: LLaMA, Mistral, Qwen2, Qwen3 (grouped-query attention)."""
+
+from torch import nn
+
+from headprune_cli.model.arch.base import Adapter, AttentionView
+
+
+class LlamaAdapter(Adapter):
+    family = "llama"
+    model_types = ("llama", "mistral", "qwen2", "qwen3")
+    layers_path = "layers"
+
+    def attention(self, layer: nn.Module) -> AttentionView:
+        attn = layer.self_attn
+        return AttentionView.of_projections(attn, attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, attn.head_dim)
+
+    def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
+        # repeat_kv in eager and SDPA attention reads this to expand K/V to the query heads.
+        view.module.num_key_value_groups = num_heads // num_kv_heads

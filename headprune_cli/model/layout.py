@@ -1,0 +1,132 @@
+"""What a (possibly pruned) model is: its family, original shape, and what it keeps.
+
+Every model headprune handles carries a `ModelInfo` as `model.headprune`. The layout
+speaks in original indices (layer 3, head 7 of the unpruned model) so that scores,
+plans and reports stay comparable however often a model has been cut.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+
+from torch import nn
+
+from headprune_cli.model.arch import adapter_for
+from headprune_cli.errors import CheckpointError
+
+
+@dataclass
+class Layout:
+    num_heads: list[int]  # query heads of every original layer
+    num_kv_heads: list[int]  # key/value heads of every original layer
+    layers: list[int]  # original indices of the layers kept
+    heads: list[list[int]]  # per kept layer: original query-head indices kept
+    kv_heads: list[list[int]]  # per kept layer: original key/value-head indices kept
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.num_heads)
+
+    def position(self, layer: int) -> int:
+        """Where original layer `layer` sits in the current model's block list."""
+        try:
+            return self.layers.index(layer)
+        except ValueError:
+            raise CheckpointError(f"layer {layer} is not in this model (kept: {self.layers})") from None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Layout":
+        try:
+            layout = cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        except (KeyError, TypeError) as exc:
+            raise CheckpointError(f"malformed layout in checkpoint metadata: {exc}") from None
+        layout.validate()
+        return layout
+
+    def validate(self) -> None:
+        n = self.num_layers
+        ok = (
+            len(self.num_kv_heads) == n
+            and len(self.heads) == len(self.layers) == len(self.kv_heads)
+            and sorted(set(self.layers)) == self.layers
+            and all(0 <= i < n for i in self.layers)
+        )
+        for pos, layer in enumerate(self.layers if ok else []):
+            heads, kv = self.heads[pos], self.kv_heads[pos]
+            ok = ok and _is_index_set(heads, self.num_heads[layer]) and _is_index_set(kv, self.num_kv_heads[layer])
+            ok = ok and len(heads) >= 1 and len(kv) >= 1
+        if not ok:
+            raise CheckpointError("checkpoint layout is inconsistent (layer or head indices out of range)")
+
+
+def _is_index_set(values: list, bound: int) -> bool:
+    return (
+        all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        and values == sorted(set(values))
+        and all(0 <= v < bound for v in values)
+    )
+
+
+@dataclass
+class ModelInfo:
+    family: str
+    architecture: str  # class name that rebuilds the unpruned model
+    config: dict  # the unpruned model's config
+    layout: Layout
+    task: str  # classification | causal-lm | embedding
+    tokenizer: str | None = None  # tokenizer.json text
+    tokenizer_config: dict = field(default_factory=dict)  # special tokens, max length
+    pooling: dict = field(default_factory=dict)  # sentence-transformers pooling, for embeddings
+    provenance: dict = field(default_factory=lambda: {"parent": None, "plan": None, "root": None})
+    build_options: dict = field(default_factory=dict)  # constructor options, e.g. add_pooling_layer
+    loaded_from: tuple[str, str] | None = None  # (path, sha256) of the file it came from; not stored
+
+
+def full_layout(model: nn.Module) -> Layout:
+    """The layout of an unpruned model: every layer and head kept."""
+    adapter = adapter_for(model)
+    views = [adapter.attention(layer) for layer in adapter.layer_list(model)]
+    return Layout(
+        num_heads=[v.num_heads for v in views],
+        num_kv_heads=[v.num_kv_heads for v in views],
+        layers=list(range(len(views))),
+        heads=[list(range(v.num_heads)) for v in views],
+        kv_heads=[list(range(v.num_kv_heads)) for v in views],
+    )
+
+
+def default_task(model: nn.Module) -> str:
+    name = type(model).__name__
+    if name.endswith("ForCausalLM") or name.endswith("LMHeadModel"):
+        return "causal-lm"
+    if "Classification" in name or name == "ReferenceEncoder":
+        return "classification"
+    return "embedding"
+
+
+def _build_options(model: nn.Module) -> dict:
+    """Constructor options a rebuild needs: a base model built without its pooler."""
+    if getattr(model, "pooler", "absent") is None:
+        return {"add_pooling_layer": False}
+    return {}
+
+
+def info_of(model: nn.Module) -> ModelInfo:
+    """The model's ModelInfo, created on first use for a model built in Python."""
+    info = getattr(model, "headprune", None)
+    if info is None:
+        adapter = adapter_for(model)
+        info = ModelInfo(
+            family=adapter.family,
+            architecture=type(model).__name__,
+            config=copy.deepcopy(model.config.to_dict()),
+            layout=full_layout(model),
+            task=default_task(model),
+            build_options=_build_options(model),
+        )
+        model.headprune = info
+    return info

@@ -1,0 +1,162 @@
+"""Gate, remove and drop: the generic operations on the adapter view.
+
+All public functions speak in original layer/head indices (see layout.py). Gating is
+the soft, reversible form used for scoring and as the reference that physical removal
+must reproduce exactly (DESIGN invariant 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from headprune_cli.model.arch import adapter_for
+from headprune_cli.errors import ArchitectureError, PlanError
+from headprune_cli.model.layout import info_of
+
+
+# --- gating -----------------------------------------------------------------------
+class HeadGates:
+    """Multiplies each head's slice of the output-projection input by a gate.
+
+    `gates[pos]` belongs to the kept layer at block position `pos` and has shape
+    [heads], [batch, heads] (per-example gates give per-example gradients in one
+    backward pass) or [batch, seq, heads] (per token). `outputs[pos]` is filled with that projection's input when
+    `capture=True`, for Taylor scores on head outputs.
+    """
+
+    def __init__(self, model: nn.Module, gates: list[torch.Tensor], capture: bool = False):
+        self.model, self.gates, self.capture = model, gates, capture
+        self.outputs: list[torch.Tensor | None] = [None] * len(gates)
+        self._handles = []
+
+    def __enter__(self) -> "HeadGates":
+        adapter = adapter_for(self.model)
+        for pos, layer in enumerate(adapter.layer_list(self.model)):
+            view = adapter.attention(layer)
+            self._handles.append(view.o.register_forward_pre_hook(self._hook(pos, view.head_dim)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _hook(self, pos: int, head_dim: int):
+        def hook(module, args):
+            (x, *rest) = args
+            heads = x.view(*x.shape[:-1], -1, head_dim)
+            gate = self.gates[pos]
+            # [heads] -> broadcast over everything; [batch, heads] -> over positions;
+            # [batch, seq, heads] -> one gate per token (per-token Taylor terms in one backward).
+            if gate.dim() == 3:
+                gate = gate[..., None]
+            else:
+                gate = gate.view(gate.shape[0], *([1] * (heads.dim() - 3)), gate.shape[-1], 1) if gate.dim() == 2 else gate[:, None]
+            gated = heads * gate
+            if self.capture:
+                self.outputs[pos] = heads
+            return (gated.view(x.shape), *rest)
+
+        return hook
+
+
+def removal_gates(model: nn.Module, remove_heads: Mapping[int, list[int]]) -> list[torch.Tensor]:
+    """Gates of 1 for kept heads and 0 for the heads a plan removes."""
+    layout = info_of(model).layout
+    gates = []
+    for layer, kept in zip(layout.layers, layout.heads):
+        removed = set(remove_heads.get(layer, []))
+        gates.append(torch.tensor([0.0 if h in removed else 1.0 for h in kept]))
+    return gates
+
+
+@contextmanager
+def skip_layers(model: nn.Module, layers: list[int]) -> Iterator[None]:
+    """Make the given original layers identities (their output = their input)."""
+    adapter = adapter_for(model)
+    layout = info_of(model).layout
+    blocks = adapter.layer_list(model)
+    handles = [blocks[layout.position(i)].register_forward_hook(_identity_hook, with_kwargs=True) for i in layers]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _identity_hook(module, args, kwargs, output):
+    hidden = args[0] if args else kwargs["hidden_states"]
+    if isinstance(output, tuple):
+        return (hidden, *output[1:])
+    return hidden
+
+
+# --- physical removal -------------------------------------------------------------
+def apply_plan(model: nn.Module, remove_heads: Mapping[int, list[int]], remove_layers: list[int]) -> nn.Module:
+    """Remove heads and layers in place; validates everything before cutting anything."""
+    layout = info_of(model).layout
+    drop = sorted(set(remove_layers))
+    for layer in drop:
+        layout.position(layer)
+    if len(drop) == len(layout.layers):
+        raise PlanError("the plan removes every layer; at least one must remain")
+    heads = {int(k): sorted(set(v)) for k, v in remove_heads.items() if int(k) not in drop}
+    new_heads = {layer: _validated_keep(model, layer, removed) for layer, removed in heads.items() if removed}
+    for layer, (keep_q, keep_kv) in new_heads.items():
+        _slice_layer(model, layer, keep_q, keep_kv)
+    if drop:
+        _drop_layers(model, drop)
+    return model
+
+
+def _validated_keep(model: nn.Module, layer: int, removed: list[int]) -> tuple[list[int], list[int]]:
+    """The (original) query and KV heads a layer keeps, checked against the rules."""
+    layout = info_of(model).layout
+    pos = layout.position(layer)
+    kept = layout.heads[pos]
+    unknown = [h for h in removed if h not in kept]
+    if unknown:
+        raise PlanError(f"layer {layer}: heads {unknown} are not in the model (kept: {kept})")
+    keep_q = [h for h in kept if h not in removed]
+    if not keep_q:
+        raise PlanError(f"layer {layer}: removing every head is only allowed when the plan also drops the layer")
+    group = layout.num_heads[layer] // layout.num_kv_heads[layer]
+    if group == 1:
+        return keep_q, keep_q
+    groups: dict[int, int] = {}
+    for h in keep_q:
+        groups[h // group] = groups.get(h // group, 0) + 1
+    if len(set(groups.values())) != 1:
+        sizes = ", ".join(f"kv head {g}: {n}" for g, n in sorted(groups.items()))
+        raise ArchitectureError(
+            f"layer {layer}: grouped-query attention needs every remaining KV group to keep the same "
+            f"number of query heads (would keep {sizes}); remove whole groups instead"
+        )
+    return keep_q, sorted(groups)
+
+
+def _slice_layer(model: nn.Module, layer: int, keep_q: list[int], keep_kv: list[int]) -> None:
+    info = info_of(model)
+    adapter = adapter_for(model)
+    pos = info.layout.position(layer)
+    current_q, current_kv = info.layout.heads[pos], info.layout.kv_heads[pos]
+    view = adapter.attention(adapter.layer_list(model)[pos])
+    adapter.slice_heads(view, [current_q.index(h) for h in keep_q], [current_kv.index(h) for h in keep_kv])
+    info.layout.heads[pos], info.layout.kv_heads[pos] = keep_q, keep_kv
+
+
+def _drop_layers(model: nn.Module, drop: list[int]) -> None:
+    info = info_of(model)
+    adapter = adapter_for(model)
+    layout = info.layout
+    keep_pos = [p for p, layer in enumerate(layout.layers) if layer not in drop]
+    blocks = adapter.layer_list(model)
+    adapter.set_layer_list(model, nn.ModuleList(blocks[p] for p in keep_pos))
+    adapter.renumber_layers(model, keep_pos)
+    layout.layers = [layout.layers[p] for p in keep_pos]
+    layout.heads = [layout.heads[p] for p in keep_pos]
+    layout.kv_heads = [layout.kv_heads[p] for p in keep_pos]

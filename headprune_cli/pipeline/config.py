@@ -1,0 +1,251 @@
+"""The `headprune run` config: its structure, and every stage checked against its command.
+
+A config names a model, data and a list of stages. A stage's keys, apart from `command`
+and `name`, are exactly the long options of that `headprune` command (`--min-heads` is
+`min_heads` or `min-heads`), so the YAML accepts what the command line accepts and
+nothing else. The option table is read from the registered Typer commands themselves,
+so a new option needs no change here. All problems are collected before any work starts.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, create_model
+
+from headprune_cli.errors import UsageError
+from headprune_cli.names import did_you_mean
+
+# Pipeline-level defaults live here and nowhere else.
+DEFAULT_OUT = "out/run"
+CONTROL_KEYS = ("command", "name")
+
+
+class ConfigError(UsageError):
+    """Every problem found in a config; str() gives one line per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class PipelineConfig(BaseModel):
+    """The top level of a run config. Paths are relative to the current directory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="The checkpoint the pipeline starts from (the report's baseline).")
+    data: Optional[str] = Field(None, description="Default --data: scoring, calibration, compensation.")
+    train_data: Optional[str] = Field(None, description="finetune's --data (default: data).")
+    eval_data: Optional[str] = Field(None, description="report's --data, finetune/sweep --eval-data (default: data).")
+    out: str = Field(DEFAULT_OUT, description="Folder for every artifact, resolved.yaml and run-state.json.")
+    seed: StrictInt = Field(0, description="Passed as --seed to every stage that has one, unless the stage sets it.")
+    stages: list[dict[str, Any]] = Field(min_length=1, description="The stages, run in order.")
+
+
+# --- the option table of a command, read from its Typer/click definition ---------------
+@dataclass
+class OptionSpec:
+    key: str  # YAML key: the long option without dashes, '-' -> '_'
+    param: str  # click parameter name (the function argument)
+    flag: str | None  # '--min-heads'; None for a positional argument
+    annotation: Any
+    is_flag: bool = False
+    negative: str | None = None  # '--no-normalize' when the flag has one
+    multiple: bool = False
+    minimum: float | None = None
+    maximum: float | None = None
+    is_path: bool = False
+
+
+@dataclass
+class CommandSpec:
+    name: str
+    options: dict[str, OptionSpec] = field(default_factory=dict)
+    positional: list[str] = field(default_factory=list)  # keys of arguments, in order
+
+    def by_param(self, param: str) -> OptionSpec | None:
+        return next((o for o in self.options.values() if o.param == param), None)
+
+
+def command_specs(app) -> dict[str, CommandSpec]:
+    """Every command of a Typer app with its options, keyed by command name."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    return {name: _command_spec(name, cmd) for name, cmd in group.commands.items()}
+
+
+def _command_spec(name: str, cmd) -> CommandSpec:
+    spec = CommandSpec(name)
+    for p in cmd.params:
+        annotation = getattr(getattr(p, "type_descriptor", None), "annotation", Any)
+        longs = [o for o in p.opts if o.startswith("--")]
+        flag = (longs or p.opts)[0] if getattr(p, "param_type_name", "") == "option" or hasattr(p, "is_flag") else None
+        key = (flag.lstrip("-") if flag else p.name).replace("-", "_")
+        negatives = [o for o in getattr(p, "secondary_opts", []) if o.startswith("--")]
+        option = OptionSpec(
+            key=key,
+            param=p.name,
+            flag=flag,
+            annotation=annotation,
+            is_flag=bool(getattr(p, "is_flag", False)),
+            negative=negatives[0] if negatives else None,
+            multiple=bool(p.multiple),
+            minimum=getattr(p, "min", None),
+            maximum=getattr(p, "max", None),
+            is_path=_is_path(annotation),
+        )
+        spec.options[key] = option
+        if flag is None:
+            spec.positional.append(key)
+    return spec
+
+
+def _is_path(annotation) -> bool:
+    return annotation is Path or Path in typing.get_args(annotation)
+
+
+def _field_type(option: OptionSpec):
+    """The pydantic type that a YAML value of this option must have."""
+    base = option.annotation
+    args = [a for a in typing.get_args(base) if a is not type(None)]
+    if typing.get_origin(base) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and len(args) == 1:
+        base = args[0]
+    if typing.get_origin(base) in (list, tuple):
+        inner = (typing.get_args(base) or (str,))[0]
+        return list[_scalar(inner)] | _scalar(inner)
+    if option.multiple:
+        return list[_scalar(base)] | _scalar(base)
+    return _scalar(base)
+
+
+def _scalar(base):
+    if base is bool:
+        return StrictBool
+    if base is int:
+        return StrictInt
+    if base is float:
+        return StrictFloat | StrictInt
+    if base is Path or base is str:
+        return str | StrictInt | StrictFloat  # YAML reads 0.1,0.2 or 25% as numbers/strings
+    if isinstance(base, type) and issubclass(base, enum.Enum):
+        return Literal[tuple(e.value for e in base)]
+    return Any
+
+
+def stage_model(spec: CommandSpec, reserved: set[str]) -> type[BaseModel]:
+    """A pydantic model of one stage: the command's options (all optional), nothing else."""
+    fields: dict[str, Any] = {"command": (str, ...), "name": (Optional[str], None)}
+    for key, option in spec.options.items():
+        if key in reserved:
+            continue
+        bounds = {k: v for k, v in (("ge", option.minimum), ("le", option.maximum)) if v is not None}
+        fields[key] = (Optional[_field_type(option)], Field(None, **bounds))
+    return create_model(f"Stage_{spec.name}", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+def format_errors(exc: ValidationError, where: str, known: list[str]) -> list[str]:
+    """One line per pydantic error, with 'did you mean' for unknown keys."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            key = str(err["loc"][-1])
+            lines.append(f"{where}{loc}: unknown key{did_you_mean(key, known)}")
+        elif err["type"] == "missing":
+            lines.append(f"{where}{loc}: required")
+        else:
+            lines.append(f"{where}{loc}: {err['msg']} (got {err.get('input')!r})")
+    return lines
+
+
+# --- reading the file, environment variables and --set ---------------------------------
+PATH_KEYS = ("model", "data", "train_data", "eval_data", "out")
+
+
+def expand_env(data: dict) -> list[str]:
+    """`${VAR}` in top-level paths, so a config can name a model installed elsewhere."""
+    problems = []
+    for key in PATH_KEYS:
+        value = data.get(key)
+        if not isinstance(value, str) or "$" not in value:
+            continue
+        unset = [v for v in re.findall(r"\$\{?(\w+)\}?", value) if v not in os.environ]
+        if unset:
+            problems.append(f"{key}: environment variable {unset[0]} is not set (used in {value!r})")
+        else:
+            data[key] = os.path.expandvars(value)
+    return problems
+
+
+# --- --set overrides -----------------------------------------------------------------
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such config file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise UsageError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a text file") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: a config must be a YAML mapping (model:, data:, stages: ...)")
+    return data
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> list[str]:
+    """`--set a.b=value`: value read as YAML; stages addressed by index or name."""
+    problems = []
+    for item in overrides:
+        path, sep, text = item.partition("=")
+        if not sep or not path:
+            problems.append(f"--set {item!r}: expected KEY.PATH=VALUE")
+            continue
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            value = text
+        problem = _set_path(data, path.split("."), value)
+        if problem:
+            problems.append(f"--set {item!r}: {problem}")
+    return problems
+
+
+def _set_path(node: Any, keys: list[str], value: Any) -> str | None:
+    for i, key in enumerate(keys):
+        last = i == len(keys) - 1
+        if isinstance(node, list):
+            index = _stage_index(node, key)
+            if index is None:
+                names = [str(s.get("name") or s.get("command")) for s in node if isinstance(s, dict)]
+                return f"no stage {key!r} (stages: {', '.join(names)}; or use an index 0..{len(node) - 1})"
+            if last:
+                node[index] = value
+                return None
+            node = node[index]
+        elif isinstance(node, dict):
+            if last:
+                node[key] = value
+                return None
+            node = node.setdefault(key, {})
+        else:
+            return f"{'.'.join(keys[:i])} is not a mapping or a list"
+    return None
+
+
+def _stage_index(stages: list, key: str) -> int | None:
+    if key.isdigit():
+        return int(key) if int(key) < len(stages) else None
+    matches = [i for i, s in enumerate(stages) if isinstance(s, dict) and (s.get("name") or s.get("command")) == key]
+    return matches[0] if len(matches) == 1 else None

@@ -1,0 +1,129 @@
+"""Running a prepared pipeline: stages in order, reruns skipped by fingerprint.
+
+A stage's fingerprint is the sha256 of its command line and of every input file it
+names; `run-state.json` keeps each finished stage's fingerprint and its outputs' sha256.
+A stage is skipped when both still match; once one stage runs, every later one runs
+too, so a changed option redoes its stage and those after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from headprune_cli import __version__
+from headprune_cli.errors import EXIT_GATE_FAILED, EXIT_OK
+from headprune_cli.fileio import atomic_write_bytes, sha256_bytes, sha256_file
+from headprune_cli.pipeline.prepare import STATE_FILE, Pipeline, Stage
+
+RESOLVED_FILE = "resolved.yaml"
+
+
+@dataclass
+class StageResult:
+    name: str
+    command: str
+    status: str  # ran | skipped | failed
+    code: int
+    seconds: float
+    outputs: list[str]
+
+
+Invoke = Callable[[list[str]], int]
+Log = Callable[[str], None]
+
+
+def execute(pipeline: Pipeline, invoke: Invoke | None = None, force: bool = False, log: Log = lambda _: None) -> list[StageResult]:
+    """Run the stages in order; skip unchanged ones; stop at the first failure."""
+    invoke = invoke or _default_invoke()
+    out = pipeline.out
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / RESOLVED_FILE, resolved_yaml(pipeline).encode())
+    previous = {} if force else _read_state(out)
+    state: dict[str, Any] = {"headprune_version": __version__, "stages": []}
+    results, dirty = [], force
+    for stage in pipeline.stages:
+        fingerprint = stage_fingerprint(stage)
+        before = previous.get(stage.name)
+        if not dirty and _unchanged(before, fingerprint):
+            log(f"[{stage.name}] unchanged, skipped")
+            state["stages"].append(before)
+            results.append(StageResult(stage.name, stage.command, "skipped", before["code"], 0.0, stage.outputs))
+            continue
+        dirty = True  # a redone stage redoes everything after it
+        log(f"[{stage.name}] headprune {' '.join(stage.argv)}")
+        start = time.perf_counter()
+        code = invoke(stage.argv)
+        seconds = time.perf_counter() - start
+        ok = code in (EXIT_OK, EXIT_GATE_FAILED) and all(Path(p).exists() for p in stage.outputs)
+        results.append(StageResult(stage.name, stage.command, "ran" if ok else "failed", code, seconds, stage.outputs))
+        if not ok:
+            break
+        state["stages"].append({"name": stage.name, "fingerprint": fingerprint, "code": code, "outputs": _hashes(stage.outputs)})
+    atomic_write_bytes(out / STATE_FILE, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
+    return results
+
+
+def _default_invoke() -> Invoke:
+    from headprune_cli.cli.app import main
+
+    return main
+
+
+def exit_code(results: list[StageResult]) -> int:
+    """The first failure's code; else 3 when a report gate failed; else 0."""
+    for result in results:
+        if result.status == "failed":
+            return result.code or 1
+    return EXIT_GATE_FAILED if any(r.code == EXIT_GATE_FAILED for r in results) else EXIT_OK
+
+
+def stage_fingerprint(stage: Stage) -> str:
+    """sha256 over the command line and the sha256 of every input file it names."""
+    outputs = set(stage.outputs)
+    inputs = {a: _hash_path(a) for a in stage.argv if a not in outputs and _is_file_arg(a)}
+    blob = json.dumps({"argv": stage.argv, "inputs": inputs, "version": __version__}, sort_keys=True)
+    return sha256_bytes(blob.encode())
+
+
+def _is_file_arg(arg: str) -> bool:
+    return not arg.startswith("-") and os.path.exists(arg)
+
+
+def _hash_path(path: str) -> str:
+    p = Path(path)
+    if p.is_file():
+        return sha256_file(p)
+    return sha256_bytes("".join(f"{f}:{sha256_file(f)}" for f in sorted(p.rglob("*")) if f.is_file()).encode())
+
+
+def _hashes(paths: list[str]) -> dict[str, str]:
+    return {p: _hash_path(p) for p in paths}
+
+
+def _unchanged(before: dict | None, fingerprint: str) -> bool:
+    if not before or before.get("fingerprint") != fingerprint:
+        return False
+    return all(Path(p).exists() and _hash_path(p) == sha for p, sha in before.get("outputs", {}).items())
+
+
+def _read_state(out: Path) -> dict[str, dict]:
+    try:
+        data = json.loads((out / STATE_FILE).read_text())
+        return {s["name"]: s for s in data.get("stages", []) if isinstance(s, dict) and "name" in s}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}  # no state, or a broken one: everything runs
+
+
+def resolved_yaml(pipeline: Pipeline) -> str:
+    """The config as it ran: top-level values, and each stage's options and command line."""
+    top = pipeline.config.model_dump(exclude={"stages"})
+    stages = [{"name": s.name, "command": s.command, **s.options, "argv": ["headprune", *s.argv]} for s in pipeline.stages]
+    return yaml.safe_dump({**top, "stages": stages}, sort_keys=False, default_flow_style=None, width=120)

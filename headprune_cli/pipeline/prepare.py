@@ -1,0 +1,305 @@
+"""`headprune run`: a YAML config -> validated, wired stages, each one a real `headprune` command.
+
+Every stage becomes an argv for its command and runs in-process through the CLI's own
+`main`, so a pipeline does exactly what the same commands typed in a shell would do.
+The pipeline adds three things: implicit wiring (select reads the last scores, prune the
+last plan, finetune the current model, report compares the current model with the
+starting one), one folder holding every artifact plus `resolved.yaml`, and reruns that
+skip a stage whose options and input files (by sha256) are unchanged, redoing that stage
+and every later one otherwise (fingerprints in `run-state.json`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from headprune_cli.errors import HeadpruneError
+from headprune_cli.names import did_you_mean
+from headprune_cli.pipeline.config import (
+    ConfigError, PipelineConfig, apply_overrides, command_specs, expand_env, format_errors, load_yaml, stage_model,
+)
+
+STATE_FILE = "run-state.json"  # written by pipeline_run; read here to recognise our folders
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """How the pipeline feeds one command: which option takes which artifact.
+
+    `inputs` maps an option key to an artifact role, tried in order (prune takes the
+    plan, or the scores when no stage made a plan); `outputs` maps an option key to the
+    file it writes (`{stem}` = the stage name); `makes` the roles its outputs become.
+    """
+
+    inputs: dict[str, tuple[str, ...]]
+    outputs: dict[str, str]
+    makes: dict[str, str] = field(default_factory=dict)  # role -> output key
+    needs: tuple[str, ...] = ()  # option keys that must end up set
+
+
+WIRING: dict[str, Wiring] = {
+    # Implicit first stage when `model:` is a Hugging Face folder (never written by users).
+    "import": Wiring({"source": ("source",)}, {"output": "model.safetensors"}, {"model": "output", "baseline": "output"}, ("source",)),
+    "score": Wiring({"checkpoint": ("model",), "data": ("data",)}, {"output": "{stem}.json"}, {"scores": "output"}, ("checkpoint", "data")),
+    "select": Wiring({"scores": ("scores",)}, {"output": "{stem}.json"}, {"plan": "output"}, ("scores",)),
+    "prune": Wiring(
+        {"checkpoint": ("model",), "plan": ("plan",), "data": ("data",)},  # data: compensation only
+        {"output": "{stem}.safetensors"},
+        {"model": "output"},
+        ("checkpoint",),
+    ),
+    "finetune": Wiring(
+        {"checkpoint": ("model",), "data": ("train_data",), "eval_data": ("eval_data",)},
+        {"output": "{stem}.safetensors"},
+        {"model": "output"},
+        ("checkpoint", "data"),
+    ),
+    # The iterative form: rescore -> prune -> recover per step of a schedule of ratios.
+    "iterate": Wiring(
+        {"checkpoint": ("model",), "data": ("train_data",), "eval_data": ("eval_data",), "score_data": ("data",)},
+        {"output": "{stem}.safetensors"},
+        {"model": "output"},
+        ("checkpoint", "data", "eval_data"),
+    ),
+    "report": Wiring(
+        {"model": ("model",), "baseline": ("baseline",), "data": ("eval_data",), "scores": ("scores",)},
+        {"json": "{stem}.json", "markdown": "{stem}.md"},
+        {"report": "json"},
+        ("model", "data"),
+    ),
+    "sweep": Wiring(
+        {"checkpoint": ("model",), "data": ("data",), "eval_data": ("eval_data",)},
+        {"output": "{stem}"},
+        {"sweep": "output"},
+        ("checkpoint", "data", "eval_data"),
+    ),
+}
+# Default artifact names when a stage keeps its command's name.
+STEMS = {"import": "model", "score": "scores", "select": "plan", "prune": "pruned", "finetune": "finetuned", "iterate": "iterated", "report": "report", "sweep": "sweep"}
+# prune options that mean "select inside prune from scores" rather than "apply a plan".
+SELECT_KEYS = {"ratio", "target_params", "target_flops", "threshold"}
+# Options the pipeline always sets itself; also the report's optional extra outputs.
+OPTIONAL_OUTPUTS = {"report": {"plot": "{stem}-plots", "junit": "{stem}.junit.xml"}}
+
+
+@dataclass
+class Stage:
+    name: str
+    command: str
+    options: dict[str, Any]  # YAML keys -> values, as the user wrote them (normalised keys)
+    argv: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Pipeline:
+    config: PipelineConfig
+    stages: list[Stage]
+    out: Path
+    raw: dict  # the config after --set, for resolved.yaml
+
+
+# --- validation: everything, before any work ------------------------------------------
+def prepare(source: str | Path | dict, overrides: list[str] = (), out: str | None = None, force: bool = False, app=None) -> Pipeline:
+    """Read, override, validate and wire a config; raise ConfigError listing every problem."""
+    raw = load_yaml(source) if not isinstance(source, dict) else json.loads(json.dumps(source))
+    problems = apply_overrides(raw, list(overrides))
+    if out is not None:
+        raw["out"] = out
+    problems += expand_env(raw)
+    config = _top_level(raw, problems)
+    specs = command_specs(app or _default_app())
+    stages = _check_stages(raw.get("stages"), specs, problems)
+    if isinstance(config.model, str) and Path(config.model).is_dir():
+        stages.insert(0, Stage("import", "import", {}))  # an HF folder: import it first
+    _check_files(config, stages, specs, problems)
+    pipeline = Pipeline(config, stages, Path(config.out), raw)
+    _wire(pipeline, specs, problems)
+    _check_out(pipeline, force, problems)
+    if problems:
+        raise ConfigError(problems)
+    return pipeline
+
+
+def _top_level(raw: dict, problems: list[str]) -> PipelineConfig:
+    """The validated top level; on errors, the valid part (so later checks still run)."""
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems += format_errors(exc, "", list(PipelineConfig.model_fields))
+        bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+        good = {k: v for k, v in raw.items() if k in PipelineConfig.model_fields and k not in bad}
+        defaults = {k: f.default for k, f in PipelineConfig.model_fields.items() if not f.is_required()}
+        return PipelineConfig.model_construct(**{**defaults, "model": None, "stages": [], **good})
+
+
+def _default_app():
+    from headprune_cli.cli.app import app
+
+    return app
+
+
+def _check_stages(entries, specs, problems: list[str]) -> list[Stage]:
+    if not isinstance(entries, list):
+        return []
+    stages, seen = [], set()
+    for i, entry in enumerate(entries):
+        where = f"stages.{i}"
+        if not isinstance(entry, dict):
+            problems.append(f"{where}: a stage is a mapping with `command:` and the command's options")
+            continue
+        entry = {str(k).replace("-", "_"): v for k, v in entry.items()}
+        command = entry.get("command")
+        if command not in WIRING or command not in specs or command == "import":
+            known = [c for c in WIRING if c in specs and c != "import"]
+            problems.append(f"{where}.command: {'missing' if command is None else f'unknown command {command!r}'}{did_you_mean(str(command), known)}")
+            continue
+        name = str(entry.get("name") or command)
+        where = f"stages.{i} ({name})"
+        if name in seen:
+            problems.append(f"{where}: stage name {name!r} is used twice; give one of them `name:`")
+        seen.add(name)
+        _check_options(entry, specs[command], where, problems)
+        # Unknown keys are reported above; wiring goes on without them to find more problems.
+        options = {k: v for k, v in entry.items() if k in specs[command].options or k in OPTIONAL_OUTPUTS.get(command, {})}
+        stages.append(Stage(name, command, options))
+    return stages
+
+
+def _check_options(entry: dict, spec, where: str, problems: list[str]) -> None:
+    reserved = set(WIRING[spec.name].outputs) | {"force"} | set(OPTIONAL_OUTPUTS.get(spec.name, {}))
+    taken = sorted(k for k in entry if k in set(WIRING[spec.name].outputs) | {"force"})
+    for key in taken:
+        problems.append(f"{where}.{key}: set by the pipeline (artifacts go to the `out` folder); remove it")
+    model = stage_model(spec, reserved)
+    known = [k for k in model.model_fields] + sorted(OPTIONAL_OUTPUTS.get(spec.name, {}))
+    extra = {k: True for k in OPTIONAL_OUTPUTS.get(spec.name, {}) if k in entry}
+    try:
+        model.model_validate({k: v for k, v in entry.items() if k not in taken and k not in extra})
+    except ValidationError as exc:
+        problems += format_errors(exc, f"{where}.", known)
+    for key in extra:
+        if not isinstance(entry[key], bool):
+            problems.append(f"{where}.{key}: true or false (the pipeline names the file; got {entry[key]!r})")
+
+
+def _check_files(config: PipelineConfig, stages: list[Stage], specs, problems: list[str]) -> None:
+    from headprune_cli.model.checkpoint import read_info
+
+    if isinstance(config.model, str) and Path(config.model).is_dir():
+        if not (Path(config.model) / "config.json").is_file():
+            problems.append(f"model: {config.model}: a folder without config.json (neither a checkpoint nor a Hugging Face model)")
+    elif isinstance(config.model, str):
+        try:
+            read_info(config.model)
+        except HeadpruneError as exc:
+            problems.append(f"model: {exc}")
+    for key in ("data", "train_data", "eval_data"):
+        value = getattr(config, key)
+        if isinstance(value, str) and not Path(value).is_file():
+            problems.append(f"{key}: {value}: no such file")
+    for i, stage in enumerate(stages):
+        spec = specs[stage.command]
+        for key, value in stage.options.items():
+            option = spec.options.get(key)
+            if option is None or not option.is_path or not isinstance(value, str):
+                continue
+            if not Path(value).exists():
+                problems.append(f"stages.{i} ({stage.name}).{key}: {value}: no such file")
+
+
+# --- wiring: which file each option reads and writes ---------------------------------
+def _wire(pipeline: Pipeline, specs, problems: list[str]) -> None:
+    config, out = pipeline.config, pipeline.out
+    roles: dict[str, str] = {"model": str(config.model), "baseline": str(config.model), "source": str(config.model)}
+    for key in ("data", "train_data", "eval_data"):
+        value = getattr(config, key, None) or getattr(config, "data", None)
+        if value is not None:
+            roles[key] = str(value)
+    for i, stage in enumerate(pipeline.stages):
+        wiring, spec = WIRING[stage.command], specs[stage.command]
+        values = dict(stage.options)
+        for key, candidates in wiring.inputs.items():
+            if key in values or key not in spec.options or _unused(stage.command, key, values):
+                continue
+            found = next((roles[r] for r in candidates if r in roles), None)
+            if key == "plan" and SELECT_KEYS & set(values):
+                # prune --scores --ratio: select inside prune, from the last scores
+                if "scores" in roles and "scores" not in values:
+                    values["scores"] = roles["scores"]
+            elif found is not None:
+                values[key] = found
+        if "seed" in spec.options and "seed" not in values:
+            values["seed"] = config.seed
+        stem = stage.name if stage.name != stage.command else STEMS[stage.command]
+        produced = {key: str(out / pattern.format(stem=stem)) for key, pattern in wiring.outputs.items()}
+        for key, pattern in OPTIONAL_OUTPUTS.get(stage.command, {}).items():
+            if values.pop(key, False) is True:
+                produced[key] = str(out / pattern.format(stem=stem))
+        needs = wiring.needs + (("data",) if stage.command == "prune" and not _unused("prune", "data", values) else ())
+        missing = [k for k in needs if k not in values]
+        if stage.command == "prune" and "plan" not in values and not ("scores" in values and SELECT_KEYS & set(values)):
+            missing.append("plan")
+        for key in missing:
+            problems.append(f"stages.{i} ({stage.name}): needs `{key}`, which no earlier stage makes and the config does not give{_hint(stage.command, key)}")
+        for role, key in wiring.makes.items():
+            roles[role] = produced[key]
+        values.update(produced)
+        if "force" in spec.options:
+            values["force"] = True
+        stage.outputs = list(produced.values())
+        stage.argv = build_argv(stage.command, values, spec)
+        stage.options = {k: v for k, v in values.items() if k not in produced and k != "force"}
+
+
+def _unused(command: str, key: str, values: dict) -> bool:
+    """Inputs a command reads only in some modes: prune reads data only to compensate."""
+    return command == "prune" and key == "data" and values.get("compensate") in (None, "none")
+
+
+def _hint(command: str, key: str) -> str:
+    hints = {
+        ("select", "scores"): " (add a `score` stage before it, or set `scores:`)",
+        ("prune", "plan"): " (add a `select` stage before it, set `plan:`, or give `ratio:` after a `score` stage)",
+        ("score", "data"): " (set top-level `data:`)",
+        ("prune", "data"): " (compensation needs calibration data: set top-level `data:`)",
+        ("finetune", "data"): " (set top-level `train_data:` or `data:`)",
+        ("report", "data"): " (set top-level `eval_data:` or `data:`)",
+    }
+    return hints.get((command, key), "")
+
+
+def build_argv(command: str, values: dict[str, Any], spec) -> list[str]:
+    """The command line that the stage runs: positionals in order, then options."""
+    argv = [command] + [str(values[k]) for k in spec.positional if k in values]
+    for key, value in values.items():
+        option = spec.options[key]
+        if option.flag is None or value is None:
+            continue
+        if option.is_flag:
+            if value:
+                argv.append(option.flag)
+            elif option.negative:
+                argv.append(option.negative)
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            argv += [option.flag, _text(item)]
+    return argv
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+def _check_out(pipeline: Pipeline, force: bool, problems: list[str]) -> None:
+    out = pipeline.out
+    if out.exists() and not out.is_dir():
+        problems.append(f"out: {out} is a file, not a folder")
+    elif out.is_dir() and any(out.iterdir()) and not (out / STATE_FILE).exists() and not force:
+        problems.append(f"out: {out} holds files that `headprune run` did not write; pass --force or choose another --out")
+

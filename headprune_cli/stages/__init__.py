@@ -1,0 +1,2 @@
+"""The pipeline's stages as library functions: score (importance/), select, compensate,
+finetune, iterate, report, sweep."""

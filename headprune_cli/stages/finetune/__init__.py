@@ -1,0 +1,1 @@
+"""Recovery training: the loop (train), distillation (distill), task losses, training state on disk."""

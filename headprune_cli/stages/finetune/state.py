@@ -1,0 +1,92 @@
+"""Training state on disk: safetensors for tensors, JSON for scalars, never pickle.
+
+A state folder holds one sub-folder per saved step and a `latest.json` pointer that is
+replaced atomically after the sub-folder is complete, so a kill at any moment leaves
+either the previous state or the new one. Each step folder has:
+  model.safetensors      the trainable weights (tied weights de-duplicated)
+  optimizer.safetensors  AdamW moments per parameter index, and the RNG state
+  best.safetensors       the best weights so far (only when an eval set is used)
+  state.json             step, optimizer hyper-parameters, best metric, fingerprint
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, load_model, save_file, save_model
+from torch import nn
+
+from headprune_cli.errors import UsageError
+from headprune_cli.fileio import atomic_write_bytes
+
+LATEST = "latest.json"
+
+
+def save_state(folder: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scalars: dict, best: dict | None) -> None:
+    """Write the state after `step` optimizer steps; older step folders are removed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"step-{step:08d}"
+    if target.exists():
+        shutil.rmtree(target)
+    tmp = folder / f".step-{step:08d}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    save_model(model, str(tmp / "model.safetensors"))
+    tensors, groups = _optimizer_tensors(optimizer)
+    tensors["rng.torch"] = torch.get_rng_state()
+    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    if best is not None:
+        save_file({k: v.contiguous() for k, v in best.items()}, str(tmp / "best.safetensors"))
+    state = {**scalars, "step": step, "param_groups": groups, "has_best": best is not None}
+    (tmp / "state.json").write_text(json.dumps(state, sort_keys=True, indent=1))
+    os.replace(tmp, target)
+    atomic_write_bytes(folder / LATEST, json.dumps({"step": step, "folder": target.name}).encode())
+    for old in folder.glob("step-*"):
+        if old.name != target.name:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_state(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict | None]:
+    """Restore weights, optimizer and RNG in place; returns (scalars, best weights or None)."""
+    pointer = folder / LATEST
+    if not pointer.is_file():
+        raise UsageError(f"--resume: no training state in {folder} (nothing was saved yet)")
+    try:
+        target = folder / json.loads(pointer.read_text())["folder"]
+        state = json.loads((target / "state.json").read_text())
+    except (OSError, KeyError, json.JSONDecodeError) as exc:
+        raise UsageError(f"--resume: training state in {folder} is unreadable ({exc})") from None
+    return state, _restore(target, state, model, optimizer)
+
+
+def _restore(target: Path, state: dict, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
+    missing, unexpected = load_model(model, str(target / "model.safetensors"), strict=False)
+    if missing or unexpected:
+        raise UsageError(f"--resume: saved weights do not fit this model ({(missing + unexpected)[0]})")
+    tensors = load_file(str(target / "optimizer.safetensors"))
+    torch.set_rng_state(tensors.pop("rng.torch"))
+    optimizer.load_state_dict(_optimizer_dict(tensors, state["param_groups"]))
+    return load_file(str(target / "best.safetensors")) if state.get("has_best") else None
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    raw = optimizer.state_dict()
+    tensors = {}
+    for index, slots in raw["state"].items():
+        for key, value in slots.items():
+            tensor = value if torch.is_tensor(value) else torch.tensor(value)
+            tensors[f"state.{index}.{key}"] = tensor.detach().cpu().contiguous()
+    return tensors, raw["param_groups"]
+
+
+def _optimizer_dict(tensors: dict[str, torch.Tensor], groups: list[dict]) -> dict:
+    state: dict[int, dict] = {}
+    for name, tensor in tensors.items():
+        _, index, key = name.split(".", 2)
+        state.setdefault(int(index), {})[key] = tensor
+    return {"state": state, "param_groups": groups}

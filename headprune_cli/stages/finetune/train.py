@@ -1,0 +1,320 @@
+"""Recovery training after pruning: AdamW, warmup + linear decay, optional distillation.
+
+One optimizer step consumes `grad_accum` micro-batches of `batch_size` rows. The batch
+size is global: under torchrun each of N processes takes every N-th row of each
+micro-batch, and losses are divided by the global row/token count, so N processes
+compute the same update as one (DESIGN: same command, same result).
+
+Data order is a pure function of (seed, epoch) and the step number, and the training
+state (weights, AdamW moments, RNG, step, best-so-far) is saved to a safetensors + JSON
+folder every `save_every` steps; `resume=True` continues from it and ends with the
+same weights as an uninterrupted run. The output checkpoint is written only by the
+caller, atomically, at the end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from headprune_cli import distributed
+from headprune_cli.stages.finetune import state as train_state
+from headprune_cli.model.cost import count_params
+from headprune_cli.stages.finetune.distill import kd_logits
+from headprune_cli.errors import NumericalError, UsageError
+from headprune_cli.model.layout import info_of
+from headprune_cli.stages.objectives import next_token_mask
+from headprune_cli.stages.finetune.losses import as_tensors, check_labels, fidelity_loss, predict, task_loss, trim
+
+# Recovery starts from trained weights, so it uses about a tenth of the rate the model
+# size is usually fine-tuned at (BERT-base: ~2e-5 instead of 2e-4..5e-5 from scratch).
+LR_BY_PARAMS = ((1e6, 2e-4), (1e7, 1e-4), (5e7, 3e-5), (2e8, 2e-5), (1e9, 1e-5), (math.inf, 5e-6))
+
+
+def default_lr(model: nn.Module) -> float:
+    params = count_params(model)
+    return next(lr for limit, lr in LR_BY_PARAMS if params < limit)
+
+
+@dataclass
+class FinetuneConfig:
+    epochs: int | None = None  # exactly one of epochs / steps; neither = 1 epoch
+    steps: int | None = None
+    lr: float | None = None  # None: default_lr(model)
+    batch_size: int = 16  # global rows per micro-batch
+    grad_accum: int = 1
+    warmup: float = 0.1  # < 1: fraction of the steps; >= 1: a step count
+    weight_decay: float = 0.0  # recovery stays near the trained weights
+    max_grad_norm: float = 1.0
+    kd_weight: float | None = None  # None: 0.5 with a teacher, 0 without (fidelity: 1)
+    kd_temperature: float = 2.0
+    seed: int = 0
+    state_dir: Path | None = None
+    save_every: int = 50
+    resume: bool = False
+    stop_after: int | None = None  # stop as if interrupted after this many steps (tests)
+
+
+@dataclass
+class EpochRecord:
+    epoch: int
+    step: int
+    train_loss: float | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class FinetuneResult:
+    model: nn.Module  # the trained (or best) model, unwrapped
+    steps: int
+    lr: float
+    kd_weight: float
+    history: list[EpochRecord]
+    best_epoch: int | None
+    completed: bool  # False when stopped by stop_after
+    first_loss: float | None
+
+
+class Plan:
+    """Step arithmetic: which rows each optimizer step reads, and the learning rate."""
+
+    def __init__(self, rows: int, cfg: FinetuneConfig, lr: float):
+        if rows == 0:
+            raise UsageError("the training set is empty")
+        if cfg.batch_size < 1 or cfg.grad_accum < 1:
+            raise UsageError("--batch-size and --grad-accum must be at least 1")
+        if cfg.epochs is not None and cfg.steps is not None:
+            raise UsageError("give --epochs or --steps, not both")
+        self.rows, self.cfg, self.lr = rows, cfg, lr
+        self.micro_per_epoch = math.ceil(rows / cfg.batch_size)
+        self.steps_per_epoch = math.ceil(self.micro_per_epoch / cfg.grad_accum)
+        self.total = cfg.steps if cfg.steps is not None else self.steps_per_epoch * (1 if cfg.epochs is None else cfg.epochs)
+        if self.total < 1:
+            raise UsageError("zero training steps: --steps/--epochs must be at least 1")
+        warm = cfg.warmup * self.total if cfg.warmup < 1 else cfg.warmup
+        self.warmup = min(int(round(warm)), self.total)
+
+    def rate(self, step: int) -> float:
+        """Linear warmup to lr, then linear decay to 0 at the last step (step is 0-based)."""
+        if step < self.warmup:
+            return self.lr * (step + 1) / (self.warmup + 1)
+        return self.lr * max(0.0, (self.total - step) / max(1, self.total - self.warmup))
+
+    def micro_batches(self, step: int) -> list[torch.Tensor]:
+        """Row indices of each micro-batch of optimizer step `step`."""
+        epoch, within = divmod(step, self.steps_per_epoch)
+        order = torch.randperm(self.rows, generator=torch.Generator().manual_seed(self.cfg.seed * 100003 + epoch))
+        first = within * self.cfg.grad_accum
+        last = min(first + self.cfg.grad_accum, self.micro_per_epoch)
+        size = self.cfg.batch_size
+        return [order[i * size : (i + 1) * size] for i in range(first, last)]
+
+    def epoch_ends(self, step: int) -> bool:
+        """True after the last step of an epoch (step counted from 1)."""
+        return step % self.steps_per_epoch == 0
+
+
+def finetune(
+    model: nn.Module,
+    train,  # data.Dataset or {input_ids, attention_mask, labels?, token_type_ids?} tensors
+    cfg: FinetuneConfig,
+    eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
+    higher_is_better: bool = True,
+    teacher: nn.Module | None = None,
+    on_step: Callable[[int, int, float, float], None] | None = None,
+    on_epoch: Callable[[EpochRecord], None] | None = None,
+    fingerprint: dict | None = None,
+) -> FinetuneResult:
+    """Train `model` in place on `train` tensors; see the module docstring.
+
+    `eval_fn(model) -> {metric: value}` (first metric decides "best") runs before
+    training and after every epoch; the best weights are returned. `on_step(step,
+    total, loss, lr)` and `on_epoch(record)` feed progress displays (rank 0 only).
+    """
+    ctx = distributed.setup()
+    train = as_tensors(train)
+    kd, plan = validate(model, train, cfg, teacher)
+    lr = plan.lr
+    torch.manual_seed(cfg.seed + ctx.rank)
+    model.to(ctx.device)
+    if teacher is not None:
+        teacher.to(ctx.device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+    fingerprint = {**(fingerprint or {}), "lr": lr, "kd": kd, "total": plan.total, "batch": cfg.batch_size, "accum": cfg.grad_accum, "seed": cfg.seed}
+    loop = _Loop(model, train, plan, optimizer, ctx, teacher, kd, cfg, eval_fn, higher_is_better)
+    start = loop.restore(fingerprint) if cfg.resume else 0
+    if start == 0:
+        loop.evaluate(0, 0, None, on_epoch)
+    completed = loop.run(start, fingerprint, on_step, on_epoch)
+    return FinetuneResult(loop.final_model(), loop.step, lr, kd, loop.history, loop.best_epoch, completed, loop.first_loss)
+
+
+def validate(model: nn.Module, train, cfg: FinetuneConfig, teacher: nn.Module | None) -> tuple[float, Plan]:
+    """Check everything before training starts; returns (kd weight, step plan)."""
+    task = info_of(model).task
+    train = as_tensors(train)
+    check_labels(model, train)
+    kd = cfg.kd_weight if cfg.kd_weight is not None else (1.0 if task == "embedding" else 0.5 if teacher is not None else 0.0)
+    if task == "embedding" and teacher is None:
+        raise UsageError("an embedding model is recovered by matching a teacher's embeddings; pass --teacher auto or a checkpoint")
+    if kd > 0 and teacher is None:
+        raise UsageError("--kd-weight > 0 needs a teacher (--teacher auto or a checkpoint)")
+    if not 0.0 <= kd <= 1.0:
+        raise UsageError("--kd-weight must be between 0 and 1")
+    if cfg.resume and cfg.state_dir is None:
+        raise UsageError("--resume needs a state folder (--state-dir)")
+    lr = cfg.lr if cfg.lr is not None else default_lr(model)
+    if not lr > 0:
+        raise UsageError(f"--lr must be a positive number (got {lr})")
+    return kd, Plan(len(train["input_ids"]), cfg, lr)
+
+
+class _Loop:
+    def __init__(self, model, train, plan, optimizer, ctx, teacher, kd, cfg, eval_fn, higher):
+        self.model, self.train, self.plan, self.optimizer, self.ctx = model, train, plan, optimizer, ctx
+        self.teacher, self.kd, self.cfg, self.eval_fn, self.higher = teacher, kd, cfg, eval_fn, higher
+        self.wrapped = _wrap(model, ctx)
+        self.step, self.history, self.best, self.best_value, self.best_epoch = 0, [], None, None, None
+        self.first_loss, self.epoch_losses = None, []
+
+    # --- the loop ------------------------------------------------------------------
+    def run(self, start: int, fingerprint: dict, on_step, on_epoch) -> bool:
+        self.model.train()
+        for step in range(start, self.plan.total):
+            loss = self.train_step(step)
+            self.step = step + 1
+            self.epoch_losses.append(loss)
+            if on_step and self.ctx.main:
+                on_step(self.step, self.plan.total, loss, self.plan.rate(step))
+            if self.plan.epoch_ends(self.step) or self.step == self.plan.total:
+                self.end_epoch(on_epoch)
+            stop = self.cfg.stop_after is not None and self.step >= self.cfg.stop_after and self.step < self.plan.total
+            if self.cfg.state_dir and (stop or self.step % self.cfg.save_every == 0):
+                self.save(fingerprint)
+            if stop:
+                return False
+        self.model.eval()
+        return True
+
+    def train_step(self, step: int) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.plan.rate(step)
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        micro = self.plan.micro_batches(step)
+        counts = [self._count(idx) for idx in micro]  # global denominators, known up front
+        grand = sum(counts)
+        for idx, count in zip(micro, counts):
+            total += self.micro_step(idx, count, grand)
+        if not math.isfinite(total):
+            raise NumericalError(f"training loss became {total} at step {step + 1}; lower --lr or check the data")
+        if self.first_loss is None:
+            self.first_loss = total
+        if self.cfg.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        self.optimizer.step()
+        return total
+
+    def _count(self, idx: torch.Tensor) -> float:
+        """The global number of loss terms in a micro-batch (rows, or tokens for LMs)."""
+        if info_of(self.model).task != "causal-lm":
+            return float(len(idx))
+        return float(next_token_mask({"attention_mask": self.train["attention_mask"][idx]}).sum())
+
+    def micro_step(self, idx: torch.Tensor, count: float, grand: float) -> float:
+        rows = trim({k: v[idx] for k, v in self.train.items()})
+        full, rows, weight = rows, distributed.shard(rows, self.ctx), 1.0
+        if len(rows["input_ids"]) == 0:  # fewer rows than processes: join with a zero-weight row
+            rows, weight = {k: v[:1] for k, v in full.items()}, 0.0
+        rows = {k: v.to(self.ctx.device) for k, v in rows.items()}
+        task = info_of(self.model).task
+        pred = predict(self.wrapped, rows, task, self.model)
+        loss_sum = torch.zeros((), device=self.ctx.device)
+        if self.kd < 1.0 and task != "embedding":
+            loss_sum = loss_sum + (1.0 - self.kd) * task_loss(pred, rows, task)[0]
+        if self.kd > 0.0 or task == "embedding":
+            with torch.no_grad():
+                ref = predict(self.teacher, rows, task, self.teacher)
+            loss_sum = loss_sum + (1.0 if task == "embedding" else self.kd) * self._kd(pred, ref, rows, task)
+        loss_sum = loss_sum * weight
+        # DDP averages gradients over processes, hence the factor world.
+        (loss_sum * self.ctx.world / grand).backward()
+        return float(self.ctx.sum(loss_sum.detach()).item()) / grand
+
+    def _kd(self, pred, ref, rows, task):
+        if task == "embedding":
+            return fidelity_loss(pred, ref, rows)[0]
+        if task == "causal-lm":
+            return kd_logits(pred[:, :-1], ref[:, :-1], self.cfg.kd_temperature, next_token_mask(rows))[0]
+        return kd_logits(pred, ref, self.cfg.kd_temperature)[0]
+
+    # --- epochs, best model, state -------------------------------------------------------
+    def end_epoch(self, on_epoch) -> None:
+        mean = sum(self.epoch_losses) / len(self.epoch_losses) if self.epoch_losses else None
+        self.epoch_losses = []
+        epoch = math.ceil(self.step / self.plan.steps_per_epoch)
+        self.evaluate(epoch, self.step, mean, on_epoch)
+        self.model.train()
+
+    def evaluate(self, epoch: int, step: int, loss, on_epoch) -> None:
+        metrics = {}
+        if self.eval_fn is not None:
+            self.model.eval()
+            with torch.no_grad():
+                metrics = self.eval_fn(self.model)
+            value = next(iter(metrics.values()))
+            better = self.best_value is None or (value > self.best_value if self.higher else value < self.best_value)
+            if better:
+                self.best_value, self.best_epoch = value, epoch
+                self.best = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        record = EpochRecord(epoch, step, loss, metrics)
+        self.history.append(record)
+        if on_epoch and self.ctx.main:
+            on_epoch(record)
+
+    def final_model(self) -> nn.Module:
+        if self.best is not None:
+            self.model.load_state_dict(self.best)
+        self.model.eval()
+        return self.model
+
+    def save(self, fingerprint: dict) -> None:
+        if self.ctx.main:
+            scalars = {
+                "fingerprint": fingerprint,
+                "history": [r.__dict__ for r in self.history],
+                "best_value": self.best_value,
+                "best_epoch": self.best_epoch,
+                "first_loss": self.first_loss,
+                "epoch_losses": self.epoch_losses,
+            }
+            train_state.save_state(self.cfg.state_dir, self.step, self.model, self.optimizer, scalars, self.best)
+        self.ctx.barrier()
+
+    def restore(self, fingerprint: dict) -> int:
+        # validate() already refused --resume without a state folder.
+        state, best = train_state.load_state(self.cfg.state_dir, self.model, self.optimizer)
+        saved = state.get("fingerprint", {})
+        changed = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
+        if changed:
+            raise UsageError(f"--resume: the saved training state used different settings ({', '.join(changed)}); start over without --resume")
+        self.step, self.best = state["step"], best
+        self.history = [EpochRecord(**r) for r in state["history"]]
+        self.best_value, self.best_epoch = state["best_value"], state["best_epoch"]
+        self.first_loss, self.epoch_losses = state["first_loss"], state["epoch_losses"]
+        return self.step
+
+
+def _wrap(model: nn.Module, ctx) -> nn.Module:
+    if not ctx.active:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    # Some modules (a pooler the loss does not use) get no gradient; DDP must allow it.
+    return DistributedDataParallel(model, find_unused_parameters=True)

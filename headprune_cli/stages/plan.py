@@ -1,0 +1,77 @@
+"""Plan artifacts: a Selection wrapped with its inputs, and finding the model an
+artifact belongs to (so that `headprune prune < plan.json` needs no model path).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from headprune_cli.errors import ArtifactError, CheckpointError, PlanError
+from headprune_cli.fileio import sha256_file
+from headprune_cli.schema import Envelope, Plan, envelope, input_ref
+from headprune_cli.stages.selection import Constraints, Selection
+
+
+def make_plan(
+    selection: Selection,
+    constraints: Constraints,
+    scores,
+    scores_path: str,
+    scores_sha: str,
+    config: dict,
+) -> dict:
+    """The plan artifact (a dict ready for schema.write_artifact)."""
+    inputs = [input_ref("scores", scores_path, scores_sha)]
+    model = model_ref(scores)
+    inputs.append({"role": "model", "path": model.path, "sha256": model.sha256})
+    plan = envelope("plan", inputs, config)
+    plan.update(
+        strategy=selection.strategy,
+        constraints=constraints.to_dict(),
+        remove_heads={str(k): v for k, v in sorted(selection.remove_heads.items())},
+        remove_layers=sorted(selection.remove_layers),
+        predicted=selection.predicted or {},
+        num_heads=list(scores.num_heads),
+    )
+    Plan.model_validate(plan)  # a plan we cannot read back must never be written
+    return plan
+
+
+def model_ref(artifact: Envelope):
+    refs = [ref for ref in artifact.inputs if ref.role == "model"]
+    if not refs:
+        raise ArtifactError(f"the {artifact.kind} artifact names no model input; give the checkpoint path")
+    return refs[0]
+
+
+def resolve_model(artifact: Envelope, artifact_path: str | None, checkpoint: str | os.PathLike | None) -> Path:
+    """The checkpoint to prune: the one given, or the one the artifact names.
+
+    A named path is tried as given, then relative to the artifact's folder. Either way
+    its sha256 must be the artifact's: a plan for another model is refused.
+    """
+    ref = model_ref(artifact)
+    if checkpoint is not None:
+        path = Path(checkpoint)
+        if not path.is_file():
+            raise CheckpointError(f"{path}: no such checkpoint file")
+    else:
+        path = _find(ref.path, artifact_path)
+    digest = sha256_file(path)
+    if digest != ref.sha256:
+        raise PlanError(
+            f"the {artifact.kind} was made for another model ({ref.path}, sha256 {ref.sha256[:12]}), "
+            f"not {path} (sha256 {digest[:12]}); score and select on this model first"
+        )
+    return path
+
+
+def _find(named: str, artifact_path: str | None) -> Path:
+    candidates = [Path(named)]
+    if artifact_path and artifact_path not in ("-", "<stdin>") and not Path(named).is_absolute():
+        candidates.append(Path(artifact_path).parent / named)
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise CheckpointError(f"cannot find the model the artifact names ({named}); give the checkpoint path as an argument")

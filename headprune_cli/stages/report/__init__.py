@@ -1,0 +1,1 @@
+"""`report`: building the report (build), its artifact schema, rendering, and measured latency."""

@@ -1,0 +1,205 @@
+"""Reports for people and CI: rich terminal summary, Markdown, JUnit XML, PNG plots.
+
+Every function takes the report dict (as report.build_report returns it) and produces
+text or a file; nothing here computes a number that is not already in the report.
+matplotlib is imported lazily, with the non-interactive Agg canvas (no display, no
+global backend switch), and only when a plot is asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from xml.sax.saxutils import quoteattr
+
+from headprune_cli.errors import UsageError
+from headprune_cli.fileio import atomic_write, atomic_write_bytes
+
+VERDICT = {"pass": "PASS", "fail": "FAIL", "no-gates": "NO GATES"}
+ICON = {"pass": "✅", "fail": "❌", "no-gates": "ℹ️"}
+
+
+def _num(value: float) -> str:
+    if value == 0:
+        return "0"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def _metric_value(name: str, value: float) -> str:
+    return f"{value * 100:.2f}%" if name in ("accuracy", "macro_f1") else f"{value:.4f}"
+
+
+def _heads(values: list[int]) -> str:
+    return " ".join(str(v) for v in values) if values else "–"
+
+
+def headline(report: dict) -> str:
+    main = report["main_metric"]
+    gates = report["gates"]
+    failed = [g for g in gates if not g["passed"]]
+    parts = [f"{VERDICT[report['verdict']]}"]
+    if gates:
+        parts.append(f"{len(gates) - len(failed)}/{len(gates)} gates passed")
+    parts.append(f"{main['name']} {_metric_value(main['name'], main['baseline'])} → {_metric_value(main['name'], main['pruned'])} (drop {main['drop']:+.3g} {main['unit']})")
+    parts.append(f"predicted speedup {report['cost']['predicted_speedup']:.2f}x")
+    if report["measured"]:
+        parts.append(f"measured {report['measured']['speedup']:.2f}x")
+    return ", ".join(parts)
+
+
+# --- Markdown (a GitHub step summary) -----------------------------------------------
+def markdown(report: dict) -> str:
+    models, main, cost, measured = report["models"], report["main_metric"], report["cost"], report["measured"]
+    lines = [f"## headprune report: {ICON[report['verdict']]} {headline(report)}", ""]
+    for warning in report["warnings"]:
+        lines += [f"> **Warning:** {warning}", ""]
+    if report["gates"]:
+        lines += ["| gate | threshold | value | result |", "|---|---:|---:|:---:|"]
+        for g in report["gates"]:
+            lines.append(f"| {g['description']} | {g['threshold']:g} | {g['value']:.4g} | {'✅ pass' if g['passed'] else '❌ fail'} |")
+        lines.append("")
+    lines += ["| | baseline | pruned | change |", "|---|---:|---:|---:|"]
+    by_name = {m["name"]: m for m in report["metrics"]["baseline"]}
+    for m in report["metrics"]["pruned"]:
+        if m["name"] in by_name:
+            b = by_name[m["name"]]["value"]
+            lines.append(f"| {m['name']} ({'higher' if m['higher_is_better'] else 'lower'} is better) | {_metric_value(m['name'], b)} | {_metric_value(m['name'], m['value'])} | {_change(m['name'], b, m['value'])} |")
+    b, p = models["baseline"], models["pruned"]
+    lines.append(f"| heads | {b['heads']} | {p['heads']} | {p['heads'] - b['heads']:+d} |")
+    lines.append(f"| layers | {b['layers']} | {p['layers']} | {p['layers'] - b['layers']:+d} |")
+    lines.append(f"| parameters | {b['params']:,} | {p['params']:,} | {cost['params_ratio'] - 1:+.1%} |")
+    lines.append(f"| FLOPs per token (seq {cost['seq_len']}) | {_num(b['flops_per_token'])} | {_num(p['flops_per_token'])} | {cost['flops_ratio'] - 1:+.1%} |")
+    if measured:
+        lb, lp = measured["latency_ms"]["baseline"], measured["latency_ms"]["pruned"]
+        lines.append(f"| latency, median ms (IQR) | {lb['median_ms']:.2f} ({lb['q1_ms']:.2f}–{lb['q3_ms']:.2f}) | {lp['median_ms']:.2f} ({lp['q1_ms']:.2f}–{lp['q3_ms']:.2f}) | {measured['speedup']:.2f}x faster |")
+    lines += ["", f"Main metric **{main['name']}**: drop {main['drop']:+.4g} {main['unit']} ({main['rel_drop']:+.2%} relative)."]
+    lines.append(f"Speedup: predicted from FLOPs **{cost['predicted_speedup']:.2f}x**" + (
+        f", measured **{measured['speedup']:.2f}x** ({measured['speedup_vs_predicted']:.0%} of predicted; batch {measured['batch']}, "
+        f"sequence {measured['seq_len']}, {measured['threads']} threads, median of {measured['repeats']} interleaved runs after {measured['warmup']} warm-up)."
+        if measured else " (latency not measured)."
+    ))
+    lines += ["", "<details><summary>Head map (original indices)</summary>", "", "| layer | kept | removed |", "|---:|---|---|"]
+    for row in report["head_map"]:
+        kept = "layer removed" if row["layer_removed"] else _heads(row["kept"])
+        lines.append(f"| {row['layer']} | {kept} | {_heads(row['removed'])} |")
+    lines += ["", "</details>", ""]
+    lines.append(f"Baseline `{b['path']}` ({b['sha256'][:12]}), pruned `{p['path']}` ({p['sha256'][:12]}); {report['lineage']['how']}.")
+    return "\n".join(lines) + "\n"
+
+
+def _change(name: str, base: float, new: float) -> str:
+    if name in ("accuracy", "macro_f1", "fidelity"):
+        return f"{(new - base) * 100:+.2f} pts"
+    return f"{new - base:+.4g}"
+
+
+# --- JUnit XML ----------------------------------------------------------------------
+def junit(report: dict) -> str:
+    """One <testcase> per gate, so CI test views show which budget failed and by how much."""
+    gates = report["gates"]
+    failures = sum(not g["passed"] for g in gates)
+    out = ['<?xml version="1.0" encoding="UTF-8"?>']
+    out.append(f'<testsuites name="headprune" tests="{len(gates)}" failures="{failures}">')
+    out.append(f'  <testsuite name="headprune.report" tests="{len(gates)}" failures="{failures}" errors="0" skipped="0">')
+    for g in gates:
+        attrs = f"classname=\"headprune.report\" name={quoteattr(g['name'] + ': ' + g['description'])}"
+        if g["passed"]:
+            out.append(f"    <testcase {attrs}/>")
+        else:
+            message = f"{g['description']} failed: value {g['value']:.6g}, threshold {g['threshold']:g}"
+            out.append(f"    <testcase {attrs}>")
+            out.append(f"      <failure message={quoteattr(message)} type=\"GateFailed\"/>")
+            out.append("    </testcase>")
+    out += ["  </testsuite>", "</testsuites>"]
+    return "\n".join(out) + "\n"
+
+
+# --- terminal -----------------------------------------------------------------------
+def terminal(report: dict, console) -> None:
+    from rich.table import Table
+
+    style = {"pass": "bold green", "fail": "bold red", "no-gates": "bold"}[report["verdict"]]
+    console.print(f"[{style}]{headline(report)}[/]", highlight=False, soft_wrap=True)
+    for warning in report["warnings"]:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    for g in report["gates"]:
+        mark = "[green]pass[/]" if g["passed"] else "[red]FAIL[/]"
+        console.print(f"  {mark} {g['description']} (value {g['value']:.4g})", highlight=False, soft_wrap=True)
+    table = Table(title="head map (original indices)")
+    table.add_column("layer", justify="right")
+    table.add_column("kept")
+    table.add_column("removed", style="red")
+    for row in report["head_map"]:
+        table.add_row(str(row["layer"]), "layer removed" if row["layer_removed"] else _heads(row["kept"]), _heads(row["removed"]))
+    console.print(table)
+
+
+# --- plots --------------------------------------------------------------------------
+def _figure(width: float, height: float):
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UsageError("plots need matplotlib: pip install 'headprune[plot]'") from None
+
+    figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _save_png(figure, path: str | Path) -> None:
+    # Fixed metadata keeps reruns byte-identical (matplotlib would stamp its version).
+    atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", metadata={"Software": None}))
+
+
+def head_map_png(report: dict, path: str | Path) -> None:
+    """Importance (when scores were given) per layer x head; removed heads crossed out."""
+    import numpy as np
+
+    rows = report["head_map"]
+    width = max(r["num_heads"] for r in rows)
+    has_scores = any(r["scores"] for r in rows)
+    grid = np.full((len(rows), width), np.nan)
+    for r in rows:
+        for h in range(r["num_heads"]):
+            if has_scores:
+                score = (r["scores"] or {}).get(str(h), (r["scores"] or {}).get(h))
+                grid[r["layer"], h] = np.nan if score is None else score
+            else:
+                grid[r["layer"], h] = 1.0 if h in r["kept"] else 0.0
+    figure = _figure(max(5.0, 0.45 * width + 3), max(3.5, 0.35 * len(rows) + 2))
+    ax = figure.add_subplot()
+    image = ax.imshow(grid, aspect="auto", cmap="viridis" if has_scores else "Greys_r", interpolation="nearest")
+    if has_scores:
+        figure.colorbar(image, ax=ax, label="importance")
+    for r in rows:
+        for h in r["removed"]:
+            ax.text(h, r["layer"], "×", ha="center", va="center", color="red", fontsize=12, fontweight="bold")
+    ax.set_xticks(range(width))
+    ax.set_yticks(range(len(rows)))
+    ax.set_xlabel("head (original index)")
+    ax.set_ylabel("layer (original index)")
+    ax.set_title("head importance (× = removed)" if has_scores else "heads kept (white), removed (×)", fontsize=10)
+    _save_png(figure, path)
+
+
+def curve_png(curves: dict[str, list[tuple[float, float]]], metric: str, path: str | Path, budget: float | None = None) -> None:
+    """Quality versus fraction of heads removed, one line per method (sweep)."""
+    figure = _figure(6.0, 4.0)
+    ax = figure.add_subplot()
+    for method, points in sorted(curves.items()):
+        xs, ys = zip(*sorted(points)) if points else ((), ())
+        ax.plot([x * 100 for x in xs], ys, marker="o", label=method)
+    if budget is not None:
+        ax.axhline(budget, color="grey", linestyle="--", linewidth=1, label="budget")
+    ax.set_xlabel("heads removed (%)")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} vs heads removed (no finetuning)", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    _save_png(figure, path)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
