@@ -3,10 +3,52 @@
 Python API:
     model = headprune_cli.load("model.safetensors")   # a torch module (transformers model for HF families)
     headprune_cli.save(model, "copy.safetensors")
+
+Stage functions and their modules are reachable from here too (`headprune_cli.apply_plan`,
+`from headprune_cli import selection`); they load on first use, so importing the package
+(and running a JSON-only command such as `select`) does not import torch.
 """
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-from headprune_cli.model.checkpoint import load, save  # noqa: E402
+# Public name -> (module, attribute); attribute None means the module itself.
+_PUBLIC = {
+    "load": ("headprune_cli.model.checkpoint", "load"),
+    "save": ("headprune_cli.model.checkpoint", "save"),
+    "apply_plan": ("headprune_cli.model.surgery", "apply_plan"),
+    "score_model": ("headprune_cli.stages.importance", "score_model"),
+    "select": ("headprune_cli.stages.selection", "select"),
+    "compensate": ("headprune_cli.stages.compensation", "compensate"),
+    "finetune": ("headprune_cli.stages.finetune.train", None),
+    "iterative_prune": ("headprune_cli.stages.iterative", "iterative_prune"),
+    "build_report": ("headprune_cli.stages.report.build", "build_report"),
+    "run_sweep": ("headprune_cli.stages.sweep", "run_sweep"),
+    "export_onnx": ("headprune_cli.model.export", "export_onnx"),
+    "export_hf": ("headprune_cli.model.export", "export_hf"),
+    # The module names the README documented before the layout grouped them:
+    "checkpoint": ("headprune_cli.model.checkpoint", None),
+    "surgery": ("headprune_cli.model.surgery", None),
+    "importance": ("headprune_cli.stages.importance", None),
+    "selection": ("headprune_cli.stages.selection", None),
+    "compensation": ("headprune_cli.stages.compensation", None),
+    "iterative": ("headprune_cli.stages.iterative", None),
+    "report": ("headprune_cli.stages.report.build", None),
+    "sweep": ("headprune_cli.stages.sweep", None),
+    "export": ("headprune_cli.model.export", None),
+}
 
-__all__ = ["__version__", "load", "save"]
+__all__ = ["__version__", *_PUBLIC]
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'headprune_cli' has no attribute {name!r}")
+    module_name, attribute = _PUBLIC[name]
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value  # resolved once
+    return value

@@ -4,7 +4,8 @@ import torch
 from transformers import AutoTokenizer
 
 from headprune_cli import load, save
-from headprune_cli.model.cost import cost_table, count_params, predict
+from headprune_cli.model.cost import cost_table, count_params
+from headprune_cli.model.cost_table import predict
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, apply_plan, removal_gates
 

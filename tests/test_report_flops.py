@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from headprune_cli.model.arch import adapter_for
-from headprune_cli.model.cost import cost_table, flops_per_token, predict
+from headprune_cli.model.cost import cost_table, flops_per_token
+from headprune_cli.model.cost_table import predict
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from headprune_cli.model.cost import CostTable, LayerCost, predict
+from headprune_cli.model.cost_table import CostTable, LayerCost, predict
 from headprune_cli.errors import HeadpruneError, NumericalError, UsageError
 from headprune_cli.stages.selection import Constraints, ScoreTable, parse_protect, select
 

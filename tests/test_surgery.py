@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from headprune_cli import load, save
-from headprune_cli.model.cost import count_params, cost_table, flops_per_token, predict
+from headprune_cli.model.cost import count_params, cost_table, flops_per_token
+from headprune_cli.model.cost_table import predict
 from headprune_cli.errors import ArchitectureError, PlanError
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, apply_plan, removal_gates, skip_layers

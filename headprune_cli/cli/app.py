@@ -6,16 +6,89 @@ line `Error: ...` on stderr; HEADPRUNE_DEBUG=1 adds the traceback.
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 import os
 import sys
 import traceback
+from pathlib import Path
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from headprune_cli.errors import EXIT_ERROR, EXIT_USAGE, HeadpruneError
-from headprune_cli.cli import (
-    export_cmd, finetune_cmd, import_cmd, inspect_cmd, iterate_cmd, prune_cmd, report_cmd, run_cmd, score_cmd, select_cmd, sweep_cmd,
-)
+from headprune_cli.names import did_you_mean
+
+# In pipeline order, which is also the order `headprune --help` lists them: command name ->
+# (module in this package, function). Modules load only when their command runs, so a
+# JSON stage such as `select` never imports torch (issue 15: it starts in well under 1 s).
+COMMANDS = {
+    "import": ("import_cmd", "import_model"),
+    "inspect": ("inspect_cmd", "inspect"),
+    "score": ("score_cmd", "score"),
+    "select": ("select_cmd", "select"),
+    "prune": ("prune_cmd", "prune"),
+    "finetune": ("finetune_cmd", "finetune_command"),
+    "iterate": ("iterate_cmd", "iterate"),
+    "report": ("report_cmd", "report"),
+    "sweep": ("sweep_cmd", "sweep"),
+    "export": ("export_cmd", "export"),
+    "run": ("run_cmd", "run"),
+}
+
+
+def load_command(name: str) -> click.Command:
+    """The real click command for `name`: imports its module (and what that needs)."""
+    module_name, function = COMMANDS[name]
+    module = importlib.import_module(f"{__package__}.{module_name}")
+    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
+    single.command(name)(getattr(module, function))
+    return typer.main.get_command(single)
+
+
+def all_commands() -> dict[str, click.Command]:
+    """Every command, loaded: what `headprune run` validates stage options against."""
+    return {name: load_command(name) for name in COMMANDS}
+
+
+def _short_help(name: str) -> str:
+    """The first line of a command's docstring, read from its source without importing it."""
+    module_name, function = COMMANDS[name]
+    source = Path(importlib.util.find_spec(f"{__package__}.{module_name}").origin).read_text()
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == function)
+    return (ast.get_docstring(node) or "").strip().splitlines()[0]
+
+
+class LazyCommands(TyperGroup):
+    """Lists the commands of COMMANDS and imports one only when it is needed: to run it,
+    to show its --help, or to read its options (`headprune run`)."""
+
+    _listing = False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        if self._listing:  # `headprune --help` shows names and one-line help only
+            return click.Command(name, help=_short_help(name))
+        return load_command(name)
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        if args and args[0] not in COMMANDS and not args[0].startswith("-"):
+            ctx.fail(f"No such command {args[0]!r}.{did_you_mean(args[0], COMMANDS)}")
+        return super().resolve_command(ctx, args)
+
 
 app = typer.Typer(
     name="headprune",
@@ -28,19 +101,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
     rich_markup_mode="rich",
+    cls=LazyCommands,
 )
-# In pipeline order, which is also the order `headprune --help` lists them.
-app.command("import")(import_cmd.import_model)
-app.command("inspect")(inspect_cmd.inspect)
-app.command("score")(score_cmd.score)
-app.command("select")(select_cmd.select)
-app.command("prune")(prune_cmd.prune)
-app.command("finetune")(finetune_cmd.finetune_command)
-app.command("iterate")(iterate_cmd.iterate)
-app.command("report")(report_cmd.report)
-app.command("sweep")(sweep_cmd.sweep)
-app.command("export")(export_cmd.export)
-app.command("run")(run_cmd.run)
+
+
+@app.callback()
+def _root() -> None:
+    pass
 
 
 def _debug() -> bool:
@@ -56,11 +123,15 @@ def _fail(message: str, code: int) -> int:
 
 
 def _quiet_transformers() -> None:
-    # transformers' own progress bars and advice would mix into our stderr output.
-    from transformers.utils import logging as hf_logging
+    # transformers' own progress bars and advice would mix into our stderr output. The
+    # environment reaches it without importing it here (seconds that `select` does not need).
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:  # already imported (a library caller): tell it directly
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,8 +37,10 @@ def run(
 
       headprune run configs/ci-gate.yaml --check
     """
+    from headprune_cli.cli.app import app, main  # the app that holds this command: imported at run time
+
     try:
-        pipeline = prepare(config, overrides or [], out=out, force=force)
+        pipeline = prepare(config, overrides or [], out=out, force=force, app=app)
     except ConfigError as exc:
         # One line per problem: the CLI's single-line error mapping would hide all but one.
         for problem in exc.problems:
@@ -48,7 +50,7 @@ def run(
         for stage in pipeline.stages:
             sys.stdout.write("headprune " + " ".join(stage.argv) + "\n")
         return
-    results = execute(pipeline, force=force, log=lambda line: console.print(line, style="bold", highlight=False, markup=False))
+    results = execute(pipeline, main, force=force, log=lambda line: console.print(line, style="bold", highlight=False, markup=False))
     _summary(results, pipeline.out)
     code = exit_code(results)
     if code:

@@ -6,18 +6,17 @@ sequence length for an encoder and (L + 1) / 2 on average for a causal model. La
 that run once per sequence (pooler, classifier) are divided by the sequence length.
 
 The cost is linear in heads, so a `CostTable` (fixed parts + a price per query head and
-per key/value head of each layer) predicts any plan exactly without touching the model.
+per key/value head of each layer, in cost_table.py) predicts any plan exactly without
+touching the model.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 
 from torch import nn
 
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.arch.base import is_conv1d
+from headprune_cli.model.cost_table import CostTable, LayerCost
 from headprune_cli.model.layout import info_of
 
 PER_SEQUENCE_MODULES = ("pooler", "classifier", "pre_classifier", "score")
@@ -60,38 +59,6 @@ def flops_per_token(model: nn.Module, seq_len: int) -> float:
     return linear_flops(model, seq_len) + attention
 
 
-@dataclass
-class LayerCost:
-    layer: int  # original index
-    fixed_params: int
-    fixed_flops: float
-    q_head_params: float
-    q_head_flops: float
-    kv_head_params: float
-    kv_head_flops: float
-    group_size: int  # original query heads per key/value head
-
-
-@dataclass
-class CostTable:
-    seq_len: int
-    outside_params: int  # embeddings, final norms, task heads
-    outside_flops: float
-    layers: list[LayerCost]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "CostTable":
-        return cls(
-            seq_len=int(data["seq_len"]),
-            outside_params=int(data["outside_params"]),
-            outside_flops=float(data["outside_flops"]),
-            layers=[LayerCost(**layer) for layer in data["layers"]],
-        )
-
-
 def cost_table(model: nn.Module, seq_len: int) -> CostTable:
     adapter = adapter_for(model)
     layout = info_of(model).layout
@@ -130,24 +97,3 @@ def cost_table(model: nn.Module, seq_len: int) -> CostTable:
         outside_flops=linear_flops(model, seq_len) - inside_flops,
         layers=layers,
     )
-
-
-def predict(
-    table: CostTable,
-    kept_heads: Mapping[int, list[int]],
-    remove_heads: Mapping[int, list[int]] | None = None,
-    remove_layers: list[int] | None = None,
-) -> dict[str, float]:
-    """Params and FLOPs per token after a plan, from the current kept heads per layer."""
-    remove_heads = remove_heads or {}
-    dropped = set(remove_layers or [])
-    params, flops = float(table.outside_params), table.outside_flops
-    for layer in table.layers:
-        if layer.layer in dropped:
-            continue
-        removed = set(remove_heads.get(layer.layer, []))
-        heads = [h for h in kept_heads[layer.layer] if h not in removed]
-        kv = {h // layer.group_size for h in heads}
-        params += layer.fixed_params + layer.q_head_params * len(heads) + layer.kv_head_params * len(kv)
-        flops += layer.fixed_flops + layer.q_head_flops * len(heads) + layer.kv_head_flops * len(kv)
-    return {"params": int(round(params)), "flops_per_token": flops}

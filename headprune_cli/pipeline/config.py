@@ -77,10 +77,12 @@ class CommandSpec:
 
 def command_specs(app) -> dict[str, CommandSpec]:
     """Every command of a Typer app with its options, keyed by command name."""
+    import click
     import typer.main
 
     group = typer.main.get_command(app)
-    return {name: _command_spec(name, cmd) for name, cmd in group.commands.items()}
+    ctx = click.Context(group)  # get_command, not .commands: the CLI's group loads commands lazily
+    return {name: _command_spec(name, group.get_command(ctx, name)) for name in group.list_commands(ctx)}
 
 
 def _command_spec(name: str, cmd) -> CommandSpec:

@@ -40,9 +40,10 @@ Invoke = Callable[[list[str]], int]
 Log = Callable[[str], None]
 
 
-def execute(pipeline: Pipeline, invoke: Invoke | None = None, force: bool = False, log: Log = lambda _: None) -> list[StageResult]:
-    """Run the stages in order; skip unchanged ones; stop at the first failure."""
-    invoke = invoke or _default_invoke()
+def execute(pipeline: Pipeline, invoke: Invoke, force: bool = False, log: Log = lambda _: None) -> list[StageResult]:
+    """Run the stages in order; skip unchanged ones; stop at the first failure.
+
+    `invoke` runs one stage's argv and returns its exit code (the CLI passes its `main`)."""
     out = pipeline.out
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out / RESOLVED_FILE, resolved_yaml(pipeline).encode())
@@ -69,12 +70,6 @@ def execute(pipeline: Pipeline, invoke: Invoke | None = None, force: bool = Fals
         state["stages"].append({"name": stage.name, "fingerprint": fingerprint, "code": code, "outputs": _hashes(stage.outputs)})
     atomic_write_bytes(out / STATE_FILE, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
     return results
-
-
-def _default_invoke() -> Invoke:
-    from headprune_cli.cli.app import main
-
-    return main
 
 
 def exit_code(results: list[StageResult]) -> int:

@@ -105,15 +105,18 @@ class Pipeline:
 
 
 # --- validation: everything, before any work ------------------------------------------
-def prepare(source: str | Path | dict, overrides: list[str] = (), out: str | None = None, force: bool = False, app=None) -> Pipeline:
-    """Read, override, validate and wire a config; raise ConfigError listing every problem."""
+def prepare(source: str | Path | dict, overrides: list[str] = (), out: str | None = None, force: bool = False, *, app) -> Pipeline:
+    """Read, override, validate and wire a config; raise ConfigError listing every problem.
+
+    `app` is the Typer app whose commands the stages run (the CLI passes its own: the
+    pipeline never imports the command line)."""
     raw = load_yaml(source) if not isinstance(source, dict) else json.loads(json.dumps(source))
     problems = apply_overrides(raw, list(overrides))
     if out is not None:
         raw["out"] = out
     problems += expand_env(raw)
     config = _top_level(raw, problems)
-    specs = command_specs(app or _default_app())
+    specs = command_specs(app)
     stages = _check_stages(raw.get("stages"), specs, problems)
     if isinstance(config.model, str) and Path(config.model).is_dir():
         stages.insert(0, Stage("import", "import", {}))  # an HF folder: import it first
@@ -136,12 +139,6 @@ def _top_level(raw: dict, problems: list[str]) -> PipelineConfig:
         good = {k: v for k, v in raw.items() if k in PipelineConfig.model_fields and k not in bad}
         defaults = {k: f.default for k, f in PipelineConfig.model_fields.items() if not f.is_required()}
         return PipelineConfig.model_construct(**{**defaults, "model": None, "stages": [], **good})
-
-
-def _default_app():
-    from headprune_cli.cli.app import app
-
-    return app
 
 
 def _check_stages(entries, specs, problems: list[str]) -> list[Stage]:

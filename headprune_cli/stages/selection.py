@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from headprune_cli.model.cost import CostTable, predict
+from headprune_cli.model.cost_table import CostTable, predict
 from headprune_cli.errors import NumericalError, UsageError
 from headprune_cli.names import did_you_mean
 
