@@ -109,7 +109,7 @@ CASES = [
          lambda f: _rewrite_tensors(f, lambda t: t.update({_first_tensor(t): t[_first_tensor(t)][:1]}))),
     Case("missing tensor", lambda f: ["inspect", f / "bad.safetensors"], 1, "missing",
          lambda f: _rewrite_tensors(f, lambda t: t.pop(_first_tensor(t)))),
-    Case("NaN weight", lambda f: ["inspect", f / "bad.safetensors"], 1, "NaN",
+    Case("NaN weight", lambda f: ["score", f / "bad.safetensors", "--data", f / "data.jsonl"], 1, "NaN",
          lambda f: _rewrite_tensors(f, lambda t: t[_first_tensor(t)].fill_(float("nan")))),
     Case("plain safetensors", lambda f: ["inspect", f / "bad.safetensors"], 1, "without headprune metadata",
          lambda f: save_file({"w": torch.zeros(2)}, str(f / "bad.safetensors"))),
@@ -195,11 +195,11 @@ def test_disk_full_leaves_nothing_behind(workspace: Path, tmp_path: Path, cli, m
     shutil.copytree(workspace, folder)
     before = snapshot(folder)
 
-    def full_disk(model, path, metadata=None):
+    def full_disk(path, specs, metadata):
         Path(path).write_bytes(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpoint, "save_model", full_disk)
+    monkeypatch.setattr(checkpoint, "write_file", full_disk)
     result = cli("prune", folder / M, "--plan", folder / "plan.json", "-o", folder / "small.safetensors")
     assert result.code == 1 and "No space left on device" in result.err and result.err.count("\n") == 1
     assert snapshot(folder) == before

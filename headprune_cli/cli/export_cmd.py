@@ -10,6 +10,8 @@ import typer
 from headprune_cli.model.checkpoint import load
 from headprune_cli.errors import UsageError
 from headprune_cli.model.export import check_folder_output, export_hf, export_onnx
+from headprune_cli.model.streaming import export_specs
+from headprune_cli.model.tensorfile import DEFAULT_MAX_SHARD, parse_size
 from headprune_cli.fileio import check_output
 from headprune_cli.cli.common import console
 
@@ -20,6 +22,7 @@ def export(
     hf: Annotated[Path | None, typer.Option("--hf", help="Write an HF-style folder: config, weights, tokenizer, headprune.json.")] = None,
     seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Sequence length of the example input traced for ONNX.")] = 16,
     opset: Annotated[int, typer.Option("--opset", min=9, help="ONNX opset version.")] = 17,
+    max_shard_size: Annotated[str, typer.Option("--max-shard-size", help="--hf: split weights above this size into shards with an index, as transformers does (e.g. 5GB, 500MB).")] = DEFAULT_MAX_SHARD,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output (a folder only if headprune wrote it).")] = False,
 ) -> None:
     """Export a (pruned) checkpoint for deployment: an ONNX file or an HF-style folder.
@@ -42,11 +45,13 @@ def export(
         check_output(onnx, force, inputs=[checkpoint])
     else:
         check_folder_output(hf, force, inputs=[checkpoint])
-    model = load(checkpoint)
-    if hf is not None:
-        export_hf(model, hf, force=force, inputs=[checkpoint])
-        console.print(f"wrote {hf}/ (config.json, model.safetensors, headprune.json)")
+        parse_size(max_shard_size)
+    if hf is not None:  # weights are copied tensor by tensor; the model is never built
+        model, specs = export_specs(checkpoint)
+        export_hf(model, hf, force=force, inputs=[checkpoint], max_shard_size=max_shard_size, specs=specs)
+        console.print(f"wrote {hf}/ (config.json, weights, headprune.json)")
         return
+    model = load(checkpoint)
     result = export_onnx(model, onnx, seq_len=seq_len, opset=opset)
     console.print(
         f"wrote {onnx} (inputs {', '.join(result.inputs)} -> {result.outputs[0]}, opset {opset}; "

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from headprune_cli.model.checkpoint import load
+from headprune_cli.model.checkpoint import read_layout_only
 from headprune_cli.model.describe import describe
 from headprune_cli.cli.common import console, print_json
 
@@ -26,7 +26,8 @@ def inspect(
 
       headprune inspect small.safetensors --json | jq .heads
     """
-    facts = describe(load(checkpoint), seq_len)
+    # Header and metadata only: the model is built on the meta device, no weight is read.
+    facts = describe(read_layout_only(checkpoint), seq_len)
     if as_json:
         print_json(facts)
         return

@@ -10,10 +10,11 @@ import typer
 from headprune_cli.model.checkpoint import load, save
 from headprune_cli.stages.compensation import DEFAULT_RIDGE, METHODS, compensate
 from headprune_cli.errors import UsageError
-from headprune_cli.fileio import check_output, sha256_bytes
+from headprune_cli.fileio import check_output, sha256_bytes, sha256_file
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.plan import resolve_model
 from headprune_cli.schema import dumps, parse_artifact, read_text
+from headprune_cli.model.streaming import prune_file
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.cli import select_cmd as so
 from headprune_cli.cli.common import console
@@ -79,12 +80,15 @@ def prune(
         plan_sha = sha256_bytes(dumps(plan_dict).encode())
     path = resolve_model(artifact, source, checkpoint)
     check_output(output, force, inputs=[path])
-    model = load(path)
     remove_heads = {int(k): v for k, v in plan_dict["remove_heads"].items()}
-    if compensation != "none":
+    if compensation == "none":  # pure slicing: streamed tensor by tensor, the model is never built
+        prune_file(path, output, remove_heads, plan_dict["remove_layers"], plan_sha=plan_sha)
+        digest = sha256_file(output)
+    else:
+        model = load(path)
         _compensate(model, remove_heads, plan_dict["remove_layers"], compensation, data, samples, max_length, batch_size, ridge)
-    apply_plan(model, remove_heads, plan_dict["remove_layers"])
-    digest = save(model, output, plan_sha=plan_sha)
+        apply_plan(model, remove_heads, plan_dict["remove_layers"])
+        digest = save(model, output, plan_sha=plan_sha)
     heads = sum(len(v) for v in remove_heads.values())
     console.print(f"wrote {output}: removed {heads} heads, {len(plan_dict['remove_layers'])} layers (sha256 {digest[:12]})")
 

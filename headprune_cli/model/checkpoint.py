@@ -13,32 +13,34 @@ Metadata keys (all strings, JSON where structured):
   headprune.pooling       sentence-transformers pooling (JSON)
   headprune.provenance    sha256 (and relative path) of parent, plan and root (JSON)
 
-Loading builds the unpruned architecture, cuts it to the stored layout with the same
-code that pruning uses, and loads the weights strictly: shapes, dtypes and finiteness
-are checked, and nothing is ever unpickled.
+Loading builds the unpruned architecture on the meta device (no memory, no random
+initialisation; see materialize.py), cuts it to the stored layout with the same code that
+pruning uses, and gives it the memory-mapped tensors of the file strictly: names, shapes
+and dtypes are checked from the header before a weight is read, finiteness as each is
+placed, and nothing is ever unpickled. The stored dtype is kept, and so are the float32
+buffers transformers computes (RoPE inv_freq): `load` equals `from_pretrained` bit for bit.
+Writing goes through tensorfile.write_file: sorted header, tensors streamed one by one.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_model
 from torch import nn
 
 from headprune_cli.model.arch import adapter_for_family
 from headprune_cli.errors import CheckpointError, HeadpruneError, first_line
-from headprune_cli.fileio import atomic_write, sha256_file
+from headprune_cli.fileio import atomic_write, sha256_bytes, sha256_file
 from headprune_cli.model.layout import Layout, ModelInfo, info_of
+from headprune_cli.model.materialize import build_empty, check_entries, fill, stored_dtype, tied_groups
 from headprune_cli.model.surgery import apply_plan
+from headprune_cli.model.tensorfile import INDEX_NAME, Entry, Spec, read_entries, read_header, write_file
 
 FORMAT = "headprune-checkpoint"
 FORMAT_VERSION = "1"
-MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit; refuse before parsing
 _KEYS = ("format", "version", "family", "architecture", "config", "layout", "task")
 
 
@@ -48,29 +50,27 @@ def save(model: nn.Module, path: str | os.PathLike, plan_sha: str | None = None)
     Provenance: the parent is the checkpoint the model was loaded from, the root the
     parent's root (or the parent itself when it was the root).
     """
-    info = info_of(model)
-    metadata = _metadata(info, _provenance(info, Path(path), plan_sha))
-
-    def write(tmp: str) -> None:
-        # save_model de-duplicates tied weights (GPT-2 lm_head/wte) deterministically.
-        save_model(model, tmp, metadata=metadata)
-        _canonical_header(tmp)
-
-    atomic_write(path, write)
+    write_checkpoint(path, model_specs(model), checkpoint_metadata(model, path, plan_sha))
     return sha256_file(path)
 
 
-def _canonical_header(path: str) -> None:
-    """Rewrite the JSON header with sorted keys: safetensors writes it in hash order,
-    which would make identical models give different bytes (DESIGN invariant 4)."""
-    with open(path, "rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(length))
-        data = handle.read()
-    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # keep the data buffer 8-byte aligned
-    with open(path, "wb") as handle:
-        handle.write(struct.pack("<Q", len(text)) + text + data)
+def checkpoint_metadata(model: nn.Module, path: str | os.PathLike, plan_sha: str | None = None) -> dict[str, str]:
+    info = info_of(model)
+    return _metadata(info, _provenance(info, Path(path), plan_sha))
+
+
+def write_checkpoint(path: str | os.PathLike, specs: list[Spec], metadata: dict[str, str]) -> None:
+    """The one writer of checkpoint files (in-memory and streamed stages alike)."""
+    atomic_write(path, lambda tmp: write_file(tmp, specs, metadata))
+
+
+def model_specs(model: nn.Module) -> list[Spec]:
+    """What a model's file holds: its state dict, each tied group once under its first name."""
+    tensors = model.state_dict(keep_vars=True)
+    return [
+        Spec(names[0], tensors[names[0]].dtype, tuple(tensors[names[0]].shape), lambda t=tensors[names[0]]: t)
+        for names in tied_groups(model)
+    ]
 
 
 def _provenance(info: ModelInfo, out: Path, plan_sha: str | None) -> dict:
@@ -129,19 +129,7 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
         raise CheckpointError(f"{path}: a folder, not a checkpoint (make one with `headprune import {path}`)")
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
-    size = path.stat().st_size
-    with open(path, "rb") as handle:
-        head = handle.read(8)
-    if len(head) < 8:
-        raise CheckpointError(f"{path}: not a safetensors file (too short)")
-    (header_len,) = struct.unpack("<Q", head)
-    if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
-        raise CheckpointError(f"{path}: not a safetensors file, or truncated (bad header length)")
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            raw = handle.metadata() or {}
-    except Exception as exc:  # safetensors raises its own error types for corrupt files
-        raise CheckpointError(f"{path}: corrupt safetensors file ({first_line(exc)})") from None
+    raw = read_header(path)[0]
     meta = {k[len("headprune.") :]: v for k, v in raw.items() if k.startswith("headprune.")}
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: a safetensors file without headprune metadata; use `headprune import` first")
@@ -186,21 +174,74 @@ def _loads(text: str, key: str, path, kind: type):
 
 def load(path: str | os.PathLike) -> nn.Module:
     """Rebuild the model stored in a headprune checkpoint (or an exported HF-style folder),
-    at exactly its stored shapes."""
+    at exactly its stored shapes, in its stored dtype, from the memory-mapped file."""
     info = read_info(path)
-    weights = Path(path) / FOLDER_WEIGHTS if is_export_folder(path) else path
+    entries = read_entries(weights_path(path))
+    model = build_layout(info, stored_dtype(entries), path)
+    handles: dict[str, object] = {}
+    try:
+        fill(model, entries, lambda entry: _mapped(handles, entry), path)
+    finally:
+        handles.clear()  # the tensors keep their mappings alive; the handles are not needed
+    model.eval()
+    info_of(model).loaded_from = (str(path), weights_sha(path))
+    return model
+
+
+def build_layout(info: ModelInfo, dtype: torch.dtype, where) -> nn.Module:
+    """The stored model at its stored layout, parameters on the meta device (no weights)."""
     adapter = adapter_for_family(info.family)
     try:
-        model = adapter.build(info.config, info.architecture, info.build_options)
+        model = build_empty(lambda: adapter.build(info.config, info.architecture, info.build_options), dtype)
     except HeadpruneError:
         raise
     except Exception as exc:
-        raise CheckpointError(f"{path}: cannot build {info.architecture} from the stored config ({first_line(exc)})") from None
+        raise CheckpointError(f"{where}: cannot build {info.architecture} from the stored config ({first_line(exc)})") from None
     _cut_to_layout(model, info)
-    _load_weights(model, weights)
-    model.eval()
-    info_of(model).loaded_from = (str(path), sha256_file(weights))
     return model
+
+
+def read_layout_only(path: str | os.PathLike, hashed: bool = False) -> nn.Module:
+    """The model at its stored shapes with meta parameters, checked against the file's
+    header; no weight is read (what `inspect` and the streamed stages need). `hashed`
+    records the weights' sha256 for provenance, as `load` does."""
+    info = read_info(path)
+    entries = read_entries(weights_path(path))
+    model = build_layout(info, stored_dtype(entries), path)
+    check_entries(model, entries, path)
+    model.eval()
+    if hashed:
+        info_of(model).loaded_from = (str(path), weights_sha(path))
+    return model
+
+
+def _mapped(handles: dict, entry: Entry) -> torch.Tensor:
+    from safetensors import safe_open
+
+    if entry.path not in handles:
+        try:
+            handles[entry.path] = safe_open(entry.path, framework="pt")
+        except Exception as exc:  # safetensors raises its own error types for corrupt files
+            raise CheckpointError(f"{entry.path}: corrupt safetensors file ({first_line(exc)})") from None
+    return handles[entry.path].get_tensor(entry.name)
+
+
+def weights_path(path: str | os.PathLike) -> Path:
+    """The weights of a checkpoint file or export folder (its file, or its shard index)."""
+    if not is_export_folder(path):
+        return Path(path)
+    folder = Path(path)
+    return folder / INDEX_NAME if (folder / INDEX_NAME).is_file() else folder / FOLDER_WEIGHTS
+
+
+def weights_sha(path: str | os.PathLike) -> str:
+    """sha256 of the weights; of a sharded folder, of its index and every shard's sha256."""
+    weights = weights_path(path)
+    if weights.name != INDEX_NAME:
+        return sha256_file(weights)
+    shards = sorted({e.path for e in read_entries(weights).values()})
+    listing = [f"{INDEX_NAME} {sha256_file(weights)}", *(f"{Path(s).name} {sha256_file(s)}" for s in shards)]
+    return sha256_bytes("\n".join(listing).encode())
 
 
 # --- exported HF-style folders (written by export.py) ----------------------------------
@@ -223,8 +264,8 @@ def read_folder_metadata(path: str | os.PathLike) -> dict[str, str]:
     if not isinstance(data, dict) or data.get("format") != FOLDER_FORMAT:
         raise CheckpointError(f"{folder / FOLDER_INFO}: not a headprune export (format is not {FOLDER_FORMAT!r})")
     _check_version_and_keys(data, folder / FOLDER_INFO, "export")
-    if not (folder / FOLDER_WEIGHTS).is_file():
-        raise CheckpointError(f"{folder}: no {FOLDER_WEIGHTS}")
+    if not (folder / FOLDER_WEIGHTS).is_file() and not (folder / INDEX_NAME).is_file():
+        raise CheckpointError(f"{folder}: no {FOLDER_WEIGHTS} (or {INDEX_NAME})")
     meta = {k: v if isinstance(v, str) else _dumps(v) for k, v in data.items()}
     tokenizer = folder / "tokenizer.json"
     if tokenizer.is_file():
@@ -248,43 +289,3 @@ def _cut_to_layout(model: nn.Module, stored: ModelInfo) -> None:
     if info_of(model).layout.kv_heads != stored.layout.kv_heads:
         raise CheckpointError("checkpoint layout's key/value heads do not match its query heads")
     model.headprune = ModelInfo(**{**stored.__dict__, "layout": info_of(model).layout})
-
-
-def _load_weights(model: nn.Module, path) -> None:
-    try:
-        tensors = load_file(str(path))
-    except Exception as exc:
-        raise CheckpointError(f"{path}: cannot read tensors ({first_line(exc)})") from None
-    expected = model.state_dict()
-    unknown = sorted(set(tensors) - set(expected))
-    if unknown:
-        raise CheckpointError(f"{path}: unexpected tensor {unknown[0]!r} for {type(model).__name__}")
-    _match_dtype(model, tensors)
-    expected = model.state_dict()
-    for name, tensor in tensors.items():
-        want = expected[name]
-        if tensor.shape != want.shape:
-            raise CheckpointError(f"{path}: tensor {name!r} has shape {list(tensor.shape)}, the layout needs {list(want.shape)}")
-        if tensor.dtype != want.dtype:
-            raise CheckpointError(f"{path}: tensor {name!r} has dtype {tensor.dtype}, expected {want.dtype}")
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise CheckpointError(f"{path}: tensor {name!r} contains NaN or inf")
-    missing = _missing_tensors(model, tensors)
-    if missing:
-        raise CheckpointError(f"{path}: tensor {missing[0]!r} is missing")
-    model.load_state_dict(tensors, strict=False)
-
-
-def _match_dtype(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Build the model in the dtype its stored floating-point weights use."""
-    dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
-    if len(dtypes) == 1:
-        model.to(dtypes.pop())
-
-
-def _missing_tensors(model: nn.Module, tensors: dict) -> list[str]:
-    """State-dict entries absent from the file, allowing for tied (shared) weights."""
-    by_storage: dict[int, list[str]] = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        by_storage.setdefault(tensor.data_ptr(), []).append(name)
-    return sorted(names[0] for names in by_storage.values() if not any(n in tensors for n in names))

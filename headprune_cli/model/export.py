@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_model
 from torch import nn
 
-from headprune_cli.model.checkpoint import FOLDER_FORMAT, FOLDER_INFO, FOLDER_WEIGHTS, FORMAT_VERSION, _canonical_header, is_export_folder
+from headprune_cli.model.checkpoint import FOLDER_FORMAT, FOLDER_INFO, FORMAT_VERSION, is_export_folder, model_specs
+from headprune_cli.model.tensorfile import DEFAULT_MAX_SHARD, Spec, parse_size, write_folder_weights
 from headprune_cli.errors import HeadpruneError, NumericalError, UsageError, first_line
 from headprune_cli.fileio import atomic_write, check_parent, refuse_input_as_output
 from headprune_cli.stages.report.latency import max_sequence
@@ -39,13 +39,21 @@ MAX_ONNX_BYTES = 2 * 1024**3  # protobuf's limit for a single-file model
 
 
 # --- HF-style folder --------------------------------------------------------------------
-def export_hf(model: nn.Module, folder: str | os.PathLike, force: bool = False, inputs=()) -> Path:
-    """Write `model` as an HF-style folder atomically (built beside it, then renamed)."""
+def export_hf(
+    model: nn.Module, folder: str | os.PathLike, force: bool = False, inputs=(), max_shard_size: str = DEFAULT_MAX_SHARD,
+    specs: list[Spec] | None = None,
+) -> Path:
+    """Write `model` as an HF-style folder atomically (built beside it, then renamed).
+
+    `specs` gives the weights when they do not live in `model` (a streamed export passes
+    a model with meta parameters and specs that read the source file tensor by tensor).
+    """
     out = check_folder_output(folder, force, inputs)
+    max_bytes = parse_size(max_shard_size)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a model folder is for sharing
-        _write_folder(model, tmp)
+        _write_folder(model, tmp, model_specs(model) if specs is None else specs, max_bytes)
         _replace_folder(tmp, out)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -72,12 +80,10 @@ def check_folder_output(folder: str | os.PathLike, force: bool, inputs=()) -> Pa
     return out
 
 
-def _write_folder(model: nn.Module, folder: Path) -> None:
+def _write_folder(model: nn.Module, folder: Path, specs: list[Spec], max_bytes: int) -> None:
     info = info_of(model)
-    weights = folder / FOLDER_WEIGHTS
-    # save_model de-duplicates tied weights; the sorted header makes the bytes reproducible.
-    save_model(model, str(weights), metadata={"format": "pt"})
-    _canonical_header(str(weights))
+    # Tied weights appear once; the sorted header makes the bytes reproducible.
+    write_folder_weights(folder, specs, {"format": "pt"}, max_bytes)
     _write_json(folder / "config.json", _hf_config(model, info))
     _write_json(folder / FOLDER_INFO, _folder_info(info))
     if info.tokenizer is not None:

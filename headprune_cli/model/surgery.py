@@ -98,6 +98,17 @@ def _identity_hook(module, args, kwargs, output):
 # --- physical removal -------------------------------------------------------------
 def apply_plan(model: nn.Module, remove_heads: Mapping[int, list[int]], remove_layers: list[int]) -> nn.Module:
     """Remove heads and layers in place; validates everything before cutting anything."""
+    drop = sorted(set(remove_layers))
+    for layer, (keep_q, keep_kv) in head_cuts(model, remove_heads, drop).items():
+        _slice_layer(model, layer, keep_q, keep_kv)
+    if drop:
+        _drop_layers(model, drop)
+    return model
+
+
+def head_cuts(model: nn.Module, remove_heads: Mapping[int, list[int]], remove_layers: list[int]) -> dict[int, tuple[list[int], list[int]]]:
+    """The whole plan validated: per layer whose heads it cuts, the original query and
+    key/value heads kept."""
     layout = info_of(model).layout
     drop = sorted(set(remove_layers))
     for layer in drop:
@@ -105,12 +116,7 @@ def apply_plan(model: nn.Module, remove_heads: Mapping[int, list[int]], remove_l
     if len(drop) == len(layout.layers):
         raise PlanError("the plan removes every layer; at least one must remain")
     heads = {int(k): sorted(set(v)) for k, v in remove_heads.items() if int(k) not in drop}
-    new_heads = {layer: _validated_keep(model, layer, removed) for layer, removed in heads.items() if removed}
-    for layer, (keep_q, keep_kv) in new_heads.items():
-        _slice_layer(model, layer, keep_q, keep_kv)
-    if drop:
-        _drop_layers(model, drop)
-    return model
+    return {layer: _validated_keep(model, layer, removed) for layer, removed in heads.items() if removed}
 
 
 def _validated_keep(model: nn.Module, layer: int, removed: list[int]) -> tuple[list[int], list[int]]:

@@ -53,6 +53,13 @@ def is_conv1d(module: nn.Module) -> bool:
     return type(module).__name__ == "Conv1D"
 
 
+def sliced_dims(module: nn.Module, side: str) -> dict[str, int]:
+    """The parameter dimensions that keeping some outputs ("out") or inputs ("in") cuts."""
+    if side == "out":
+        return {"weight": 1 if is_conv1d(module) else 0, **({"bias": 0} if module.bias is not None else {})}
+    return {"weight": 0 if is_conv1d(module) else 1}
+
+
 def keep_outputs(module: nn.Module, index: torch.Tensor) -> None:
     """Keep only the given output features of a Linear/Conv1D, in place."""
     with torch.no_grad():
@@ -112,14 +119,18 @@ class Adapter:
         raise NotImplementedError
 
     # --- generic slicing, overridden only for fused projections ----------------
-    def slice_heads(self, view: AttentionView, keep_q: list[int], keep_kv: list[int]) -> None:
-        """Keep the given (current, 0-based) query and key/value heads of one layer."""
+    def head_slices(self, view: AttentionView, keep_q: list[int], keep_kv: list[int]) -> list[tuple[nn.Module, str, torch.Tensor]]:
+        """Which projections keep which features when a layer keeps the given (current,
+        0-based) heads: (module, "out" | "in", feature index). The one statement of where
+        heads live in the tensors, shared by in-memory surgery and streamed pruning."""
         q_index = out_rows(keep_q, view.head_dim)
         kv_index = out_rows(keep_kv, view.head_dim)
-        keep_outputs(view.q, q_index)
-        keep_outputs(view.k, kv_index)
-        keep_outputs(view.v, kv_index)
-        keep_inputs(view.o, q_index)
+        return [(view.q, "out", q_index), (view.k, "out", kv_index), (view.v, "out", kv_index), (view.o, "in", q_index)]
+
+    def slice_heads(self, view: AttentionView, keep_q: list[int], keep_kv: list[int]) -> None:
+        """Keep the given (current, 0-based) query and key/value heads of one layer."""
+        for module, side, index in self.head_slices(view, keep_q, keep_kv):
+            (keep_outputs if side == "out" else keep_inputs)(module, index)
         self.set_head_counts(view, len(keep_q), len(keep_kv))
 
     def renumber_layers(self, model: nn.Module, kept: list[int]) -> None:

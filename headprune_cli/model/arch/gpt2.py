@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from headprune_cli.errors import ArchitectureError
-from headprune_cli.model.arch.base import Adapter, AttentionView, keep_inputs, keep_outputs, out_rows
+from headprune_cli.model.arch.base import Adapter, AttentionView, out_rows
 
 
 class GPT2Adapter(Adapter):
@@ -28,14 +28,12 @@ class GPT2Adapter(Adapter):
             fused_qkv=attn.c_attn,
         )
 
-    def slice_heads(self, view: AttentionView, keep_q: list[int], keep_kv: list[int]) -> None:
+    def head_slices(self, view: AttentionView, keep_q: list[int], keep_kv: list[int]) -> list:
         # c_attn's output is [Q | K | V], each block `split_size` wide.
         width = view.num_heads * view.head_dim
         rows = out_rows(keep_q, view.head_dim)
         fused = torch.cat([rows, rows + width, rows + 2 * width])
-        keep_outputs(view.fused_qkv, fused)
-        keep_inputs(view.o, rows)
-        self.set_head_counts(view, len(keep_q), len(keep_kv))
+        return [(view.fused_qkv, "out", fused), (view.o, "in", rows)]
 
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
         view.module.num_heads = num_heads

@@ -1,0 +1,98 @@
+"""Prune and export without instantiating the model: one tensor in memory at a time.
+
+The model is built on the meta device (shapes, no weights) and cut with the same code
+as in-memory pruning, which gives the output's layout, config and tensor shapes. What
+each kept tensor holds comes from the adapter's `head_slices` (which projections keep
+which head features): every output tensor is read from the source file alone, sliced
+if the plan cuts it, checked, written and dropped. The bytes equal those of
+load -> apply_plan -> save, at a peak of about the largest tensor, not the model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from headprune_cli.errors import CheckpointError
+from headprune_cli.model.arch import adapter_for
+from headprune_cli.model.arch.base import sliced_dims
+from headprune_cli.model.checkpoint import checkpoint_metadata, read_layout_only, weights_path, write_checkpoint
+from headprune_cli.model.layout import info_of
+from headprune_cli.model.materialize import check_entries, tied_groups
+from headprune_cli.model.surgery import apply_plan, head_cuts
+from headprune_cli.model.tensorfile import Entry, Spec, read_entries, read_tensor
+
+Cut = tuple[int, torch.Tensor]  # (dimension, kept indices)
+
+
+def prune_file(
+    source: str | os.PathLike, output: str | os.PathLike,
+    remove_heads: Mapping[int, list[int]], remove_layers: list[int], plan_sha: str | None = None,
+) -> None:
+    """Write `source` cut by the plan to `output`, tensor by tensor (no compensation)."""
+    model = read_layout_only(source, hashed=True)
+    specs = streamed_specs(model, source, remove_heads, remove_layers)
+    write_checkpoint(output, specs, checkpoint_metadata(model, output, plan_sha))
+
+
+def export_specs(source: str | os.PathLike) -> tuple[nn.Module, list[Spec]]:
+    """A meta model of `source` (for config.json and headprune.json) and its tensors to copy."""
+    model = read_layout_only(source, hashed=True)
+    return model, streamed_specs(model, source, {}, [])
+
+
+def streamed_specs(
+    model: nn.Module, source, remove_heads: Mapping[int, list[int]], remove_layers: list[int]
+) -> list[Spec]:
+    """Cut the meta `model` in place by the plan; return what each output tensor reads."""
+    entries = read_entries(weights_path(source))
+    state = model.state_dict(keep_vars=True)
+    origin = {id(state[name]): entry for names, entry in check_entries(model, entries, source) for name in names}
+    cuts = _cuts(model, remove_heads, remove_layers)
+    slots = {(id(module), attr): tensor for module in model.modules() for attr, tensor in _own_tensors(module)}
+    apply_plan(model, remove_heads, remove_layers)  # meta only: shapes, layout, config
+    modules = dict(model.named_modules())
+    specs = []
+    for names in tied_groups(model):
+        prefix, _, attr = names[0].rpartition(".")
+        old = slots[(id(modules[prefix]), attr)]
+        new = model.state_dict(keep_vars=True)[names[0]]
+        specs.append(Spec(names[0], new.dtype, tuple(new.shape), _reader(origin[id(old)], cuts.get(id(old), []), source)))
+    return specs
+
+
+def _cuts(model: nn.Module, remove_heads, remove_layers) -> dict[int, list[Cut]]:
+    """id(parameter) -> the cuts the plan makes to it, from the adapter's head_slices."""
+    adapter = adapter_for(model)
+    layout = info_of(model).layout
+    blocks = adapter.layer_list(model)
+    cuts: dict[int, list[Cut]] = {}
+    for layer, (keep_q, keep_kv) in head_cuts(model, remove_heads, remove_layers).items():
+        pos = layout.position(layer)
+        q_now = [layout.heads[pos].index(h) for h in keep_q]
+        kv_now = [layout.kv_heads[pos].index(h) for h in keep_kv]
+        view = adapter.attention(blocks[pos])
+        for module, side, index in adapter.head_slices(view, q_now, kv_now):
+            for attr, dim in sliced_dims(module, side).items():
+                cuts.setdefault(id(getattr(module, attr)), []).append((dim, index))
+    return cuts
+
+
+def _own_tensors(module: nn.Module):
+    yield from module._parameters.items()
+    yield from module._buffers.items()
+
+
+def _reader(entry: Entry, cuts: list[Cut], where):
+    def produce() -> torch.Tensor:
+        tensor = read_tensor(entry)
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():  # as load() refuses it
+            raise CheckpointError(f"{where}: tensor {entry.name!r} contains NaN or inf")
+        for dim, index in cuts:
+            tensor = tensor.index_select(dim, index)
+        return tensor
+
+    return produce

@@ -1,0 +1,222 @@
+"""safetensors files without holding them in memory: headers, single tensors, streamed writes.
+
+Reading: the header (names, dtypes, shapes, offsets) is parsed and checked on its own, so
+`inspect` and the streamed stages never touch weights they do not need; one tensor is read
+with bounded `readinto` calls. A sharded folder (`model.safetensors.index.json`) reads as
+one set of tensors.
+
+Writing: the header is computed from (name, dtype, shape) first, with sorted keys, and the
+tensors follow one at a time in a fixed order (widest dtype first, then name, so every
+tensor stays aligned to its element size), so the same tensors always give the same bytes
+and no file is ever held twice in memory. Above `max_shard_size` the output is split into
+`model-0000i-of-0000N.safetensors` files with an index, as transformers writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from headprune_cli.errors import CheckpointError, UsageError, first_line
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit; refuse before parsing
+INDEX_NAME = "model.safetensors.index.json"
+DEFAULT_MAX_SHARD = "5GB"
+
+DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+NAMES = {v: k for k, v in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor of a safetensors file, as its header describes it."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    path: str
+    start: int  # absolute byte offset in the file
+    nbytes: int
+
+
+# --- reading ------------------------------------------------------------------------------
+def read_header(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Entry]]:
+    """(string metadata, tensor entries) of one safetensors file, checked against its size."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"{path}: not a safetensors file (too short)")
+        (length,) = struct.unpack("<Q", head)
+        if length > MAX_HEADER_BYTES or 8 + length > size:
+            raise CheckpointError(f"{path}: not a safetensors file, or truncated (bad header length)")
+        raw = handle.read(length)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise CheckpointError(f"{path}: corrupt safetensors file ({first_line(exc)})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupt safetensors file (header is not an object)")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(f"{path}: corrupt safetensors file (metadata is not text)")
+    entries = {name: _entry(path, name, spec, 8 + length) for name, spec in header.items()}
+    _check_offsets(path, entries.values(), size)
+    return metadata, entries
+
+
+def _entry(path, name: str, spec, base: int) -> Entry:
+    try:
+        dtype = DTYPES[spec["dtype"]]
+        shape = tuple(spec["shape"])
+        begin, end = spec["data_offsets"]
+        ok = all(isinstance(d, int) and d >= 0 for d in (*shape, begin, end)) and begin <= end
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    if not ok or (end - begin) != math.prod(shape) * dtype.itemsize:
+        raise CheckpointError(f"{path}: corrupt safetensors file (bad entry for tensor {name!r})")
+    return Entry(name, dtype, shape, str(path), base + begin, end - begin)
+
+
+def _check_offsets(path, entries: Iterable[Entry], size: int) -> None:
+    position = None
+    for entry in sorted(entries, key=lambda e: e.start):
+        if position is not None and entry.start < position:
+            raise CheckpointError(f"{path}: corrupt safetensors file (tensors overlap)")
+        position = entry.start + entry.nbytes
+        if position > size:
+            raise CheckpointError(f"{path}: not a safetensors file, or truncated (tensor {entry.name!r} ends past the file)")
+
+
+def read_entries(path: str | os.PathLike) -> dict[str, Entry]:
+    """The tensors of a safetensors file, or of a sharded folder or index file."""
+    path = Path(path)
+    index = path / INDEX_NAME if path.is_dir() else path
+    if not index.name.endswith(".index.json"):
+        return read_header(path)[1]
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        files = sorted(set(weight_map.values()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{index}: not a valid safetensors index ({first_line(exc)})") from None
+    entries: dict[str, Entry] = {}
+    for name in files:
+        shard = index.parent / str(name)
+        if Path(str(name)).name != str(name) or not shard.is_file():
+            raise CheckpointError(f"{index}: shard {name!r} is not a file in {index.parent}")
+        for key, entry in read_header(shard)[1].items():
+            if weight_map.get(key) != name or key in entries:
+                raise CheckpointError(f"{index}: tensor {key!r} is not where the index says")
+            entries[key] = entry
+    return entries
+
+
+def read_tensor(entry: Entry) -> torch.Tensor:
+    """One tensor, read with bounded reads into fresh memory (nothing else of the file)."""
+    buffer = torch.empty(entry.nbytes, dtype=torch.uint8)
+    view = memoryview(buffer.numpy())
+    with open(entry.path, "rb") as handle:
+        handle.seek(entry.start)
+        done = 0
+        while done < entry.nbytes:
+            got = handle.readinto(view[done:])
+            if not got:
+                raise CheckpointError(f"{entry.path}: truncated while reading tensor {entry.name!r}")
+            done += got
+    return buffer.view(entry.dtype).reshape(entry.shape) if entry.nbytes else torch.empty(entry.shape, dtype=entry.dtype)
+
+
+# --- writing ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Spec:
+    """A tensor to write: its header facts now, its values (`produce()`) when its turn comes."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    produce: Callable[[], torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def ordered(specs: Iterable[Spec]) -> list[Spec]:
+    """Widest elements first keeps every tensor aligned; then by name for determinism."""
+    return sorted(specs, key=lambda s: (-s.dtype.itemsize, NAMES[s.dtype], s.name))
+
+
+def write_file(path: str | os.PathLike, specs: list[Spec], metadata: dict[str, str]) -> None:
+    """Write one safetensors file: sorted header, then each tensor streamed in order."""
+    specs = ordered(specs)
+    header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for spec in specs:
+        header[spec.name] = {"dtype": NAMES[spec.dtype], "shape": list(spec.shape), "data_offsets": [offset, offset + spec.nbytes]}
+        offset += spec.nbytes
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # keep the data buffer 8-byte aligned
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(text)) + text)
+        for spec in specs:
+            tensor = spec.produce()
+            if tuple(tensor.shape) != spec.shape or tensor.dtype != spec.dtype:
+                raise CheckpointError(f"tensor {spec.name!r} is {tensor.dtype} {list(tensor.shape)}, expected {spec.dtype} {list(spec.shape)}")
+            if spec.nbytes:
+                handle.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def parse_size(text: str) -> int:
+    """'5GB', '500MB', '2GiB' or a byte count, as transformers' max_shard_size reads it."""
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    raw = text.strip().upper()
+    number = raw.rstrip("KMGTIB")
+    unit = raw[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in units or not value > 0 or not math.isfinite(value):
+        raise UsageError(f"--max-shard-size {text!r}: expected a size like 5GB, 500MB or 2GiB")
+    return int(value * units[unit])
+
+
+def shard(specs: list[Spec], max_bytes: int) -> list[list[Spec]]:
+    """Consecutive groups (in write order) of at most max_bytes each; a bigger tensor goes alone."""
+    groups: list[list[Spec]] = [[]]
+    size = 0
+    for spec in ordered(specs):
+        if groups[-1] and size + spec.nbytes > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(spec)
+        size += spec.nbytes
+    return groups
+
+
+def write_folder_weights(folder: Path, specs: list[Spec], metadata: dict[str, str], max_bytes: int) -> list[str]:
+    """model.safetensors, or shards plus model.safetensors.index.json; returns the files written."""
+    groups = shard(specs, max_bytes)
+    if len(groups) == 1:
+        write_file(folder / "model.safetensors", groups[0], metadata)
+        return ["model.safetensors"]
+    names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    weight_map = {}
+    for name, group in zip(names, groups):
+        write_file(folder / name, group, metadata)
+        weight_map.update({spec.name: name for spec in group})
+    index = {"metadata": {"total_size": sum(s.nbytes for s in specs)}, "weight_map": dict(sorted(weight_map.items()))}
+    (folder / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return [*names, INDEX_NAME]

@@ -1,0 +1,130 @@
+"""Memory and time of every stage on a 1.1 B-parameter bf16 LLaMA, beside transformers.
+
+Builds a random-weight LLaMA (22 layers, hidden 2048, 16 query / 4 KV heads, head_dim
+128, intermediate 5632: TinyLlama's shape) in bf16, saves it sharded with
+`save_pretrained` into --work (not the repository), then runs each stage in its own
+process and reads that process's peak RSS (wait4's ru_maxrss) and wall time:
+
+  transformers: from_pretrained; from_pretrained + save_pretrained
+  headprune:    import, inspect, load, score (taylor, 8 short samples), prune (plan, no
+                compensation), export --hf
+
+Memory is reported as a ratio of the checkpoint's size (DESIGN targets: load and score
+<= 1.3, prune and export <= 0.5, inspect <= 0.25) and prune+export wall time against
+from_pretrained+save_pretrained (target <= 2x), all measured side by side in one run.
+
+Usage: nice python scripts/bench_large.py [--work /tmp/bench_large] [--layers 22] [--json out.json]
+(--layers 2 --hidden 256 ... gives a quick smoke run.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_model(args, folder: Path) -> None:
+    """Random bf16 weights from a config, saved sharded; a word-level tokenizer and text data."""
+    code = f"""
+import torch, transformers as T
+from tokenizers import Tokenizer, models, pre_tokenizers
+torch.manual_seed(0)
+config = T.LlamaConfig(vocab_size={args.vocab}, hidden_size={args.hidden}, num_hidden_layers={args.layers},
+    num_attention_heads={args.heads}, num_key_value_heads={args.kv_heads}, head_dim={args.head_dim},
+    intermediate_size={args.intermediate}, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+torch.set_default_dtype(torch.bfloat16)
+model = T.LlamaForCausalLM(config)
+model.save_pretrained({str(folder)!r}, max_shard_size="500MB")
+vocab = {{"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{{f"w{{i}}": i for i in range(4, {args.vocab})}}}}
+tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+tok.save({str(folder / "tokenizer.json")!r})
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+
+
+def measure(name: str, argv: list[str], env: dict) -> dict:
+    """Run one stage in a fresh process; its own peak RSS comes from wait4."""
+    start = time.perf_counter()
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    error = process.stderr.read().decode(errors="replace")
+    process.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{name} failed:\n{error}")
+    result = {"stage": name, "wall_s": round(wall, 2), "peak_rss_bytes": usage.ru_maxrss * 1024}
+    print(f"{name:32s} {wall:7.1f} s  {usage.ru_maxrss / 2**20:6.2f} GiB", file=sys.stderr)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/bench_large"))
+    parser.add_argument("--layers", type=int, default=22)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--intermediate", type=int, default=5632)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--json", type=Path, help="Also write the results here.")
+    args = parser.parse_args()
+
+    work = args.work
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    hf = work / "hf"
+    make_model(args, hf)
+    lines = [" ".join(f"w{(i * 7919 + j * 104729) % (args.vocab - 4) + 4}" for j in range(48)) for i in range(8)]
+    (work / "data.txt").write_text("\n".join(lines) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    hp = [sys.executable, "-m", "headprune_cli"]
+    ckpt, small = work / "model.safetensors", work / "small.safetensors"
+    py = [sys.executable, "-c"]
+    stages = [
+        ("transformers from_pretrained", py + [f"import transformers as T; T.AutoModelForCausalLM.from_pretrained({str(hf)!r})"]),
+        ("transformers from_pretrained+save", py + [f"import transformers as T; T.AutoModelForCausalLM.from_pretrained({str(hf)!r}).save_pretrained({str(work / 'resaved')!r})"]),
+        ("headprune import", hp + ["import", str(hf), "-o", str(ckpt)]),
+        ("headprune inspect", hp + ["inspect", str(ckpt), "--json"]),
+        ("headprune load", py + [f"import headprune_cli; headprune_cli.load({str(ckpt)!r})"]),
+        ("headprune score", hp + ["score", str(ckpt), "--data", str(work / "data.txt"), "--samples", "8", "--max-length", "32", "--batch-size", "8", "-o", str(work / "scores.json")]),
+        ("headprune select", hp + ["select", str(work / "scores.json"), "--ratio", "0.25", "-o", str(work / "plan.json")]),
+        ("headprune prune", hp + ["prune", str(ckpt), "--plan", str(work / "plan.json"), "-o", str(small)]),
+        ("headprune export --hf", hp + ["export", str(small), "--hf", str(work / "exported")]),
+    ]
+    results = [measure(name, argv, env) for name, argv in stages]
+    size = ckpt.stat().st_size
+    by = {r["stage"]: r for r in results}
+    for r in results:
+        r["rss_ratio"] = round(r["peak_rss_bytes"] / size, 3)
+    baseline = by["transformers from_pretrained+save"]["wall_s"]
+    streamed = by["headprune prune"]["wall_s"] + by["headprune export --hf"]["wall_s"]
+    summary = {
+        "checkpoint_bytes": size,
+        "config": {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab")},
+        "prune_plus_export_over_from_pretrained_plus_save": round(streamed / baseline, 2),
+        "stages": results,
+    }
+    print(f"\ncheckpoint {size / 1e9:.2f} GB\n")
+    print("| stage | wall s | peak RSS GiB | RSS / checkpoint |")
+    print("|---|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['stage']} | {r['wall_s']:.1f} | {r['peak_rss_bytes'] / 2**30:.2f} | {r['rss_ratio']:.2f} |")
+    print(f"\nprune + export wall / (from_pretrained + save_pretrained) wall: {summary['prune_plus_export_over_from_pretrained_plus_save']:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
