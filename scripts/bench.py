@@ -189,6 +189,16 @@ def run(mode: str, threads: int, peer_python: str | None, command: str, fresh_cl
     return result
 
 
+LARGE_MODELS = "<!-- bench_large.py -->"  # scripts/bench_large.py owns the text from this marker on
+
+
+def _keep_large_models(out: Path, text: str) -> str:
+    """Carry over the large-model section: bench_large.py measures it in its own run."""
+    old = out.read_text() if out.exists() else ""
+    start = old.find(LARGE_MODELS)
+    return text if start < 0 else text.rstrip("\n") + "\n\n" + old[start:]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = parser.add_mutually_exclusive_group()
@@ -202,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render", type=Path, help="measure nothing: rewrite --out from a --json file of an earlier run")
     args = parser.parse_args(argv)
     if args.render:
-        args.out.write_text(bench_report.render(json.loads(args.render.read_text())))
+        args.out.write_text(_keep_large_models(args.out, bench_report.render(json.loads(args.render.read_text()))))
         return 0
     if args.quick and args.out.resolve() == (ROOT / "BENCHMARKS.md").resolve():
         parser.error("--quick measures tiny random models: give --out another path than BENCHMARKS.md")
@@ -211,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     result = json.loads(json.dumps(run(mode, args.threads, args.peer_python, command.strip(), args.fresh_clone), sort_keys=True))
     if args.json:  # rendered from the same JSON, so --render of this file rewrites the same text
         args.json.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    args.out.write_text(bench_report.render(result))
+    args.out.write_text(_keep_large_models(args.out, bench_report.render(result)))
     print(f"bench: wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -103,12 +103,26 @@ def fill(model: nn.Module, entries: dict[str, Entry], read: Callable[[Entry], to
     """Give every parameter and persistent buffer its tensor from the file, tying shared ones."""
     for names, entry in check_entries(model, entries, where):
         tensor = read(entry)
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+        if not all_finite(tensor):
             raise CheckpointError(f"{where}: tensor {entry.name!r} contains NaN or inf")
         _place(model, names, tensor)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise CheckpointError(f"{where}: tensor {left[0]!r} is missing")
+
+
+def all_finite(tensor: torch.Tensor, chunk: int = 1 << 16) -> bool:
+    """No NaN or inf, checked in small pieces on one thread: larger temporaries stayed
+    resident in the malloc arenas (measured on loading a 2.2 GB bf16 model: +1.2 GB anonymous
+    memory with one isfinite per tensor, +0.55 GB with 4M-element pieces, +0.01 GB like this)."""
+    if not tensor.is_floating_point():
+        return True
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return all(bool(torch.isfinite(piece).all()) for piece in tensor.reshape(-1).split(chunk))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _place(model: nn.Module, names: list[str], tensor: torch.Tensor) -> None:

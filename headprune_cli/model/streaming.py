@@ -21,7 +21,7 @@ from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.arch.base import sliced_dims
 from headprune_cli.model.checkpoint import checkpoint_metadata, read_layout_only, weights_path, write_checkpoint
 from headprune_cli.model.layout import info_of
-from headprune_cli.model.materialize import check_entries, tied_groups
+from headprune_cli.model.materialize import all_finite, check_entries, tied_groups
 from headprune_cli.model.surgery import apply_plan, head_cuts
 from headprune_cli.model.tensorfile import Entry, Spec, read_entries, read_tensor
 
@@ -89,7 +89,7 @@ def _own_tensors(module: nn.Module):
 def _reader(entry: Entry, cuts: list[Cut], where):
     def produce() -> torch.Tensor:
         tensor = read_tensor(entry)
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():  # as load() refuses it
+        if not all_finite(tensor):  # as load() refuses it
             raise CheckpointError(f"{where}: tensor {entry.name!r} contains NaN or inf")
         for dim, index in cuts:
             tensor = tensor.index_select(dim, index)
