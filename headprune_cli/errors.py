@@ -1,7 +1,8 @@
 """One error family, mapped to exit codes in exactly one place (cli.main).
 
 Library code raises these; the CLI turns them into a single `Error: ...` line on
-stderr. Anything else escaping is a bug and is reported the same way (exit 1), with
+stderr. Anything else escaping is a bug: one `Internal error: ...` line and exit
+EXIT_INTERNAL, so a crash can never pass for a refusal (in tests or in a CI job), with
 the traceback shown only when HEADPRUNE_DEBUG=1.
 """
 
@@ -9,6 +10,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_GATE_FAILED = 3
+EXIT_INTERNAL = 70  # EX_SOFTWARE from sysexits.h: a bug in headprune, not bad input
 
 
 class HeadpruneError(Exception):

@@ -13,6 +13,7 @@ import transformers as T
 
 from headprune_cli.model.arch import ReferenceConfig, ReferenceEncoder
 from headprune_cli.cli import main
+from headprune_cli.errors import EXIT_ERROR, EXIT_GATE_FAILED, EXIT_INTERNAL, EXIT_USAGE
 
 T.utils.logging.set_verbosity_error()
 T.utils.logging.disable_progress_bar()
@@ -96,6 +97,22 @@ def cli(capsys, monkeypatch):
         return CliResult(code, captured.out, captured.err)
 
     return run
+
+
+def assert_refused(result: CliResult, code: int, message: str) -> None:
+    """`result` is the refusal of bad input with exit `code` and `message` in its one line.
+
+    A refusal is exit 1, 2 or 3 with exactly one `Error: ...` line on stderr, no traceback
+    and nothing on stdout. An internal error (a crash: exit 70, `Internal error: ...`)
+    never passes, whatever its message says, so a mutation that removes a validation and
+    lets the command crash further on is caught.
+    """
+    assert code in (EXIT_ERROR, EXIT_USAGE, EXIT_GATE_FAILED), f"{code} is not a refusal code"
+    assert result.code != EXIT_INTERNAL and not result.err.startswith("Internal error"), f"crashed instead of refusing: {result}"
+    assert result.code == code, result
+    assert result.err.startswith("Error: ") and result.err.count("\n") == 1 and result.err.endswith("\n"), result.err
+    assert message.lower() in result.err.lower(), (message, result.err)
+    assert "Traceback" not in result.err and result.out == "", result
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

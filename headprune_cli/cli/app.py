@@ -1,7 +1,8 @@
 """The `headprune` application and its single error mapping.
 
-Exit codes: 0 success, 1 error, 2 usage, 3 a report gate failed. Errors print one
-line `Error: ...` on stderr; HEADPRUNE_DEBUG=1 adds the traceback.
+Exit codes: 0 success, 1 error, 2 usage, 3 a report gate failed, 70 an internal error
+(a bug). Refusals print one line `Error: ...` on stderr, bugs one line `Internal error:
+...`; HEADPRUNE_DEBUG=1 adds the traceback.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from headprune_cli.errors import EXIT_ERROR, EXIT_USAGE, HeadpruneError
+from headprune_cli.errors import EXIT_ERROR, EXIT_INTERNAL, EXIT_USAGE, HeadpruneError
 from headprune_cli.names import did_you_mean
 
 # In pipeline order, which is also the order `headprune --help` lists them: command name ->
@@ -114,12 +115,20 @@ def _debug() -> bool:
     return os.environ.get("HEADPRUNE_DEBUG", "") not in ("", "0")
 
 
-def _fail(message: str, code: int) -> int:
+def _fail(message: str, code: int, prefix: str = "Error") -> int:
     if _debug():
         traceback.print_exc()
     first = (message.strip().splitlines() or ["unknown error"])[0]
-    print(f"Error: {first}", file=sys.stderr)
+    print(f"{prefix}: {first}", file=sys.stderr)
     return code
+
+
+def _internal(exc: BaseException) -> int:
+    # A bug, not bad input: its own prefix and exit code, so that neither a user's CI job
+    # nor our bad-input tests can mistake a crash for a refusal.
+    detail = (str(exc).strip().splitlines() or [""])[0]
+    message = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+    return _fail(f"{message} (please report; HEADPRUNE_DEBUG=1 for the traceback)", EXIT_INTERNAL, "Internal error")
 
 
 def _quiet_transformers() -> None:
@@ -154,8 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except MemoryError:
         return _fail("out of memory", EXIT_ERROR)
-    except Exception as exc:  # a bug: still one line, traceback on request
-        return _fail(f"unexpected {type(exc).__name__}: {exc} (set HEADPRUNE_DEBUG=1 for details)", EXIT_ERROR)
+    except OSError as exc:  # the environment refused (disk full, permissions): not a bug
+        return _fail(str(exc) or type(exc).__name__, EXIT_ERROR)
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - includes pyo3's PanicException (Rust panics)
+        return _internal(exc)
     return result if isinstance(result, int) else 0
 
 
