@@ -103,6 +103,30 @@ def test_eval_keeps_the_best_epoch():
     assert [r.metrics["accuracy"] for r in result.history] == [0.5, 0.9, 0.7, 0.6]
 
 
+@pytest.mark.parametrize(("values", "higher", "best"), [
+    ([0.5, 0.9, 0.7, 0.6], True, 1),   # the middle epoch
+    ([0.9, 0.3, 0.5, 0.4], False, 1),  # lower is better (perplexity)
+    ([0.9, 0.5, 0.6, 0.7], True, 0),   # nothing beat the weights before training
+    ([0.1, 0.2, 0.3, 0.4], True, 3),   # the last epoch
+    ([0.5, 0.5, 0.9, 0.9], True, 2),   # a tie keeps the earlier epoch
+])
+def test_the_returned_weights_are_the_best_epochs(values, higher, best):
+    """Checked on the weights themselves: those seen by the evaluation that scored best."""
+    model, data = TINY["reference"](), _data()
+    seen, scores = [], iter(values)
+
+    def eval_fn(m):
+        seen.append(_weights(m))
+        return {"accuracy": next(scores)}
+
+    result = finetune(model, data, FinetuneConfig(epochs=3, lr=1e-2, batch_size=16), eval_fn=eval_fn, higher_is_better=higher)
+    assert result.best_epoch == best and len(seen) == 4
+    final = _weights(result.model)
+    for epoch, weights in enumerate(seen):
+        same = all(torch.equal(final[k], weights[k]) for k in final)
+        assert same == (epoch == best), (epoch, best)  # every epoch moved the weights, so only one matches
+
+
 def test_schedule_warms_up_then_decays_to_zero():
     plan = Plan(100, FinetuneConfig(steps=10, warmup=2, batch_size=10), 1.0)
     rates = [plan.rate(s) for s in range(10)]

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from headprune_cli import load, save
 from headprune_cli.model.surgery import apply_plan
 
-from .conftest import TINY, VOCAB, snapshot
+from .conftest import TINY, VOCAB, assert_refused, snapshot
 
 
 def _tensor_set(path: Path, rows: int = 32, seed: int = 0, labels_mod: int = 2) -> Path:
@@ -64,17 +64,15 @@ def test_bad_input_writes_nothing(cli, pruned, tmp_path):
     before = snapshot(folder)
     train = folder / "train.safetensors"
     cases = {
-        "same family": ["--teacher", folder / "bert.safetensors"],
-        "vocabulary": ["--teacher", folder / "bigvocab.safetensors"],
-        "zero training steps": ["--steps", "0"],
-        "out of range": ["--eval-data", folder / "dev-bad.safetensors"],
-        "root model itself": ["--teacher", "auto", "--steps", "1"],
+        "KD needs the same family": (2, ["--teacher", folder / "bert.safetensors"]),
+        "has a different vocabulary": (2, ["--teacher", folder / "bigvocab.safetensors"]),
+        "zero training steps": (2, ["--steps", "0"]),
+        "out of range for 2 classes": (1, ["--eval-data", folder / "dev-bad.safetensors"]),
+        "is a root model itself": (2, ["--teacher", "auto", "--steps", "1"]),
     }
-    for message, extra in cases.items():
-        ckpt = folder / "root.safetensors" if message == "root model itself" else pruned
-        res = cli("finetune", ckpt, "--data", train, *extra, "-o", folder / "out.safetensors")
-        assert res.code != 0 and message in res.err, (message, res.err)
-        assert res.err.count("\n") == 1 and "Traceback" not in res.err
+    for message, (code, extra) in cases.items():
+        ckpt = folder / "root.safetensors" if message == "is a root model itself" else pruned
+        assert_refused(cli("finetune", ckpt, "--data", train, *extra, "-o", folder / "out.safetensors"), code, message)
         assert snapshot(folder) == before
 
 
@@ -101,6 +99,42 @@ def test_torchrun_two_processes_match_one(pruned):
     assert moved > 2e-3  # training changed the weights...
     for name in one:  # ...identically in both runs, up to float summation order
         torch.testing.assert_close(two[name], one[name], rtol=1e-3, atol=1e-4)  # Adam amplifies rounding on tiny gradients
+
+
+_SGD_RUN = """
+import sys, torch
+from safetensors.torch import load_file, save_file
+from headprune_cli import load
+from headprune_cli.stages.finetune import train
+# Plain SGD without clipping: an update is exactly lr x the gradient, so a gradient of the
+# wrong scale (AdamW normalises it away, clipping caps it) shows in the weights.
+train.torch.optim.AdamW = lambda params, lr, weight_decay: torch.optim.SGD(params, lr=lr)
+model, data = load(sys.argv[1]), load_file(sys.argv[2])
+result = train.finetune(model, data, train.FinetuneConfig(steps=3, lr=0.5, warmup=0, max_grad_norm=0, batch_size=8, grad_accum=2, seed=1))
+if train.distributed.setup().main:
+    save_file({k: v.contiguous() for k, v in result.model.state_dict().items()}, sys.argv[3])
+"""
+
+
+def test_torchrun_sgd_updates_match_one_process_far_below_the_update_size(pruned):
+    """Under the real torchrun, two processes take the same SGD steps as one: the weights
+    agree to 1/1000 of how far they moved, so a gradient off by any factor is caught."""
+    folder = pruned.parent
+    script = folder / "sgd_run.py"
+    script.write_text(_SGD_RUN)
+    args = [str(script), str(pruned), str(folder / "train.safetensors")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single = subprocess.run([sys.executable, *args, str(folder / "one.safetensors")], env=env, capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stderr[-3000:]
+    double = subprocess.run([_torchrun(), "--standalone", "--nproc-per-node", "2", *args, str(folder / "two.safetensors")],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert double.returncode == 0, double.stderr[-3000:]
+    one, two, start = (load_file(str(folder / n)) for n in ("one.safetensors", "two.safetensors", "pruned.safetensors"))
+    moved = {k: float((one[k] - start[k]).abs().max()) for k in one}
+    assert max(moved.values()) > 1e-2, moved  # the steps moved the weights...
+    for name in one:  # ...and both runs moved them the same, far below the size of a move
+        diff = float((two[name] - one[name]).abs().max())
+        assert diff <= 1e-3 * max(moved.values()) + 1e-7, (name, diff, moved[name])
 
 
 def test_killed_run_resumes_to_the_same_weights(pruned):

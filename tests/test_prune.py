@@ -16,7 +16,7 @@ from headprune_cli.stages.compensation import compensate
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
 
-from .conftest import TINY, VOCAB, model_inputs, model_output, snapshot
+from .conftest import TINY, VOCAB, assert_refused, model_inputs, model_output, snapshot
 from .select_helpers import saved_model, tensor_data, write_scores
 
 
@@ -128,7 +128,7 @@ def test_selection_options_with_a_plan_are_refused(tmp_path, cli):
     scores = write_scores(tmp_path, model, model_path)
     assert cli("select", scores, "--ratio", "0.5", "-o", tmp_path / "plan.json").code == 0
     result = cli("prune", "--plan", tmp_path / "plan.json", "--ratio", "0.2", "-o", tmp_path / "o.safetensors")
-    assert result.code != 0 and "--ratio" in result.err
+    assert_refused(result, 2, "--ratio: selection options apply to scores, but the input is a plan")
 
 
 # --- compensation ---------------------------------------------------------------------

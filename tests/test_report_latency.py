@@ -1,6 +1,9 @@
-"""latency.measure: warm-up, interleaved alternating order, median and spread."""
+"""latency.measure: warm-up, interleaved alternating order, median and spread.
 
-import time
+Timed with a fake clock that each model advances by a known cost, so the arithmetic is
+checked exactly and nothing depends on the machine's load; how well real measurements
+track real costs is a benchmark (scripts/bench_speed.py, BENCHMARKS.md), not a test.
+"""
 
 import pytest
 import torch
@@ -11,14 +14,25 @@ from headprune_cli.stages.report.latency import measure, summarize, synthetic_in
 from .conftest import TINY
 
 
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Recorder(nn.Module):
-    def __init__(self, name, log, sleep_s=0.0):
+    """Logs its calls and advances the fake clock by its cost (ms); costs cycle."""
+
+    def __init__(self, name, log, clock=None, costs_ms=(0.0,)):
         super().__init__()
-        self.name, self.log, self.sleep_s = name, log, sleep_s
+        self.name, self.log, self.clock, self.costs_ms = name, log, clock, costs_ms
 
     def forward(self, **_):
+        if self.clock is not None:
+            self.clock.now += self.costs_ms[len([n for n in self.log if n == self.name]) % len(self.costs_ms)] / 1000.0
         self.log.append(self.name)
-        time.sleep(self.sleep_s)
 
 
 def test_summary_statistics():
@@ -34,12 +48,28 @@ def test_models_are_warmed_up_then_timed_interleaved_in_alternating_order():
     assert timed["a"].runs == timed["b"].runs == 4
 
 
-def test_thread_count_is_restored_and_a_slower_model_measures_slower():
+def test_each_model_is_timed_alone_and_warmup_runs_are_not_counted():
+    clock, log = FakeClock(), []
+    # The slow model's first call (warm-up) costs 1000 ms: it must not reach the summary.
+    slow = Recorder("s", log, clock, costs_ms=(1000.0, 8.0, 8.0, 9.0, 7.0, 8.0, 30.0))
+    fast = Recorder("f", log, clock, costs_ms=(2.0, 2.0, 1.0, 3.0, 2.0, 2.0, 2.0))
     before = torch.get_num_threads()
-    log = []
-    timed = measure({"slow": Recorder("s", log, 0.008), "fast": Recorder("f", log, 0.002)}, {"slow": {}, "fast": {}}, repeats=5, warmup=0, threads=1)
+    timed = measure({"slow": slow, "fast": fast}, {"slow": {}, "fast": {}}, repeats=6, warmup=1, threads=1, clock=clock)
     assert torch.get_num_threads() == before
-    assert timed["slow"].median_ms / timed["fast"].median_ms == pytest.approx(4, rel=0.5)
+    assert [round(x, 6) for x in (timed["slow"].median_ms, timed["slow"].min_ms, timed["slow"].max_ms)] == [8.0, 7.0, 30.0]
+    assert [round(x, 6) for x in (timed["fast"].median_ms, timed["fast"].min_ms, timed["fast"].max_ms)] == [2.0, 1.0, 3.0]
+    assert timed["slow"].runs == timed["fast"].runs == 6
+
+
+def test_thread_count_is_restored_when_a_model_fails():
+    class Broken(nn.Module):
+        def forward(self, **_):
+            raise RuntimeError("boom")
+
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="boom"):
+        measure({"x": Broken()}, {"x": {}}, repeats=1, warmup=0, threads=before + 1)
+    assert torch.get_num_threads() == before
 
 
 def test_synthetic_inputs_have_the_stated_shape():

@@ -20,7 +20,7 @@ from headprune_cli.stages.importance.gradients import batch_losses
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.objectives import embed, per_example_loss
 from headprune_cli.model.surgery import HeadGates, apply_plan
-from tests.conftest import TINY, snapshot
+from tests.conftest import TINY, assert_refused, snapshot
 from tests.tiny_data import give_tokenizer, write_jsonl, write_text
 
 
@@ -156,7 +156,7 @@ def test_cli_json_on_stdout_deterministic(files, cli):
 
 def test_cli_unknown_method_did_you_mean(files, cli):
     result = cli("score", files / "m.safetensors", "--data", files / "d.jsonl", "--method", "tailor")
-    assert result.code != 0 and "did you mean 'taylor'" in result.err and result.out == ""
+    assert_refused(result, 2, "did you mean 'taylor'")
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from headprune_cli.schema import read_artifact
 from headprune_cli.model.surgery import apply_plan
 
 from .conftest import TINY
-from .tiny_data import give_tokenizer, write_jsonl
+from .tiny_data import give_tokenizer, write_jsonl, write_text
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -78,10 +78,39 @@ def test_a_sweep_point_equals_pruning_and_evaluating_by_hand(setup, cli):
     assert row["heads_removed"] == sum(len(v) for v in selection.remove_heads.values())
 
 
-def test_sweep_with_compensation_runs(setup, cli):
-    result = _sweep(cli, setup, "--methods", "gradient", "--ratios", "0.4", "--compensate", "lstsq")
-    assert result.code == 0, result.err
-    assert json.loads(result.out)["rows"][0]["method"] == "gradient"
+def test_sweep_compensation_changes_the_result_to_what_compensating_by_hand_gives(cli, tmp_path):
+    """On a causal LM (perplexity is continuous, unlike accuracy): `--compensate lstsq`
+    gives another row than no compensation, and exactly the row of scoring, selecting,
+    compensating on the calibration data and cutting by hand."""
+    from headprune_cli.data import batches
+    from headprune_cli.stages.compensation import compensate
+    from headprune_cli.stages.importance.api import score_model
+    from headprune_cli.stages.objectives import default_objective
+    from headprune_cli.stages.selection import ScoreTable, select
+
+    save(give_tokenizer(TINY["gpt2"](), encoder=False), tmp_path / "m.safetensors")
+    write_text(tmp_path / "calib.txt", 16, seed=1)
+    write_text(tmp_path / "dev.txt", 16, seed=2)
+    common = ["sweep", tmp_path / "m.safetensors", "--data", tmp_path / "calib.txt", "--eval-data", tmp_path / "dev.txt",
+              "--max-length", "16", "--batch-size", "8", "--methods", "taylor", "--ratios", "0.4"]
+    rows = {}
+    for how in ("none", "lstsq"):
+        result = cli(*common, "--compensate", how)
+        assert result.code == 0, result.err
+        rows[how] = json.loads(result.out)["rows"][0]
+    assert rows["lstsq"]["heads_removed"] == rows["none"]["heads_removed"] > 0
+    assert rows["lstsq"]["main"] != pytest.approx(rows["none"]["main"], rel=1e-4)
+
+    model = load(tmp_path / "m.safetensors")
+    calib = read_data(tmp_path / "calib.txt", model, max_length=16)
+    dev = read_data(tmp_path / "dev.txt", model, max_length=16)
+    objective = default_objective(model)
+    heads = score_model(model, calib, "taylor", objective, batch_size=8)["heads"]
+    selection = select(ScoreTable(heads=heads, num_heads=[4, 4, 4], num_kv_heads=[4, 4, 4]), "global", ratio=0.4)
+    compensate(model, selection.remove_heads, selection.remove_layers, list(batches(calib, 8)), method="lstsq")
+    apply_plan(model, selection.remove_heads, selection.remove_layers)
+    perplexity = {m.name: m.value for m in evaluate(model, dev, objective, batch_size=8)}["perplexity"]
+    assert rows["lstsq"]["main"] == pytest.approx(perplexity, rel=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 import torch
@@ -82,10 +82,10 @@ def synthetic_inputs(model: nn.Module, batch: int, seq_len: int, seed: int = 0) 
     return inputs, seq_len
 
 
-def _time_once(model: nn.Module, inputs: dict) -> float:
-    start = time.perf_counter()
+def _time_once(model: nn.Module, inputs: dict, clock: Callable[[], float]) -> float:
+    start = clock()
     model(**inputs)
-    return (time.perf_counter() - start) * 1000.0
+    return (clock() - start) * 1000.0
 
 
 def measure(
@@ -94,8 +94,11 @@ def measure(
     repeats: int = 10,
     warmup: int = 2,
     threads: int | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Latency]:
-    """Median-and-spread latency (ms per forward) of each model, measured interleaved."""
+    """Median-and-spread latency (ms per forward) of each model, measured interleaved.
+
+    `clock` (seconds) is there so tests can check the arithmetic with a fake one."""
     names = list(models)
     samples: dict[str, list[float]] = {name: [] for name in names}
     previous = torch.get_num_threads()
@@ -105,11 +108,11 @@ def measure(
         with torch.inference_mode():
             for name in names:
                 for _ in range(warmup):
-                    _time_once(models[name], inputs[name])
+                    _time_once(models[name], inputs[name], clock)
             for repeat in range(repeats):
                 order = names if repeat % 2 == 0 else names[::-1]
                 for name in order:
-                    samples[name].append(_time_once(models[name], inputs[name]))
+                    samples[name].append(_time_once(models[name], inputs[name], clock))
     finally:
         torch.set_num_threads(previous)
     return {name: summarize(samples[name]) for name in names}

@@ -1,0 +1,108 @@
+"""Report policy at its edges: every gate exactly at its threshold and one ulp either side,
+and `--baseline auto` trusting the root checkpoint only while its sha256 matches."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from headprune_cli import load, save
+from headprune_cli.stages.report import build, latency
+from headprune_cli.stages.report.build import MainMetric, gates, verdict
+
+from .conftest import assert_refused
+from .test_report import _report, models  # noqa: F401  (module fixture: baseline, pruned, data)
+
+below, above = (lambda x: math.nextafter(x, -math.inf)), (lambda x: math.nextafter(x, math.inf))
+
+
+def _metric(drop: float, rel_drop: float) -> MainMetric:
+    return MainMetric(name="accuracy", higher_is_better=True, baseline=0.8, pruned=0.8 - drop / 100,
+                      drop=drop, unit="points", rel_drop=rel_drop)
+
+
+@pytest.mark.parametrize("value", [7.5, 0.1, 1e-300, 0.0])
+def test_max_drop_passes_at_the_threshold_and_fails_one_ulp_below(value):
+    main = _metric(value, 0.0)
+    assert [g.passed for g in gates(main, None, max_drop=value)] == [True]
+    assert [g.passed for g in gates(main, None, max_drop=above(value))] == [True]
+    assert [g.passed for g in gates(main, None, max_drop=below(value))] == [False]
+
+
+@pytest.mark.parametrize("value", [0.0937, 1.0, 5e-324])
+def test_max_rel_drop_passes_at_the_threshold_and_fails_one_ulp_below(value):
+    main = _metric(3.0, value)
+    assert [g.passed for g in gates(main, None, max_rel_drop=value)] == [True]
+    assert [g.passed for g in gates(main, None, max_rel_drop=above(value))] == [True]
+    assert [g.passed for g in gates(main, None, max_rel_drop=below(value))] == [False]
+
+
+@pytest.mark.parametrize("speedup", [1.0, 1.7320508075688772, 4.0])
+def test_min_speedup_passes_at_the_threshold_and_fails_one_ulp_above(speedup):
+    main = _metric(0.0, 0.0)
+    assert [g.passed for g in gates(main, speedup, min_speedup=speedup)] == [True]
+    assert [g.passed for g in gates(main, speedup, min_speedup=below(speedup))] == [True]
+    assert [g.passed for g in gates(main, speedup, min_speedup=above(speedup))] == [False]
+
+
+def test_the_verdict_fails_when_any_gate_fails():
+    main = _metric(2.0, 0.02)
+    assert verdict(gates(main, 2.0, max_drop=2.0, max_rel_drop=0.02, min_speedup=2.0)) == "pass"
+    assert verdict(gates(main, 2.0, max_drop=2.0, max_rel_drop=below(0.02), min_speedup=2.0)) == "fail"
+    assert verdict([]) == "no-gates"
+
+
+def _assert_gate_failed(result, gate: str) -> None:
+    """Exit 3, the summary, then the one `Error:` line naming the gate (not a crash)."""
+    assert result.code == 3, result
+    assert result.err.splitlines()[-1].startswith(f"Error: gate {gate} failed"), result.err
+    assert "Internal error" not in result.err and "Traceback" not in result.err
+
+
+def test_the_cli_gates_the_measured_drop_exactly(models, cli):  # noqa: F811
+    """Through the command: the drop the report measures, given back as --max-drop, passes
+    (exit 0); one ulp less fails (exit 3). Same for --max-rel-drop."""
+    folder, _ = models
+    first = _report(cli, folder, "--repeats", "0", "--json", "-")
+    assert first.code == 0, first.err
+    main = json.loads(first.out)["main_metric"]
+    assert main["drop"] > 0 and main["rel_drop"] > 0
+    for option, value in (("--max-drop", main["drop"]), ("--max-rel-drop", main["rel_drop"])):
+        assert _report(cli, folder, "--repeats", "0", option, repr(value)).code == 0, option
+        _assert_gate_failed(_report(cli, folder, "--repeats", "0", option, repr(below(value))), option[2:])
+
+
+def test_the_cli_gates_the_measured_speedup_exactly(models, cli, monkeypatch):  # noqa: F811
+    """A fake clock makes the baseline cost 6 ms and the pruned model 2 ms per forward:
+    speedup exactly 3, so --min-speedup 3 passes and one ulp more fails."""
+    folder, _ = models
+    base_params = sum(p.numel() for p in load(folder / "base.safetensors").parameters())
+
+    def fake_time_once(model, inputs, clock):
+        return 6.0 if sum(p.numel() for p in model.parameters()) == base_params else 2.0
+
+    monkeypatch.setattr(latency, "_time_once", fake_time_once)
+    passed = _report(cli, folder, "--min-speedup", "3", "--json", "-")
+    assert passed.code == 0, passed.err
+    assert json.loads(passed.out)["measured"]["speedup"] == 3.0
+    _assert_gate_failed(_report(cli, folder, "--min-speedup", repr(above(3.0))), "min-speedup")
+
+
+def test_baseline_auto_refuses_a_root_whose_bytes_changed(models, cli, tmp_path):  # noqa: F811
+    """The root is found by the path in the provenance, but trusted only by its sha256: a
+    different model saved under the same name is refused, not silently compared against."""
+    import shutil
+
+    from headprune_cli.model.surgery import apply_plan
+
+    folder, _ = models
+    shutil.copy(folder / "pruned.safetensors", tmp_path / "pruned.safetensors")
+    shutil.copy(folder / "dev.jsonl", tmp_path / "dev.jsonl")
+    impostor = load(folder / "base.safetensors")
+    apply_plan(impostor, {0: [3]}, [])  # same family and task: only the hash tells them apart
+    save(impostor, tmp_path / "base.safetensors")
+    assert_refused(_report(cli, tmp_path), 1, "is not the root model any more (sha256 differs")
+    shutil.copy(folder / "base.safetensors", tmp_path / "base.safetensors")  # the real root: accepted
+    assert _report(cli, tmp_path, "--repeats", "0").code == 0
