@@ -1,5 +1,6 @@
 """Reliability of the readers and writers (issue 8): kills, fuzzed metadata and artifacts."""
 
+import hashlib
 import json
 import os
 import signal
@@ -104,31 +105,38 @@ _WRITER = """
 import sys, torch
 from headprune_cli import save
 from headprune_cli.model.arch import ReferenceConfig, ReferenceEncoder
+torch.manual_seed(0)
 model = ReferenceEncoder(ReferenceConfig(vocab_size=30000, hidden_size=512, heads_per_layer=[8, 8], head_dim=64, intermediate_size=2048))
+save(model, sys.argv[2])  # the bytes every complete write produces
 print("ready", flush=True)
 while True:
     save(model, sys.argv[1])
 """
 
 
-def test_sigkill_while_writing_leaves_old_file_or_none(tmp_path):
-    target = tmp_path / "m.safetensors"
+def test_sigkill_while_writing_leaves_old_file_or_new_file(tmp_path):
+    """Killed in the middle of a write, the target holds the old bytes or the complete new
+    bytes (by sha256), never a mix; the writer is killed and reaped whatever happens."""
+    target, whole = tmp_path / "m.safetensors", tmp_path / "whole" / "new.safetensors"
+    whole.parent.mkdir()
     save(TINY["reference"](), target)
-    old = target.read_bytes()
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(target)], stdout=subprocess.PIPE, text=True)
+    old = hashlib.sha256(target.read_bytes()).hexdigest()
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(target), str(whole)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
-        deadline = time.time() + 60
-        while not list(tmp_path.glob(".m.safetensors.*.tmp")) and time.time() < deadline:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".m.safetensors.*.tmp")) and time.monotonic() < deadline:
             time.sleep(0.005)  # wait until a write is in progress
         assert list(tmp_path.glob(".m.safetensors.*.tmp")), "the writer never started writing"
-        os.kill(proc.pid, signal.SIGKILL)
     finally:
-        proc.wait(timeout=30)
-    # Whatever moment the kill hit, the target is a whole checkpoint: the old one or a new one.
-    data = target.read_bytes()
-    assert data == old or load(target) is not None
-    load(target)
+        proc.kill()  # SIGKILL
+        proc.wait(timeout=60)
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    new = hashlib.sha256(whole.read_bytes()).hexdigest()
+    assert new != old
+    assert hashlib.sha256(target.read_bytes()).hexdigest() in (old, new)
+    load(target)  # and it reads back
 
 
 def test_outputs_get_the_usual_file_mode(tmp_path):
