@@ -45,6 +45,7 @@ class Placement:
     device: "torch.device"
     stored_dtype: "torch.dtype"
     device_map: dict | None = None  # set when the layers were spread over several devices
+    originals: dict | None = None  # parameter name -> its tensor as loaded (place(keep_originals=True))
 
 
 def resolve_device(spec: str = "auto") -> "torch.device":
@@ -81,6 +82,12 @@ def resolve_dtype(spec: str = "auto") -> "torch.dtype | None":
     return getattr(torch, DTYPE_NAMES[text])
 
 
+def dtype_name(spec: str = "auto") -> str:
+    """The canonical name of `--dtype SPEC` (bf16 -> bfloat16), 'auto' for auto."""
+    dtype = resolve_dtype(spec)
+    return "auto" if dtype is None else str(dtype).removeprefix("torch.")
+
+
 def check(device: str = "auto", dtype: str = "auto") -> None:
     """Answer a bad --device/--dtype before any model or data is read."""
     resolve_device(device)
@@ -99,30 +106,44 @@ def cast_parameters(model: "nn.Module", dtype: "torch.dtype") -> None:
             p.data = p.data.to(dtype)
 
 
-def place(model: "nn.Module", device: str = "auto", dtype: str = "auto") -> Placement:
-    """Cast the model to the compute dtype and move it where it computes; see the module doc."""
-    import torch
+def place(model: "nn.Module", device: str = "auto", dtype: str = "auto", keep_originals: bool = False) -> Placement:
+    """Cast the model to the compute dtype and move it where it computes; see the module doc.
 
+    `keep_originals` keeps the loaded parameter tensors (references: no copy unless the
+    stage changes them) so that `restore` gives back, bit for bit, every weight the stage
+    did not change, even when it computed in a narrower dtype."""
     target = resolve_device(device)
     compute = resolve_dtype(dtype)
     stored = stored_dtype(model)
+    originals = {name: p.data for name, p in model.named_parameters()} if keep_originals else None
     if compute is not None:
         cast_parameters(model, compute)
     if target.type == "cuda" and (device or "auto").strip().lower() == "auto" and not _fits(model, target):
         device_map = spread(model)
-        return Placement(input_device(model), stored, device_map)
+        return Placement(input_device(model), stored, device_map, originals)
     model.to(target)
-    return Placement(target, stored)
+    return Placement(target, stored, None, originals)
 
 
 def restore(model: "nn.Module", placement: Placement) -> None:
-    """Back on the CPU in the stored dtype: what `save` must write."""
+    """Back on the CPU in the stored dtype: what `save` must write.
+
+    A parameter the stage left unchanged gets its loaded tensor back (no round trip
+    through the compute dtype); a changed one is cast to the stored dtype."""
+    import torch
+
     if placement.device_map is not None:
         from accelerate.hooks import remove_hook_from_submodules
 
         remove_hook_from_submodules(model)
     model.to("cpu")
-    cast_parameters(model, placement.stored_dtype)
+    originals = placement.originals or {}
+    for name, p in model.named_parameters():
+        original = originals.get(name)
+        if original is not None and original.shape == p.shape and torch.equal(p.data, original.to(p.dtype)):
+            p.data = original
+        elif p.is_floating_point():
+            p.data = p.data.to(placement.stored_dtype)
 
 
 def input_device(model: "nn.Module") -> "torch.device":
@@ -172,15 +193,20 @@ def device_map_for(model: "nn.Module", max_memory: dict) -> dict:
     return infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split)
 
 
+def check_map(device_map: dict) -> dict:
+    """Refuse a map that offloads to the CPU or disk: that is slower than computing on the CPU."""
+    off = sorted({str(d) for d in device_map.values() if not isinstance(d, int)})
+    if off:
+        raise UsageError(f"the model does not fit the visible CUDA devices together (accelerate would offload to {', '.join(off)})")
+    return device_map
+
+
 def spread(model: "nn.Module") -> dict:
     """Place the model's layers over every visible CUDA device (accelerate dispatch_model)."""
     import torch
 
     free = {i: int(FIT_FRACTION * torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())}
-    device_map = device_map_for(model, free)
-    off = sorted({str(d) for d in device_map.values() if not isinstance(d, int)})
-    if off:
-        raise UsageError(f"the model does not fit the visible CUDA devices together (would need {', '.join(off)})")
+    device_map = check_map(device_map_for(model, free))
     from accelerate import dispatch_model
 
     dispatch_model(model, device_map=device_map)
