@@ -171,8 +171,8 @@ def model_bytes(model: "nn.Module") -> int:
 def _fits(model: "nn.Module", device: "torch.device") -> bool:
     import torch
 
-    if torch.cuda.device_count() < 2:
-        return True  # nothing to spread over: one device, and an out-of-memory error says why
+    if torch.cuda.device_count() < 2 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return True  # one device to use (alone, or this torchrun process's): an out-of-memory error says why
     free, _ = torch.cuda.mem_get_info(device)
     return model_bytes(model) <= FIT_FRACTION * free
 

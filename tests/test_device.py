@@ -111,6 +111,19 @@ def test_prune_compensation_keeps_the_stored_dtype_and_untouched_weights(files, 
         assert untouched and all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in untouched)
         o_proj = [k for k in a.keys() if "o_proj" in k]
         assert any(a.get_tensor(k).shape != b.get_tensor(k).shape or not torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in o_proj)
+    if stored == "bf16":  # the other computing stages take the same options
+        report = cli("report", "--model", out, "--baseline", files / "bf16.safetensors", "--data", files / "d.txt",
+                     "--repeats", "1", "--warmup", "0", "--device", "cpu", "--dtype", "float32", "--json", "-")
+        assert report.code == 0, report.err
+        assert {k: json.loads(report.out)["config"][k] for k in ("device", "dtype")} == {"device": "cpu", "dtype": "float32"}
+        sweep = cli("sweep", files / "bf16.safetensors", "--data", files / "d.txt", "--eval-data", files / "d.txt",
+                    "--methods", "random", "--ratios", "0.25", "--samples", "8", "--device", "auto", "--dtype", "float32")
+        assert sweep.code == 0, sweep.err
+        tuned = files / "ft.safetensors"
+        finetune = cli("finetune", out, "--data", files / "d.txt", "--steps", "1", "--batch-size", "4",
+                       "--device", "cpu", "--dtype", "float32", "-o", tuned)
+        assert finetune.code == 0, finetune.err
+        assert _dtypes(tuned) == {"BF16"}  # float32 master weights, written back in the stored dtype
 
 
 def test_place_casts_parameters_not_fp32_buffers_and_restore_gives_back_the_loaded_tensors():
