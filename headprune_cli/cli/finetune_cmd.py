@@ -18,7 +18,8 @@ from headprune_cli.stages.finetune.train import EpochRecord, FinetuneConfig, Fin
 from headprune_cli.fileio import check_output
 from headprune_cli.stages.objectives import default_objective, evaluate
 from headprune_cli.stages.finetune.losses import check_labels
-from headprune_cli.cli.common import console
+from headprune_cli.cli.common import Device, console
+from headprune_cli.device import check as check_device, dtype_name
 
 
 def finetune_command(
@@ -41,6 +42,8 @@ def finetune_command(
     save_every: Annotated[int, typer.Option("--save-every", min=1, help="Save the training state every N steps.")] = 50,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the saved training state.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite OUT if it exists.")] = False,
+    device: Device = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="Training dtype: auto (stored), float32 (float32 master weights for a bf16 model), bfloat16, float16; the output keeps the stored dtype.")] = "auto",
 ) -> None:
     """Recover quality after pruning: AdamW with warmup and linear decay, on the checkpoint's own objective, optionally distilling from the unpruned model.
 
@@ -56,6 +59,7 @@ def finetune_command(
     """
     inputs = [checkpoint, data, eval_data] + ([Path(teacher)] if teacher not in (None, "auto") else [])
     check_output(output, force, inputs)
+    check_device(device, dtype)
     model = load(checkpoint)
     teacher_model = _teacher(teacher, checkpoint, model)
     train = read_data(data, model, max_length=max_length, seed=seed)
@@ -65,12 +69,13 @@ def finetune_command(
     cfg = FinetuneConfig(
         epochs=epochs, steps=steps, lr=lr, batch_size=batch_size, grad_accum=grad_accum, warmup=warmup,
         kd_weight=kd_weight, kd_temperature=kd_temperature, seed=seed, resume=resume, save_every=save_every,
-        state_dir=state_dir or output.with_name(output.name + ".state"),
+        state_dir=state_dir or output.with_name(output.name + ".state"), device=device, dtype=dtype,
     )
-    fingerprint = {"checkpoint": model.headprune.loaded_from[1], "data": str(data), "teacher": teacher, "epochs": epochs, "steps": steps}
+    fingerprint = {"checkpoint": model.headprune.loaded_from[1], "data": str(data), "teacher": teacher, "epochs": epochs, "steps": steps,
+                   "dtype": dtype_name(dtype)}  # a saved state resumes only in the dtype it was trained in
     result = run_finetune(model, train, cfg, dev, teacher_model, fingerprint)
     if setup().main:
-        save(result.model, output)
+        save(result.model.to("cpu"), output)
         shutil.rmtree(cfg.state_dir, ignore_errors=True)
         console.print(f"wrote {output}")
     setup().barrier()

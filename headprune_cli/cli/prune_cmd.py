@@ -18,6 +18,7 @@ from headprune_cli.model.streaming import prune_file
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.cli import select_cmd as so
 from headprune_cli.cli.common import console
+from headprune_cli.device import DEVICE_HELP, check as check_device, place, restore
 
 
 def prune(
@@ -43,6 +44,8 @@ def prune(
     batch_size: Annotated[int, typer.Option("--batch-size", help="Calibration batch size.")] = 16,
     ridge: Annotated[float, typer.Option("--ridge", min=0.0, help="lstsq: strength of the pull towards the current weights, relative to the mean input energy.")] = DEFAULT_RIDGE,
     force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")] = False,
+    device: Annotated[str, typer.Option("--device", help="Where --compensate computes: " + DEVICE_HELP)] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="Compensation's compute dtype: auto (stored), float32, bfloat16, float16; the output keeps the stored dtype.")] = "auto",
 ) -> None:
     """Remove heads and layers physically (smaller dense matrices); optionally compensate.
 
@@ -65,6 +68,7 @@ def prune(
         raise UsageError(f"--compensate {compensation} needs calibration data: --data FILE")
     if plan is not None and scores is not None:
         raise UsageError("give --plan or --scores, not both")
+    check_device(device, dtype)
     check_output(output, force, inputs=[p for p in (checkpoint, plan, scores, data) if p is not None])
     artifact, source, text = _read_input(plan, scores)
     select_opts = dict(
@@ -86,7 +90,9 @@ def prune(
         digest = sha256_file(output)
     else:
         model = load(path)
+        placement = place(model, device, dtype, keep_originals=True)
         _compensate(model, remove_heads, plan_dict["remove_layers"], compensation, data, samples, max_length, batch_size, ridge)
+        restore(model, placement)  # cut and saved on the CPU, in the stored dtype
         apply_plan(model, remove_heads, plan_dict["remove_layers"])
         digest = save(model, output, plan_sha=plan_sha)
     heads = sum(len(v) for v in remove_heads.values())

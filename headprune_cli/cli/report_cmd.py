@@ -12,7 +12,8 @@ from headprune_cli.errors import GateFailed, UsageError
 from headprune_cli.fileio import check_output
 from headprune_cli.stages.report.build import ReportOptions, build_report
 from headprune_cli.schema import write_artifact
-from headprune_cli.cli.common import console
+from headprune_cli.cli.common import Device, Dtype, console
+from headprune_cli.device import check as check_device
 
 
 def report(
@@ -33,6 +34,8 @@ def report(
     plot_dir: Annotated[Optional[Path], typer.Option("--plot", help="Folder for PNG plots (head_map.png).")] = None,
     junit_out: Annotated[Optional[Path], typer.Option("--junit", help="Write JUnit XML, one test case per gate.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")] = False,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
 ) -> None:
     """Compare a pruned model with its baseline: quality, size, FLOPs, measured speed; gate CI.
 
@@ -52,7 +55,8 @@ def report(
     outputs = _check_outputs(json_out, markdown_out, junit_out, plot_dir, force, inputs)
     if min_speedup is not None and repeats == 0:
         raise UsageError("--min-speedup needs latency measurements; --repeats must be at least 1")
-    opts = ReportOptions(batch_size, seq_len, threads, repeats, warmup, max_drop, max_rel_drop, min_speedup)
+    check_device(device, dtype)
+    opts = ReportOptions(batch_size, seq_len, threads, repeats, warmup, max_drop, max_rel_drop, min_speedup, device, dtype)
     result = build_report(model, baseline, data, scores, opts)
     if json_out is not None:
         write_artifact(result, json_out)

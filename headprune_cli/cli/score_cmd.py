@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
-import torch
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -19,7 +17,8 @@ from headprune_cli.stages.importance.api import make_scorer
 from headprune_cli.stages.importance.baselines import parse_weights
 from headprune_cli.stages.objectives import check_objective, needs_labels
 from headprune_cli.schema import write_artifact
-from headprune_cli.cli.common import console
+from headprune_cli.cli.common import Device, Dtype, console
+from headprune_cli.device import check as check_device, dtype_name, place
 
 
 def score(
@@ -37,11 +36,14 @@ def score(
     normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="gradient: divide each layer's scores by their L2 norm.")] = True,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the scores JSON here (default: stdout).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
 ) -> None:
     """Score the importance of every attention head (and, with --layers, every layer).
 
     Runs unchanged under `torchrun --nproc-per-node N -m headprune_cli score ...`: each
     process scores a shard of the batches, sums are all-reduced, rank 0 writes.
+    Scores are summed in float64 whatever --dtype the model computes in.
 
     Examples:
 
@@ -53,11 +55,12 @@ def score(
     """
     if output is not None and str(output) != "-":
         check_output(output, force, [checkpoint, data])
-    make_scorer(method)  # an unknown name is answered before any model or data is read
+    make_scorer(method)  # an unknown name or device is answered before any model or data is read
+    check_device(device, dtype)
     init_distributed()
     rank, _ = world()
     model = load(checkpoint)
-    model.to(_device())
+    place(model, device, dtype)
     objective = check_objective(objective, model)
     dataset = read_data(data, model, max_length=max_length, samples=samples, seed=seed, need_labels=needs_labels(objective))
     chosen_weights = parse_weights(weights, list(HEAD_METHODS))
@@ -71,15 +74,9 @@ def score(
         )
     if rank == 0:
         artifact = scores_artifact(model, result, model_path=checkpoint, data_path=data, max_length=max_length,
-                                   extra_config={"samples": samples})
+                                   extra_config={"samples": samples, **({"dtype": dtype_name(dtype)} if dtype_name(dtype) != "auto" else {})})
         write_artifact(artifact, output)
     _finish_distributed()
-
-
-def _device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
 
 
 @contextmanager

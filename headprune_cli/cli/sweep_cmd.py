@@ -14,7 +14,8 @@ from headprune_cli.errors import UsageError
 from headprune_cli.fileio import check_output
 from headprune_cli.schema import envelope, input_ref, write_artifact
 from headprune_cli.stages.sweep import DEFAULT_RATIOS, SweepOptions, curves, markdown, options_dict, parse_list, run_sweep, check_options
-from headprune_cli.cli.common import console
+from headprune_cli.cli.common import Device, Dtype, console
+from headprune_cli.device import check as check_device, place
 
 
 def sweep(
@@ -31,6 +32,8 @@ def sweep(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Folder for sweep.json, sweep.md and curve.png (else JSON on stdout).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")] = False,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
 ) -> None:
     """Score once per method, prune at each ratio, evaluate (no finetuning): the quality curve.
 
@@ -50,8 +53,10 @@ def sweep(
         max_length=max_length, samples=samples, seed=seed,
     )
     check_options(opts)
+    check_device(device, dtype)
     outputs = _outputs(output, force, [checkpoint, data, eval_data])
     model = load(checkpoint)
+    place(model, device, dtype)
     calib = read_data(data, model, max_length=max_length, samples=samples)
     evaluation = read_data(eval_data, model, max_length=max_length)
     payload = run_sweep(model, calib, evaluation, opts, progress=lambda m: console.print(f"[dim]{m}[/]", highlight=False))

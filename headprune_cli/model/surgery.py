@@ -49,7 +49,7 @@ class HeadGates:
         def hook(module, args):
             (x, *rest) = args
             heads = x.view(*x.shape[:-1], -1, head_dim)
-            gate = self.gates[pos]
+            gate = self.gates[pos].to(heads.device)  # a no-op on one device; layers may be spread
             # [heads] -> broadcast over everything; [batch, heads] -> over positions;
             # [batch, seq, heads] -> one gate per token (per-token Taylor terms in one backward).
             if gate.dim() == 3:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from headprune_cli.data import Dataset, batches
+from headprune_cli.device import input_device
 from headprune_cli.errors import DataError, NumericalError, UsageError
 from headprune_cli.model.layout import info_of
 from headprune_cli.names import did_you_mean
@@ -170,14 +171,21 @@ def evaluate(
         model.train(was_training)
 
 
+def _batches_on(model: nn.Module, dataset: Dataset, batch_size: int):
+    """Evaluation batches on the device where the model takes its inputs."""
+    device = input_device(model)
+    for batch in batches(dataset, batch_size):
+        yield {k: v.to(device) for k, v in batch.items()}
+
+
 def _classification(model: nn.Module, dataset: Dataset, batch_size: int) -> list[Metric]:
     if dataset.labels is None:
         raise DataError("classification metrics need labels in the data")
     predicted = []
-    for number, batch in enumerate(batches(dataset, batch_size)):
+    for number, batch in enumerate(_batches_on(model, dataset, batch_size)):
         logits = embed(model, batch)
         check_finite(logits, f"batch {number}")
-        predicted.append(logits.argmax(-1))
+        predicted.append(logits.argmax(-1).cpu())
     pred, gold = torch.cat(predicted), dataset.labels
     f1 = []
     for c in sorted(set(gold.tolist()) | set(pred.tolist())):
@@ -192,7 +200,7 @@ def _classification(model: nn.Module, dataset: Dataset, batch_size: int) -> list
 
 def _perplexity(model: nn.Module, dataset: Dataset, batch_size: int) -> list[Metric]:
     total, count = 0.0, 0.0
-    for number, batch in enumerate(batches(dataset, batch_size)):
+    for number, batch in enumerate(_batches_on(model, dataset, batch_size)):
         nll, tokens = token_nll(outputs_of(model, batch), batch)
         check_finite(nll, f"batch {number}")
         total += float(nll.double().sum())
@@ -204,7 +212,7 @@ def _perplexity(model: nn.Module, dataset: Dataset, batch_size: int) -> list[Met
 
 def _fidelity(model: nn.Module, reference: nn.Module, dataset: Dataset, batch_size: int) -> list[Metric]:
     total = 0.0
-    for number, batch in enumerate(batches(dataset, batch_size)):
+    for number, batch in enumerate(_batches_on(model, dataset, batch_size)):
         sim = cosine(embed(model, batch), embed(reference, batch), batch["attention_mask"])
         check_finite(sim, f"batch {number}")
         total += float(sim.double().sum())

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -24,6 +24,7 @@ from torch import nn
 
 from headprune_cli import distributed
 from headprune_cli.stages.finetune import state as train_state
+from headprune_cli.device import cast_parameters, resolve_device, resolve_dtype, stored_dtype
 from headprune_cli.model.cost import count_params
 from headprune_cli.stages.finetune.distill import kd_logits
 from headprune_cli.errors import NumericalError, UsageError
@@ -58,6 +59,8 @@ class FinetuneConfig:
     save_every: int = 50
     resume: bool = False
     stop_after: int | None = None  # stop as if interrupted after this many steps (tests)
+    device: str = "auto"  # device.resolve_device; under torchrun each process uses its LOCAL_RANK device
+    dtype: str = "auto"  # compute dtype of student and teacher; the returned model is cast back
 
 
 @dataclass
@@ -137,13 +140,18 @@ def finetune(
     total, loss, lr)` and `on_epoch(record)` feed progress displays (rank 0 only).
     """
     ctx = distributed.setup()
+    if not ctx.active:  # DDP fixes each process's device; alone, --device decides
+        ctx = replace(ctx, device=resolve_device(cfg.device))
     train = as_tensors(train)
     kd, plan = validate(model, train, cfg, teacher)
     lr = plan.lr
     torch.manual_seed(cfg.seed + ctx.rank)
-    model.to(ctx.device)
-    if teacher is not None:
-        teacher.to(ctx.device)
+    stored, compute = stored_dtype(model), resolve_dtype(cfg.dtype)
+    for m in (model, teacher):
+        if m is not None and compute is not None:
+            cast_parameters(m, compute)
+        if m is not None:
+            m.to(ctx.device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
     fingerprint = {**(fingerprint or {}), "lr": lr, "kd": kd, "total": plan.total, "batch": cfg.batch_size, "accum": cfg.grad_accum, "seed": cfg.seed}
@@ -152,7 +160,9 @@ def finetune(
     if start == 0:
         loop.evaluate(0, 0, None, on_epoch)
     completed = loop.run(start, fingerprint, on_step, on_epoch)
-    return FinetuneResult(loop.final_model(), loop.step, lr, kd, loop.history, loop.best_epoch, completed, loop.first_loss)
+    final = loop.final_model()
+    cast_parameters(final, stored)
+    return FinetuneResult(final, loop.step, lr, kd, loop.history, loop.best_epoch, completed, loop.first_loss)
 
 
 def validate(model: nn.Module, train, cfg: FinetuneConfig, teacher: nn.Module | None) -> tuple[float, Plan]:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from headprune_cli.data import Dataset, as_batch, num_batches
+from headprune_cli.device import input_device
 from headprune_cli.distributed import setup
 from headprune_cli.model.layout import info_of
 
@@ -50,7 +51,8 @@ class ScoreContext:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where batches go and sums live: the input embeddings' device (layers may sit elsewhere)."""
+        return input_device(self.model)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -79,7 +79,7 @@ def gradient_stats(ctx: ScoreContext) -> dict[str, list[torch.Tensor]]:
             check_finite(losses, f"batch {number}")
             grads = torch.autograd.grad(losses.sum(), gates + o_weights)
             for pos in range(n):
-                per_token = grads[pos].double()  # [B, T, H]
+                per_token = grads[pos].double().to(ctx.device)  # [B, T, H]; layers may sit on other devices
                 g = per_token.sum(1)  # [B, H]
                 sums["abs"][pos] += g.abs().sum(0)
                 sums["sq"][pos] += (g * g).sum(0)

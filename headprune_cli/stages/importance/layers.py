@@ -30,7 +30,7 @@ class BlockInfluence:
             def record(module, args, kwargs, output):
                 hidden_in = args[0] if args else kwargs["hidden_states"]
                 hidden_out = output[0] if isinstance(output, tuple) else output
-                seen[pos] = 1 - F.cosine_similarity(hidden_in.double(), hidden_out.double(), dim=-1)
+                seen[pos] = (1 - F.cosine_similarity(hidden_in.double(), hidden_out.double(), dim=-1)).to(ctx.device)
 
             return record
 

@@ -72,7 +72,7 @@ class Entropy:
                 attentions = ctx.model(**inputs, output_attentions=True).attentions
                 mask = batch["attention_mask"].double()
                 for pos, probs in enumerate(attentions):
-                    probs = probs.double()  # [B, H, Tq, Tk]
+                    probs = probs.double().to(ctx.device)  # [B, H, Tq, Tk]
                     entropy = -torch.special.xlogy(probs, probs).sum(-1)
                     check_finite(entropy, f"batch {number}")
                     per_example = (entropy * mask[:, None, :]).sum(-1) / mask.sum(-1, keepdim=True).clamp(min=1)

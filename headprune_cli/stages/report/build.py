@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
 from torch import nn
 
+from headprune_cli.device import check as check_device, input_device, place
 from headprune_cli.model.checkpoint import read_info
 from headprune_cli.model.cost import count_params, flops_per_token
 from headprune_cli.errors import ArchitectureError, CheckpointError, DataError, UsageError
@@ -143,8 +145,8 @@ def model_facts(model: nn.Module, path: str | Path, sha: str, seq_len: int) -> d
 
 
 def measure_speed(baseline: nn.Module, pruned: nn.Module, batch: int, seq_len: int, threads: int, repeats: int, warmup: int) -> dict:
-    base_inputs, used = synthetic_inputs(baseline, batch, seq_len)
-    pruned_inputs, _ = synthetic_inputs(pruned, batch, seq_len)
+    base_inputs, used = _on_device(baseline, *synthetic_inputs(baseline, batch, seq_len))
+    pruned_inputs, _ = _on_device(pruned, *synthetic_inputs(pruned, batch, seq_len))
     timed = measure({"baseline": baseline, "pruned": pruned}, {"baseline": base_inputs, "pruned": pruned_inputs}, repeats, warmup, threads)
     return {
         "batch": batch,
@@ -222,6 +224,11 @@ def verdict(gate_list: list[Gate]) -> str:
 
 
 # --- the whole report -------------------------------------------------------------
+def _on_device(model: nn.Module, inputs: dict, seq_len: int) -> tuple[dict, int]:
+    device = input_device(model)
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}, seq_len
+
+
 DEFAULT_SEQ_LEN = 128
 
 
@@ -235,6 +242,8 @@ class ReportOptions:
     max_drop: float | None = None
     max_rel_drop: float | None = None
     min_speedup: float | None = None
+    device: str = "auto"  # where both models are evaluated and timed (device.place)
+    dtype: str = "auto"  # their compute dtype (auto: as stored)
 
 
 def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptions, warn=lambda message: None) -> dict:
@@ -250,7 +259,10 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     if scores_path is not None:
         scores, _ = read_artifact(scores_path, ("scores",))
         check_scores(scores, new_info, str(scores_path))
+    check_device(opts.device, opts.dtype)
     baseline, pruned = load(baseline_path), load(pruned_path)
+    for model in (baseline, pruned):
+        place(model, opts.device, opts.dtype)
     base_sha, new_sha = info_of(baseline).loaded_from[1], info_of(pruned).loaded_from[1]
     warnings = []
     family_tree = lineage(pruned_path, base_sha, new_sha)

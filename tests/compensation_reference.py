@@ -1,0 +1,167 @@
+"""The compensation algorithm as it was before streaming (frozen reference for tests).
+
+Kept verbatim (apart from imports) so that tests can prove that the streaming version in
+headprune_cli.stages.compensation gives the same weights: for every pruned layer it ran the
+whole model twice per batch up to that layer, O(L^2) block forwards.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from headprune_cli.errors import NumericalError, PlanError, UsageError
+from headprune_cli.model.arch import adapter_for
+from headprune_cli.model.arch.base import is_conv1d, out_rows
+from headprune_cli.model.layout import info_of
+from headprune_cli.model.surgery import HeadGates, removal_gates, skip_layers
+from headprune_cli.names import did_you_mean
+from headprune_cli.stages.compensation import (
+    DEFAULT_RIDGE, METHODS, CompensationResult, _kept_weights, _solve_bias, _solve_lstsq, _stack,
+    _weights, _write,
+)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _dtype(model):
+    return next(model.parameters()).dtype
+
+
+def compensate_old(
+    model: nn.Module,
+    remove_heads,
+    remove_layers: list[int],
+    batches,
+    method: str = "lstsq",
+    ridge: float = DEFAULT_RIDGE,
+    progress=None,
+) -> CompensationResult:
+    """Adjust output projections of `model` in place for the plan; returns what it did."""
+    if method not in METHODS:
+        raise UsageError(f"unknown compensation {method!r}{did_you_mean(method, METHODS)}")
+    result = CompensationResult(method)
+    batches = [{k: v for k, v in b.items() if k != "labels"} for b in batches]
+    if method == "none":
+        return result
+    if not batches:
+        raise UsageError("compensation needs calibration data (--data), and none was read")
+    layout = info_of(model).layout
+    drop = set(remove_layers)
+    targets = [l for l in layout.layers if remove_heads.get(l) and l not in drop]
+    for layer in targets:  # fail before any compute; apply_plan checks the rest
+        unknown = set(remove_heads[layer]) - set(layout.heads[layout.position(layer)])
+        if unknown:
+            raise PlanError(f"layer {layer}: heads {sorted(unknown)} are not in the model")
+    adapter = adapter_for(model)
+    blocks = adapter.layer_list(model)
+    originals = {layout.position(l): _weights(adapter.attention(blocks[layout.position(l)]).o) for l in targets}
+    gates = [g.to(_dtype(model)) for g in removal_gates(model, remove_heads)]
+    for i, layer in enumerate(targets):
+        pos = layout.position(layer)
+        view = adapter.attention(blocks[pos])
+        kept = [j for j, h in enumerate(layout.heads[pos]) if h not in set(remove_heads[layer])]
+        cols = out_rows(kept, view.head_dim)
+        has_bias = view.o.bias is not None
+        if method == "bias" and not has_bias:
+            result.skipped[layer] = "its output projection has no bias (use --compensate lstsq)"
+            continue
+        stats = _statistics(model, pos, cols, originals, gates, remove_layers, batches, has_bias)
+        result.tokens = int(stats.n)
+        w0 = _kept_weights(view.o, cols)
+        solved = _solve_bias(stats, w0) if method == "bias" else _solve_lstsq(stats, w0, ridge, has_bias)
+        result.error_before[layer] = stats.error(w0)
+        result.error_after[layer] = stats.error(solved)
+        _write(view.o, cols, solved, has_bias)
+        result.layers.append(layer)
+        if progress:
+            progress(i + 1, len(targets))
+    return result
+
+
+# --- statistics ---------------------------------------------------------------------
+@dataclass
+class _Stats:
+    gram: torch.Tensor  # [d+1, d+1] (or [d, d] without bias): [X 1]^T [X 1]
+    cross: torch.Tensor  # [d(+1), out]: [X 1]^T Y
+    yy: float  # sum |Y|^2
+    n: int
+    has_bias: bool
+
+    def error(self, w: torch.Tensor) -> float:
+        """Relative squared error |[X 1] w - Y|^2 / |Y|^2 of stacked weights w [d(+1), out]."""
+        w = _stack(w, self.has_bias)
+        err = (w * (self.gram @ w)).sum() - 2 * (w * self.cross).sum() + self.yy
+        return float(max(err, 0.0) / max(self.yy, 1e-300))
+
+
+def _statistics(model, pos, cols, originals, gates, remove_layers, batches, has_bias) -> _Stats:
+    stats = None
+    w_full, b_full = (t.double() if t is not None else None for t in originals[pos])
+    for batch in batches:
+        with _original_weights(model, originals):
+            x_full = _o_input(model, pos, batch)
+        with HeadGates(model, gates), skip_layers(model, remove_layers):
+            x_kept = _o_input(model, pos, batch)[:, cols]
+        y = x_full @ w_full.T + (b_full if b_full is not None else 0)
+        xa = torch.cat([x_kept, torch.ones(len(x_kept), 1, dtype=x_kept.dtype)], 1) if has_bias else x_kept
+        part = (xa.T @ xa, xa.T @ y, float((y * y).sum()), len(xa))
+        stats = part if stats is None else tuple(a + b for a, b in zip(stats, part))
+    if not torch.isfinite(stats[0]).all() or not torch.isfinite(stats[1]).all():
+        raise NumericalError("calibration activations contain NaN or inf")
+    return _Stats(*stats, has_bias=has_bias)
+
+
+def _o_input(model: nn.Module, pos: int, batch: dict) -> torch.Tensor:
+    """Layer `pos`'s output-projection input on the batch's real tokens, [tokens, d] float64."""
+    adapter = adapter_for(model)
+    o = adapter.attention(adapter.layer_list(model)[pos]).o
+    captured = {}
+
+    def hook(module, args):
+        captured["x"] = args[0].detach()
+        raise _Stop
+
+    handle = o.register_forward_pre_hook(hook)
+    device = next(model.parameters()).device
+    try:
+        with torch.no_grad():
+            model(**{k: v.to(device) for k, v in batch.items()})
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    x = captured["x"]
+    mask = batch.get("attention_mask")
+    if mask is not None and x.dim() == 3 and mask.shape == x.shape[:2]:
+        x = x[mask.to(x.device).bool()]
+    return x.reshape(-1, x.shape[-1]).double().cpu()
+
+
+@contextmanager
+def _original_weights(model: nn.Module, originals: dict):
+    """Temporarily put the unpruned output-projection weights back (for Y)."""
+    adapter = adapter_for(model)
+    blocks = adapter.layer_list(model)
+    current = {}
+    for pos, (w, b) in originals.items():
+        o = adapter.attention(blocks[pos]).o
+        current[pos] = _weights(o)
+        _assign(o, w, b)
+    try:
+        yield
+    finally:
+        for pos, (w, b) in current.items():
+            _assign(adapter.attention(blocks[pos]).o, w, b)
+
+
+def _assign(o: nn.Module, w: torch.Tensor, b: torch.Tensor | None) -> None:
+    with torch.no_grad():
+        o.weight.copy_(w.T if is_conv1d(o) else w)
+        if b is not None:
+            o.bias.copy_(b)
