@@ -177,6 +177,8 @@ def _jsonl(text: str, path: Path, samples: int | None) -> list[dict]:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        except (ValueError, RecursionError) as exc:  # a 5000-digit number, or nesting 100,000 deep
+            raise DataError(f"{path}:{number}: not valid JSON ({shorten(str(exc) or type(exc).__name__, 120)})") from None
         rows.append(_checked_row(row, f"{path}:{number}"))
     return rows
 

@@ -36,7 +36,7 @@ def many_layers(folder: Path, layers: int = 30000) -> list:
         layout["num_kv_heads"] = list(config["heads_per_layer"])
 
     _rewrite_metadata(folder / "model.safetensors", folder / "layers.safetensors", change)
-    return ["inspect", folder / "layers.safetensors"]
+    return ["score", folder / "layers.safetensors", "--data", folder / "data.jsonl"]
 
 
 def wide_config(folder: Path) -> list:

@@ -1,4 +1,4 @@
-"""Bad input across every command: 100 cases (CASES, then HOSTILE for issue 12).
+"""Bad input across every command: 103 cases (CASES, then HOSTILE for issue 12).
 
 Each case runs one `headprune` command in a fresh copy of a small workspace (the bundled
 example model, its data, a scores and a plan artifact) and checks the contract of issue
@@ -203,12 +203,16 @@ def _meta(change: Callable[[dict], None], source: str = M, name: str = "bad.safe
         header = json.loads(raw[8 : 8 + length])
         meta = {k: json.loads(v) if k.split(".")[1] in _JSON_META else v for k, v in header["__metadata__"].items()}
         change(meta)
-        header["__metadata__"] = {k: json.dumps(v) if k.split(".")[1] in _JSON_META else v for k, v in meta.items()}
+        header["__metadata__"] = {k: v if isinstance(v, RawJson) or k.split(".")[1] not in _JSON_META else json.dumps(v) for k, v in meta.items()}
         text = json.dumps(header).encode()
         text += b" " * (-len(text) % 8)
         (folder / name).write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length :])
 
     return prepare
+
+
+class RawJson(str):
+    """Metadata text written as given (JSON that json.dumps would never produce)."""
 
 
 _JSON_META = ("config", "layout", "provenance", "tokenizer_config", "pooling", "build_options")
@@ -262,6 +266,8 @@ HOSTILE = [
     Case("config declares 30000 layers", lambda f: ["inspect", f / "bad.safetensors"], 1, "1 to 1024 layers", _meta(_config(heads_per_layer=[4] * 30000))),
     Case("config hidden size negative", lambda f: ["inspect", f / "bad.safetensors"], 1, "hidden_size=-64", _meta(_config(hidden_size=-64))),
     Case("config vocab size a string", lambda f: ["report", "--model", f / "bad.safetensors", "--baseline", f / M, "--data", f / "data.jsonl"], 1, "vocab_size", _meta(_config(vocab_size="64"))),
+    Case("config with a 5000-digit integer", lambda f: ["inspect", f / "bad.safetensors"], 1, "not valid JSON",
+         _meta(lambda m: m.update({"headprune.config": RawJson(json.dumps(m["headprune.config"]).replace('"vocab_size": 16', '"vocab_size": ' + "9" * 5000))}))),
     Case("config and layout disagree on heads", lambda f: ["inspect", f / "bad.safetensors"], 1, "head counts differ", _meta(_config(heads_per_layer=[2, 2, 2, 2]))),
     Case("config MLP wider than its tensors", lambda f: ["score", f / "bad.safetensors", "--data", f / "data.jsonl"], 1, "matches no stored tensor", _meta(_config(intermediate_size=400000))),
     Case("config vocabulary of 2M over a 64-row table", lambda f: ["finetune", f / "bad.safetensors", "--data", f / "data.jsonl", "--steps", "1", "-o", f / O], 1,
@@ -285,6 +291,8 @@ HOSTILE = [
     Case("label 10**30 in a CSV", lambda f: ["finetune", f / M, "--data", f / "bad.csv", "--steps", "1", "-o", f / O], 1, "unknown label name",
          _write("bad.csv", "text,label\na X b,1000000000000000000000000000000\n")),
     Case("label a float", lambda f: ["report", "--model", f / M, "--baseline", f / M, "--data", f / "bad.jsonl"], 1, "not an int", _write("bad.jsonl", '{"text": "a X b", "label": 1.5}\n')),
+    Case("label of 5000 digits", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "not valid JSON", _write("bad.jsonl", '{"text": "a X b", "label": ' + "9" * 5000 + "}\n")),
+    Case("data row nested 100000 deep", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "not valid JSON", _write("bad.jsonl", "[" * 100_000 + "]" * 100_000 + "\n")),
     Case("tokenized set without columns", lambda f: ["score", f / M, "--data", f / "bad.safetensors"], 1, "no columns",
          _tensors(input_ids=torch.zeros(3, 0, dtype=torch.long), labels=torch.zeros(3, dtype=torch.long))),
     Case("tokenized set all padding", lambda f: ["score", f / M, "--data", f / "bad.safetensors"], 1, "no tokens",

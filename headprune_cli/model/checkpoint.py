@@ -177,7 +177,7 @@ def _info(meta: dict[str, str], path) -> ModelInfo:
 def _loads(text: str, key: str, path, kind: type):
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: also a number of more than 4300 digits
         raise CheckpointError(f"{path}: metadata {key!r} is not valid JSON") from None
     if not isinstance(value, kind):
         raise CheckpointError(f"{path}: metadata {key!r} has the wrong type")

@@ -11,8 +11,6 @@ are ever looked at. Two checks run first, both in milliseconds:
 
 from __future__ import annotations
 
-import os
-import re
 
 from headprune_cli.errors import CheckpointError, shorten
 
@@ -43,7 +41,6 @@ KEYS = {
 # removes a share of a model, it does not shrink it a hundredfold. Small models always pass.
 MAX_GROWTH = 64
 MIN_ALLOWANCE = 512 * 1024 * 1024
-_BLOCK_INDEX = re.compile(r"\.(\d+)\.")
 
 
 def check_declared(config: dict, num_heads: list[int], num_kv_heads: list[int], where) -> None:
@@ -101,9 +98,6 @@ def check_against_header(config: dict, shapes: dict[str, tuple[int, ...]], store
         value = config.get(key)
         if position_dims and isinstance(value, int) and value not in position_dims:
             raise CheckpointError(f"{where}: config {key}={value} differs from the stored position table")
-    blocks = {int(m.group(1)) for name in shapes for m in [_BLOCK_INDEX.search(name)] if m}
-    if blocks and blocks != set(range(kept_layers)):
-        raise CheckpointError(f"{where}: the stored tensors hold {len(blocks)} layers, the layout keeps {kept_layers}")
     budget = max(MAX_GROWTH * stored_bytes, MIN_ALLOWANCE)
     if 4 * estimated_params(config) > budget:
         raise CheckpointError(

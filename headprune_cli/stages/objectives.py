@@ -205,7 +205,8 @@ def _perplexity(model: nn.Module, dataset: Dataset, batch_size: int) -> list[Met
         raise DataError("perplexity needs examples of at least two tokens")
     # exp() of a mean loss above ~709.8 overflows: such a model is useless, and reporting
     # the largest finite perplexity lets a report gate fail (exit 3) instead of crashing.
-    return [Metric("perplexity", math.exp(min(total / count, LOG_MAX_FLOAT)), False)]
+    mean = total / count
+    return [Metric("perplexity", math.exp(mean) if mean < LOG_MAX_FLOAT else sys.float_info.max, False)]
 
 
 def _fidelity(model: nn.Module, reference: nn.Module, dataset: Dataset, batch_size: int) -> list[Metric]:
