@@ -11,7 +11,6 @@ are ever looked at. Two checks run first, both in milliseconds:
 
 from __future__ import annotations
 
-
 from headprune_cli.errors import CheckpointError, shorten
 
 # Generous bounds: the largest public models have ~126 layers, 128 heads, hidden 16384,
