@@ -70,19 +70,22 @@ def demo(tmp_path: Path, cli) -> Path:
 
 
 def test_disk_full_inside_safetensors_is_one_line(demo: Path, cli, monkeypatch):
-    """safetensors' Rust writer reports ENOSPC as its own SafetensorError, not an OSError."""
-    import headprune_cli.model.checkpoint as checkpoint
+    """safetensors' Rust writer reports ENOSPC as its own SafetensorError, not an OSError:
+    saving the training state must still end in one line and leave no temporary folder."""
+    import headprune_cli.stages.finetune.state as state
     from safetensors import SafetensorError
 
-    def full_disk(model, path, metadata=None):
+    def full_disk(tensors, path, metadata=None):
         Path(path).write_bytes(b"partial")
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr(checkpoint, "save_model", full_disk)
-    before = snapshot(demo)
-    result = cli("prune", demo / "model.safetensors", "--plan", demo / "plan.json", "-o", demo / "small.safetensors")
-    assert result.code == 1 and result.err == f"Error: could not write {demo / 'small.safetensors'}: No space left on device\n"
-    assert snapshot(demo) == before
+    monkeypatch.setattr(state, "save_file", full_disk)
+    result = cli("finetune", demo / "model.safetensors", "--data", demo / "data.jsonl", "--steps", "2", "--save-every", "1",
+                 "--state-dir", demo / "st", "-o", demo / "out.safetensors")
+    last = result.err.splitlines()[-1]  # after the progress bar: the one error line
+    assert result.code == 1 and last.startswith("Error: could not save the training state") and last.endswith("No space left on device"), result.err
+    assert "Traceback" not in result.err and result.err.count("Error:") == 1 and not (demo / "out.safetensors").exists()
+    assert not list((demo / "st").glob(".step-*"))
 
 
 def test_file_size_limit_is_one_line(demo: Path):
