@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import inspect
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +27,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from headprune_cli.errors import DataError
+from headprune_cli.errors import DataError, shorten
+from headprune_cli.fileio import check_regular
 from headprune_cli.model.layout import info_of
 
 TEXT_SUFFIXES = (".jsonl", ".json", ".csv")
+# Characters of text kept per token of --max-length before tokenizing: truncation keeps
+# max_length tokens, and no tokenizer we carry averages more than this many characters a
+# token over a prefix, so the cut never changes what truncation keeps, while a 50 MB line
+# costs the tokenizer 8 KB instead of gigabytes.
+CHARS_PER_TOKEN = 64
+# Labels are class indices; anything above this is a typo or an attack, not a class.
+MAX_LABEL = 1 << 31
 _SPECIAL = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token", "bos_token", "eos_token")
 
 
@@ -102,8 +111,10 @@ def read_data(
         raise DataError(f"--samples must be a positive number of examples (got {samples})")
     if max_length < 1:
         raise DataError(f"max length must be at least 1 (got {max_length})")
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"{path}: no such data file")
+    check_regular(path, "data file", DataError)
+    max_length = min(max_length, position_limit(model) or max_length)
     info = info_of(model)
     if need_labels is None:
         need_labels = info.task == "classification"
@@ -125,6 +136,16 @@ def read_data(
     if dataset.token_type_ids is not None and not _accepts(model, "token_type_ids"):
         dataset.token_type_ids = None
     return dataset
+
+
+def position_limit(model: nn.Module) -> int | None:
+    """The most tokens the model can take (its position table), when its config says."""
+    config = info_of(model).config
+    for key in ("max_position_embeddings", "n_positions", "max_position"):
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def _read_rows(path: Path, samples: int | None) -> list[dict]:
@@ -156,6 +177,8 @@ def _jsonl(text: str, path: Path, samples: int | None) -> list[dict]:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        except (ValueError, RecursionError) as exc:  # a 5000-digit number, or nesting 100,000 deep
+            raise DataError(f"{path}:{number}: not valid JSON ({shorten(str(exc) or type(exc).__name__, 120)})") from None
         rows.append(_checked_row(row, f"{path}:{number}"))
     return rows
 
@@ -202,8 +225,9 @@ def tokenizer_of(model: nn.Module):
 
 def _tokenize(rows: list[dict], model: nn.Module, max_length: int, path: Path) -> Dataset:
     tokenizer = tokenizer_of(model)
-    texts = [row["text"] for row in rows]
-    pairs = [row.get("text_pair") for row in rows]
+    cut = max_length * CHARS_PER_TOKEN
+    texts = [row["text"][:cut] for row in rows]
+    pairs = [row["text_pair"][:cut] if "text_pair" in row else None for row in rows]
     if any(p is not None for p in pairs) and not all(p is not None for p in pairs):
         raise DataError(f"{path}: `text_pair` must be given on every row or on none")
     encoded = tokenizer(
@@ -273,17 +297,19 @@ def _labels(rows: list[dict], config: dict, path: Path) -> torch.Tensor | None:
 
 def _label_value(label, names: dict[str, int], where: str) -> int:
     if isinstance(label, bool):
-        raise DataError(f"{where}: label {label!r} is not an int or a label name")
+        raise DataError(f"{where}: label {shorten(label)} is not an int or a label name")
     if isinstance(label, int):
+        if abs(label) > MAX_LABEL:
+            raise DataError(f"{where}: label {shorten(label)} is not a class index")
         return label
     if isinstance(label, str):
         if label in names:
             return names[label]
-        if label.strip().lstrip("-").isdigit():  # CSV cells are strings
-            return int(label)
+        if re.fullmatch(r"-?[0-9]{1,10}", label.strip()):  # CSV cells are strings; ASCII digits only ("²" is no digit)
+            return _label_value(int(label), names, where)
         known = ", ".join(sorted(names)) or "none (the model has no label names)"
-        raise DataError(f"{where}: unknown label name {label!r} (known: {known})")
-    raise DataError(f"{where}: label {label!r} is not an int or a label name")
+        raise DataError(f"{where}: unknown label name {shorten(label)} (known: {shorten(known, 200)})")
+    raise DataError(f"{where}: label {shorten(label)} is not an int or a label name")
 
 
 def _check_range(labels: torch.Tensor, num_labels: int, path: Path) -> None:
@@ -313,5 +339,12 @@ def _read_tensors(path: Path, max_length: int, samples: int | None) -> Dataset:
         raise DataError(f"{path}: `labels` must be integers of shape [{len(ids)}]")
     keep = slice(0, samples)
     dataset = Dataset(ids[keep, :max_length].long(), mask[keep, :max_length].long(), None)
+    if len(dataset) and dataset.input_ids.shape[1] == 0:
+        raise DataError(f"{path}: `input_ids` has no columns (no tokens at all)")
+    if bool(((dataset.attention_mask != 0) & (dataset.attention_mask != 1)).any()):
+        raise DataError(f"{path}: `attention_mask` may hold only 0 and 1")
+    empty = (dataset.attention_mask.sum(dim=1) == 0).nonzero()
+    if len(empty):
+        raise DataError(f"{path}: example {int(empty[0]) + 1} has no tokens (its attention mask is all 0)")
     dataset.labels = None if labels is None else labels[keep].long()
     return dataset

@@ -59,3 +59,13 @@ def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type name when empty), for one-line errors."""
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def shorten(value, limit: int = 80) -> str:
+    """repr() of a value cut to `limit` characters: an error quotes what it refuses,
+    never megabytes of it (a YAML alias bomb, a 50 MB line)."""
+    try:
+        text = repr(value) if not isinstance(value, str) or limit < 0 else repr(value[: limit + 1])
+    except ValueError:  # int too large to print (Python's digit limit)
+        return f"<int of {value.bit_length()} bits>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import stat
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -22,14 +24,49 @@ _CHUNK = 1 << 20
 _SHA_CACHE: dict[tuple, str] = {}
 
 
+# Pseudo filesystems whose "regular" files have no true size and may read without end
+# (/proc/self/pagemap): a path from a checkpoint's provenance or a plan never goes there.
+SPECIAL_ROOTS = ("/proc", "/sys", "/dev")
+
+
+def check_regular(path: str | os.PathLike, what: str = "file", error: type[HeadpruneError] = HeadpruneError) -> os.stat_result:
+    """The stat of `path` if it is a regular file on an ordinary filesystem; else refuse.
+
+    Devices, FIFOs and sockets would block or never end; stat() does not open them."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise error(f"{path}: cannot read this {what} ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a device, pipe or socket"
+        raise error(f"{path}: {kind}, not a regular {what}")
+    real = os.path.realpath(path)
+    if any(real == root or real.startswith(root + "/") for root in SPECIAL_ROOTS):
+        raise error(f"{path}: a file of a special filesystem ({real}), not a regular {what}")
+    return info
+
+
+def open_regular(path: str | os.PathLike, what: str = "file"):
+    """Open a regular file for reading without ever blocking on a FIFO swapped in after the check."""
+    check_regular(path, what)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise HeadpruneError(f"{path}: not a regular {what}")
+    return os.fdopen(fd, "rb")
+
+
 def sha256_file(path: str | os.PathLike) -> str:
-    stat = os.stat(path)
-    key = (os.path.realpath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    info = check_regular(path)
+    key = (os.path.realpath(path), info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
     if key not in _SHA_CACHE:
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            while chunk := handle.read(_CHUNK):
+        digest, left = hashlib.sha256(), info.st_size
+        with open_regular(path) as handle:
+            # Read the size stat() promised and no more: a file that grows while hashed
+            # has changed under us, and its hash would not describe what was read.
+            while left > 0 and (chunk := handle.read(min(_CHUNK, left))):
                 digest.update(chunk)
+                left -= len(chunk)
         _SHA_CACHE[key] = digest.hexdigest()
     return _SHA_CACHE[key]
 
@@ -77,12 +114,21 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual mode
         os.replace(tmp, out)
-    except OSError as exc:
+    except BaseException as exc:
         _remove_quietly(tmp)
-        raise HeadpruneError(f"could not write {out}: {exc.strerror or exc}") from exc
-    except BaseException:
-        _remove_quietly(tmp)
+        error = os_error_in(exc)
+        if error is not None:  # disk full, file too large, read-only: the user's problem, one line
+            raise HeadpruneError(f"could not write {out}: {error.strerror or error}") from exc
         raise
+
+
+def os_error_in(exc: BaseException) -> OSError | None:
+    """The OS error behind a failed write: an OSError itself, or one that a library (safetensors'
+    Rust writer) reports inside its own exception type as "... (os error 28)"."""
+    if isinstance(exc, OSError):
+        return exc
+    found = re.search(r"\(os error (\d+)\)", str(exc)) if isinstance(exc, Exception) else None
+    return OSError(int(found.group(1)), os.strerror(int(found.group(1)))) if found else None
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from headprune_cli import __version__
 from headprune_cli.errors import ArtifactError, first_line
-from headprune_cli.fileio import atomic_write_bytes, sha256_bytes, sha256_file
+from headprune_cli.fileio import atomic_write_bytes, check_regular, sha256_bytes, sha256_file
 
 SCHEMA_VERSION = 1
 MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
@@ -45,13 +46,24 @@ class Envelope(_Strict):
     config: dict[str, Any]
 
 
+_INDEX = re.compile(r"0|[1-9][0-9]{0,8}")  # ASCII, no leading zeros: one spelling per index
+
+
 def _index_map(value: dict[str, Any]) -> dict[int, Any]:
+    """String keys -> int indices; "00", "٣" or " 1" would alias or hide another key."""
     out = {}
     for key, item in value.items():
-        if not str(key).isdigit():
-            raise ValueError(f"index {key!r} is not a non-negative integer")
+        if not isinstance(key, (str, int)) or isinstance(key, bool) or not _INDEX.fullmatch(str(key)):
+            raise ValueError(f"index {str(key)[:20]!r} is not a non-negative integer in plain digits")
+        if int(key) in out:
+            raise ValueError(f"index {int(key)} is given twice")
         out[int(key)] = item
     return out
+
+
+def _distinct(values: list[int], where: str) -> None:
+    if len(set(values)) != len(values):
+        raise ValueError(f"{where}: an index is listed twice")
 
 
 class Scores(Envelope):
@@ -74,11 +86,21 @@ class Scores(Envelope):
     def _maps(cls, value):
         return _index_map(value) if isinstance(value, dict) else value
 
+    @field_validator("heads", mode="before")
+    @classmethod
+    def _head_maps(cls, value):
+        return {k: _index_map(v) if isinstance(v, dict) else v for k, v in value.items()} if isinstance(value, dict) else value
+
     @model_validator(mode="after")
     def _consistent(self) -> "Scores":
         layers, _ = self.shape
         if len(self.num_heads) != layers or len(self.num_kv_heads) != layers:
             raise ValueError("num_heads/num_kv_heads do not match shape")
+        for q, kv in zip(self.num_heads, self.num_kv_heads):
+            if kv < 1 or q < 1 or q % kv:
+                raise ValueError(f"a layer has {q} query and {kv} key/value heads; each needs at least 1, and queries a multiple of key/values")
+        for layer, heads in self.kept.items():
+            _distinct(heads, f"kept.{layer}")
         for layer, heads in self.heads.items():
             if layer not in self.kept or sorted(heads) != sorted(self.kept[layer]):
                 raise ValueError(f"layer {layer}: scored heads differ from the heads the model keeps")
@@ -110,6 +132,9 @@ class Plan(Envelope):
     @model_validator(mode="after")
     def _in_range(self) -> "Plan":
         n = len(self.num_heads)
+        for layer, heads in self.remove_heads.items():
+            _distinct(heads, f"remove_heads.{layer}")
+        _distinct(self.remove_layers, "remove_layers")
         for layer, heads in self.remove_heads.items():
             if not 0 <= layer < n or any(not 0 <= h < self.num_heads[layer] for h in heads):
                 raise ValueError(f"layer {layer}: head index out of range")
@@ -183,9 +208,9 @@ def read_text(source: str | os.PathLike) -> tuple[str, str]:
             raise ArtifactError("expected a JSON artifact on stdin (pipe one in, or give a path)")
         return sys.stdin.read(MAX_ARTIFACT_BYTES + 1), "<stdin>"
     path = Path(source)
-    if not path.is_file():
+    if not path.exists():
         raise ArtifactError(f"{path}: no such file")
-    if path.stat().st_size > MAX_ARTIFACT_BYTES:
+    if check_regular(path, "artifact", ArtifactError).st_size > MAX_ARTIFACT_BYTES:
         raise ArtifactError(f"{path}: too large to be a headprune artifact")
     try:
         return path.read_text(encoding="utf-8"), str(path)
@@ -198,7 +223,7 @@ def parse_artifact(text: str, name: str, kinds: tuple[str, ...]) -> Envelope:
     if len(text) > MAX_ARTIFACT_BYTES:
         raise ArtifactError(f"{name}: too large to be a headprune artifact")
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
     except (json.JSONDecodeError, RecursionError, ValueError) as exc:
         raise ArtifactError(f"{name}: not valid JSON ({first_line(exc)})") from None
     if not isinstance(data, dict):
@@ -224,6 +249,16 @@ def read_artifact(source: str | os.PathLike, kinds: tuple[str, ...]) -> tuple[En
     """Read and validate; returns the artifact and the sha256 of its exact bytes."""
     text, name = read_text(source)
     return parse_artifact(text, name, kinds), sha256_bytes(text.encode())
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """json.loads keeps the last of two equal keys silently; an artifact never has two."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"key {key[:20]!r} appears twice in one object")
+    return out
 
 
 def _reject_constant(name: str):

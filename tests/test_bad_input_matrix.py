@@ -1,4 +1,4 @@
-"""Bad input across every command: 53 cases.
+"""Bad input across every command: 103 cases (CASES, then HOSTILE for issue 12).
 
 Each case runs one `headprune` command in a fresh copy of a small workspace (the bundled
 example model, its data, a scores and a plan artifact) and checks the contract of issue
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,6 +177,10 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_input(case: Case, workspace: Path, tmp_path: Path, cli):
+    run_case(case, workspace, tmp_path, cli)
+
+
+def run_case(case: Case, workspace: Path, tmp_path: Path, cli):
     folder = tmp_path / "ws"
     shutil.copytree(workspace, folder)
     if case.prepare:
@@ -184,6 +189,161 @@ def test_bad_input(case: Case, workspace: Path, tmp_path: Path, cli):
     result = cli(*case.args(folder), stdin=case.stdin)
     assert_refused(result, case.code, case.message)
     assert snapshot(folder) == before
+    return result
+
+
+# --- hostile input (issue 12, items 4-8, 10-13): paths, header, data, YAML, artifacts ------
+def _meta(change: Callable[[dict], None], source: str = M, name: str = "bad.safetensors") -> Callable[[Path], None]:
+    """A copy of a checkpoint with its headprune metadata (a dict of parsed JSON) edited."""
+
+    def prepare(folder: Path) -> None:
+        raw = (folder / source).read_bytes()
+        length = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8 : 8 + length])
+        meta = {k: json.loads(v) if k.split(".")[1] in _JSON_META else v for k, v in header["__metadata__"].items()}
+        change(meta)
+        header["__metadata__"] = {k: v if isinstance(v, RawJson) or k.split(".")[1] not in _JSON_META else json.dumps(v) for k, v in meta.items()}
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        (folder / name).write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length :])
+
+    return prepare
+
+
+class RawJson(str):
+    """Metadata text written as given (JSON that json.dumps would never produce)."""
+
+
+_JSON_META = ("config", "layout", "provenance", "tokenizer_config", "pooling", "build_options")
+
+
+def _layout(key: str, value) -> Callable[[dict], None]:
+    return lambda m: m["headprune.layout"].update({key: value(m["headprune.layout"][key]) if callable(value) else value})
+
+
+def _config(**values) -> Callable[[dict], None]:
+    return lambda m: m["headprune.config"].update(values)
+
+
+def _tensors(**tensors) -> Callable[[Path], None]:
+    return lambda f: save_file(tensors, str(f / "bad.safetensors"))
+
+
+def _yaml(body: str) -> Callable[[Path], None]:
+    def prepare(folder: Path) -> None:
+        (folder / "bad.yaml").write_text(f"model: {folder / M}\ndata: {folder / 'data.jsonl'}\n" + body)
+
+    return prepare
+
+
+def _fifo(name: str) -> Callable[[Path], None]:
+    return lambda f: os.mkfifo(f / name)
+
+
+def _hf_folder(**config) -> Callable[[Path], None]:
+    def prepare(folder: Path) -> None:
+        from .conftest import TINY
+
+        TINY["bert"]().save_pretrained(folder / "hf")
+        data = json.loads((folder / "hf" / "config.json").read_text())
+        (folder / "hf" / "config.json").write_text(json.dumps({**data, **config}))
+
+    return prepare
+
+
+PAGEMAP = "/proc/self/pagemap"  # a "regular" file that reads without end
+O = "o.safetensors"
+ids = torch.ones(3, 5, dtype=torch.long)
+HOSTILE = [
+    # --- item 10/5: layouts and configs checked before anything is built -----------------
+    Case("layout layer index a string", lambda f: ["inspect", f / "bad.safetensors"], 1, "positive integers", _meta(_layout("layers", lambda v: [str(i) for i in v]))),
+    Case("layout layer index a float", lambda f: ["score", f / "bad.safetensors", "--data", f / "data.jsonl"], 1, "positive integers", _meta(_layout("layers", lambda v: [float(i) for i in v]))),
+    Case("layout head count a string", lambda f: ["inspect", f / "bad.safetensors"], 1, "positive integers", _meta(_layout("num_heads", lambda v: [str(i) for i in v]))),
+    Case("layout kv head count 0", lambda f: ["inspect", f / "bad.safetensors"], 1, "positive integers", _meta(_layout("num_kv_heads", lambda v: [0 for _ in v]))),
+    Case("layout head index a float", lambda f: ["export", f / "bad.safetensors", "--hf", f / "exported"], 1, "layout",
+         _meta(_layout("heads", lambda v: [[float(h) for h in hs] for hs in v]))),
+    Case("config declares 30000 layers", lambda f: ["inspect", f / "bad.safetensors"], 1, "1 to 1024 layers", _meta(_config(heads_per_layer=[4] * 30000))),
+    Case("config hidden size negative", lambda f: ["inspect", f / "bad.safetensors"], 1, "hidden_size=-64", _meta(_config(hidden_size=-64))),
+    Case("config vocab size a string", lambda f: ["report", "--model", f / "bad.safetensors", "--baseline", f / M, "--data", f / "data.jsonl"], 1, "vocab_size", _meta(_config(vocab_size="64"))),
+    Case("config with a 5000-digit integer", lambda f: ["inspect", f / "bad.safetensors"], 1, "not valid JSON",
+         _meta(lambda m: m.update({"headprune.config": RawJson(json.dumps(m["headprune.config"]).replace('"vocab_size": 16', '"vocab_size": ' + "9" * 5000))}))),
+    Case("config and layout disagree on heads", lambda f: ["inspect", f / "bad.safetensors"], 1, "head counts differ", _meta(_config(heads_per_layer=[2, 2, 2, 2]))),
+    Case("config MLP wider than its tensors", lambda f: ["score", f / "bad.safetensors", "--data", f / "data.jsonl"], 1, "matches no stored tensor", _meta(_config(intermediate_size=400000))),
+    Case("config vocabulary of 2M over a 64-row table", lambda f: ["finetune", f / "bad.safetensors", "--data", f / "data.jsonl", "--steps", "1", "-o", f / O], 1,
+         "vocab_size=2000000", _meta(_config(vocab_size=2_000_000))),
+    Case("config position table differs", lambda f: ["sweep", f / "bad.safetensors", "--data", f / "data.jsonl", "--eval-data", f / "data.jsonl"], 1, "position table",
+         _meta(_config(max_position=1 << 20))),
+    # --- item 4: paths from provenance and plans are regular files only -------------------
+    Case("baseline auto names /proc/self/pagemap", lambda f: ["report", "--model", f / "bad.safetensors", "--data", f / "data.jsonl"], 1, "special filesystem",
+         _meta(lambda m: m["headprune.provenance"].update(root_path=PAGEMAP), source="other.safetensors")),
+    Case("teacher auto names /proc/self/pagemap", lambda f: ["finetune", f / "bad.safetensors", "--data", f / "data.jsonl", "--teacher", "auto", "--steps", "1", "-o", f / O], 1,
+         "special filesystem", _meta(lambda m: m["headprune.provenance"].update(root_path=PAGEMAP), source="other.safetensors")),
+    Case("plan names /proc/self/pagemap as its model", lambda f: ["prune", "--plan", f / "edited.json", "-o", f / O], 1, "special filesystem",
+         _edit_json("plan.json", lambda d: [r.update(path=PAGEMAP) for r in d["inputs"] if r["role"] == "model"])),
+    Case("scores file is a FIFO", lambda f: ["select", f / "pipe.json", "--ratio", "0.5"], 1, "pipe", _fifo("pipe.json")),
+    Case("data file is a FIFO", lambda f: ["score", f / M, "--data", f / "pipe.jsonl"], 1, "pipe", _fifo("pipe.jsonl")),
+    Case("data under /proc", lambda f: ["score", f / M, "--data", "/proc/self/status"], 1, "special filesystem"),
+    Case("data is a folder", lambda f: ["iterate", f / M, "--data", f, "--eval-data", f / "data.jsonl", "-o", f / O], 1, "a folder"),
+    # --- items 6 and 10: data ---------------------------------------------------------------
+    Case("label a superscript digit", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "unknown label name", _write("bad.jsonl", '{"text": "a X b", "label": "\u00b2"}\n')),
+    Case("label 10**30", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "not a class index", _write("bad.jsonl", '{"text": "a X b", "label": 1000000000000000000000000000000}\n')),
+    Case("label 10**30 in a CSV", lambda f: ["finetune", f / M, "--data", f / "bad.csv", "--steps", "1", "-o", f / O], 1, "unknown label name",
+         _write("bad.csv", "text,label\na X b,1000000000000000000000000000000\n")),
+    Case("label a float", lambda f: ["report", "--model", f / M, "--baseline", f / M, "--data", f / "bad.jsonl"], 1, "not an int", _write("bad.jsonl", '{"text": "a X b", "label": 1.5}\n')),
+    Case("label of 5000 digits", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "not valid JSON", _write("bad.jsonl", '{"text": "a X b", "label": ' + "9" * 5000 + "}\n")),
+    Case("data row nested 100000 deep", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "not valid JSON", _write("bad.jsonl", "[" * 100_000 + "]" * 100_000 + "\n")),
+    Case("tokenized set without columns", lambda f: ["score", f / M, "--data", f / "bad.safetensors"], 1, "no columns",
+         _tensors(input_ids=torch.zeros(3, 0, dtype=torch.long), labels=torch.zeros(3, dtype=torch.long))),
+    Case("tokenized set all padding", lambda f: ["score", f / M, "--data", f / "bad.safetensors"], 1, "no tokens",
+         _tensors(input_ids=ids, attention_mask=torch.zeros_like(ids), labels=torch.zeros(3, dtype=torch.long))),
+    Case("tokenized set mask of 2s", lambda f: ["score", f / M, "--data", f / "bad.safetensors"], 1, "only 0 and 1",
+         _tensors(input_ids=ids, attention_mask=2 * torch.ones_like(ids), labels=torch.zeros(3, dtype=torch.long))),
+    # --- item 13 and 10: artifacts whose keys alias or repeat ---------------------------------
+    Case("scores keys 0 and 00", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "plain digits",
+         _edit_json("scores.json", lambda d: d["heads"]["0"].update({"00": 9.0}))),
+    Case("scores layer key in Arabic-Indic digits", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "plain digits",
+         _edit_json("scores.json", lambda d: d["heads"].update({"\u0661": d["heads"].pop("1")}))),
+    Case("scores with a duplicate JSON key", lambda f: ["select", f / "bad.json", "--ratio", "0.5"], 1, "appears twice",
+         lambda f: (f / "bad.json").write_text((f / "scores.json").read_text().replace('"method"', '"method": "x", "method"', 1))),
+    Case("scores num_kv_heads 0", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "key/value heads",
+         _edit_json("scores.json", lambda d: d.update(num_kv_heads=[0] * len(d["num_kv_heads"])))),
+    Case("scores keep a head twice", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "listed twice",
+         _edit_json("scores.json", lambda d: d["kept"]["0"].append(d["kept"]["0"][0]))),
+    Case("plan lists a head twice", lambda f: ["prune", f / M, "--plan", f / "edited.json", "-o", f / O], 1, "listed twice",
+         _edit_json("plan.json", lambda d: d.update(remove_heads={"0": [1, 1]}))),
+    Case("plan lists a layer twice", lambda f: ["prune", f / M, "--plan", f / "edited.json", "-o", f / O], 1, "listed twice",
+         _edit_json("plan.json", lambda d: d.update(remove_layers=[0, 0]))),
+    Case("plan layer key 01", lambda f: ["prune", f / M, "--plan", f / "edited.json", "-o", f / O], 1, "plain digits",
+         _edit_json("plan.json", lambda d: d.update(remove_heads={"01": [1]}))),
+    # --- items 7, 8 and 10: YAML, checked whole before any stage runs ---------------------------
+    Case("YAML alias bomb", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "aliases",
+         _write("bad.yaml", "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nmodel: *b\nstages: [{command: score}]\n")),
+    Case("YAML duplicate key", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "appears twice", _yaml("stages:\n  - command: score\n    method: taylor\n    method: random\n")),
+    Case("YAML 5000-digit integer", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "digits", _yaml("seed: " + "7" * 5000 + "\nstages: [{command: score}]\n")),
+    Case("YAML protect names a folder", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "LAYER:HEAD",
+         _yaml("stages:\n  - command: score\n  - command: select\n    ratio: 0.25\n    protect: /usr\n")),
+    Case("YAML NaN ratio", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "ratio", _yaml("stages:\n  - command: score\n  - command: select\n    ratio: .nan\n")),
+    Case("YAML unset variable in a stage", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "HEADPRUNE_SURELY_UNSET",
+         _yaml("stages:\n  - command: score\n    method: ${HEADPRUNE_SURELY_UNSET}\n")),
+    Case("YAML unknown method in the first stage", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "did you mean", _yaml("stages:\n  - command: score\n    method: taylr\n")),
+    Case("YAML falling schedule", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "schedule",
+         _yaml("stages:\n  - command: iterate\n    schedule: 0.5,0.2\n")),
+    Case("YAML 100 KB value is quoted short", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "...",
+         _yaml("stages:\n  - command: score\n    batch_size: " + "x" * 100_000 + "\n")),
+    Case("YAML data under /proc", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "special filesystem",
+         lambda f: (f / "bad.yaml").write_text(f"model: {f / M}\ndata: /proc/self/status\nstages: [{{command: score}}]\n")),
+    Case("run into a read-only folder", lambda f: ["run", f / "bad.yaml", "--out", "/proc/sys/headprune-out"], 2, "not writable", _yaml("stages: [{command: score}]\n")),
+    # --- item 12: import refuses what it could not read back -------------------------------------
+    Case("import negative head count", lambda f: ["import", f / "hf", "-o", f / O], 1, "num_attention_heads=-4", _hf_folder(num_attention_heads=-4)),
+    Case("import negative layer count", lambda f: ["import", f / "hf", "-o", f / O], 1, "num_hidden_layers=-3", _hf_folder(num_hidden_layers=-3)),
+]
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=[c.name for c in HOSTILE])
+def test_hostile_input(case: Case, workspace: Path, tmp_path: Path, cli):
+    """As test_bad_input, and the one line quotes at most a few hundred characters."""
+    result = run_case(case, workspace, tmp_path, cli)
+    assert len(result.err) < 600, result.err[:600]
 
 
 def test_disk_full_leaves_nothing_behind(workspace: Path, tmp_path: Path, cli, monkeypatch):
@@ -205,4 +365,4 @@ def test_disk_full_leaves_nothing_behind(workspace: Path, tmp_path: Path, cli, m
 
 
 def test_case_count_matches_docstring():
-    assert f"{len(CASES) + 1} cases" in __doc__
+    assert f"{len(CASES) + len(HOSTILE) + 1} cases" in __doc__

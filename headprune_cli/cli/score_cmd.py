@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from headprune_cli.model.checkpoint import load
-from headprune_cli.data import read_data
+from headprune_cli.data import position_limit, read_data
 from headprune_cli.fileio import check_output
 from headprune_cli.stages.importance import HEAD_METHODS, init_distributed, score_model, scores_artifact, world
 from headprune_cli.stages.importance.api import make_scorer
@@ -62,6 +62,7 @@ def score(
     model = load(checkpoint)
     place(model, device, dtype)
     objective = check_objective(objective, model)
+    max_length = min(max_length, position_limit(model) or max_length)  # the demo model has 64 positions
     dataset = read_data(data, model, max_length=max_length, samples=samples, seed=seed, need_labels=needs_labels(objective))
     chosen_weights = parse_weights(weights, list(HEAD_METHODS))
     if weights and method != "combined":

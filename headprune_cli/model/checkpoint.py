@@ -34,6 +34,7 @@ from torch import nn
 from headprune_cli.model.arch import adapter_for_family
 from headprune_cli.errors import CheckpointError, HeadpruneError, first_line
 from headprune_cli.fileio import atomic_write, sha256_bytes, sha256_file
+from headprune_cli.model.config_check import check_against_header, check_declared
 from headprune_cli.model.layout import Layout, ModelInfo, info_of
 from headprune_cli.model.materialize import build_empty, check_entries, fill, stored_dtype, tied_groups
 from headprune_cli.model.surgery import apply_plan
@@ -50,6 +51,11 @@ def save(model: nn.Module, path: str | os.PathLike, plan_sha: str | None = None)
     Provenance: the parent is the checkpoint the model was loaded from, the root the
     parent's root (or the parent itself when it was the root).
     """
+    info = info_of(model)
+    # A checkpoint that read_info would refuse must never be written (import of a config
+    # with negative head counts): the same checks, before any byte.
+    check_declared(info.config, info.layout.num_heads, info.layout.num_kv_heads, f"not writing {path}")
+    info.layout.validate()
     write_checkpoint(path, model_specs(model), checkpoint_metadata(model, path, plan_sha))
     return sha256_file(path)
 
@@ -148,6 +154,12 @@ def _check_version_and_keys(meta: dict, where, what: str) -> None:
 def read_info(path: str | os.PathLike) -> ModelInfo:
     """Metadata only (cheap): of a checkpoint file, or of a folder from `headprune export --hf`."""
     meta = read_folder_metadata(path) if is_export_folder(path) else read_metadata(path)
+    info = _info(meta, path)
+    check_declared(info.config, info.layout.num_heads, info.layout.num_kv_heads, path)  # before anything is built
+    return info
+
+
+def _info(meta: dict[str, str], path) -> ModelInfo:
     return ModelInfo(
         family=meta["family"],
         architecture=meta["architecture"],
@@ -165,7 +177,7 @@ def read_info(path: str | os.PathLike) -> ModelInfo:
 def _loads(text: str, key: str, path, kind: type):
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: also a number of more than 4300 digits
         raise CheckpointError(f"{path}: metadata {key!r} is not valid JSON") from None
     if not isinstance(value, kind):
         raise CheckpointError(f"{path}: metadata {key!r} has the wrong type")
@@ -177,6 +189,7 @@ def load(path: str | os.PathLike) -> nn.Module:
     at exactly its stored shapes, in its stored dtype, from the memory-mapped file."""
     info = read_info(path)
     entries = read_entries(weights_path(path))
+    check_against_header(info.config, {n: e.shape for n, e in entries.items()}, sum(e.nbytes for e in entries.values()), path)
     model = build_layout(info, stored_dtype(entries), path)
     handles: dict[str, object] = {}
     try:
@@ -207,6 +220,7 @@ def read_layout_only(path: str | os.PathLike, hashed: bool = False) -> nn.Module
     records the weights' sha256 for provenance, as `load` does."""
     info = read_info(path)
     entries = read_entries(weights_path(path))
+    check_against_header(info.config, {n: e.shape for n, e in entries.items()}, sum(e.nbytes for e in entries.values()), path)
     model = build_layout(info, stored_dtype(entries), path)
     check_entries(model, entries, path)
     model.eval()

@@ -49,6 +49,13 @@ class Layout:
 
     def validate(self) -> None:
         n = self.num_layers
+        lists = (self.num_heads, self.num_kv_heads, self.layers, self.heads, self.kv_heads)
+        if not all(isinstance(v, list) for v in lists) or not all(isinstance(v, list) for v in self.heads + self.kv_heads):
+            raise CheckpointError("checkpoint layout is malformed (its fields must be lists)")
+        # Indices are plain ints: "1" or 1.0 would pass a range check and break indexing later.
+        counts_ok = all(_is_int(c) and c >= 1 for c in self.num_heads + self.num_kv_heads)
+        if not counts_ok or not all(_is_int(i) for i in self.layers):
+            raise CheckpointError("checkpoint layout is inconsistent (head counts and layer indices must be positive integers)")
         ok = (
             len(self.num_kv_heads) == n
             and len(self.heads) == len(self.layers) == len(self.kv_heads)
@@ -63,9 +70,13 @@ class Layout:
             raise CheckpointError("checkpoint layout is inconsistent (layer or head indices out of range)")
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _is_index_set(values: list, bound: int) -> bool:
     return (
-        all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        all(_is_int(v) for v in values)
         and values == sorted(set(values))
         and all(0 <= v < bound for v in values)
     )

@@ -20,8 +20,10 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, create_model
 
-from headprune_cli.errors import UsageError
+from headprune_cli.errors import UsageError, shorten
 from headprune_cli.names import did_you_mean
+from headprune_cli.fileio import check_regular
+from headprune_cli.pipeline.yamlsafe import MAX_CONFIG_BYTES, UnsafeYaml, safe_load
 
 # Pipeline-level defaults live here and nowhere else.
 DEFAULT_OUT = "out/run"
@@ -151,22 +153,31 @@ def stage_model(spec: CommandSpec, reserved: set[str]) -> type[BaseModel]:
             continue
         bounds = {k: v for k, v in (("ge", option.minimum), ("le", option.maximum)) if v is not None}
         fields[key] = (Optional[_field_type(option)], Field(None, **bounds))
-    return create_model(f"Stage_{spec.name}", __config__=ConfigDict(extra="forbid"), **fields)
+    # NaN passes every bound (nan < 1 and nan > 0 are both false); no option means it.
+    return create_model(f"Stage_{spec.name}", __config__=ConfigDict(extra="forbid", allow_inf_nan=False), **fields)
 
 
 def format_errors(exc: ValidationError, where: str, known: list[str]) -> list[str]:
     """One line per pydantic error, with 'did you mean' for unknown keys."""
-    lines = []
+    lines, seen = [], set()
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
+        if err["loc"][:1] in seen and err["type"] != "extra_forbidden":
+            continue  # a union type fails once per member (float, int): one line per key
+        seen.add(err["loc"][:1])
+        loc = ".".join(str(p) for p in err["loc"] if not _is_type_tag(p))
         if err["type"] == "extra_forbidden":
             key = str(err["loc"][-1])
             lines.append(f"{where}{loc}: unknown key{did_you_mean(key, known)}")
         elif err["type"] == "missing":
             lines.append(f"{where}{loc}: required")
         else:
-            lines.append(f"{where}{loc}: {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"{where}{loc}: {err['msg']} (got {shorten(err.get('input'))})")
     return lines
+
+
+def _is_type_tag(part) -> bool:
+    """pydantic names the union member that failed ('float', 'int', 'list[str]'): not a key."""
+    return isinstance(part, str) and (part in ("float", "int", "str", "bool") or "[" in part or part.startswith("literal"))
 
 
 # --- reading the file, environment variables and --set ---------------------------------
@@ -174,18 +185,31 @@ PATH_KEYS = ("model", "data", "train_data", "eval_data", "out")
 
 
 def expand_env(data: dict) -> list[str]:
-    """`${VAR}` in top-level paths, so a config can name a model installed elsewhere."""
+    """`${VAR}` in top-level paths and in stage options, so a config can name a model
+    installed elsewhere; an unset variable is a problem found before any stage runs."""
     problems = []
     for key in PATH_KEYS:
-        value = data.get(key)
-        if not isinstance(value, str) or "$" not in value:
-            continue
-        unset = [v for v in re.findall(r"\$\{?(\w+)\}?", value) if v not in os.environ]
-        if unset:
-            problems.append(f"{key}: environment variable {unset[0]} is not set (used in {value!r})")
-        else:
-            data[key] = os.path.expandvars(value)
+        if key in data:
+            data[key] = _expand(key, data[key], problems)
+    for i, stage in enumerate(data.get("stages") if isinstance(data.get("stages"), list) else []):
+        for key, value in stage.items() if isinstance(stage, dict) else ():
+            found = len(problems)
+            stage[key] = _expand(f"stages.{i}.{key}", value, problems)
+            if len(problems) > found:
+                stage[key] = None  # reported once here, not again as a bad value
     return problems
+
+
+def _expand(where: str, value: Any, problems: list[str]) -> Any:
+    if isinstance(value, list):
+        return [_expand(where, item, problems) for item in value]
+    if not isinstance(value, str) or "$" not in value:
+        return value
+    unset = [v for v in re.findall(r"\$\{?(\w+)\}?", value) if v not in os.environ]
+    if unset:
+        problems.append(f"{where}: environment variable {unset[0]} is not set (used in {shorten(value)})")
+        return value
+    return os.path.expandvars(value)
 
 
 # --- --set overrides -----------------------------------------------------------------
@@ -194,7 +218,12 @@ def load_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise UsageError(f"{path}: no such config file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        check_regular(path, "config file", UsageError)
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise UnsafeYaml(f"{path.stat().st_size} bytes; a config is at most {MAX_CONFIG_BYTES}")
+        data = safe_load(path.read_text(encoding="utf-8"))
+    except UnsafeYaml as exc:
+        raise UsageError(f"{path}: refused: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
@@ -212,15 +241,18 @@ def apply_overrides(data: dict, overrides: list[str]) -> list[str]:
     for item in overrides:
         path, sep, text = item.partition("=")
         if not sep or not path:
-            problems.append(f"--set {item!r}: expected KEY.PATH=VALUE")
+            problems.append(f"--set {shorten(item)}: expected KEY.PATH=VALUE")
             continue
         try:
-            value = yaml.safe_load(text) if text else ""
+            value = safe_load(text) if text else ""
+        except UnsafeYaml as exc:
+            problems.append(f"--set {shorten(item)}: {exc}")
+            continue
         except yaml.YAMLError:
             value = text
         problem = _set_path(data, path.split("."), value)
         if problem:
-            problems.append(f"--set {item!r}: {problem}")
+            problems.append(f"--set {shorten(item)}: {problem}")
     return problems
 
 

@@ -89,7 +89,12 @@ def stage_fingerprint(stage: Stage) -> str:
 
 
 def _is_file_arg(arg: str) -> bool:
-    return not arg.startswith("-") and os.path.exists(arg)
+    """A file, or a model folder; any other folder an option happens to name (`/usr`)
+    is a value, not an input, and is never walked and hashed."""
+    if arg.startswith("-") or not os.path.exists(arg):
+        return False
+    path = Path(arg)
+    return path.is_file() or (path.is_dir() and any((path / name).is_file() for name in ("config.json", "headprune.json")))
 
 
 def _hash_path(path: str) -> str:

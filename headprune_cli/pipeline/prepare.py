@@ -12,14 +12,17 @@ and every later one otherwise (fingerprints in `run-state.json`).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from headprune_cli.errors import HeadpruneError
+from headprune_cli.errors import HeadpruneError, shorten
+from headprune_cli.fileio import check_regular
 from headprune_cli.names import did_you_mean
+from headprune_cli.pipeline.option_checks import check_values
 from headprune_cli.pipeline.config import (
     ConfigError, PipelineConfig, apply_overrides, command_specs, expand_env, format_errors, load_yaml, stage_model,
 )
@@ -83,6 +86,8 @@ WIRING: dict[str, Wiring] = {
 STEMS = {"import": "model", "score": "scores", "select": "plan", "prune": "pruned", "finetune": "finetuned", "iterate": "iterated", "report": "report", "sweep": "sweep"}
 # prune options that mean "select inside prune from scores" rather than "apply a plan".
 SELECT_KEYS = {"ratio", "target_params", "target_flops", "threshold"}
+# Path options that name a folder rather than a file to read.
+FOLDER_OPTIONS = {"state_dir"}
 # Options the pipeline always sets itself; also the report's optional extra outputs.
 OPTIONAL_OUTPUTS = {"report": {"plot": "{stem}-plots", "junit": "{stem}.junit.xml"}}
 
@@ -154,14 +159,17 @@ def _check_stages(entries, specs, problems: list[str]) -> list[Stage]:
         command = entry.get("command")
         if command not in WIRING or command not in specs or command == "import":
             known = [c for c in WIRING if c in specs and c != "import"]
-            problems.append(f"{where}.command: {'missing' if command is None else f'unknown command {command!r}'}{did_you_mean(str(command), known)}")
+            problems.append(f"{where}.command: {'missing' if command is None else f'unknown command {shorten(command)}'}{did_you_mean(str(command), known)}")
             continue
         name = str(entry.get("name") or command)
         where = f"stages.{i} ({name})"
         if name in seen:
-            problems.append(f"{where}: stage name {name!r} is used twice; give one of them `name:`")
+            problems.append(f"{where}: stage name {shorten(name)} is used twice; give one of them `name:`")
         seen.add(name)
+        found = len(problems)
         _check_options(entry, specs[command], where, problems)
+        if len(problems) == found:  # values of the right types: now as their command reads them
+            check_values(command, entry, where, problems)
         # Unknown keys are reported above; wiring goes on without them to find more problems.
         options = {k: v for k, v in entry.items() if k in specs[command].options or k in OPTIONAL_OUTPUTS.get(command, {})}
         stages.append(Stage(name, command, options))
@@ -182,7 +190,7 @@ def _check_options(entry: dict, spec, where: str, problems: list[str]) -> None:
         problems += format_errors(exc, f"{where}.", known)
     for key in extra:
         if not isinstance(entry[key], bool):
-            problems.append(f"{where}.{key}: true or false (the pipeline names the file; got {entry[key]!r})")
+            problems.append(f"{where}.{key}: true or false (the pipeline names the file; got {shorten(entry[key])})")
 
 
 def _check_files(config: PipelineConfig, stages: list[Stage], specs, problems: list[str]) -> None:
@@ -198,16 +206,33 @@ def _check_files(config: PipelineConfig, stages: list[Stage], specs, problems: l
             problems.append(f"model: {exc}")
     for key in ("data", "train_data", "eval_data"):
         value = getattr(config, key)
-        if isinstance(value, str) and not Path(value).is_file():
-            problems.append(f"{key}: {value}: no such file")
+        if isinstance(value, str):
+            _check_input(key, value, problems)
     for i, stage in enumerate(stages):
         spec = specs[stage.command]
         for key, value in stage.options.items():
             option = spec.options.get(key)
             if option is None or not option.is_path or not isinstance(value, str):
                 continue
-            if not Path(value).exists():
-                problems.append(f"stages.{i} ({stage.name}).{key}: {value}: no such file")
+            if key in FOLDER_OPTIONS:
+                if not Path(value).exists():
+                    problems.append(f"stages.{i} ({stage.name}).{key}: {shorten(value)}: no such file")
+                continue
+            _check_input(f"stages.{i} ({stage.name}).{key}", value, problems)
+
+
+def _check_input(where: str, value: str, problems: list[str]) -> None:
+    """An input file exists and is a regular file (a model folder may be an export)."""
+    from headprune_cli.model.checkpoint import is_export_folder
+
+    path = Path(value)
+    if not path.exists():
+        problems.append(f"{where}: {shorten(value)}: no such file")
+    elif not is_export_folder(path):
+        try:
+            check_regular(path, "file", HeadpruneError)
+        except HeadpruneError as exc:
+            problems.append(f"{where}: {exc}")
 
 
 # --- wiring: which file each option reads and writes ---------------------------------
@@ -299,4 +324,7 @@ def _check_out(pipeline: Pipeline, force: bool, problems: list[str]) -> None:
         problems.append(f"out: {out} is a file, not a folder")
     elif out.is_dir() and any(out.iterdir()) and not (out / STATE_FILE).exists() and not force:
         problems.append(f"out: {out} holds files that `headprune run` did not write; pass --force or choose another --out")
+    existing = next((p for p in (out.absolute(), *out.absolute().parents) if p.exists()), None)
+    if existing is not None and existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        problems.append(f"out: {existing} is not writable, so {out} cannot be written")
 

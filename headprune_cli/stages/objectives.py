@@ -16,6 +16,7 @@ Every per-example loss is a [batch] tensor; the loss of a batch is their mean.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -198,6 +199,9 @@ def _classification(model: nn.Module, dataset: Dataset, batch_size: int) -> list
     ]
 
 
+LOG_MAX_FLOAT = math.log(sys.float_info.max)
+
+
 def _perplexity(model: nn.Module, dataset: Dataset, batch_size: int) -> list[Metric]:
     total, count = 0.0, 0.0
     for number, batch in enumerate(_batches_on(model, dataset, batch_size)):
@@ -207,7 +211,10 @@ def _perplexity(model: nn.Module, dataset: Dataset, batch_size: int) -> list[Met
         count += float(tokens.sum())
     if count == 0:
         raise DataError("perplexity needs examples of at least two tokens")
-    return [Metric("perplexity", math.exp(total / count), False)]
+    # exp() of a mean loss above ~709.8 overflows: such a model is useless, and reporting
+    # the largest finite perplexity lets a report gate fail (exit 3) instead of crashing.
+    mean = total / count
+    return [Metric("perplexity", math.exp(mean) if mean < LOG_MAX_FLOAT else sys.float_info.max, False)]
 
 
 def _fidelity(model: nn.Module, reference: nn.Module, dataset: Dataset, batch_size: int) -> list[Metric]:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import heapq
 import math
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from headprune_cli.model.cost_table import CostTable, predict
-from headprune_cli.errors import NumericalError, UsageError
+from headprune_cli.errors import NumericalError, UsageError, shorten
 from headprune_cli.names import did_you_mean
 
 
@@ -95,8 +96,9 @@ def parse_protect(text: str | None) -> tuple[tuple[int, int], ...]:
     out = []
     for item in text.split(","):
         parts = item.strip().split(":")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            raise UsageError(f"--protect: {item.strip()!r} is not LAYER:HEAD (e.g. 0:3,2:1)")
+        # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
+        if len(parts) != 2 or not all(re.fullmatch(r"[0-9]{1,9}", p.strip()) for p in parts):
+            raise UsageError(f"--protect: {shorten(item.strip())} is not LAYER:HEAD (e.g. 0:3,2:1)")
         out.append((int(parts[0]), int(parts[1])))
     return tuple(sorted(set(out)))
 

@@ -13,21 +13,34 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 from torch import nn
 
-from headprune_cli.errors import UsageError
-from headprune_cli.fileio import atomic_write_bytes
+from headprune_cli.errors import HeadpruneError, UsageError, shorten
+from headprune_cli.fileio import atomic_write_bytes, os_error_in
 
 LATEST = "latest.json"
 
 
 def save_state(folder: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scalars: dict, best: dict | None) -> None:
     """Write the state after `step` optimizer steps; older step folders are removed."""
+    try:
+        _save_state(folder, step, model, optimizer, scalars, best)
+    except Exception as exc:
+        error = os_error_in(exc)
+        shutil.rmtree(folder / f".step-{step:08d}.tmp", ignore_errors=True)
+        if error is None:
+            raise
+        raise HeadpruneError(f"could not save the training state in {folder}: {error.strerror or error}") from None
+
+
+def _save_state(folder: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scalars: dict, best: dict | None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"step-{step:08d}"
     if target.exists():
@@ -57,11 +70,51 @@ def load_state(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer)
     if not pointer.is_file():
         raise UsageError(f"--resume: no training state in {folder} (nothing was saved yet)")
     try:
-        target = folder / json.loads(pointer.read_text())["folder"]
-        state = json.loads((target / "state.json").read_text())
-    except (OSError, KeyError, json.JSONDecodeError) as exc:
-        raise UsageError(f"--resume: training state in {folder} is unreadable ({exc})") from None
-    return state, _restore(target, state, model, optimizer)
+        name = json.loads(pointer.read_text())["folder"]
+        if not isinstance(name, str) or not re.fullmatch(r"step-[0-9]{8}", name):
+            raise ValueError(f"{LATEST} names {shorten(name)}, not a step folder of this state")
+        target = folder / name
+        state = _checked(json.loads((target / "state.json").read_text()))
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"--resume: training state in {folder} is unreadable or tampered with ({shorten(str(exc), 160)})") from None
+    try:
+        return state, _restore(target, state, model, optimizer)
+    except UsageError:
+        raise
+    except Exception as exc:  # safetensors' and torch's own errors for corrupt or mismatched files
+        raise UsageError(f"--resume: training state in {target} does not restore ({shorten(str(exc), 160)})") from None
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    epoch: StrictInt = Field(ge=0)
+    step: StrictInt = Field(ge=0)
+    train_loss: float | None
+    metrics: dict[str, float]
+
+
+class _State(BaseModel):
+    """What a resume reads from state.json; anything else means the file was edited."""
+
+    model_config = ConfigDict(extra="allow")
+    step: StrictInt = Field(ge=1)
+    param_groups: list[dict]
+    has_best: StrictBool
+    fingerprint: dict
+    history: list[_Record]
+    best_value: float | None
+    best_epoch: StrictInt | None
+    first_loss: float | None
+    epoch_losses: list[float]
+
+
+def _checked(state) -> dict:
+    try:
+        _State.model_validate(state)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ValueError(f"state.json: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    return state
 
 
 def _restore(target: Path, state: dict, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:

@@ -9,6 +9,8 @@ Rendering (terminal, Markdown, JUnit, PNG) is in render.py.
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -109,8 +111,13 @@ def main_metric(task: str, baseline: list[dict], pruned: list[dict]) -> MainMetr
         pruned=new["value"],
         drop=worse * 100 if points else worse,
         unit="points" if points else name,
-        rel_drop=worse / abs(base["value"]) if base["value"] else 0.0,
+        rel_drop=_finite(worse / abs(base["value"])) if base["value"] else 0.0,
     )
+
+
+def _finite(value: float) -> float:
+    """A ratio of two huge (overflowed) metrics may be inf; JSON cannot hold it, a gate can."""
+    return value if math.isfinite(value) else math.copysign(sys.float_info.max, value)
 
 
 def evaluate_both(baseline: nn.Module, pruned: nn.Module, data: str | Path, batch_size: int, max_length: int) -> tuple[list[dict], list[dict]]:

@@ -51,11 +51,9 @@ def summarize(samples_ms: list[float]) -> Latency:
 
 
 def max_sequence(model: nn.Module) -> int | None:
-    config = info_of(model).config
-    for key in ("max_position_embeddings", "n_positions", "max_position"):
-        if isinstance(config.get(key), int):
-            return config[key]
-    return None
+    from headprune_cli.data import position_limit
+
+    return position_limit(model)
 
 
 def synthetic_inputs(model: nn.Module, batch: int, seq_len: int, seed: int = 0) -> tuple[dict, int]:

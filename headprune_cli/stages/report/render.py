@@ -27,7 +27,7 @@ def _num(value: float) -> str:
 
 
 def _metric_value(name: str, value: float) -> str:
-    return f"{value * 100:.2f}%" if name in ("accuracy", "macro_f1") else f"{value:.4f}"
+    return f"{value * 100:.2f}%" if name in ("accuracy", "macro_f1") else f"{value:.4f}" if abs(value) < 1e9 else f"{value:.4g}"  # an overflowed perplexity is 1.798e+308, not 309 digits
 
 
 def _heads(values: list[int]) -> str:

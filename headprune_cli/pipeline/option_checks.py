@@ -1,0 +1,76 @@
+"""Stage option values checked the way their commands will check them, before any
+stage runs: a bad `protect:` or a NaN ratio in the last stage must not cost the
+scoring and fine-tuning before it (and must never be mistaken for a path to hash).
+
+Each check is the parser the command itself uses, so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from headprune_cli.errors import HeadpruneError, shorten
+
+
+def _protect(value: Any) -> None:
+    from headprune_cli.stages.selection import parse_protect
+
+    parse_protect(str(value))
+
+
+def _threshold(value: Any) -> None:
+    from headprune_cli.stages.selection import parse_threshold
+
+    parse_threshold(str(value))
+
+
+def _fraction(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value <= 1:
+        raise HeadpruneError(f"must be a fraction within [0, 1], got {shorten(value)}")
+
+
+def _method(value: Any) -> None:
+    from headprune_cli.stages.importance.api import make_scorer
+
+    make_scorer(str(value))
+
+
+def _weights(value: Any) -> None:
+    from headprune_cli.stages.importance import HEAD_METHODS
+    from headprune_cli.stages.importance.baselines import parse_weights
+
+    parse_weights([str(v) for v in value] if isinstance(value, list) else [str(value)], list(HEAD_METHODS))
+
+
+def _schedule(value: Any) -> None:
+    from headprune_cli.stages.iterative import _check_schedule
+
+    try:
+        ratios = [float(x) for x in str(value).split(",") if x.strip()]
+    except ValueError:
+        raise HeadpruneError(f"comma-separated fractions like 0.1,0.2,0.3, got {shorten(value)}") from None
+    _check_schedule(ratios)
+
+
+CHECKS: dict[tuple[str, str], Callable[[Any], None]] = {
+    **{(command, "protect"): _protect for command in ("select", "prune")},
+    **{(command, "threshold"): _threshold for command in ("select", "prune")},
+    **{(command, key): _fraction for command in ("select", "prune") for key in ("ratio", "target_params", "target_flops")},
+    ("score", "method"): _method,
+    ("score", "weights"): _weights,
+    ("iterate", "schedule"): _schedule,
+}
+
+
+def check_values(command: str, options: dict[str, Any], where: str, problems: list[str]) -> None:
+    """Append one problem per option value its command would refuse."""
+    for key, value in options.items():
+        check = CHECKS.get((command, key))
+        if check is None or value is None:
+            continue
+        try:
+            check(value)
+        except HeadpruneError as exc:
+            problems.append(f"{where}.{key}: {str(exc).splitlines()[0] if str(exc) else 'invalid'}")
