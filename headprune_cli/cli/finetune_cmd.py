@@ -70,7 +70,7 @@ def finetune_command(
     fingerprint = {"checkpoint": model.headprune.loaded_from[1], "data": str(data), "teacher": teacher, "epochs": epochs, "steps": steps}
     result = run_finetune(model, train, cfg, dev, teacher_model, fingerprint)
     if setup().main:
-        save(result.model, output)
+        save(result.model, output, overwrite=force)
         shutil.rmtree(cfg.state_dir, ignore_errors=True)
         console.print(f"wrote {output}")
     setup().barrier()
