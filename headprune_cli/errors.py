@@ -49,12 +49,6 @@ class NumericalError(HeadpruneError):
     """A NaN/inf appeared where a finite number is required."""
 
 
-class GateFailed(HeadpruneError):
-    """A report gate failed: the model got worse than the budget allows."""
-
-    exit_code = EXIT_GATE_FAILED
-
-
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type name when empty), for one-line errors."""
     lines = str(exc).strip().splitlines()

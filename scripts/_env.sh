@@ -1,6 +1,10 @@
 # Sourced by scripts/test.sh and scripts/demo.sh: create or refresh .venv, then activate it.
 # torch is installed first and pinned: with no torch present, an open range such as
-# torch>=2.4 would pull a multi-GB CUDA build; 2.13.0 is the CPU build.
+# torch>=2.4 makes pip pick the platform's default build. Which build the pin gives depends
+# on the index: this project's machines have the CPU build of 2.13.0 in their local wheel
+# store; from the public PyPI index on Linux the same pin is the multi-GB CUDA build.
+# HEADPRUNE_TORCH (requirement) and HEADPRUNE_TORCH_INDEX (index URL, e.g.
+# https://download.pytorch.org/whl/cpu) choose; they matter only while .venv has no torch.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -15,7 +19,9 @@ STAMP=".venv/.headprune-installed"
 WANT="$(cat pyproject.toml scripts/_env.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   python -m pip install -q --upgrade pip >&2
-  python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0" >&2
+  if ! python -c "import torch" 2>/dev/null; then
+    python -m pip install -q ${HEADPRUNE_TORCH_INDEX:+--index-url "$HEADPRUNE_TORCH_INDEX"} "${HEADPRUNE_TORCH:-torch==2.13.0}" >&2
+  fi
   python -m pip install -q -e ".[test,plot]" >&2
   echo "$WANT" > "$STAMP"
 fi

@@ -101,7 +101,7 @@ def main() -> None:
     info.tokenizer = tokenizer.to_str()
     info.tokenizer_config = {"pad_token": "[PAD]", "unk_token": "[UNK]", "bos_token": "[BOS]"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    sha = headprune_cli.save(model, args.out)
+    sha = headprune_cli.save(model, args.out, overwrite=True)  # a generator: reruns replace its own output
     print(f"wrote {args.out} (sha256 {sha[:12]}; vocab {tokenizer.get_vocab_size()})")
 
 

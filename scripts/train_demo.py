@@ -154,7 +154,7 @@ def main() -> None:
     info = info_of(model)
     info.tokenizer = tokenizer.to_str()
     info.tokenizer_config = {"pad_token": "[PAD]", "unk_token": "[UNK]"}
-    sha = headprune_cli.save(model, args.out / "model.safetensors")
+    sha = headprune_cli.save(model, args.out / "model.safetensors", overwrite=True)  # rebuilds the bundled example
     for name, rows in splits.items():
         write_jsonl(args.out / f"{name}.jsonl", rows)
     # Label-free text for the fidelity objective and for causal-LM style readers.

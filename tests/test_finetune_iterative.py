@@ -8,7 +8,9 @@ import torch
 from headprune_cli.data import Dataset
 from headprune_cli.errors import UsageError
 from headprune_cli.stages.finetune.train import FinetuneConfig
-from headprune_cli.stages.iterative import iterative_prune
+from headprune_cli.stages.iterative import _acceptable, iterative_prune
+from headprune_cli.stages.objectives import Metric
+from headprune_cli.stages.report.build import gates, main_metric
 
 from .conftest import TINY, VOCAB
 
@@ -63,3 +65,23 @@ def test_iterate_command_writes_the_pruned_model(cli, tmp_path):
     bad = cli("iterate", tmp_path / "m.safetensors", "--data", tmp_path / "train.safetensors", "--eval-data", tmp_path / "dev.safetensors",
               "--schedule", "0.4,0.2", "-o", tmp_path / "bad.safetensors")
     assert bad.code == 2 and "schedule" in bad.err and not (tmp_path / "bad.safetensors").exists()
+
+
+def test_max_drop_is_in_points_in_iterate_as_in_report_and_sweep():
+    # 0.75 -> 0.7421875 is 0.78125 points worse (exact in binary): within 0.79, not within 0.78.
+    base, value = Metric("accuracy", 0.75, True), 0.7421875
+    assert _acceptable(base, value, None, 0.79) and not _acceptable(base, value, None, 0.78)
+    main = main_metric("classification", [base.to_dict()], [{"name": "accuracy", "value": value, "higher_is_better": True}])
+    assert (main.drop, main.unit) == (0.78125, "points")  # sweep's within_budget reads this same drop
+    assert [g.passed for g in gates(main, None, max_drop=0.79)] == [True]
+    assert [g.passed for g in gates(main, None, max_drop=0.78)] == [False]
+    # perplexity: its own unit, lower is better
+    ppl = Metric("perplexity", 10.0, False)
+    assert _acceptable(ppl, 10.5, None, 0.5) and not _acceptable(ppl, 10.75, None, 0.5)
+    assert _acceptable(base, 0.9, 0.8, None) and not _acceptable(base, 0.79, 0.8, None)  # --floor
+
+
+def test_iterate_refuses_a_negative_max_drop(cli, tmp_path):
+    result = cli("iterate", tmp_path / "m.safetensors", "--data", tmp_path / "d.jsonl", "--eval-data", tmp_path / "d.jsonl",
+                 "--max-drop", "-1", "-o", tmp_path / "out.safetensors")
+    assert result.code == 2 and "--max-drop" in result.err

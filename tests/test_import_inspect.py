@@ -122,3 +122,18 @@ def test_metadata_that_lies_about_head_counts_is_refused(tmp_path, cli):
     save(model, tmp_path / "lie.safetensors")
     result = cli("inspect", tmp_path / "lie.safetensors")
     assert result.code == 1 and "shape" in result.err
+
+
+def test_save_never_replaces_a_file_unless_asked(tmp_path):
+    from headprune_cli.errors import UsageError
+
+    from .conftest import TINY
+
+    target = tmp_path / "m.safetensors"
+    target.write_bytes(b"the only copy")
+    with pytest.raises(UsageError, match="overwrite=True"):
+        save(TINY["reference"](), target)
+    assert target.read_bytes() == b"the only copy"
+    model = TINY["reference"]()
+    save(model, target, overwrite=True)
+    assert info_of(load(target)).layout.heads == info_of(model).layout.heads

@@ -102,7 +102,7 @@ def test_a_failed_gate_exits_3_after_writing_outputs(models, cli, tmp_path):
     result = _report(cli, folder, "--max-drop", "0.5", "--max-rel-drop", "1", "--json", tmp_path / "r.json",
                      "--markdown", tmp_path / "r.md", "--junit", tmp_path / "j.xml")
     assert result.code == 3, result.err
-    assert "Error: gate max-drop failed" in result.err
+    assert "FAIL: gate max-drop failed" in result.err and "Error" not in result.err
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["verdict"] == "fail"
     assert [g["passed"] for g in data["gates"]] == [False, True]

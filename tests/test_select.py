@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -15,6 +16,8 @@ from headprune_cli.stages.selection import Constraints, ScoreTable, parse_protec
 
 from .conftest import assert_refused, snapshot
 from .select_helpers import saved_model, scores_for, write_scores
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # --- tables built directly ------------------------------------------------------------
@@ -219,6 +222,22 @@ def test_gqa_removes_whole_groups_by_summed_scores():
     assert select(table, ratio=0.5).remove_heads == {0: [2, 3]}
     rows = select(table, ratio=0.5, constraints=Constraints(gqa_unit="head"))
     assert rows.remove_heads == {0: [0, 2]}  # the least important head of every group
+
+
+def test_shipped_causal_lm_config_removes_two_of_four_query_heads_of_every_group():
+    """configs/causal-lm.yaml says so in a comment; its select stage must do it, in every layer."""
+    import random
+
+    import yaml
+
+    config = yaml.safe_load((ROOT / "configs" / "causal-lm.yaml").read_text())
+    stage = next(s for s in config["stages"] if s["command"] == "select")
+    rng = random.Random(0)  # the config's model: 4 layers, 8 query heads sharing 2 K/V heads
+    table = ScoreTable(heads={l: {h: rng.random() for h in range(8)} for l in range(4)}, num_heads=[8] * 4, num_kv_heads=[2] * 4)
+    chosen = select(table, stage.get("strategy"), ratio=stage["ratio"], constraints=Constraints(gqa_unit=stage["gqa_unit"]))
+    for layer in range(4):
+        removed = chosen.remove_heads[layer]
+        assert [sum(1 for h in removed if h // 4 == group) for group in (0, 1)] == [2, 2], (layer, removed)
 
 
 def test_budget_meets_the_target_with_least_important_heads():

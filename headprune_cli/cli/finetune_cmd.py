@@ -75,7 +75,7 @@ def finetune_command(
                    "dtype": dtype_name(dtype)}  # a saved state resumes only in the dtype it was trained in
     result = run_finetune(model, train, cfg, dev, teacher_model, fingerprint)
     if setup().main:
-        save(result.model.to("cpu"), output)
+        save(result.model.to("cpu"), output, overwrite=force)
         shutil.rmtree(cfg.state_dir, ignore_errors=True)
         console.print(f"wrote {output}")
     setup().barrier()

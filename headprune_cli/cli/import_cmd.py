@@ -36,5 +36,5 @@ def import_model(
         model = load(source)
     else:
         raise CheckpointError(f"{source}: no such folder or file")
-    digest = save(model, output)
+    digest = save(model, output, overwrite=force)
     console.print(f"wrote {output} (sha256 {digest[:12]})")

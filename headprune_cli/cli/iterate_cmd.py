@@ -29,7 +29,7 @@ def iterate(
     method: Annotated[str, typer.Option("--method", help="Scoring method used every round.")] = "taylor",
     score_data: Annotated[Path | None, typer.Option("--score-data", help="Data for scoring (default: --data).")] = None,
     floor: Annotated[float | None, typer.Option("--floor", help="Stop before the dev metric crosses this value.")] = None,
-    max_drop: Annotated[float | None, typer.Option("--max-drop", help="Stop before the dev metric is this much worse than the input's (accuracy: a fraction).")] = None,
+    max_drop: Annotated[float | None, typer.Option("--max-drop", min=0, help="Stop before the dev metric is this much worse than the input's: points for accuracy/F1/fidelity (1.0 = one percentage point, as in `report`), or perplexity.")] = None,
     epochs: Annotated[int, typer.Option("--epochs", min=1, help="Recovery epochs per round.")] = 1,
     lr: Annotated[float | None, typer.Option("--lr", help="Recovery learning rate (default by model size).")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 16,
@@ -43,7 +43,7 @@ def iterate(
 
     Examples:
 
-      headprune iterate model.safetensors --data train.jsonl --eval-data dev.jsonl --max-drop 0.01 -o small.safetensors
+      headprune iterate model.safetensors --data train.jsonl --eval-data dev.jsonl --max-drop 1.0 -o small.safetensors
 
       headprune iterate model.safetensors --data train.jsonl --eval-data dev.jsonl --schedule 0.2,0.4,0.6 --teacher self -o small.safetensors
     """
@@ -63,7 +63,7 @@ def iterate(
         max_drop=max_drop, finetune_config=cfg, teacher=teacher_model, seed=seed, on_round=_log,
     )
     console.print(_table(result))
-    save(result.model, output)
+    save(result.model, output, overwrite=force)
     console.print(f"wrote {output} ({sum(len(h) for h in result.model.headprune.layout.heads)} heads)")
 
 

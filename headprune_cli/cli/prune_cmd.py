@@ -94,7 +94,7 @@ def prune(
         _compensate(model, remove_heads, plan_dict["remove_layers"], compensation, data, samples, max_length, batch_size, ridge)
         restore(model, placement)  # cut and saved on the CPU, in the stored dtype
         apply_plan(model, remove_heads, plan_dict["remove_layers"])
-        digest = save(model, output, plan_sha=plan_sha)
+        digest = save(model, output, plan_sha=plan_sha, overwrite=force)
     heads = sum(len(v) for v in remove_heads.values())
     console.print(f"wrote {output}: removed {heads} heads, {len(plan_dict['remove_layers'])} layers (sha256 {digest[:12]})")
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from headprune_cli.stages.report import render
-from headprune_cli.errors import GateFailed, UsageError
+from headprune_cli.errors import EXIT_GATE_FAILED, UsageError
 from headprune_cli.fileio import check_output
 from headprune_cli.stages.report.build import ReportOptions, build_report
 from headprune_cli.schema import write_artifact
@@ -31,7 +32,7 @@ def report(
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed warm-up runs per model.")] = 2,
     json_out: Annotated[Optional[str], typer.Option("--json", help="Write the report JSON here ('-' for stdout).")] = None,
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY).")] = None,
-    plot_dir: Annotated[Optional[Path], typer.Option("--plot", help="Folder for PNG plots (head_map.png).")] = None,
+    plot_dir: Annotated[Optional[Path], typer.Option("--plot", help="Folder for PNG plots: head_map.png, kept/removed heads per layer (coloured by importance with --scores).")] = None,
     junit_out: Annotated[Optional[Path], typer.Option("--junit", help="Write JUnit XML, one test case per gate.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")] = False,
     device: Device = "auto",
@@ -69,7 +70,9 @@ def report(
     render.terminal(result, console)
     failed = [g["name"] for g in result["gates"] if not g["passed"]]
     if failed:
-        raise GateFailed(f"gate {', '.join(failed)} failed: {render.headline(result)}")
+        # A verdict, not an error: `Error:` lines mean the tool or its input broke (exit 1/2).
+        print(f"FAIL: gate {', '.join(failed)} failed: {render.headline(result)}", file=sys.stderr)
+        raise typer.Exit(EXIT_GATE_FAILED)
 
 
 def _check_outputs(json_out, markdown_out, junit_out, plot_dir, force, inputs) -> dict:

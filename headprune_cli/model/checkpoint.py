@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from headprune_cli.model.arch import adapter_for_family
-from headprune_cli.errors import CheckpointError, HeadpruneError, first_line
+from headprune_cli.errors import CheckpointError, HeadpruneError, UsageError, first_line
 from headprune_cli.fileio import atomic_write, sha256_bytes, sha256_file
 from headprune_cli.model.config_check import check_against_header, check_declared
 from headprune_cli.model.layout import Layout, ModelInfo, info_of
@@ -45,12 +45,15 @@ FORMAT_VERSION = "1"
 _KEYS = ("format", "version", "family", "architecture", "config", "layout", "task")
 
 
-def save(model: nn.Module, path: str | os.PathLike, plan_sha: str | None = None) -> str:
+def save(model: nn.Module, path: str | os.PathLike, plan_sha: str | None = None, *, overwrite: bool = False) -> str:
     """Write `model` as a headprune checkpoint atomically; returns the file's sha256.
 
-    Provenance: the parent is the checkpoint the model was loaded from, the root the
-    parent's root (or the parent itself when it was the root).
+    An existing file is replaced only with `overwrite=True`, the rule every command keeps
+    with --force. Provenance: the parent is the checkpoint the model was loaded from, the
+    root the parent's root (or the parent itself when it was the root).
     """
+    if not overwrite and os.path.lexists(path):
+        raise UsageError(f"{path} exists; pass overwrite=True to replace it")
     info = info_of(model)
     # A checkpoint that read_info would refuse must never be written (import of a config
     # with negative head counts): the same checks, before any byte.

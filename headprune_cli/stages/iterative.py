@@ -21,7 +21,7 @@ from headprune_cli.errors import UsageError
 from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
 from headprune_cli.stages.importance import score_model
 from headprune_cli.model.layout import info_of
-from headprune_cli.stages.objectives import check_objective, evaluate
+from headprune_cli.stages.objectives import Metric, check_objective, evaluate, worse_by
 from headprune_cli.stages.selection import Constraints, ScoreTable, select
 from headprune_cli.model.surgery import apply_plan
 
@@ -73,14 +73,15 @@ def iterative_prune(
 
     Quality is the first metric of `evaluate(model, dev, objective)` (accuracy,
     perplexity or fidelity). The floor is `floor` (an absolute metric value) and/or
-    `max_drop` (how much worse than the input model, in the metric's units; accuracy is
-    a fraction, so 0.005 = 0.5 points). `score_data` defaults to `train`.
+    `max_drop` (how much worse than the input model may get: in points for accuracy-like
+    metrics, 1.0 = one percentage point, as `report --max-drop`; perplexity in its own
+    unit). `score_data` defaults to `train`.
     """
     _check_schedule(schedule)
     objective = check_objective(objective, model)
     cfg = finetune_config or FinetuneConfig(epochs=1, seed=seed)
     base = evaluate(model, dev, objective, reference=teacher)[0]
-    limit = _limit(base.value, base.higher_is_better, floor, max_drop)
+    _check_budget(max_drop)
     original = sum(len(h) for h in info_of(model).layout.heads)
     current = copy.deepcopy(model)
     result = IterativeResult(current, base.name, base.higher_is_better, base.value)
@@ -95,7 +96,7 @@ def iterative_prune(
         pruned_value = trained.history[0].metrics[base.name]
         # finetune returns its best epoch's weights and has already evaluated them.
         value = next(r.metrics[base.name] for r in trained.history if r.epoch == trained.best_epoch)
-        ok = limit is None or (value >= limit if base.higher_is_better else value <= limit)
+        ok = _acceptable(base, value, floor, max_drop)
         heads_now = sum(len(h) for h in info_of(trained.model).layout.heads)
         record = Round(ratio, heads_now, removed, pruned_value, value, ok)
         result.rounds.append(record)
@@ -118,15 +119,16 @@ def _prune_round(model, data, method, objective, ratio, constraints, batch_size,
     return candidate, chosen.remove_heads
 
 
-def _limit(base: float, higher: bool, floor: float | None, max_drop: float | None) -> float | None:
-    limits = [floor] if floor is not None else []
-    if max_drop is not None:
-        if max_drop < 0:
-            raise UsageError("max_drop must be >= 0")
-        limits.append(base - max_drop if higher else base + max_drop)
-    if not limits:
-        return None
-    return max(limits) if higher else min(limits)
+def _check_budget(max_drop: float | None) -> None:
+    if max_drop is not None and not max_drop >= 0:
+        raise UsageError(f"max_drop must be a number >= 0 (got {max_drop})")
+
+
+def _acceptable(base: Metric, value: float, floor: float | None, max_drop: float | None) -> bool:
+    """Above the floor and within the drop budget (points for accuracy-like metrics, as `report`)."""
+    if floor is not None and (value < floor if base.higher_is_better else value > floor):
+        return False
+    return max_drop is None or worse_by(base.name, base.higher_is_better, base.value, value) <= max_drop
 
 
 def _check_schedule(schedule: Sequence[float]) -> None:

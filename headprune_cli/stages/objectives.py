@@ -30,6 +30,10 @@ from headprune_cli.model.layout import info_of
 from headprune_cli.names import did_you_mean
 
 OBJECTIVES = ("classification", "causal-lm", "fidelity")
+# Metrics that are fractions in [0, 1]. Every --max-drop speaks of them in points (x100,
+# 1.0 = one percentage point), the unit people quote accuracy drops in; others (perplexity)
+# in their own unit.
+POINT_METRICS = ("accuracy", "macro_f1", "fidelity")
 _TASK_OBJECTIVE = {"classification": "classification", "causal-lm": "causal-lm", "embedding": "fidelity"}
 
 
@@ -41,6 +45,17 @@ class Metric:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "value": self.value, "higher_is_better": self.higher_is_better}
+
+
+def drop_unit(name: str) -> str:
+    """The unit of a --max-drop budget on metric `name`: 'points' or the metric's own."""
+    return "points" if name in POINT_METRICS else name
+
+
+def worse_by(name: str, higher_is_better: bool, baseline: float, value: float) -> float:
+    """How much worse `value` is than `baseline` (negative: better), in drop_unit(name)."""
+    worse = (baseline - value) if higher_is_better else (value - baseline)
+    return worse * 100 if name in POINT_METRICS else worse
 
 
 def default_objective(model: nn.Module) -> str:

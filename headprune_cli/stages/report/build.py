@@ -24,10 +24,10 @@ from headprune_cli.errors import ArchitectureError, CheckpointError, DataError, 
 from headprune_cli.fileio import sha256_file
 from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs
 from headprune_cli.model.layout import ModelInfo, info_of
+from headprune_cli.stages.objectives import drop_unit, worse_by
 
 # The metric a gate reads, per task, and whether its drop is stated in points (x100).
 MAIN_METRIC = {"classification": "accuracy", "causal-lm": "perplexity", "embedding": "fidelity"}
-POINT_METRICS = ("accuracy", "macro_f1", "fidelity")
 MAX_LINEAGE_DEPTH = 64
 
 
@@ -103,14 +103,13 @@ def main_metric(task: str, baseline: list[dict], pruned: list[dict]) -> MainMetr
         raise DataError(f"the evaluation produced no {name!r} metric for this {task} model")
     base, new = by_name[0][name], by_name[1][name]
     worse = (base["value"] - new["value"]) if base["higher_is_better"] else (new["value"] - base["value"])
-    points = name in POINT_METRICS
     return MainMetric(
         name=name,
         higher_is_better=base["higher_is_better"],
         baseline=base["value"],
         pruned=new["value"],
-        drop=worse * 100 if points else worse,
-        unit="points" if points else name,
+        drop=worse_by(name, base["higher_is_better"], base["value"], new["value"]),
+        unit=drop_unit(name),
         rel_drop=_finite(worse / abs(base["value"])) if base["value"] else 0.0,
     )
 
@@ -213,8 +212,7 @@ class Gate:
 def gates(main: MainMetric, speedup: float | None, max_drop=None, max_rel_drop=None, min_speedup=None) -> list[Gate]:
     out = []
     if max_drop is not None:
-        unit = "points" if main.unit == "points" else main.unit
-        out.append(Gate("max-drop", f"{main.name} drop <= {max_drop:g} {unit}", max_drop, main.drop, main.drop <= max_drop))
+        out.append(Gate("max-drop", f"{main.name} drop <= {max_drop:g} {main.unit}", max_drop, main.drop, main.drop <= max_drop))
     if max_rel_drop is not None:
         out.append(Gate("max-rel-drop", f"{main.name} relative drop <= {max_rel_drop:.2%}", max_rel_drop, main.rel_drop, main.rel_drop <= max_rel_drop))
     if min_speedup is not None:
