@@ -122,7 +122,7 @@ def fidelity(model, reference, held: Dataset) -> float:
 
 def headprune_reloads(model, held: Dataset, tmp: Path) -> str:
     path = tmp / "hp.safetensors"
-    headprune_cli.save(model, path)
+    headprune_cli.save(model, path, overwrite=True)  # its own scratch file, rewritten per row
     back = headprune_cli.load(path)
     batch = next(batches(held, 8))
     same = torch.equal(embed(back, batch), embed(model, batch))

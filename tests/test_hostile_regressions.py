@@ -120,7 +120,7 @@ def test_perplexity_overflow_is_a_gate_failure(tmp_path: Path, cli):
     result = cli("report", "--model", tmp_path / "broken.safetensors", "--baseline", tmp_path / "base.safetensors", "--data", tmp_path / "eval.safetensors",
                  "--max-drop", "1", "--repeats", "0", "--json", tmp_path / "r.json", "--markdown", tmp_path / "r.md")
     assert result.code == 3, result.err
-    assert result.err.splitlines()[-1].startswith("Error: gate max-drop failed") and "Traceback" not in result.err
+    assert result.err.splitlines()[-1].startswith("FAIL: gate max-drop failed") and "Traceback" not in result.err
     assert "1.798e+308" in result.err and len(result.err) < 2000
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["main_metric"]["pruned"] == sys.float_info.max and report["verdict"] == "fail"

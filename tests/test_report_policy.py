@@ -57,7 +57,7 @@ def test_the_verdict_fails_when_any_gate_fails():
 def _assert_gate_failed(result, gate: str) -> None:
     """Exit 3, the summary, then the one `Error:` line naming the gate (not a crash)."""
     assert result.code == 3, result
-    assert result.err.splitlines()[-1].startswith(f"Error: gate {gate} failed"), result.err
+    assert result.err.splitlines()[-1].startswith(f"FAIL: gate {gate} failed"), result.err
     assert "Internal error" not in result.err and "Traceback" not in result.err
 
 

@@ -110,7 +110,7 @@ model = ReferenceEncoder(ReferenceConfig(vocab_size=30000, hidden_size=512, head
 save(model, sys.argv[2])  # the bytes every complete write produces
 print("ready", flush=True)
 while True:
-    save(model, sys.argv[1])
+    save(model, sys.argv[1], overwrite=True)  # replaces the target again and again
 """
 
 
@@ -158,5 +158,5 @@ def test_file_hash_follows_changes_to_the_file(tmp_path):
     assert sha256_file(path) == sha256_bytes(b"two, longer")
     save(TINY["reference"](), tmp_path / "m.safetensors")
     first = sha256_file(tmp_path / "m.safetensors")
-    save(TINY["bert"](), tmp_path / "m.safetensors")  # atomic replace: a new inode
+    save(TINY["bert"](), tmp_path / "m.safetensors", overwrite=True)  # atomic replace: a new inode
     assert sha256_file(tmp_path / "m.safetensors") != first
