@@ -1,7 +1,6 @@
-"""README examples: the block parser that scripts/check_readme.py (to come) and a future test use.
-
-Not yet run in CI: the run-every-block test was not verified in time this round (see the
-closing note). Every README example runs as written.
+"""README examples: the block parser (tested here) and `_run`, which runs one block in its
+own process group. The test that runs every block in order is held back until it has had
+one verified run (see the closing note of this round).
 
 The ```bash and ```python blocks run in order, each in its own process, in one scratch
 folder that holds what the repository ships (examples/, configs/, scripts/), with this
