@@ -9,6 +9,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_GATE_FAILED = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C; SIGTERM exits the same way
 
 
 class HeadpruneError(Exception):
@@ -51,6 +52,11 @@ class GateFailed(HeadpruneError):
     """A report gate failed: the model got worse than the budget allows."""
 
     exit_code = EXIT_GATE_FAILED
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived. A BaseException, so that `except Exception` cannot swallow
+    it while every `finally` and `except BaseException` on the way out removes temporaries."""
 
 
 def first_line(exc: BaseException) -> str:

@@ -10,7 +10,7 @@ import typer
 from headprune_cli.model.checkpoint import load
 from headprune_cli.errors import UsageError
 from headprune_cli.model.export import check_folder_output, export_hf, export_onnx
-from headprune_cli.fileio import check_output
+from headprune_cli.outputs import check_output
 from headprune_cli.cli.common import console
 
 

@@ -9,7 +9,7 @@ import typer
 
 from headprune_cli.stages.report import render
 from headprune_cli.errors import GateFailed, UsageError
-from headprune_cli.fileio import check_output
+from headprune_cli.outputs import check_distinct, check_folder, check_output, make_folder
 from headprune_cli.stages.report.build import ReportOptions, build_report
 from headprune_cli.schema import write_artifact
 from headprune_cli.cli.common import console
@@ -48,7 +48,7 @@ def report(
 
       cat report.md >> "$GITHUB_STEP_SUMMARY"
     """
-    inputs = [model, data, scores, None if baseline == "auto" else baseline]
+    inputs = [model, data, scores, baseline]  # `auto` reaches the root through the model's provenance
     outputs = _check_outputs(json_out, markdown_out, junit_out, plot_dir, force, inputs)
     if min_speedup is not None and repeats == 0:
         raise UsageError("--min-speedup needs latency measurements; --repeats must be at least 1")
@@ -61,6 +61,7 @@ def report(
     if junit_out is not None:
         render.write_text(junit_out, render.junit(result))
     if plot_dir is not None:
+        make_folder(plot_dir)  # only now: a refused or failed report leaves no empty folder
         render.head_map_png(result, outputs["plot"])
     render.terminal(result, console)
     failed = [g["name"] for g in result["gates"] if not g["passed"]]
@@ -77,11 +78,8 @@ def _check_outputs(json_out, markdown_out, junit_out, plot_dir, force, inputs) -
         if path is not None:
             outputs[key] = check_output(path, force, inputs)
     if plot_dir is not None:
-        if plot_dir.exists() and not plot_dir.is_dir():
-            raise UsageError(f"--plot {plot_dir} is a file; give a folder")
-        plot_dir.mkdir(parents=True, exist_ok=True)
-        outputs["plot"] = check_output(plot_dir / "head_map.png", force, inputs)
-    paths = [str(Path(p).resolve()) for p in outputs.values()]
-    if len(set(paths)) != len(paths):
-        raise UsageError("two outputs name the same file")
+        check_folder(plot_dir, inputs, "--plot folder")
+        png = plot_dir / "head_map.png"
+        outputs["plot"] = check_output(png, force, inputs) if plot_dir.is_dir() else png
+    check_distinct(outputs.values())
     return outputs

@@ -173,18 +173,21 @@ def format_errors(exc: ValidationError, where: str, known: list[str]) -> list[st
 PATH_KEYS = ("model", "data", "train_data", "eval_data", "out")
 
 
+ENV_VAR = re.compile(r"\$\{(\w+)\}")  # only the braced form: a file may be named `a$b.json`
+
+
 def expand_env(data: dict) -> list[str]:
     """`${VAR}` in top-level paths, so a config can name a model installed elsewhere."""
     problems = []
     for key in PATH_KEYS:
         value = data.get(key)
-        if not isinstance(value, str) or "$" not in value:
+        if not isinstance(value, str):
             continue
-        unset = [v for v in re.findall(r"\$\{?(\w+)\}?", value) if v not in os.environ]
+        unset = [v for v in ENV_VAR.findall(value) if v not in os.environ]
         if unset:
             problems.append(f"{key}: environment variable {unset[0]} is not set (used in {value!r})")
         else:
-            data[key] = os.path.expandvars(value)
+            data[key] = ENV_VAR.sub(lambda m: os.environ[m.group(1)], value)
     return problems
 
 

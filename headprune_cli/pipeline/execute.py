@@ -21,9 +21,8 @@ import yaml
 from headprune_cli import __version__
 from headprune_cli.errors import EXIT_GATE_FAILED, EXIT_OK
 from headprune_cli.fileio import atomic_write_bytes, sha256_bytes, sha256_file
-from headprune_cli.pipeline.prepare import STATE_FILE, Pipeline, Stage
-
-RESOLVED_FILE = "resolved.yaml"
+from headprune_cli.outputs import exclusive, make_folder
+from headprune_cli.pipeline.prepare import RESOLVED_FILE, STATE_FILE, Pipeline, Stage
 
 
 @dataclass
@@ -43,9 +42,14 @@ Log = Callable[[str], None]
 def execute(pipeline: Pipeline, invoke: Invoke, force: bool = False, log: Log = lambda _: None) -> list[StageResult]:
     """Run the stages in order; skip unchanged ones; stop at the first failure.
 
-    `invoke` runs one stage's argv and returns its exit code (the CLI passes its `main`)."""
-    out = pipeline.out
-    out.mkdir(parents=True, exist_ok=True)
+    `invoke` runs one stage's argv and returns its exit code (the CLI passes its `main`).
+    The out folder is locked for the whole run: a second run on it is refused at once."""
+    out = make_folder(pipeline.out)
+    with exclusive(out, "`headprune run`"):
+        return _execute(pipeline, out, invoke, force, log)
+
+
+def _execute(pipeline: Pipeline, out: Path, invoke: Invoke, force: bool, log: Log) -> list[StageResult]:
     atomic_write_bytes(out / RESOLVED_FILE, resolved_yaml(pipeline).encode())
     previous = {} if force else _read_state(out)
     state: dict[str, Any] = {"headprune_version": __version__, "stages": []}
