@@ -42,7 +42,9 @@ def reads(inputs: Iterable[str | os.PathLike | None]) -> list[Path]:
         if key in seen:
             continue
         seen[key] = path
-        queue += _named_by(path)
+        # Only files (and export folders) count when reached through provenance: a
+        # checkpoint naming `/` as its root must not make every output "inside an input".
+        queue += [p for p in _named_by(path) if p.is_file() or (p / "headprune.json").is_file()]
     return list(seen.values())
 
 
@@ -59,8 +61,10 @@ def _named_by(path: Path) -> list[Path]:
             return []
         if path.suffix == ".safetensors":
             return _provenance_paths(_checkpoint_provenance(path), path.parent)
-        if path.suffix == ".json" and path.stat().st_size <= _MAX_ARTIFACT_PEEK:
-            refs = json.loads(path.read_text(encoding="utf-8")).get("inputs", [])
+        if path.suffix == ".json":
+            with open(path, "rb") as handle:  # bounded: a /proc file reports size 0 and never ends
+                text = handle.read(_MAX_ARTIFACT_PEEK + 1)
+            refs = json.loads(text).get("inputs", []) if len(text) <= _MAX_ARTIFACT_PEEK else []
             named = [Path(r["path"]) for r in refs if isinstance(r, dict) and isinstance(r.get("path"), str)]
             return named + [path.parent / n for n in named if not n.is_absolute()]
     except (OSError, ValueError, AttributeError, TypeError, RecursionError, HeadpruneError):
