@@ -99,7 +99,7 @@ def refuse_overlap(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | 
         source = os.path.realpath(path)
         if target == source or _same_file(out, path):
             raise UsageError(f"output {out} is also an input ({path}); choose another output path")
-        if _within(target, source):
+        if _within(target, source) and os.path.isdir(source):
             raise UsageError(f"output {out} is inside the input folder {path}; choose a path outside it")
         if _within(source, target):
             raise UsageError(f"output {out} contains the input {path}; choose another output path")
