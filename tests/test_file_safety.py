@@ -85,13 +85,15 @@ def test_only_a_state_folder_headprune_made_is_removed(work, cli):
 
 
 # --- item 2: run writes only inside `out`, stage names are plain names ------------------
-@pytest.mark.parametrize("name", ["../escaped", "../model", "/tmp/abs-stage", "a/b", ".hidden", ""])
+@pytest.mark.parametrize("name", ["../escaped", "../model", "ABSOLUTE", "a/b", ".hidden", " "])
 def test_stage_name_is_a_plain_file_name(work, cli, name):
-    config = _config(work, [{"command": "score", "method": "random", "name": name or " "}])
+    name = str(work / "abs") if name == "ABSOLUTE" else name
+    config = _config(work, [{"command": "score", "method": "random", "name": name}])
     before = snapshot(work)
     result = cli("run", config, "--force")
     assert result.code == 2 and "plain file name" in result.err, result.err
     assert snapshot(work) == before and not (work / "out").exists()
+    assert not (work.parent / "escaped.json").exists() and not (work.parent / "model.json").exists()
 
 
 def test_dollar_in_a_file_name_is_not_a_variable(work, monkeypatch):

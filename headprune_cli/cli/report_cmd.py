@@ -11,7 +11,7 @@ from headprune_cli.stages.report import render
 from headprune_cli.errors import GateFailed, UsageError
 from headprune_cli.outputs import check_distinct, check_folder, check_output, make_folder
 from headprune_cli.stages.report.build import ReportOptions, build_report
-from headprune_cli.schema import write_artifact
+from headprune_cli.schema import portable_path, write_artifact
 from headprune_cli.cli.common import console
 
 
@@ -54,6 +54,7 @@ def report(
         raise UsageError("--min-speedup needs latency measurements; --repeats must be at least 1")
     opts = ReportOptions(batch_size, seq_len, threads, repeats, warmup, max_drop, max_rel_drop, min_speedup)
     result = build_report(model, baseline, data, scores, opts)
+    _portable_model_paths(result, outputs.get("json") or outputs.get("markdown"))
     if json_out is not None:
         write_artifact(result, json_out)
     if markdown_out is not None:
@@ -67,6 +68,14 @@ def report(
     failed = [g["name"] for g in result["gates"] if not g["passed"]]
     if failed:
         raise GateFailed(f"gate {', '.join(failed)} failed: {render.headline(result)}")
+
+
+def _portable_model_paths(result: dict, home: Path | None) -> None:
+    """Name the models as the report's own folder sees them (as its `inputs` do), so that
+    a report in an out folder has the same bytes wherever the folder is."""
+    if home is not None:
+        for side in result["models"].values():
+            side["path"] = portable_path(side["path"], Path(home).parent)
 
 
 def _check_outputs(json_out, markdown_out, junit_out, plot_dir, force, inputs) -> dict:
