@@ -11,6 +11,7 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_GATE_FAILED = 3
 EXIT_INTERNAL = 70  # EX_SOFTWARE from sysexits.h: a bug in headprune, not bad input
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C; SIGTERM exits the same way
 
 
 class HeadpruneError(Exception):
@@ -47,6 +48,11 @@ class PlanError(HeadpruneError):
 
 class NumericalError(HeadpruneError):
     """A NaN/inf appeared where a finite number is required."""
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived. A BaseException, so that `except Exception` cannot swallow
+    it while every `finally` and `except BaseException` on the way out removes temporaries."""
 
 
 def first_line(exc: BaseException) -> str:

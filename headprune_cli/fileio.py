@@ -1,4 +1,4 @@
-"""File I/O at the edges: atomic writes, hashes, no overwritten inputs.
+"""File I/O at the edges: atomic writes and hashes (what may be written: outputs.py).
 
 Every output goes to a temporary file in the destination folder, is fsynced, and is
 renamed into place, so a crash or kill leaves the old file or none, never half a file.
@@ -11,10 +11,11 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
-from headprune_cli.errors import HeadpruneError, UsageError
+from headprune_cli.errors import HeadpruneError
+from headprune_cli.outputs import check_output, check_parent  # noqa: F401  (the output rule lives there)
 
 _CHUNK = 1 << 20
 
@@ -73,34 +74,6 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def check_output(path: str | os.PathLike, force: bool = False, inputs: Iterable[str | os.PathLike] = ()) -> Path:
-    """Refuse an output that would overwrite an input, or an existing file without --force."""
-    out = Path(path)
-    refuse_input_as_output(out, inputs)
-    if out.exists() and not force:
-        raise UsageError(f"{out} exists; pass --force to overwrite it")
-    if out.exists() and out.is_dir():
-        raise UsageError(f"{out} is a directory, not a file")
-    check_parent(out)
-    return out
-
-
-def refuse_input_as_output(out: Path, inputs: Iterable[str | os.PathLike]) -> None:
-    for given in inputs:
-        if given is not None and str(given) != "-" and Path(given).exists() and out.exists():
-            if out.resolve() == Path(given).resolve():
-                raise UsageError(f"output {out} is also an input; choose another output path")
-
-
-def check_parent(out: Path) -> None:
-    """The folder an output goes into must exist and be writable."""
-    parent = out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"output folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise HeadpruneError(f"output folder {parent} is not writable")
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:

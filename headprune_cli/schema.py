@@ -180,13 +180,26 @@ def dumps(artifact: dict) -> str:
 
 def write_artifact(artifact: dict, output: str | os.PathLike | None) -> str:
     """Write to `output` atomically, or to stdout when it is None or '-'; returns sha256."""
-    text = dumps(artifact)
     if output is None or str(output) == "-":
+        text = dumps(artifact)
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
+        folder = Path(output).parent
+        inputs = [{**ref, "path": portable_path(ref["path"], folder)} for ref in artifact.get("inputs", [])]
+        text = dumps({**artifact, "inputs": inputs})
         atomic_write_bytes(output, text.encode())
     return sha256_bytes(text.encode())
+
+
+def portable_path(path: str, folder: str | os.PathLike) -> str:
+    """A reference as an artifact in `folder` stores it: relative to the folder when the file
+    lies inside it (so an out folder gives the same bytes wherever it is, and moves whole),
+    otherwise as the user gave it. Readers try a relative path beside the artifact first."""
+    if path in ("-", "<stdin>") or not os.path.exists(path):
+        return path
+    real, base = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.relpath(real, base) if real.startswith(base.rstrip(os.sep) + os.sep) else path
 
 
 def _check_finite(value: Any, where: str = "artifact") -> None:

@@ -6,6 +6,7 @@ example model, its data, a scores and a plan artifact) and checks the contract o
 traceback, nothing on stdout, and every file in the folder exactly as it was. The checks
 live in conftest.assert_refused: a crash (exit 70, `Internal error: ...`) never passes a
 case, even when its message happens to contain the case's fragment.
+File safety (issue 12), in its own block at the end: 22 file-safety cases.
 """
 
 from __future__ import annotations
@@ -283,7 +284,8 @@ HOSTILE = [
     Case("scores file is a FIFO", lambda f: ["select", f / "pipe.json", "--ratio", "0.5"], 1, "pipe", _fifo("pipe.json")),
     Case("data file is a FIFO", lambda f: ["score", f / M, "--data", f / "pipe.jsonl"], 1, "pipe", _fifo("pipe.jsonl")),
     Case("data under /proc", lambda f: ["score", f / M, "--data", "/proc/self/status"], 1, "special filesystem"),
-    Case("data is a folder", lambda f: ["iterate", f / M, "--data", f, "--eval-data", f / "data.jsonl", "-o", f / O], 1, "a folder"),
+    Case("data is a folder", lambda f: ["iterate", f / M, "--data", f / "texts", "--eval-data", f / "data.jsonl", "-o", f / O], 1, "a folder",
+         lambda f: (f / "texts").mkdir()),
     # --- items 6 and 10: data ---------------------------------------------------------------
     Case("label a superscript digit", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "unknown label name", _write("bad.jsonl", '{"text": "a X b", "label": "\u00b2"}\n')),
     Case("label 10**30", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "not a class index", _write("bad.jsonl", '{"text": "a X b", "label": 1000000000000000000000000000000}\n')),
@@ -366,3 +368,81 @@ def test_disk_full_leaves_nothing_behind(workspace: Path, tmp_path: Path, cli, m
 
 def test_case_count_matches_docstring():
     assert f"{len(CASES) + len(HOSTILE) + 1} cases" in __doc__
+
+
+# --- file safety (issue 12 items 1-3, 15): --force replaces earlier outputs, never inputs ---
+# A separate block (and test) so that other cases can grow the list above independently.
+# `other.safetensors` descends from `model.safetensors`: its provenance names it as parent
+# and root, so `--teacher auto` and `--baseline auto` read it without it being named.
+def _export_folder(folder: Path) -> None:
+    from headprune_cli.model.export import export_hf
+
+    export_hf(load(folder / M), folder / "exported")
+
+
+def _dangling_link(folder: Path) -> None:
+    (folder / "link.json").symlink_to(folder / "missing.json")
+
+
+def _user_folder(folder: Path) -> None:
+    (folder / "mine").mkdir()
+    (folder / "mine" / "notes.txt").write_text("keep me")
+
+
+def _run_config(stage: dict, out: str = "out", extra: dict | None = None) -> Callable[[Path], None]:
+    def prepare(folder: Path) -> None:
+        stages = [{"command": "score", "method": "random", **stage}] + ([extra] if extra else [])
+        config = {"model": str(folder / M), "data": str(folder / "data.jsonl"), "out": str(folder / out), "stages": stages}
+        (folder / "run.yaml").write_text(json.dumps(config))  # JSON is YAML
+
+    return prepare
+
+
+FT = ["--data", "data.jsonl", "--steps", "1"]
+SAFETY_CASES = [
+    # item 1: a state folder is deleted after training, so it must be one headprune made
+    Case("finetune --state-dir the working folder", lambda f: ["finetune", f / M, *_in(f, FT), "-o", f / "o.safetensors", "--state-dir", f], 2, "contains the input"),
+    Case("finetune --state-dir a user's folder", lambda f: ["finetune", f / M, *_in(f, FT), "-o", f / "o.safetensors", "--state-dir", f / "mine"], 2, "did not write", _user_folder),
+    Case("finetune --state-dir holding the output", lambda f: ["finetune", f / M, *_in(f, FT), "-o", f / "st" / "o.safetensors", "--state-dir", f / "st"], 2, "overlap",
+         lambda f: (f / "st").mkdir()),
+    # item 3: inputs reached through provenance, and inside an input folder
+    Case("finetune --teacher auto onto the root", lambda f: ["finetune", f / "other.safetensors", *_in(f, FT), "--teacher", "auto", "-o", f / M, "--force"], 2, "also an input"),
+    Case("iterate -o its teacher", lambda f: ["iterate", f / M, "--data", f / "data.jsonl", "--eval-data", f / "data.jsonl", "--teacher", f / "other.safetensors",
+                                              "-o", f / "other.safetensors", "--force"], 2, "also an input"),
+    Case("report --json onto the auto baseline", lambda f: ["report", "--model", f / "other.safetensors", "--data", f / "data.jsonl", "--json", f / M, "--force"], 2, "also an input"),
+    Case("report --markdown onto the auto baseline", lambda f: ["report", "--model", f / "other.safetensors", "--data", f / "data.jsonl", "--markdown", f / M, "--force"], 2, "also an input"),
+    Case("import -o inside the input folder", lambda f: ["import", f / "exported", "-o", f / "exported" / "model.safetensors", "--force"], 2, "inside the input folder", _export_folder),
+    Case("select -o the model its scores name", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "-o", f / M, "--force"], 2, "also an input"),
+    Case("prune -o the scores its plan names", lambda f: ["prune", f / M, "--plan", f / "plan.json", "-o", f / "scores.json", "--force"], 2, "also an input"),
+    Case("score -o the parent checkpoint", lambda f: ["score", f / "other.safetensors", "--data", f / "data.jsonl", "-o", f / M, "--force"], 2, "also an input"),
+    Case("output through a symlink to an input", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "-o", f / "alias.json", "--force"], 2, "also an input",
+         lambda f: (f / "alias.json").symlink_to(f / "scores.json")),
+    # item 15 and folder outputs: never fill or replace a folder headprune did not make
+    Case("dangling symlink output without --force", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "-o", f / "link.json"], 2, "symlink", _dangling_link),
+    Case("report --plot a user's folder", lambda f: ["report", "--model", f / "other.safetensors", "--data", f / "data.jsonl", "--plot", f / "mine", "--force"], 2, "did not write", _user_folder),
+    Case("sweep -o the working folder", lambda f: ["sweep", f / M, "--data", f / "data.jsonl", "--eval-data", f / "data.jsonl", "--methods", "random", "--ratios", "0.5",
+                                                   "-o", f, "--force"], 2, "contains the input"),
+    Case("export --hf a user's folder", lambda f: ["export", f / M, "--hf", f / "mine", "--force"], 2, "did not write", _user_folder),
+    # item 2: a run writes only inside its out folder, and never into a user's folder
+    Case("run stage name ../escaped", lambda f: ["run", f / "run.yaml"], 2, "plain file name", _run_config({"name": "../escaped"})),
+    Case("run stage name an absolute path", lambda f: ["run", f / "run.yaml"], 2, "plain file name", lambda f: _run_config({"name": str(f / "abs")})(f)),
+    Case("run stage name run-state", lambda f: ["run", f / "run.yaml"], 2, "not a file of its own", _run_config({"name": "run-state"})),
+    Case("run --force into the working folder", lambda f: ["run", f / "run.yaml", "--force"], 2, "contains the input", _run_config({}, out=".")),
+    Case("run --force into a user's folder", lambda f: ["run", f / "run.yaml", "--force"], 2, "did not write",
+         lambda f: (_user_folder(f), _run_config({}, out="mine")(f))),
+    Case("run stage names that write one file", lambda f: ["run", f / "run.yaml"], 2, "as stage", _run_config({}, extra={"command": "select", "name": "scores", "ratio": 0.5})),
+]
+
+
+def _in(folder: Path, args: list[str]) -> list:
+    """Relative data names in an argument list, made paths inside the case's folder."""
+    return [folder / a if a.endswith(".jsonl") else a for a in args]
+
+
+@pytest.mark.parametrize("case", SAFETY_CASES, ids=[c.name for c in SAFETY_CASES])
+def test_file_safety_bad_input(case: Case, workspace: Path, tmp_path: Path, cli):
+    test_bad_input(case, workspace, tmp_path, cli)
+
+
+def test_file_safety_count_matches_docstring():
+    assert f"{len(SAFETY_CASES)} file-safety cases" in __doc__

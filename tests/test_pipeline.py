@@ -122,7 +122,7 @@ def config(**changes) -> dict:
 
 
 def run_stub(cfg: dict, overrides=(), force=False):
-    pipeline = prepare(cfg, list(overrides), force=force, app=stub)
+    pipeline = prepare(cfg, list(overrides), app=stub)
     calls.clear()
     return execute(pipeline, invoke=stub_main, force=force)
 
@@ -206,12 +206,16 @@ def test_env_vars_in_paths(workdir, monkeypatch):
         prepare(config(model="${HP_TEST_DIR}/model.safetensors"), app=stub)
 
 
-def test_out_folder_with_foreign_files_needs_force(workdir):
+def test_out_folder_with_foreign_files_is_refused(workdir):
+    """Even `run --force` never writes into a folder headprune did not make (issue 12)."""
     (workdir / "out").mkdir()
     (workdir / "out" / "precious.txt").write_text("keep")
-    with pytest.raises(ConfigError, match="pass --force"):
+    with pytest.raises(ConfigError, match="holds files headprune did not write"):
         prepare(config(), app=stub)
-    prepare(config(), force=True, app=stub)
+    (workdir / "out" / "precious.txt").unlink()
+    run_stub(config())  # an empty folder is adopted and marked
+    assert (workdir / "out" / ".headprune").is_file()
+    prepare(config(), app=stub)
 
 
 # --- reruns --------------------------------------------------------------------------------

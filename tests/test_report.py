@@ -235,11 +235,11 @@ def test_scores_give_an_importance_heatmap(models, cli, tmp_path):
         "cost": cost_table(base, 16).to_dict(),
     }
     write_artifact(json.loads(json.dumps(scores)), tmp_path / "scores.json")
-    result = _report(cli, folder, "--scores", tmp_path / "scores.json", "--repeats", "0", "--json", "-", "--plot", tmp_path)
+    result = _report(cli, folder, "--scores", tmp_path / "scores.json", "--repeats", "0", "--json", "-", "--plot", tmp_path / "plots")
     assert result.code == 0, result.err
     rows = json.loads(result.out)["head_map"]
     assert rows[1]["scores"] == {"0": 10.0, "1": 11.0, "2": 12.0}
-    _assert_png(tmp_path / "head_map.png")
+    _assert_png(tmp_path / "plots" / "head_map.png")
 
 
 @pytest.mark.parametrize("name, metric, unit", [("gpt2", "perplexity", "perplexity"), ("roberta", "fidelity", "points")])

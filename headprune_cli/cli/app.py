@@ -1,8 +1,9 @@
 """The `headprune` application and its single error mapping.
 
 Exit codes: 0 success, 1 error, 2 usage, 3 a report gate failed, 70 an internal error
-(a bug). Refusals print one line `Error: ...` on stderr, bugs one line `Internal error:
-...`; HEADPRUNE_DEBUG=1 adds the traceback.
+(a bug), 130 interrupted (SIGINT or SIGTERM; temporaries are removed first). Refusals
+print one line `Error: ...` on stderr, bugs one line `Internal error: ...`;
+HEADPRUNE_DEBUG=1 adds the traceback.
 """
 
 from __future__ import annotations
@@ -11,15 +12,18 @@ import ast
 import importlib
 import importlib.util
 import os
+import signal
 import sys
+import threading
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 import typer
 from typer.core import TyperGroup
 
-from headprune_cli.errors import EXIT_ERROR, EXIT_INTERNAL, EXIT_USAGE, HeadpruneError
+from headprune_cli.errors import EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, HeadpruneError, Interrupted
 from headprune_cli.names import did_you_mean
 
 # In pipeline order, which is also the order `headprune --help` lists them: command name ->
@@ -143,20 +147,46 @@ def _quiet_transformers() -> None:
         hf_logging.disable_progress_bar()
 
 
+@contextmanager
+def _signals_interrupt():
+    """While a command runs, SIGINT and SIGTERM raise Interrupted in the main thread.
+
+    SIGTERM's default action kills the process on the spot, leaving a half-written
+    temporary beside its output; as an exception it unwinds through atomic_write's
+    cleanup instead. The previous handlers come back afterwards (tests call main
+    in-process)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise Interrupted(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     _quiet_transformers()
     try:
-        result = app(args=argv, prog_name="headprune", standalone_mode=False)
+        with _signals_interrupt():
+            result = app(args=argv, prog_name="headprune", standalone_mode=False)
+    except Interrupted:
+        return _fail("interrupted", EXIT_INTERRUPTED)
     except typer.Exit as exc:
         return exc.exit_code
     except typer.Abort:
-        return _fail("interrupted", 130)
+        return _fail("interrupted", EXIT_INTERRUPTED)
     except typer.TyperException as exc:  # click's usage errors, as Typer vendors them
         ctx = getattr(exc, "ctx", None)
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         return _fail(exc.format_message() + hint, getattr(exc, "exit_code", EXIT_USAGE))
     except KeyboardInterrupt:
-        return _fail("interrupted", 130)
+        return _fail("interrupted", EXIT_INTERRUPTED)
     except HeadpruneError as exc:
         return _fail(str(exc), exc.exit_code)
     except BrokenPipeError:

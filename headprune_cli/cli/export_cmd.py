@@ -12,7 +12,7 @@ from headprune_cli.errors import UsageError
 from headprune_cli.model.export import check_folder_output, export_hf, export_onnx
 from headprune_cli.model.streaming import export_specs
 from headprune_cli.model.tensorfile import DEFAULT_MAX_SHARD, parse_size
-from headprune_cli.fileio import check_output
+from headprune_cli.outputs import check_output
 from headprune_cli.cli.common import console
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +14,7 @@ from headprune_cli.data import read_data
 from headprune_cli.stages.finetune.distill import load_teacher, resolve_teacher
 from headprune_cli.distributed import setup
 from headprune_cli.stages.finetune.train import EpochRecord, FinetuneConfig, FinetuneResult, finetune, validate
-from headprune_cli.fileio import check_output
+from headprune_cli.outputs import check_distinct, check_folder, check_output, remove_folder
 from headprune_cli.stages.objectives import default_objective, evaluate
 from headprune_cli.stages.finetune.losses import check_labels
 from headprune_cli.cli.common import Device, console
@@ -38,7 +37,7 @@ def finetune_command(
     kd_temperature: Annotated[float, typer.Option("--kd-temperature", min=0.01, help="Softmax temperature T for distillation.")] = 2.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed for data order and dropout.")] = 0,
     max_length: Annotated[int, typer.Option("--max-length", min=1, help="Truncate sequences to this many tokens.")] = 128,
-    state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Training-state folder (default OUT.state); removed after success.")] = None,
+    state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Training-state folder (default OUT.state); removed after success; a new, empty or headprune-made folder.")] = None,
     save_every: Annotated[int, typer.Option("--save-every", min=1, help="Save the training state every N steps.")] = 50,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the saved training state.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite OUT if it exists.")] = False,
@@ -57,9 +56,11 @@ def finetune_command(
 
       torchrun --nproc-per-node 2 -m headprune_cli finetune small.safetensors --data train.jsonl --steps 500 -o out.safetensors
     """
-    inputs = [checkpoint, data, eval_data] + ([Path(teacher)] if teacher not in (None, "auto") else [])
+    inputs = [checkpoint, data, eval_data, teacher]  # `auto` reaches the root through the checkpoint's provenance
     check_output(output, force, inputs)
     check_device(device, dtype)
+    state_dir = check_folder(state_dir or output.with_name(output.name + ".state"), inputs, "--state-dir")
+    check_distinct([output, state_dir])  # the state folder is deleted at the end
     model = load(checkpoint)
     teacher_model = _teacher(teacher, checkpoint, model)
     train = read_data(data, model, max_length=max_length, seed=seed)
@@ -69,14 +70,14 @@ def finetune_command(
     cfg = FinetuneConfig(
         epochs=epochs, steps=steps, lr=lr, batch_size=batch_size, grad_accum=grad_accum, warmup=warmup,
         kd_weight=kd_weight, kd_temperature=kd_temperature, seed=seed, resume=resume, save_every=save_every,
-        state_dir=state_dir or output.with_name(output.name + ".state"), device=device, dtype=dtype,
+        state_dir=state_dir, device=device, dtype=dtype,
     )
     fingerprint = {"checkpoint": model.headprune.loaded_from[1], "data": str(data), "teacher": teacher, "epochs": epochs, "steps": steps,
                    "dtype": dtype_name(dtype)}  # a saved state resumes only in the dtype it was trained in
     result = run_finetune(model, train, cfg, dev, teacher_model, fingerprint)
     if setup().main:
         save(result.model.to("cpu"), output, overwrite=force)
-        shutil.rmtree(cfg.state_dir, ignore_errors=True)
+        remove_folder(cfg.state_dir)
         console.print(f"wrote {output}")
     setup().barrier()
 

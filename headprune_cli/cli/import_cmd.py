@@ -9,7 +9,7 @@ import typer
 
 from headprune_cli.model.checkpoint import is_export_folder, load, save
 from headprune_cli.errors import CheckpointError
-from headprune_cli.fileio import check_output
+from headprune_cli.outputs import check_output
 from headprune_cli.model.importer import import_folder
 from headprune_cli.cli.common import console
 

@@ -13,7 +13,7 @@ from headprune_cli.model.checkpoint import load, save
 from headprune_cli.data import read_data
 from headprune_cli.stages.finetune.distill import load_teacher, resolve_teacher
 from headprune_cli.errors import UsageError
-from headprune_cli.fileio import check_output
+from headprune_cli.outputs import check_output
 from headprune_cli.stages.finetune.train import FinetuneConfig
 from headprune_cli.stages.iterative import DEFAULT_SCHEDULE, Round, iterative_prune
 from headprune_cli.stages.objectives import check_objective, needs_labels
@@ -48,7 +48,7 @@ def iterate(
       headprune iterate model.safetensors --data train.jsonl --eval-data dev.jsonl --schedule 0.2,0.4,0.6 --teacher self -o small.safetensors
     """
     ratios = _schedule(schedule)
-    check_output(output, force, [checkpoint, data, eval_data, score_data])
+    check_output(output, force, [checkpoint, data, eval_data, score_data, teacher])
     model = load(checkpoint)
     objective = check_objective(None, model)
     teacher_model = copy.deepcopy(model) if teacher == "self" else None  # the unpruned start; no second load

@@ -10,7 +10,8 @@ import typer
 from headprune_cli.model.checkpoint import load, save
 from headprune_cli.stages.compensation import DEFAULT_RIDGE, METHODS, compensate
 from headprune_cli.errors import UsageError
-from headprune_cli.fileio import check_output, sha256_bytes, sha256_file
+from headprune_cli.fileio import sha256_bytes, sha256_file
+from headprune_cli.outputs import check_output
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.plan import resolve_model
 from headprune_cli.schema import dumps, parse_artifact, read_text

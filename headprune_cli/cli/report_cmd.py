@@ -10,9 +10,9 @@ import typer
 
 from headprune_cli.stages.report import render
 from headprune_cli.errors import EXIT_GATE_FAILED, UsageError
-from headprune_cli.fileio import check_output
+from headprune_cli.outputs import check_distinct, check_folder, check_output, make_folder
 from headprune_cli.stages.report.build import ReportOptions, build_report
-from headprune_cli.schema import write_artifact
+from headprune_cli.schema import portable_path, write_artifact
 from headprune_cli.cli.common import Device, Dtype, console
 from headprune_cli.device import check as check_device
 
@@ -52,13 +52,14 @@ def report(
 
       cat report.md >> "$GITHUB_STEP_SUMMARY"
     """
-    inputs = [model, data, scores, None if baseline == "auto" else baseline]
+    inputs = [model, data, scores, baseline]  # `auto` reaches the root through the model's provenance
     outputs = _check_outputs(json_out, markdown_out, junit_out, plot_dir, force, inputs)
     if min_speedup is not None and repeats == 0:
         raise UsageError("--min-speedup needs latency measurements; --repeats must be at least 1")
     check_device(device, dtype)
     opts = ReportOptions(batch_size, seq_len, threads, repeats, warmup, max_drop, max_rel_drop, min_speedup, device, dtype)
     result = build_report(model, baseline, data, scores, opts)
+    _portable_model_paths(result, outputs.get("json") or outputs.get("markdown"))
     if json_out is not None:
         write_artifact(result, json_out)
     if markdown_out is not None:
@@ -66,6 +67,7 @@ def report(
     if junit_out is not None:
         render.write_text(junit_out, render.junit(result))
     if plot_dir is not None:
+        make_folder(plot_dir)  # only now: a refused or failed report leaves no empty folder
         render.head_map_png(result, outputs["plot"])
     render.terminal(result, console)
     failed = [g["name"] for g in result["gates"] if not g["passed"]]
@@ -73,6 +75,14 @@ def report(
         # A verdict, not an error: `Error:` lines mean the tool or its input broke (exit 1/2).
         print(f"FAIL: gate {', '.join(failed)} failed: {render.headline(result)}", file=sys.stderr)
         raise typer.Exit(EXIT_GATE_FAILED)
+
+
+def _portable_model_paths(result: dict, home: Path | None) -> None:
+    """Name the models as the report's own folder sees them (as its `inputs` do), so that
+    a report in an out folder has the same bytes wherever the folder is."""
+    if home is not None:
+        for side in result["models"].values():
+            side["path"] = portable_path(side["path"], Path(home).parent)
 
 
 def _check_outputs(json_out, markdown_out, junit_out, plot_dir, force, inputs) -> dict:
@@ -84,11 +94,8 @@ def _check_outputs(json_out, markdown_out, junit_out, plot_dir, force, inputs) -
         if path is not None:
             outputs[key] = check_output(path, force, inputs)
     if plot_dir is not None:
-        if plot_dir.exists() and not plot_dir.is_dir():
-            raise UsageError(f"--plot {plot_dir} is a file; give a folder")
-        plot_dir.mkdir(parents=True, exist_ok=True)
-        outputs["plot"] = check_output(plot_dir / "head_map.png", force, inputs)
-    paths = [str(Path(p).resolve()) for p in outputs.values()]
-    if len(set(paths)) != len(paths):
-        raise UsageError("two outputs name the same file")
+        check_folder(plot_dir, inputs, "--plot folder")
+        png = plot_dir / "head_map.png"
+        outputs["plot"] = check_output(png, force, inputs) if plot_dir.is_dir() else png
+    check_distinct(outputs.values())
     return outputs

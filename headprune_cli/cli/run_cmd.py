@@ -20,7 +20,7 @@ def run(
     config: Annotated[Path, typer.Argument(help="A pipeline config (YAML): model, data, out, seed, stages.")],
     overrides: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config value: KEY.PATH=VALUE (value read as YAML; stages by name or index). Repeatable.")] = None,
     out: Annotated[Optional[str], typer.Option("--out", help="Output folder (overrides `out:` in the config).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Redo every stage, and write into a folder that holds other files.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Redo every stage (the out folder must still be new, empty, or an earlier run's).")] = False,
     check: Annotated[bool, typer.Option("--check", help="Validate the config and print the commands it would run; run nothing.")] = False,
 ) -> None:
     """Run a whole pipeline from a YAML config; every stage's artifact is kept in one folder.
@@ -40,7 +40,7 @@ def run(
     from headprune_cli.cli.app import app, main  # the app that holds this command: imported at run time
 
     try:
-        pipeline = prepare(config, overrides or [], out=out, force=force, app=app)
+        pipeline = prepare(config, overrides or [], out=out, app=app)
     except ConfigError as exc:
         # One line per problem: the CLI's single-line error mapping would hide all but one.
         for problem in exc.problems:

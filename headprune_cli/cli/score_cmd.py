@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from headprune_cli.model.checkpoint import load
 from headprune_cli.data import position_limit, read_data
-from headprune_cli.fileio import check_output
+from headprune_cli.outputs import check_output
 from headprune_cli.stages.importance import HEAD_METHODS, init_distributed, score_model, scores_artifact, world
 from headprune_cli.stages.importance.api import make_scorer
 from headprune_cli.stages.importance.baselines import parse_weights

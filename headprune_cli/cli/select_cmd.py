@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from headprune_cli.fileio import check_output
+from headprune_cli.outputs import check_output
 from headprune_cli.stages.plan import make_plan
 from headprune_cli.schema import read_artifact, write_artifact
 from headprune_cli.stages.selection import Constraints, ScoreTable, parse_protect, select as choose

@@ -10,8 +10,7 @@ import typer
 from headprune_cli.stages.report import render
 from headprune_cli.model.checkpoint import load
 from headprune_cli.data import read_data
-from headprune_cli.errors import UsageError
-from headprune_cli.fileio import check_output
+from headprune_cli.outputs import check_folder, check_output, make_folder
 from headprune_cli.schema import envelope, input_ref, write_artifact
 from headprune_cli.stages.sweep import DEFAULT_RATIOS, SweepOptions, curves, markdown, options_dict, parse_list, run_sweep, check_options
 from headprune_cli.cli.common import Device, Dtype, console
@@ -70,6 +69,7 @@ def sweep(
     if output is None:
         write_artifact(artifact, None)
     else:
+        make_folder(output)  # only now: a refused or failed sweep leaves no empty folder
         write_artifact(artifact, outputs["json"])
         render.write_text(outputs["md"], table)
         main = payload["main_metric"]
@@ -87,8 +87,8 @@ def _budget_line(main: dict, max_drop: float) -> float:
 def _outputs(output: Path | None, force: bool, inputs) -> dict:
     if output is None:
         return {}
-    if output.exists() and not output.is_dir():
-        raise UsageError(f"-o {output} is a file; give a folder")
-    output.mkdir(parents=True, exist_ok=True)
+    check_folder(output, inputs, "-o folder")
     names = {"json": "sweep.json", "md": "sweep.md", "png": "curve.png"}
+    if not output.is_dir():
+        return {key: output / name for key, name in names.items()}
     return {key: check_output(output / name, force, inputs) for key, name in names.items()}

@@ -27,10 +27,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from headprune_cli.model.checkpoint import FOLDER_FORMAT, FOLDER_INFO, FORMAT_VERSION, is_export_folder, model_specs
+from headprune_cli.model.checkpoint import FOLDER_FORMAT, FOLDER_INFO, FORMAT_VERSION, model_specs
 from headprune_cli.model.tensorfile import DEFAULT_MAX_SHARD, Spec, parse_size, write_folder_weights
 from headprune_cli.errors import HeadpruneError, NumericalError, UsageError, first_line
-from headprune_cli.fileio import atomic_write, check_parent, refuse_input_as_output
+from headprune_cli.fileio import atomic_write
+from headprune_cli.outputs import check_folder, check_parent
 from headprune_cli.stages.report.latency import max_sequence
 from headprune_cli.model.layout import ModelInfo, info_of
 
@@ -65,17 +66,10 @@ def export_hf(
 
 
 def check_folder_output(folder: str | os.PathLike, force: bool, inputs=()) -> Path:
-    """Refuse an output folder that is an input, exists without --force, or is not ours to replace."""
-    out = Path(folder)
-    refuse_input_as_output(out, inputs)
-    if out.exists():
-        if not force:
-            raise UsageError(f"{out} exists; pass --force to overwrite it")
-        if not out.is_dir():
-            raise UsageError(f"{out} is a file, not a folder")
-        # --force replaces an earlier export or an empty folder, never an arbitrary folder.
-        if not is_export_folder(out) and any(out.iterdir()):
-            raise UsageError(f"{out} is a non-empty folder that headprune did not write; refusing to replace it")
+    """Refuse an output folder that overlaps an input, exists without --force, or is not ours to replace."""
+    out = check_folder(folder, inputs, "--hf folder")
+    if os.path.lexists(out) and not force:
+        raise UsageError(f"{out} exists; pass --force to overwrite it")
     check_parent(out)
     return out
 

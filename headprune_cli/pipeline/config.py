@@ -184,6 +184,9 @@ def _is_type_tag(part) -> bool:
 PATH_KEYS = ("model", "data", "train_data", "eval_data", "out")
 
 
+ENV_VAR = re.compile(r"\$\{(\w+)\}")  # only the braced form: a file may be named `a$b.json`
+
+
 def expand_env(data: dict) -> list[str]:
     """`${VAR}` in top-level paths and in stage options, so a config can name a model
     installed elsewhere; an unset variable is a problem found before any stage runs."""
@@ -203,13 +206,13 @@ def expand_env(data: dict) -> list[str]:
 def _expand(where: str, value: Any, problems: list[str]) -> Any:
     if isinstance(value, list):
         return [_expand(where, item, problems) for item in value]
-    if not isinstance(value, str) or "$" not in value:
+    if not isinstance(value, str):
         return value
-    unset = [v for v in re.findall(r"\$\{?(\w+)\}?", value) if v not in os.environ]
+    unset = [v for v in ENV_VAR.findall(value) if v not in os.environ]
     if unset:
         problems.append(f"{where}: environment variable {unset[0]} is not set (used in {shorten(value)})")
         return value
-    return os.path.expandvars(value)
+    return ENV_VAR.sub(lambda m: os.environ[m.group(1)], value)
 
 
 # --- --set overrides -----------------------------------------------------------------

@@ -21,9 +21,8 @@ import yaml
 from headprune_cli import __version__
 from headprune_cli.errors import EXIT_GATE_FAILED, EXIT_OK
 from headprune_cli.fileio import atomic_write_bytes, sha256_bytes, sha256_file
-from headprune_cli.pipeline.prepare import STATE_FILE, Pipeline, Stage
-
-RESOLVED_FILE = "resolved.yaml"
+from headprune_cli.outputs import exclusive, make_folder
+from headprune_cli.pipeline.prepare import RESOLVED_FILE, STATE_FILE, Pipeline, Stage
 
 
 @dataclass
@@ -43,17 +42,22 @@ Log = Callable[[str], None]
 def execute(pipeline: Pipeline, invoke: Invoke, force: bool = False, log: Log = lambda _: None) -> list[StageResult]:
     """Run the stages in order; skip unchanged ones; stop at the first failure.
 
-    `invoke` runs one stage's argv and returns its exit code (the CLI passes its `main`)."""
-    out = pipeline.out
-    out.mkdir(parents=True, exist_ok=True)
+    `invoke` runs one stage's argv and returns its exit code (the CLI passes its `main`).
+    The out folder is locked for the whole run: a second run on it is refused at once."""
+    out = make_folder(pipeline.out)
+    with exclusive(out, "`headprune run`"):
+        return _execute(pipeline, out, invoke, force, log)
+
+
+def _execute(pipeline: Pipeline, out: Path, invoke: Invoke, force: bool, log: Log) -> list[StageResult]:
     atomic_write_bytes(out / RESOLVED_FILE, resolved_yaml(pipeline).encode())
     previous = {} if force else _read_state(out)
     state: dict[str, Any] = {"headprune_version": __version__, "stages": []}
     results, dirty = [], force
     for stage in pipeline.stages:
-        fingerprint = stage_fingerprint(stage)
+        fingerprint = stage_fingerprint(stage, out)
         before = previous.get(stage.name)
-        if not dirty and _unchanged(before, fingerprint):
+        if not dirty and _unchanged(before, fingerprint, out):
             log(f"[{stage.name}] unchanged, skipped")
             state["stages"].append(before)
             results.append(StageResult(stage.name, stage.command, "skipped", before["code"], 0.0, stage.outputs))
@@ -67,7 +71,7 @@ def execute(pipeline: Pipeline, invoke: Invoke, force: bool = False, log: Log = 
         results.append(StageResult(stage.name, stage.command, "ran" if ok else "failed", code, seconds, stage.outputs))
         if not ok:
             break
-        state["stages"].append({"name": stage.name, "fingerprint": fingerprint, "code": code, "outputs": _hashes(stage.outputs)})
+        state["stages"].append({"name": stage.name, "fingerprint": fingerprint, "code": code, "outputs": _hashes(stage.outputs, out)})
     atomic_write_bytes(out / STATE_FILE, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
     return results
 
@@ -80,12 +84,21 @@ def exit_code(results: list[StageResult]) -> int:
     return EXIT_GATE_FAILED if any(r.code == EXIT_GATE_FAILED for r in results) else EXIT_OK
 
 
-def stage_fingerprint(stage: Stage) -> str:
-    """sha256 over the command line and the sha256 of every input file it names."""
+def stage_fingerprint(stage: Stage, out: Path | None = None) -> str:
+    """sha256 over the command line and the sha256 of every input file it names.
+
+    Paths inside `out` count relative to it, so that the same config run into two out
+    folders (or a moved one) gives the same fingerprints and the same run-state.json."""
     outputs = set(stage.outputs)
-    inputs = {a: _hash_path(a) for a in stage.argv if a not in outputs and _is_file_arg(a)}
-    blob = json.dumps({"argv": stage.argv, "inputs": inputs, "version": __version__}, sort_keys=True)
+    inputs = {_portable(a, out): _hash_path(a) for a in stage.argv if a not in outputs and _is_file_arg(a)}
+    argv = [_portable(a, out) for a in stage.argv]
+    blob = json.dumps({"argv": argv, "inputs": inputs, "version": __version__}, sort_keys=True)
     return sha256_bytes(blob.encode())
+
+
+def _portable(arg: str, out: Path | None) -> str:
+    prefix = f"{out}{os.sep}" if out is not None else None
+    return "{out}" + os.sep + arg[len(prefix):] if prefix and arg.startswith(prefix) else arg
 
 
 def _is_file_arg(arg: str) -> bool:
@@ -101,17 +114,18 @@ def _hash_path(path: str) -> str:
     p = Path(path)
     if p.is_file():
         return sha256_file(p)
-    return sha256_bytes("".join(f"{f}:{sha256_file(f)}" for f in sorted(p.rglob("*")) if f.is_file()).encode())
+    return sha256_bytes("".join(f"{f.relative_to(p)}:{sha256_file(f)}" for f in sorted(p.rglob("*")) if f.is_file()).encode())
 
 
-def _hashes(paths: list[str]) -> dict[str, str]:
-    return {p: _hash_path(p) for p in paths}
+def _hashes(paths: list[str], out: Path) -> dict[str, str]:
+    """Each output's sha256, keyed by its name inside `out`."""
+    return {os.path.relpath(p, out): _hash_path(p) for p in paths}
 
 
-def _unchanged(before: dict | None, fingerprint: str) -> bool:
+def _unchanged(before: dict | None, fingerprint: str, out: Path) -> bool:
     if not before or before.get("fingerprint") != fingerprint:
         return False
-    return all(Path(p).exists() and _hash_path(p) == sha for p, sha in before.get("outputs", {}).items())
+    return all((out / p).exists() and _hash_path(str(out / p)) == sha for p, sha in before.get("outputs", {}).items())
 
 
 def _read_state(out: Path) -> dict[str, dict]:

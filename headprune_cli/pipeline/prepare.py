@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,16 @@ from headprune_cli.errors import HeadpruneError, shorten
 from headprune_cli.fileio import check_regular
 from headprune_cli.names import did_you_mean
 from headprune_cli.pipeline.option_checks import check_values
+from headprune_cli.outputs import MARKER, check_folder
 from headprune_cli.pipeline.config import (
     ConfigError, PipelineConfig, apply_overrides, command_specs, expand_env, format_errors, load_yaml, stage_model,
 )
 
-STATE_FILE = "run-state.json"  # written by pipeline_run; read here to recognise our folders
+STATE_FILE = "run-state.json"  # stage fingerprints, written by execute
+RESOLVED_FILE = "resolved.yaml"  # the config as it ran, written by execute
+RESERVED = (STATE_FILE, RESOLVED_FILE, MARKER)  # no stage artifact may take these names
+# A stage name becomes part of file names in `out`: one plain component, never a path.
+STAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -110,7 +116,7 @@ class Pipeline:
 
 
 # --- validation: everything, before any work ------------------------------------------
-def prepare(source: str | Path | dict, overrides: list[str] = (), out: str | None = None, force: bool = False, *, app) -> Pipeline:
+def prepare(source: str | Path | dict, overrides: list[str] = (), out: str | None = None, *, app) -> Pipeline:
     """Read, override, validate and wire a config; raise ConfigError listing every problem.
 
     `app` is the Typer app whose commands the stages run (the CLI passes its own: the
@@ -128,7 +134,7 @@ def prepare(source: str | Path | dict, overrides: list[str] = (), out: str | Non
     _check_files(config, stages, specs, problems)
     pipeline = Pipeline(config, stages, Path(config.out), raw)
     _wire(pipeline, specs, problems)
-    _check_out(pipeline, force, problems)
+    _check_out(pipeline, problems)
     if problems:
         raise ConfigError(problems)
     return pipeline
@@ -163,6 +169,9 @@ def _check_stages(entries, specs, problems: list[str]) -> list[Stage]:
             continue
         name = str(entry.get("name") or command)
         where = f"stages.{i} ({name})"
+        if not STAGE_NAME.fullmatch(name) or len(name) > 100:
+            problems.append(f"{where}.name: {name!r} must be a plain file name (letters, digits, '_', '-', '.'; no '/' or '..')")
+            continue
         if name in seen:
             problems.append(f"{where}: stage name {shorten(name)} is used twice; give one of them `name:`")
         seen.add(name)
@@ -318,13 +327,22 @@ def _text(value: Any) -> str:
     return json.dumps(value) if isinstance(value, bool) else str(value)
 
 
-def _check_out(pipeline: Pipeline, force: bool, problems: list[str]) -> None:
-    out = pipeline.out
-    if out.exists() and not out.is_dir():
-        problems.append(f"out: {out} is a file, not a folder")
-    elif out.is_dir() and any(out.iterdir()) and not (out / STATE_FILE).exists() and not force:
-        problems.append(f"out: {out} holds files that `headprune run` did not write; pass --force or choose another --out")
-    existing = next((p for p in (out.absolute(), *out.absolute().parents) if p.exists()), None)
-    if existing is not None and existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
-        problems.append(f"out: {existing} is not writable, so {out} cannot be written")
+def _check_out(pipeline: Pipeline, problems: list[str]) -> None:
+    """`out` is new, empty or an earlier run's (never a user's folder, even with --force),
+    holds no input, and every stage writes its own file inside it."""
+    out, config = pipeline.out, pipeline.config
+    inputs = [getattr(config, key, None) for key in ("model", "data", "train_data", "eval_data")]
+    try:
+        check_folder(out, [p for p in inputs if isinstance(p, str)], "out folder")
+    except HeadpruneError as exc:
+        problems.append(str(exc))
+    root, owner = os.path.realpath(out), {}
+    for stage in pipeline.stages:
+        for path in stage.outputs:
+            resolved = os.path.realpath(path)
+            if os.path.dirname(resolved) != root or os.path.basename(resolved) in RESERVED:
+                problems.append(f"stages ({stage.name}): output {path} is not a file of its own in {out}")
+            elif resolved in owner:
+                problems.append(f"stages ({stage.name}): writes {path}, as stage {owner[resolved]!r} does; rename one with `name:`")
+            owner.setdefault(resolved, stage.name)
 

@@ -24,7 +24,8 @@ def make_plan(
     """The plan artifact (a dict ready for schema.write_artifact)."""
     inputs = [input_ref("scores", scores_path, scores_sha)]
     model = model_ref(scores)
-    inputs.append({"role": "model", "path": model.path, "sha256": model.sha256})
+    found = [p for p in candidates(model.path, scores_path) if p.is_file()]  # as the scores' folder sees it
+    inputs.append({"role": "model", "path": str(found[0]) if found else model.path, "sha256": model.sha256})
     plan = envelope("plan", inputs, config)
     plan.update(
         strategy=selection.strategy,
@@ -57,7 +58,10 @@ def resolve_model(artifact: Envelope, artifact_path: str | None, checkpoint: str
         if not path.is_file():
             raise CheckpointError(f"{path}: no such checkpoint file")
     else:
-        path = _find(ref.path, artifact_path)
+        found = [p for p in candidates(ref.path, artifact_path) if p.is_file()]
+        if not found:
+            raise CheckpointError(f"cannot find the model the artifact names ({ref.path}); give the checkpoint path as an argument")
+        path = next((p for p in found if sha256_file(p) == ref.sha256), found[0])
     digest = sha256_file(path)
     if digest != ref.sha256:
         raise PlanError(
@@ -67,11 +71,9 @@ def resolve_model(artifact: Envelope, artifact_path: str | None, checkpoint: str
     return path
 
 
-def _find(named: str, artifact_path: str | None) -> Path:
-    candidates = [Path(named)]
-    if artifact_path and artifact_path not in ("-", "<stdin>") and not Path(named).is_absolute():
-        candidates.append(Path(artifact_path).parent / named)
-    for path in candidates:
-        if path.is_file():
-            return path
-    raise CheckpointError(f"cannot find the model the artifact names ({named}); give the checkpoint path as an argument")
+def candidates(named: str, artifact_path: str | None) -> list[Path]:
+    """Where a path an artifact names may be: beside the artifact first (schema.portable_path
+    stores files in the artifact's folder relative to it), then as given."""
+    if artifact_path and str(artifact_path) not in ("-", "<stdin>") and not Path(named).is_absolute():
+        return [Path(artifact_path).parent / named, Path(named)]
+    return [Path(named)]

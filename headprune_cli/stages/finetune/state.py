@@ -24,6 +24,7 @@ from torch import nn
 
 from headprune_cli.errors import HeadpruneError, UsageError, shorten
 from headprune_cli.fileio import atomic_write_bytes, os_error_in
+from headprune_cli.outputs import make_folder
 
 LATEST = "latest.json"
 
@@ -41,7 +42,7 @@ def save_state(folder: Path, step: int, model: nn.Module, optimizer: torch.optim
 
 
 def _save_state(folder: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scalars: dict, best: dict | None) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder)  # marked, so that finetune may delete it after success
     target = folder / f"step-{step:08d}"
     if target.exists():
         shutil.rmtree(target)
@@ -49,6 +50,19 @@ def _save_state(folder: Path, step: int, model: nn.Module, optimizer: torch.opti
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    try:
+        _write_step(tmp, step, model, optimizer, scalars, best)
+        os.replace(tmp, target)
+    except BaseException:  # a kill (SIGTERM/SIGINT) or a full disk leaves no half-written step
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_write_bytes(folder / LATEST, json.dumps({"step": step, "folder": target.name}).encode())
+    for old in folder.glob("step-*"):
+        if old.name != target.name:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_step(tmp: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scalars: dict, best: dict | None) -> None:
     save_model(model, str(tmp / "model.safetensors"))
     tensors, groups = _optimizer_tensors(optimizer)
     tensors["rng.torch"] = torch.get_rng_state()
@@ -57,11 +71,6 @@ def _save_state(folder: Path, step: int, model: nn.Module, optimizer: torch.opti
         save_file({k: v.contiguous() for k, v in best.items()}, str(tmp / "best.safetensors"))
     state = {**scalars, "step": step, "param_groups": groups, "has_best": best is not None}
     (tmp / "state.json").write_text(json.dumps(state, sort_keys=True, indent=1))
-    os.replace(tmp, target)
-    atomic_write_bytes(folder / LATEST, json.dumps({"step": step, "folder": target.name}).encode())
-    for old in folder.glob("step-*"):
-        if old.name != target.name:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def load_state(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict | None]:

@@ -1,0 +1,221 @@
+"""What a command may write, replace and delete: the one rule every output check goes through.
+
+1. No output may resolve (after symlinks) to a file the command reads, lie inside a
+   folder it reads, or contain one: not the files on its command line, and not those it
+   reaches through provenance (a checkpoint's parent and root, the inputs an artifact
+   names), which `--teacher auto` and `--baseline auto` read without being named.
+2. An existing file is replaced only with `--force`; so is a dangling symlink.
+3. headprune deletes or fills only folders it made: a folder it creates carries MARKER,
+   and a non-empty folder without it is refused, with or without `--force` (`--force`
+   replaces earlier outputs, never a user's folder).
+No heavy imports here: `select` and `--help` load this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from headprune_cli.errors import HeadpruneError, UsageError
+
+MARKER = ".headprune"
+# An `export --hf` folder is marked by its headprune.json, which it needs anyway; no dotfile
+# is added to a folder that users upload to a model hub.
+MARKERS = (MARKER, "headprune.json")
+_MARKER_TEXT = "headprune made this folder; headprune may replace or delete it.\n"
+_MAX_PROVENANCE = 64  # paths followed through provenance per command (lineage is short)
+_MAX_ARTIFACT_PEEK = 64 * 1024 * 1024  # larger JSON inputs or headers are not read for provenance
+
+
+# --- inputs: what a command reads -----------------------------------------------------
+def reads(inputs: Iterable[str | os.PathLike | None]) -> list[Path]:
+    """The given inputs plus every path their provenance names (parents, roots, artifact inputs)."""
+    seen: dict[str, Path] = {}
+    queue = [Path(p) for p in inputs if p is not None and str(p) not in ("-", "", "auto", "self")]
+    while queue and len(seen) < _MAX_PROVENANCE:
+        path = queue.pop(0)
+        key = os.path.realpath(path)
+        if key in seen:
+            continue
+        seen[key] = path
+        # Only files (and export folders) count when reached through provenance: a
+        # checkpoint naming `/` as its root must not make every output "inside an input".
+        queue += [p for p in _named_by(path) if p.is_file() or (p / "headprune.json").is_file()]
+    return list(seen.values())
+
+
+def _named_by(path: Path) -> list[Path]:
+    """Paths a checkpoint's provenance or a JSON artifact's `inputs` name; [] when unreadable.
+
+    Only regular files and export folders are opened (never a FIFO or a device), and a
+    broken file is left for the command itself to report with its own message."""
+    try:
+        if path.is_dir() and (path / "headprune.json").is_file():
+            provenance = json.loads((path / "headprune.json").read_text(encoding="utf-8")).get("provenance", {})
+            return _provenance_paths(provenance, path.parent)
+        if not path.is_file():
+            return []
+        if path.suffix == ".safetensors":
+            return _provenance_paths(_checkpoint_provenance(path), path.parent)
+        if path.suffix == ".json":
+            with open(path, "rb") as handle:  # bounded: a /proc file reports size 0 and never ends
+                text = handle.read(_MAX_ARTIFACT_PEEK + 1)
+            refs = json.loads(text).get("inputs", []) if len(text) <= _MAX_ARTIFACT_PEEK else []
+            named = [Path(r["path"]) for r in refs if isinstance(r, dict) and isinstance(r.get("path"), str)]
+            return named + [path.parent / n for n in named if not n.is_absolute()]
+    except (OSError, ValueError, AttributeError, TypeError, RecursionError, HeadpruneError):
+        pass
+    return []
+
+
+def _checkpoint_provenance(path: Path) -> dict:
+    """The provenance in a safetensors header, read without torch (`select` must stay light)."""
+    with open(path, "rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        if length > _MAX_ARTIFACT_PEEK:
+            return {}
+        metadata = json.loads(handle.read(length)).get("__metadata__") or {}
+    return json.loads(metadata.get("headprune.provenance", "{}"))  # checkpoint.py's key
+
+
+def _provenance_paths(provenance, folder: Path) -> list[Path]:
+    if not isinstance(provenance, dict):
+        return []
+    return [folder / p for key in ("root_path", "parent_path") if isinstance(p := provenance.get(key), str)]
+
+
+def _within(inner: str, outer: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
+
+
+def refuse_overlap(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None]) -> None:
+    """Refuse an output that is, contains, or lies inside anything the command reads."""
+    target = os.path.realpath(out)
+    for path in reads(inputs):
+        source = os.path.realpath(path)
+        if target == source or _same_file(out, path):
+            raise UsageError(f"output {out} is also an input ({path}); choose another output path")
+        if _within(target, source) and os.path.isdir(source):
+            raise UsageError(f"output {out} is inside the input folder {path}; choose a path outside it")
+        if _within(source, target):
+            raise UsageError(f"output {out} contains the input {path}; choose another output path")
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)  # hard links and bind mounts too
+    except OSError:
+        return False
+
+
+# --- file outputs ---------------------------------------------------------------------
+def check_output(path: str | os.PathLike, force: bool = False, inputs: Iterable[str | os.PathLike | None] = ()) -> Path:
+    """A file output: not an input (see the module doc), replaced only with --force."""
+    out = Path(path)
+    refuse_overlap(out, inputs)
+    if os.path.lexists(out) and not out.exists() and not force:
+        raise UsageError(f"{out} is a symlink to a missing file; pass --force to replace the link")
+    if out.exists() and not force:
+        raise UsageError(f"{out} exists; pass --force to overwrite it")
+    if out.is_dir():
+        raise UsageError(f"{out} is a directory, not a file")
+    check_parent(out)
+    return out
+
+
+def check_parent(out: Path) -> None:
+    """The folder an output goes into must exist and be writable."""
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"output folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise HeadpruneError(f"output folder {parent} is not writable")
+
+
+def check_distinct(paths: Iterable[str | os.PathLike]) -> None:
+    """Two outputs of one command may neither be one file nor lie one inside the other."""
+    resolved = [(p, os.path.realpath(p)) for p in paths]
+    for i, (a, ra) in enumerate(resolved):
+        for b, rb in resolved[i + 1:]:
+            if _within(ra, rb) or _within(rb, ra):
+                raise UsageError(f"outputs {a} and {b} overlap; give each its own path")
+
+
+# --- folder outputs -------------------------------------------------------------------
+def owned(folder: str | os.PathLike) -> bool:
+    """Whether headprune may fill, replace or delete this folder: it made it, or it is empty."""
+    path = Path(folder)
+    if not path.is_dir() or path.is_symlink():
+        return False
+    return any((path / m).is_file() for m in MARKERS) or not any(path.iterdir())
+
+
+def check_folder(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (), what: str = "output folder") -> Path:
+    """A folder headprune will write into (or replace): new, empty, or made by headprune.
+
+    Nothing is created here, so a refusal later in the command leaves no empty folder."""
+    out = Path(path)
+    refuse_overlap(out, inputs)
+    if os.path.lexists(out) and not out.is_dir():
+        raise UsageError(f"{what} {out} is a file, not a folder")
+    if out.is_dir() and not owned(out):
+        raise UsageError(f"{what} {out} holds files headprune did not write; refusing to touch it (give a new or empty folder)")
+    if not out.exists():
+        parent = _existing_ancestor(out)
+        if not os.access(parent, os.W_OK):
+            raise HeadpruneError(f"cannot create {what} {out}: {parent} is not writable")
+    return out
+
+
+def make_folder(path: str | os.PathLike) -> Path:
+    """Create (or adopt, when empty) a folder and mark it as headprune's."""
+    out = Path(path)
+    if out.is_dir() and not owned(out):
+        raise UsageError(f"{out} holds files headprune did not write; refusing to touch it")
+    out.mkdir(parents=True, exist_ok=True)
+    marker = out / MARKER
+    if not any((out / m).is_file() for m in MARKERS):
+        marker.write_text(_MARKER_TEXT)
+    return out
+
+
+def remove_folder(path: str | os.PathLike) -> None:
+    """Delete a folder headprune made; anything else is left alone."""
+    out = Path(path)
+    if out.is_dir() and not out.is_symlink() and any((out / m).is_file() for m in MARKERS):
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _existing_ancestor(path: Path) -> Path:
+    for parent in [path, *path.absolute().parents]:
+        if parent.exists():
+            return parent
+    return Path(".")
+
+
+@contextmanager
+def exclusive(folder: str | os.PathLike, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on a folder's marker while writing into it.
+
+    A second process asking for it is refused at once rather than waiting: two runs
+    writing one folder would mix their artifacts. The kernel drops the lock when the
+    process dies, so a killed run never leaves a stale lock."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no advisory locks; go on unlocked
+        yield
+        return
+    marker = Path(folder) / MARKER
+    with open(marker, "a", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise HeadpruneError(f"{folder} is in use by another {what}; wait for it to finish or choose another folder") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
