@@ -25,7 +25,7 @@ def outputs(path_or_model, family="bert"):
     return model_output(model, model_inputs(family))
 
 
-def test_prune_with_a_plan_file_and_from_stdin(tmp_path, cli):
+def test_prune_with_a_plan_file_and_from_stdin(tmp_path, cli, monkeypatch):
     model, model_path = saved_model(tmp_path)
     scores = write_scores(tmp_path, model, model_path)
     assert cli("select", scores, "--ratio", "0.5", "-o", tmp_path / "plan.json").code == 0
@@ -41,7 +41,9 @@ def test_prune_with_a_plan_file_and_from_stdin(tmp_path, cli):
     from headprune_cli.fileio import sha256_file
 
     assert info_of(small).provenance["plan"] == sha256_file(tmp_path / "plan.json")
-    # No checkpoint argument: the plan names the model; the plan arrives on stdin.
+    # No checkpoint argument: the plan names the model; the plan arrives on stdin, so the
+    # name it stores relative to its own folder is read from the current folder.
+    monkeypatch.chdir(tmp_path)
     again = cli("prune", "-o", tmp_path / "b.safetensors", stdin=(tmp_path / "plan.json").read_text())
     assert again.code == 0, again.err
     assert torch.equal(outputs(tmp_path / "a.safetensors"), outputs(tmp_path / "b.safetensors"))

@@ -140,4 +140,4 @@ def resolved_yaml(pipeline: Pipeline) -> str:
     """The config as it ran: top-level values, and each stage's options and command line."""
     top = pipeline.config.model_dump(exclude={"stages"})
     stages = [{"name": s.name, "command": s.command, **s.options, "argv": ["headprune", *s.argv]} for s in pipeline.stages]
-    return yaml.safe_dump({**top, "stages": stages}, sort_keys=False, default_flow_style=None, width=120)
+    return yaml.safe_dump({**top, "stages": stages}, sort_keys=False, default_flow_style=None, width=float("inf"))  # no wrapping: it would depend on path lengths

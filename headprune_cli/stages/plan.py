@@ -60,7 +60,8 @@ def resolve_model(artifact: Envelope, artifact_path: str | None, checkpoint: str
     else:
         found = [p for p in candidates(ref.path, artifact_path) if p.is_file()]
         if not found:
-            raise CheckpointError(f"cannot find the model the artifact names ({ref.path}); give the checkpoint path as an argument")
+            where = " in the current folder (an artifact on stdin has no folder of its own)" if artifact_path in (None, "-", "<stdin>") else ""
+            raise CheckpointError(f"cannot find the model the artifact names ({ref.path}){where}; give the checkpoint path as an argument")
         path = next((p for p in found if sha256_file(p) == ref.sha256), found[0])
     digest = sha256_file(path)
     if digest != ref.sha256:
