@@ -188,7 +188,7 @@ def load(path: str | os.PathLike) -> nn.Module:
     """Rebuild the model stored in a headprune checkpoint (or an exported HF-style folder),
     at exactly its stored shapes."""
     info = read_info(path)
-    weights = Path(path) / FOLDER_WEIGHTS if is_export_folder(path) else path
+    weights = folder_weights(path) if is_export_folder(path) else path
     adapter = adapter_for_family(info.family)
     try:
         model = adapter.build(info.config, info.architecture, info.build_options)
@@ -207,6 +207,9 @@ def load(path: str | os.PathLike) -> nn.Module:
 FOLDER_FORMAT = "headprune-folder"
 FOLDER_INFO = "headprune.json"  # the layout and everything else transformers' config.json cannot say
 FOLDER_WEIGHTS = "model.safetensors"
+# headprune.json's "weights" names the file: model.safetensors when transformers can load the
+# folder, headprune.safetensors when it cannot (hf_config.py); older folders have no key.
+FOLDER_WEIGHT_NAMES = (FOLDER_WEIGHTS, "headprune.safetensors")
 
 
 def is_export_folder(path: str | os.PathLike) -> bool:
@@ -223,13 +226,22 @@ def read_folder_metadata(path: str | os.PathLike) -> dict[str, str]:
     if not isinstance(data, dict) or data.get("format") != FOLDER_FORMAT:
         raise CheckpointError(f"{folder / FOLDER_INFO}: not a headprune export (format is not {FOLDER_FORMAT!r})")
     _check_version_and_keys(data, folder / FOLDER_INFO, "export")
-    if not (folder / FOLDER_WEIGHTS).is_file():
-        raise CheckpointError(f"{folder}: no {FOLDER_WEIGHTS}")
+    weights = data.get("weights", FOLDER_WEIGHTS)
+    if weights not in FOLDER_WEIGHT_NAMES:  # a name, never a path out of the folder
+        raise CheckpointError(f"{folder / FOLDER_INFO}: weights {weights!r} is not one of {', '.join(FOLDER_WEIGHT_NAMES)}")
+    if not (folder / weights).is_file():
+        raise CheckpointError(f"{folder}: no {weights}")
     meta = {k: v if isinstance(v, str) else _dumps(v) for k, v in data.items()}
     tokenizer = folder / "tokenizer.json"
     if tokenizer.is_file():
         meta["tokenizer"] = tokenizer.read_text(encoding="utf-8")
     return meta
+
+
+def folder_weights(path: str | os.PathLike) -> Path:
+    """The weights file of an exported folder (checked by read_folder_metadata)."""
+    data = json.loads((Path(path) / FOLDER_INFO).read_text(encoding="utf-8"))
+    return Path(path) / data.get("weights", FOLDER_WEIGHTS)
 
 
 def _cut_to_layout(model: nn.Module, stored: ModelInfo) -> None:
