@@ -100,7 +100,7 @@ def test_layouts_no_config_states_are_refused_by_transformers(tmp_path, cli, fam
     res = cli("export", tmp_path / "m.safetensors", "--hf", tmp_path / "out")
     assert res.code == 0, res.err
     note = [line for line in res.err.splitlines() if line.startswith("note:")]
-    assert len(note) == 1 and "--with-onnx" in note[0]
+    assert len(note) == 1 and "--with-onnx" in note[0] and "headprune_cli.load" in note[0]
     assert ("--uniform" in note[0]) == (family == "llama-gqa")  # the option that would make it plain
     folder = tmp_path / "out"
     assert not (folder / "model.safetensors").exists() and (folder / "headprune.safetensors").is_file()

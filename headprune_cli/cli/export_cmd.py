@@ -10,7 +10,7 @@ import typer
 from headprune_cli.model.checkpoint import load
 from headprune_cli.errors import UsageError
 from headprune_cli.model.export import check_folder_output, export_hf, export_onnx
-from headprune_cli.model.hf_config import folder_config
+from headprune_cli.model.hf_config import folder_config, remedy
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.st_export import is_sentence_transformer
 from headprune_cli.fileio import check_output
@@ -82,8 +82,8 @@ def _export_folder(model, hf: Path, force: bool, checkpoint: Path, with_onnx: bo
         with_onnx = is_sentence_transformer(info)
     export_hf(model, hf, force=force, inputs=[checkpoint], with_onnx=with_onnx)
     extras = (", sentence-transformers modules" if is_sentence_transformer(info) else "") + (", onnx/model.onnx" if with_onnx else "")
-    console.print(f"wrote {hf}/ (config.json, {layout.weights}, headprune.json{extras})")
+    console.print(f"wrote {hf}/ (config.json, {layout.weights}, headprune.json{extras})", soft_wrap=True, markup=False)
     if layout.plain:
         console.print("transformers loads it as it is (no headprune needed)")
-    else:  # one line: why transformers cannot load it, and what would let it
-        console.print(f"note: not loadable by transformers alone: {layout.reason}", soft_wrap=True, markup=False)
+    else:  # one line: why transformers cannot load it, and what serves it instead
+        console.print(f"note: transformers cannot load it: {layout.reason}; {remedy(layout, with_onnx)}", soft_wrap=True, markup=False)

@@ -37,7 +37,8 @@ class FolderConfig:
     config: dict  # config.json
     weights: str  # file name of the weights in the folder
     plain: bool  # True when transformers' own class loads the folder at the pruned shapes
-    reason: str = ""  # when not plain: why, and what would make it plain (one line)
+    reason: str = ""  # when not plain: why (a clause)
+    uniform_helps: bool = False  # `select --uniform` would make the layout plain
 
 
 def folder_config(info: ModelInfo) -> FolderConfig:
@@ -45,7 +46,7 @@ def folder_config(info: ModelInfo) -> FolderConfig:
     config = _config_with_layers(info)
     reason = _not_expressible(info)
     if reason:
-        return FolderConfig(config, HIDDEN_WEIGHTS, False, reason)
+        return FolderConfig(config, HIDDEN_WEIGHTS, False, reason, uniform_helps=info.family in EXPLICIT_HEAD_DIM)
     layout = info.layout
     if _heads_removed(info):  # uniform LLaMA-family layout: state the new counts
         original = info.config
@@ -58,23 +59,25 @@ def folder_config(info: ModelInfo) -> FolderConfig:
 def _not_expressible(info: ModelInfo) -> str:
     layout = info.layout
     if info.family == "reference":
-        return "the reference encoder is headprune's own class, which transformers does not know; serve it with --with-onnx"
+        return "the reference encoder is headprune's own class, which transformers does not know"
     if not _heads_removed(info):
         return ""
     if info.family not in EXPLICIT_HEAD_DIM:
         name = _FAMILY_NAMES.get(info.family, info.family)
-        return (
-            f"{name} derives its head size from hidden_size / heads, so no transformers config can state "
-            "pruned heads; serve it with --with-onnx (onnx/model.onnx) or load it with headprune_cli.load"
-        )
+        return f"{name} derives its head size from hidden_size / heads, so no transformers config can state pruned heads"
     shapes = {(len(q), len(kv)) for q, kv in zip(layout.heads, layout.kv_heads)}
     if len(shapes) > 1:
         counts = ", ".join(f"layer {layer}: {len(q)}" for layer, q in zip(layout.layers, layout.heads))
-        return (
-            f"layers keep different head counts ({counts}), which a transformers config cannot state; "
-            "select with --uniform for a plain transformers folder, or serve it with --with-onnx"
-        )
+        return f"layers keep different head counts ({counts}), which a transformers config cannot state"
     return ""
+
+
+def remedy(layout: FolderConfig, onnx_written: bool) -> str:
+    """What serves (or would let transformers load) a folder that is not plain."""
+    ways = ["`select --uniform` makes a plain transformers folder"] if layout.uniform_helps else []
+    ways.append("onnx/model.onnx (written) serves it" if onnx_written else "--with-onnx (or --onnx FILE) writes an ONNX model that serves it")
+    ways.append("headprune_cli.load(DIR) loads it")
+    return "; ".join(ways)
 
 
 def _heads_removed(info: ModelInfo) -> bool:
