@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import headprune_cli
 from headprune_cli.errors import UsageError
-from headprune_cli.model.cost import predict
+from headprune_cli.model.cost_table import predict
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.selection import Constraints, ScoreTable, select
 
