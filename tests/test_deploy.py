@@ -135,3 +135,20 @@ def test_other_llama_family_configs_state_uniform_layouts(tmp_path, family):
     with torch.no_grad():
         torch.testing.assert_close(plain(ids).logits, headprune_cli.load(folder)(ids).logits, atol=1e-5, rtol=0)
     assert plain.config.num_attention_heads == 2
+
+
+def test_with_onnx_writes_the_serving_graph_into_the_folder(tmp_path, cli):
+    import onnxruntime as ort
+
+    model = apply_plan(TINY["bert"](), *UNEVEN["bert"])
+    headprune_cli.save(model, tmp_path / "m.safetensors")
+    res = cli("export", tmp_path / "m.safetensors", "--hf", tmp_path / "out", "--with-onnx")
+    assert res.code == 0, res.err
+    assert "onnx/model.onnx (written) serves it" in res.err
+    session = ort.InferenceSession(str(tmp_path / "out" / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    ids = torch.randint(2, 60, (1, 5))
+    (logits,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": torch.ones_like(ids).numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(logits), model(ids).logits, atol=1e-4, rtol=0)
+    res = cli("export", tmp_path / "m.safetensors", "--onnx", tmp_path / "x.onnx", "--with-onnx")
+    assert res.code == 2 and res.err.startswith("Error: --with-onnx") and not (tmp_path / "x.onnx").exists()
