@@ -15,7 +15,7 @@ from headprune_cli.model.export import export_hf, export_onnx
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
 
-from .conftest import TINY, model_inputs, model_output, snapshot
+from .conftest import CAUSAL, TINY, model_inputs, model_output, snapshot
 
 
 # Uneven heads per layer and a dropped layer, in original indices, per family.
@@ -39,7 +39,7 @@ def heads_per_layer(model) -> list[int]:
     return [len(h) for h in info_of(model).layout.heads]
 
 
-@pytest.mark.parametrize("name", sorted(PLANS))
+@pytest.mark.parametrize("name", sorted(set(PLANS) - set(CAUSAL)))  # causal LMs: test_onnx_decode.py
 def test_onnx_matches_pytorch_on_pruned_models(tmp_path, name):
     model = pruned(name)
     assert len(set(heads_per_layer(model))) > 1  # really uneven
@@ -72,7 +72,9 @@ def test_onnx_output_names(tmp_path):
 def test_hf_folder_round_trip_is_bit_identical(tmp_path, name):
     model = pruned(name)
     folder = export_hf(model, tmp_path / "out")
-    assert sorted(p.name for p in folder.iterdir()) >= ["config.json", "headprune.json", "model.safetensors"]
+    names = {p.name for p in folder.iterdir()}
+    # Weights are model.safetensors only where transformers can load them (test_deploy.py).
+    assert {"config.json", "headprune.json"} <= names and len(names & {"model.safetensors", "headprune.safetensors"}) == 1
     back = headprune_cli.load(folder)
     assert heads_per_layer(back) == heads_per_layer(model)
     assert info_of(back).layout == info_of(model).layout

@@ -132,6 +132,29 @@ def test_export_hf_shards_above_max_shard_size(tmp_path, cli):
     assert bad.code == 2 and "--max-shard-size" in bad.err and not (tmp_path / "x").exists()
 
 
+def test_sharded_export_of_an_uneven_layout_hides_its_shards_from_transformers(tmp_path, cli):
+    """Layers keeping different head counts: no transformers config states them, so the
+    shards and index take names from_pretrained never looks for, and headprune reads them."""
+    model = TINY["llama-gqa"]().to(torch.bfloat16)
+    heads, _ = _plan(model)
+    save(apply_plan(model, {0: heads[0]}, []), tmp_path / "m.safetensors")  # layer 0 alone loses a KV group
+    result = cli("export", tmp_path / "m.safetensors", "--hf", tmp_path / "out", "--max-shard-size", "20KB")
+    assert result.code == 0, result.err
+    assert "transformers cannot load it" in result.err
+    out = tmp_path / "out"
+    shards = sorted(p.name for p in out.glob("headprune-*.safetensors"))
+    index = json.loads((out / "headprune.safetensors.index.json").read_text())
+    assert len(shards) > 1 and sorted(set(index["weight_map"].values())) == shards
+    assert not list(out.glob("model*.safetensors*"))  # nothing transformers would load
+    inputs = model_inputs("llama-gqa")
+    want = model_output(load(tmp_path / "m.safetensors"), inputs)
+    assert torch.equal(model_output(load(out), inputs), want)
+    with pytest.raises(OSError):
+        T.AutoModelForCausalLM.from_pretrained(out, ignore_mismatched_sizes=True)
+    assert cli("import", out, "-o", tmp_path / "again.safetensors").code == 0
+    assert torch.equal(model_output(load(tmp_path / "again.safetensors"), inputs), want)
+
+
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_streamed_prune_writes_the_bytes_of_the_in_memory_path(name, tmp_path, monkeypatch):
     save(TINY[name](), tmp_path / "m.safetensors")

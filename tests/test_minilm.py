@@ -23,7 +23,7 @@ def test_minilm_remove_six_heads_per_layer(minilm_dir, tmp_path, cli):
     assert cli("import", minilm_dir, "-o", tmp_path / "minilm.safetensors").code == 0
     model = load(tmp_path / "minilm.safetensors")
     info = info_of(model)
-    assert info.task == "embedding" and info.pooling == {"mode": "mean", "normalize": True}
+    assert info.task == "embedding" and info.pooling == {"mode": "mean", "normalize": True, "max_seq_length": 256}
     assert info.tokenizer is not None
     batch = AutoTokenizer.from_pretrained(str(minilm_dir))(SENTENCES, padding=True, return_tensors="pt")
 

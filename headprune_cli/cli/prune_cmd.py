@@ -38,6 +38,7 @@ def prune(
     target_params: so.TargetParams = None,
     target_flops: so.TargetFlops = None,
     gqa_unit: so.GqaUnit = "group",
+    uniform: so.Uniform = False,
     compensation: Annotated[str, typer.Option("--compensate", help="none | bias | lstsq (needs --data).")] = "none",
     data: Annotated[Optional[Path], typer.Option("--data", help="Calibration data for --compensate (a few hundred examples).")] = None,
     samples: Annotated[int, typer.Option("--samples", help="Calibration examples to read from --data.")] = 256,
@@ -75,7 +76,7 @@ def prune(
     select_opts = dict(
         ratio=ratio, strategy=strategy, min_heads=min_heads, multiple_of=multiple_of, drop_layers=drop_layers,
         layer_threshold=layer_threshold, protect=protect, threshold=threshold, target_params=target_params,
-        target_flops=target_flops, gqa_unit=gqa_unit,
+        target_flops=target_flops, gqa_unit=gqa_unit, uniform=uniform,
     )
     if artifact.kind == "plan":
         _refuse_select_options(select_opts)
@@ -112,7 +113,7 @@ def _read_input(plan: str | None, scores: str | None):
 
 
 def _refuse_select_options(opts: dict) -> None:
-    defaults = dict(min_heads=1, multiple_of=1, drop_layers=0, gqa_unit="group")
+    defaults = dict(min_heads=1, multiple_of=1, drop_layers=0, gqa_unit="group", uniform=False)
     given = [k for k, v in opts.items() if v != defaults.get(k)]
     if given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)

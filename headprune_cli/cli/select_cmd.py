@@ -28,6 +28,11 @@ Threshold = Annotated[Optional[str], typer.Option("--threshold", help="Remove he
 TargetParams = Annotated[Optional[float], typer.Option("--target-params", help="Keep this fraction of the parameters.")]
 TargetFlops = Annotated[Optional[float], typer.Option("--target-flops", help="Keep this fraction of the FLOPs per token.")]
 GqaUnit = Annotated[str, typer.Option("--gqa-unit", help="GQA layers: remove whole KV 'group's, or query 'head's evenly from every group.")]
+Uniform = Annotated[
+    bool,
+    typer.Option("--uniform", help="Keep the same number of heads (and KV groups) in every layer, chosen by score: "
+                 "LLaMA/Mistral/Qwen models then export as plain transformers folders."),
+]
 
 
 def plan_from_scores(
@@ -44,6 +49,7 @@ def plan_from_scores(
     target_params=None,
     target_flops=None,
     gqa_unit="group",
+    uniform=False,
     scores=None,
     scores_sha=None,
 ) -> dict:
@@ -57,6 +63,7 @@ def plan_from_scores(
         drop_layers=drop_layers,
         layer_threshold=layer_threshold,
         gqa_unit=gqa_unit,
+        uniform=uniform,
     )
     selection = choose(
         ScoreTable.from_scores(scores),
@@ -91,13 +98,15 @@ def select(
     target_params: TargetParams = None,
     target_flops: TargetFlops = None,
     gqa_unit: GqaUnit = "group",
+    uniform: Uniform = False,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Plan JSON to write (default: stdout).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")] = False,
 ) -> None:
     """Choose the heads (and layers) to remove from importance scores; writes a plan.
 
     Every strategy respects every constraint: --min-heads per layer, --multiple-of,
-    whole KV groups for grouped-query attention, --protect.
+    whole KV groups for grouped-query attention, --protect, and with --uniform the same
+    number of heads and KV groups in every layer.
 
     Examples:
 
@@ -106,6 +115,8 @@ def select(
       headprune select scores.json --ratio 0.5 --strategy layer --multiple-of 2
 
       headprune select scores.json --target-flops 0.7 --protect 0:3,5:1
+
+      headprune select scores.json --ratio 0.5 --uniform -o plan.json
 
       headprune score m.safetensors --method taylor --data d.jsonl | headprune select --ratio 0.3 | headprune prune -o small.safetensors
     """
@@ -124,6 +135,7 @@ def select(
         target_params=target_params,
         target_flops=target_flops,
         gqa_unit=gqa_unit,
+        uniform=uniform,
     )
     write_artifact(plan, output)
     summarize(plan)
@@ -138,4 +150,5 @@ def summarize(plan: dict) -> None:
             f"; params {after['params'] / before['params']:.1%}, "
             f"FLOPs/token {after['flops_per_token'] / before['flops_per_token']:.1%} of before"
         )
-    console.print(f"plan ({plan['strategy']}): remove {heads} heads, {len(plan['remove_layers'])} layers{cost}")
+    shape = ", the same heads in every layer" if plan["constraints"].get("uniform") else ""
+    console.print(f"plan ({plan['strategy']}): remove {heads} heads, {len(plan['remove_layers'])} layers{shape}{cost}")

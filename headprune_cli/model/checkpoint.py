@@ -38,7 +38,7 @@ from headprune_cli.model.config_check import check_against_header, check_declare
 from headprune_cli.model.layout import Layout, ModelInfo, info_of
 from headprune_cli.model.materialize import build_empty, check_entries, fill, stored_dtype, tied_groups
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.model.tensorfile import INDEX_NAME, Entry, Spec, read_entries, read_header, write_file
+from headprune_cli.model.tensorfile import Entry, Spec, read_entries, read_header, write_file
 
 FORMAT = "headprune-checkpoint"
 FORMAT_VERSION = "1"
@@ -247,17 +247,18 @@ def weights_path(path: str | os.PathLike) -> Path:
     """The weights of a checkpoint file or export folder (its file, or its shard index)."""
     if not is_export_folder(path):
         return Path(path)
-    folder = Path(path)
-    return folder / INDEX_NAME if (folder / INDEX_NAME).is_file() else folder / FOLDER_WEIGHTS
+    data = json.loads((Path(path) / FOLDER_INFO).read_text(encoding="utf-8"))  # checked by read_info
+    single = Path(path) / data.get("weights", FOLDER_WEIGHTS)
+    return single if single.is_file() else single.with_name(_index_of(single.name))
 
 
 def weights_sha(path: str | os.PathLike) -> str:
     """sha256 of the weights; of a sharded folder, of its index and every shard's sha256."""
     weights = weights_path(path)
-    if weights.name != INDEX_NAME:
+    if not weights.name.endswith(".index.json"):
         return sha256_file(weights)
     shards = sorted({e.path for e in read_entries(weights).values()})
-    listing = [f"{INDEX_NAME} {sha256_file(weights)}", *(f"{Path(s).name} {sha256_file(s)}" for s in shards)]
+    listing = [f"{weights.name} {sha256_file(weights)}", *(f"{Path(s).name} {sha256_file(s)}" for s in shards)]
     return sha256_bytes("\n".join(listing).encode())
 
 
@@ -265,6 +266,9 @@ def weights_sha(path: str | os.PathLike) -> str:
 FOLDER_FORMAT = "headprune-folder"
 FOLDER_INFO = "headprune.json"  # the layout and everything else transformers' config.json cannot say
 FOLDER_WEIGHTS = "model.safetensors"
+# headprune.json's "weights" names the file: model.safetensors when transformers can load the
+# folder, headprune.safetensors when it cannot (hf_config.py); older folders have no key.
+FOLDER_WEIGHT_NAMES = (FOLDER_WEIGHTS, "headprune.safetensors")
 
 
 def is_export_folder(path: str | os.PathLike) -> bool:
@@ -281,13 +285,21 @@ def read_folder_metadata(path: str | os.PathLike) -> dict[str, str]:
     if not isinstance(data, dict) or data.get("format") != FOLDER_FORMAT:
         raise CheckpointError(f"{folder / FOLDER_INFO}: not a headprune export (format is not {FOLDER_FORMAT!r})")
     _check_version_and_keys(data, folder / FOLDER_INFO, "export")
-    if not (folder / FOLDER_WEIGHTS).is_file() and not (folder / INDEX_NAME).is_file():
-        raise CheckpointError(f"{folder}: no {FOLDER_WEIGHTS} (or {INDEX_NAME})")
+    weights = data.get("weights", FOLDER_WEIGHTS)
+    if weights not in FOLDER_WEIGHT_NAMES:  # a name, never a path out of the folder
+        raise CheckpointError(f"{folder / FOLDER_INFO}: weights {weights!r} is not one of {', '.join(FOLDER_WEIGHT_NAMES)}")
+    if not (folder / weights).is_file() and not (folder / _index_of(weights)).is_file():
+        raise CheckpointError(f"{folder}: no {weights} (or {_index_of(weights)})")
     meta = {k: v if isinstance(v, str) else _dumps(v) for k, v in data.items()}
     tokenizer = folder / "tokenizer.json"
     if tokenizer.is_file():
         meta["tokenizer"] = tokenizer.read_text(encoding="utf-8")
     return meta
+
+
+def _index_of(weights: str) -> str:
+    """The shard index that stands for a weights file name when the weights are sharded."""
+    return f"{weights}.index.json"
 
 
 def _cut_to_layout(model: nn.Module, stored: ModelInfo) -> None:

@@ -85,7 +85,8 @@ def _tokenizer_config(folder: Path) -> dict:
 
 
 def _pooling(folder: Path) -> dict:
-    """Sentence-transformers folders: the pooling mode and whether embeddings are normalised."""
+    """Sentence-transformers folders: the pooling mode, whether embeddings are normalised,
+    and the max_seq_length that export writes back (st_export.py)."""
     modules = (folder / "modules.json")
     if not modules.is_file():
         return {}
@@ -103,4 +104,8 @@ def _pooling(folder: Path) -> dict:
                     pooling["mode"] = mode
         if kind.endswith("Normalize"):
             pooling["normalize"] = True
+    # The sentence-transformers truncation length (often below the tokenizer's limit).
+    length = _read_json(folder / "sentence_bert_config.json").get("max_seq_length")
+    if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+        pooling["max_seq_length"] = length
     return pooling

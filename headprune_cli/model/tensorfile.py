@@ -206,17 +206,19 @@ def shard(specs: list[Spec], max_bytes: int) -> list[list[Spec]]:
     return groups
 
 
-def write_folder_weights(folder: Path, specs: list[Spec], metadata: dict[str, str], max_bytes: int) -> list[str]:
-    """model.safetensors, or shards plus model.safetensors.index.json; returns the files written."""
+def write_folder_weights(folder: Path, specs: list[Spec], metadata: dict[str, str], max_bytes: int, stem: str = "model") -> list[str]:
+    """STEM.safetensors, or shards plus STEM.safetensors.index.json (transformers' names
+    when `stem` is "model"); returns the files written."""
     groups = shard(specs, max_bytes)
     if len(groups) == 1:
-        write_file(folder / "model.safetensors", groups[0], metadata)
-        return ["model.safetensors"]
-    names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+        write_file(folder / f"{stem}.safetensors", groups[0], metadata)
+        return [f"{stem}.safetensors"]
+    names = [f"{stem}-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
     weight_map = {}
     for name, group in zip(names, groups):
         write_file(folder / name, group, metadata)
         weight_map.update({spec.name: name for spec in group})
     index = {"metadata": {"total_size": sum(s.nbytes for s in specs)}, "weight_map": dict(sorted(weight_map.items()))}
-    (folder / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return [*names, INDEX_NAME]
+    index_name = f"{stem}.safetensors.index.json"
+    (folder / index_name).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return [*names, index_name]

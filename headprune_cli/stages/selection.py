@@ -7,7 +7,9 @@ its query heads' scores) or, with `gqa_unit="head"`, "rows" of one query head fr
 group (so that every remaining group keeps the same size). A layer always loses a
 prefix of its chain. The constraints (min heads, multiple-of, protected heads) decide
 which prefix lengths are allowed; a strategy only picks among the allowed ones, so
-every strategy respects every constraint by construction.
+every strategy respects every constraint by construction. With `uniform`, the
+strategy picks one kept count for all layers among those every layer allows
+(uniform.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import asdict, dataclass
 from headprune_cli.model.cost_table import CostTable, predict
 from headprune_cli.errors import NumericalError, UsageError, shorten
 from headprune_cli.names import did_you_mean
+from headprune_cli.stages import uniform as uniform_levels
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class Constraints:
     drop_layers: int = 0
     layer_threshold: float | None = None
     gqa_unit: str = "group"  # group | head
+    uniform: bool = False  # every kept layer keeps the same number of heads and KV groups
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -312,7 +316,10 @@ def select(
         kwargs["value"] = _threshold_value(table, chains, str(threshold))
     if chosen == "budget":
         kwargs["fits"] = _budget_check(table, chains, drop, target_params, target_flops)
-    prefixes = STRATEGIES[chosen](chains, **kwargs)
+    if constraints.uniform:
+        prefixes = uniform_levels.choose(chosen, table, chains, kwargs)
+    else:
+        prefixes = STRATEGIES[chosen](chains, **kwargs)
     remove = {ch.layer: ch.heads_removed(prefixes[ch.layer]) for ch in chains}
     remove = {layer: heads for layer, heads in remove.items() if heads}
     selection = Selection(strategy=chosen, remove_heads=remove, remove_layers=drop)
