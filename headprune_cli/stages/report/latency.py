@@ -146,19 +146,30 @@ def _keeps_last_logits(model: nn.Module) -> dict:
     return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
+def prefill(model: nn.Module, ids: torch.Tensor) -> tuple:
+    """The prompt's forward with the KV cache on: (the filled cache, the next token of each sequence)."""
+    out = model(input_ids=ids, use_cache=True, **_keeps_last_logits(model))
+    return out.cache, out.logits[:, -1:].argmax(-1)
+
+
+def decode(model: nn.Module, cache, next_ids: torch.Tensor, tokens: int) -> tuple:
+    """`tokens` greedy steps, one token per sequence each, reading and growing `cache`."""
+    extra = _keeps_last_logits(model)
+    for _ in range(tokens):
+        out = model(input_ids=next_ids, cache=cache, use_cache=True, **extra)
+        cache, next_ids = out.cache, out.logits[:, -1:].argmax(-1)
+    return cache, next_ids
+
+
 def generate_once(model: nn.Module, ids: torch.Tensor, tokens: int) -> dict[str, float]:
-    """Prefill `ids` with the KV cache on, then `tokens` greedy decode steps; ms of each phase.
+    """Prefill `ids`, then `tokens` decode steps; milliseconds of each phase.
 
     No attention mask: the prompts are unpadded, as a server's batch of equal-length
     prompts is, so attention takes its causal fast path in both phases."""
-    extra = _keeps_last_logits(model)
     start = time.perf_counter()
-    out = model(input_ids=ids, use_cache=True, **extra)
-    next_ids = out.logits[:, -1:].argmax(-1)
+    cache, next_ids = prefill(model, ids)
     prefilled = time.perf_counter()
-    for _ in range(tokens):
-        out = model(input_ids=next_ids, cache=out.cache, use_cache=True, **extra)
-        next_ids = out.logits[:, -1:].argmax(-1)
+    decode(model, cache, next_ids, tokens)
     done = time.perf_counter()
     return {"prefill": (prefilled - start) * 1000.0, "decode": (done - prefilled) * 1000.0}
 
