@@ -48,7 +48,7 @@ MODES = {
                   decode_repeats=2, decode_prefill_repeats=1),
     "default": dict(score_examples=64, score_repeats=3, speed_repeats=7, speed_warmup=2, calibration=64, held_out=128,
                     seeds=5, epochs=3, train_rows=None, pipeline_repeats=1, peer_repeats=9, peer_calibration=128,
-                    decode_repeats=5, decode_prefill_repeats=3),
+                    decode_repeats=3, decode_prefill_repeats=2),
     "full": dict(score_examples=64, score_repeats=5, speed_repeats=15, speed_warmup=2, calibration=200, held_out=None,
                  seeds=5, epochs=3, train_rows=None, pipeline_repeats=3, peer_repeats=15, peer_calibration=128,
                  decode_repeats=9, decode_prefill_repeats=5),

@@ -100,7 +100,7 @@ def bench_batch(models: dict, batch: int, context: int, tokens: int, threads: in
 
 
 def decode_rows(quick: bool, threads: int = 2, repeats: int = 5, prefill_repeats: int = 3, warmup: int = 1,
-                layers: int = 4, context: int = 1024, tokens: int = 32, batches: tuple[int, ...] = (1, 8)) -> dict:
+                layers: int = 4, context: int = 1024, tokens: int = 16, batches: tuple[int, ...] = (1, 8)) -> dict:
     torch.manual_seed(0)
     if quick:
         baseline, layers, context, tokens, batches = llama_shaped(1, 8, 100), 1, 32, 4, (1, 2)
@@ -140,12 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny LLaMA: seconds, the same code path")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5, help="timed decode runs per model")
-    parser.add_argument("--prefill-repeats", type=int, default=3, help="timed prefill runs per model")
+    parser.add_argument("--repeats", type=int, default=3, help="timed decode runs per model")
+    parser.add_argument("--prefill-repeats", type=int, default=2, help="timed prefill runs per model")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--json", type=Path, help="also write the measurements here")
     args = parser.parse_args(argv)
