@@ -178,11 +178,13 @@ def test_an_encoder_report_says_kv_cache_n_a(cli, tmp_path):
     apply_plan(pruned, {0: [0, 1]}, [])
     save(pruned, tmp_path / "pruned.safetensors")
     write_text(tmp_path / "dev.txt", 8)
-    result = cli("report", "--model", tmp_path / "pruned.safetensors", "--data", tmp_path / "dev.txt", *FAST, "--json", tmp_path / "r.json")
+    result = cli("report", "--model", tmp_path / "pruned.safetensors", "--data", tmp_path / "dev.txt", *FAST, "--json", tmp_path / "r.json",
+                 "--markdown", tmp_path / "r.md")
     assert result.code == 0, result.err
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["kv_cache"] is None and data["cost"]["decode"] is None and data["measured"]["decode"] is None
     assert "KV cache: n/a" in result.err
+    assert "| KV cache per token | n/a | n/a | encoder: no KV cache |" in (tmp_path / "r.md").read_text()
 
 
 def test_reports_without_the_serving_fields_still_read_and_unknown_fields_are_refused(lm, cli, tmp_path):

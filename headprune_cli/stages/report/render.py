@@ -73,6 +73,8 @@ def markdown(report: dict) -> str:
     kv = report.get("kv_cache")
     if kv:
         lines.append(f"| KV cache per token ({kv['dtype']}) | {kv['baseline']['total']:,} B | {kv['pruned']['total']:,} B | {kv['ratio'] - 1:+.1%} |")
+    elif "kv_cache" in report:  # reports older than the field say nothing
+        lines.append("| KV cache per token | n/a | n/a | encoder: no KV cache |")
     if measured:
         lb, lp = measured["latency_ms"]["baseline"], measured["latency_ms"]["pruned"]
         lines.append(f"| latency, median ms (IQR) | {lb['median_ms']:.2f} ({lb['q1_ms']:.2f}–{lb['q3_ms']:.2f}) | {lp['median_ms']:.2f} ({lp['q1_ms']:.2f}–{lp['q3_ms']:.2f}) | {measured['speedup']:.2f}x faster |")
