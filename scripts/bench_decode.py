@@ -12,9 +12,12 @@ measured side by side, interleaved in alternating order after warm-up
 (headprune_cli.stages.report.latency.measure_runs):
 - prefill: one forward over the `context`-token prompt with the KV cache on (output head
   for the last position only, as a server runs it);
-- decode: `tokens` greedy steps after that prompt. Each model's prompt is prefilled once,
-  untimed; every timed run crops the cache back to the prompt and decodes again, so a
-  decode sample never pays for a prefill.
+- decode: `tokens` greedy steps after a `context`-token cache. The cache is filled with
+  random keys and values of the exact shapes a prefill leaves (decode time does not
+  depend on their values; a batch-8 prefill is minutes on 2 shared cores); every timed
+  run crops it back to `context` and decodes again, so a sample never pays for a prefill.
+  The KV bytes per token that a real prefill leaves in transformers' cache are measured
+  separately, as the check on the prediction.
 Predictions are the report's own (headprune_cli.stages.report.serving.decode_prediction):
 prefill from FLOPs, decode from bytes read per generated token; KV bytes per token are
 exact from the layout.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from functools import partial
@@ -34,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_speed import llama_shaped, remove_fraction  # noqa: E402
 
+from headprune_cli.model.arch import adapter_for  # noqa: E402
 from headprune_cli.stages.report.latency import decode, measure_runs, prefill, prompt_ids  # noqa: E402
 from headprune_cli.stages.report.serving import Generation, decode_prediction, kv_section  # noqa: E402
 
@@ -48,50 +53,73 @@ def _prefill_ms(model, ids) -> dict[str, float]:
     return {"prefill": (time.perf_counter() - start) * 1000.0}
 
 
-class Decoder:
-    """One model's prompt, prefilled once; each call decodes `tokens` steps from it again."""
+def synthetic_cache(model, batch: int, context: int):
+    """A DynamicCache holding `context` tokens of random keys and values in every layer, as a
+    prefill would leave it (decode time does not depend on the values): a batch-8 prefill of
+    1024 tokens costs minutes on 2 shared cores and is timed on its own anyway."""
+    from transformers import DynamicCache
 
-    def __init__(self, model, ids, tokens: int):
-        self.model, self.context, self.tokens = model, ids.shape[1], tokens
-        with torch.inference_mode():
-            self.cache, self.first = prefill(model, ids)
-        tensors = [t for layer in self.cache.layers for t in (layer.keys, layer.values)]
-        # What transformers' cache really holds, per token of the batch: the check on the prediction.
-        self.kv_bytes_per_token = sum(t.numel() * t.element_size() for t in tensors) / ids.numel()
+    adapter = adapter_for(model)
+    cache = DynamicCache(config=model.config)
+    gen = torch.Generator().manual_seed(0)
+    for index, block in enumerate(adapter.layer_list(model)):
+        view = adapter.attention(block)
+        shape = (batch, view.num_kv_heads, context, view.head_dim)
+        dtype = view.o.weight.dtype
+        cache.update(torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype), index)
+    return cache
+
+
+def real_kv_bytes_per_token(model, prompt: int = 8) -> float:
+    """Bytes transformers' own cache holds per token after a real prefill: the check on the prediction."""
+    with torch.inference_mode():
+        cache, _ = prefill(model, prompt_ids(model, 1, prompt))
+    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)) / prompt
+
+
+class Decoder:
+    """One model's cache at `context` tokens; each call decodes `tokens` steps from it again."""
+
+    def __init__(self, model, batch: int, context: int, tokens: int):
+        self.model, self.context, self.tokens = model, context, tokens
+        self.cache = synthetic_cache(model, batch, context)
+        self.first = prompt_ids(model, batch, 1, seed=1)
 
     def __call__(self) -> dict[str, float]:
-        # Back to the prompt (crop takes the count to drop, negative): every run decodes the same positions.
+        # Back to the context (crop takes the count to drop, negative): every run decodes the same positions.
         self.cache.crop(self.context - self.cache.get_seq_length())
         start = time.perf_counter()
         decode(self.model, self.cache, self.first, self.tokens)
         return {"decode": (time.perf_counter() - start) * 1000.0}
 
 
-def bench_batch(models: dict, batch: int, context: int, tokens: int, threads: int, repeats: int, prefill_repeats: int, warmup: int) -> dict:
+def bench_batch(models: dict, batch: int, context: int, tokens: int, threads: int, repeats: int, prefill_repeats: int, warmup: int,
+                measure_prefill: bool = True) -> dict:
     predicted = decode_prediction(models["baseline"], models["pruned"], Generation(batch, context, tokens))
     ids = {name: prompt_ids(model, batch, context) for name, model in models.items()}
     torch.set_num_threads(threads)
-    # Each decoder's one prefill is also the prefill's warm-up (allocator, kernel choice).
-    decoders = {name: Decoder(model, ids[name], tokens) for name, model in models.items()}
-    prefill_runs = {name: partial(_prefill_ms, model, ids[name]) for name, model in models.items()}
-    timed_prefill = measure_runs(prefill_runs, prefill_repeats, 0, threads)
+    decoders = {name: Decoder(model, batch, context, tokens) for name, model in models.items()}
     timed_decode = measure_runs(decoders, repeats, warmup, threads)
-    prefill_ms = {name: t["prefill"] for name, t in timed_prefill.items()}
     decode_ms = {name: t["decode"] for name, t in timed_decode.items()}
+    prefill_ms = None
+    if measure_prefill:
+        prefill_runs = {name: partial(_prefill_ms, model, ids[name]) for name, model in models.items()}
+        timed_prefill = measure_runs(prefill_runs, prefill_repeats, min(warmup, 1), threads)
+        prefill_ms = {name: t["prefill"] for name, t in timed_prefill.items()}
     kv = kv_section(models["baseline"], models["pruned"])
     row = {
         "batch": batch, "context": context, "tokens": tokens, "threads": threads,
         "repeats": repeats, "prefill_repeats": prefill_repeats, "warmup": warmup,
         "kv_bytes_per_token": {"baseline": kv["baseline"]["total"], "pruned": kv["pruned"]["total"]},
         "kv_ratio": kv["ratio"],
-        "kv_measured": {name: d.kv_bytes_per_token for name, d in decoders.items()},
-        "prefill_ms": {name: lat.to_dict() for name, lat in prefill_ms.items()},
+        "kv_measured": {name: real_kv_bytes_per_token(model) for name, model in models.items()},
+        "prefill_ms": prefill_ms and {name: lat.to_dict() for name, lat in prefill_ms.items()},
         "decode_ms": {name: lat.to_dict() for name, lat in decode_ms.items()},
         "decode_tokens_per_s": {name: batch * tokens * 1000.0 / lat.median_ms for name, lat in decode_ms.items()},
         "predicted_prefill": predicted["predicted_prefill_speedup"],
         "predicted_decode": predicted["predicted_decode_speedup"],
         "decode_flops_speedup": predicted["decode_flops_speedup"],
-        "measured_prefill": prefill_ms["baseline"].median_ms / prefill_ms["pruned"].median_ms,
+        "measured_prefill": prefill_ms and prefill_ms["baseline"].median_ms / prefill_ms["pruned"].median_ms,
         "measured_decode": decode_ms["baseline"].median_ms / decode_ms["pruned"].median_ms,
         "costs": {name: predicted[name] for name in ("baseline", "pruned")},
     }
@@ -100,7 +128,9 @@ def bench_batch(models: dict, batch: int, context: int, tokens: int, threads: in
 
 
 def decode_rows(quick: bool, threads: int = 2, repeats: int = 5, prefill_repeats: int = 3, warmup: int = 1,
-                layers: int = 4, context: int = 1024, tokens: int = 16, batches: tuple[int, ...] = (1, 8)) -> dict:
+                layers: int = 4, context: int = 1024, tokens: int = 16, batches: tuple[int, ...] = (1, 8),
+                prefill_batches: tuple[int, ...] | None = None) -> dict:
+    """`prefill_batches`: the batches whose prefill is timed too (default: all of `batches`)."""
     torch.manual_seed(0)
     if quick:
         baseline, layers, context, tokens, batches = llama_shaped(1, 8, 100), 1, 32, 4, (1, 2)
@@ -110,7 +140,8 @@ def decode_rows(quick: bool, threads: int = 2, repeats: int = 5, prefill_repeats
         name = f"LLaMA shape (1024d, 16q/4kv heads, head_dim 64, vocab 32000), {layers} layers, fp32"
     models = {"baseline": baseline, "pruned": remove_fraction(baseline, 0.5)}
     print(HEADER, file=sys.stderr)
-    rows = [bench_batch(models, b, context, tokens, threads, repeats, prefill_repeats, warmup) for b in batches]
+    timed = batches if prefill_batches is None else prefill_batches
+    rows = [bench_batch(models, b, context, tokens, threads, repeats, prefill_repeats, warmup, b in timed) for b in batches]
     return {"model": name, "removed": "2 of 4 KV groups (8 of 16 query heads) in every layer", "rows": rows}
 
 
@@ -119,8 +150,8 @@ def markdown_row(r: dict) -> str:
     return (
         f"| {r['batch']} | {kv['baseline']:,} → {kv['pruned']:,} ({real['baseline']:,.0f} → {real['pruned']:,.0f}), "
         f"-{1 - r['kv_ratio']:.0%} | "
-        f"{pf['baseline']['median_ms']:.0f} / {pf['pruned']['median_ms']:.0f} | "
-        f"{r['predicted_prefill']:.2f}x / **{r['measured_prefill']:.2f}x** | "
+        + (f"{pf['baseline']['median_ms']:.0f} / {pf['pruned']['median_ms']:.0f} | {r['predicted_prefill']:.2f}x / **{r['measured_prefill']:.2f}x** | "
+           if pf else f"not timed | {r['predicted_prefill']:.2f}x / not timed | ") +
         f"{tps['baseline']:.1f} / {tps['pruned']:.1f} | "
         f"{r['predicted_decode']:.2f}x / **{r['measured_decode']:.2f}x** | {r['decode_flops_speedup']:.2f}x |"
     )
@@ -129,14 +160,18 @@ def markdown_row(r: dict) -> str:
 def markdown(result: dict) -> list[str]:
     first = result["rows"][0]
     return [
-        f"{result['model']}; {result['removed']}. Context {first['context']} tokens (the prompt), then {first['tokens']} "
-        f"decode steps; {first['threads']} threads; medians of {first['repeats']} interleaved decode runs and "
+        f"{result['model']}; {result['removed']}. Context {first['context']} tokens: prefill = one forward over a "
+        f"{first['context']}-token prompt; decode = {first['tokens']} steps after a {first['context']}-token KV cache; "
+        f"{first['threads']} threads; medians of {first['repeats']} interleaved decode runs and "
         f"{first['prefill_repeats']} interleaved prefill runs after warm-up.", "",
         HEADER, *map(markdown_row, result["rows"]), "",
     ]
 
 
 def main(argv: list[str] | None = None) -> int:
+    import bench  # noqa: PLC0415  (bench imports this module: machine facts and the section renderer, at run time)
+    import bench_report  # noqa: PLC0415
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny LLaMA: seconds, the same code path")
     parser.add_argument("--threads", type=int, default=2)
@@ -147,13 +182,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--prefill-batches", help="batches whose prefill is timed too (default: every batch)")
     parser.add_argument("--json", type=Path, help="also write the measurements here")
+    parser.add_argument("--out", type=Path, help="replace section 8 of this Markdown file (BENCHMARKS.md) with the result")
     args = parser.parse_args(argv)
+    prefill_batches = tuple(int(b) for b in args.prefill_batches.split(",")) if args.prefill_batches else None
+    load_before = bench.loadavg()
     result = decode_rows(args.quick, args.threads, args.repeats, args.prefill_repeats, args.warmup, args.layers,
-                         args.context, args.tokens, tuple(int(b) for b in args.batches.split(",")))
+                         args.context, args.tokens, tuple(int(b) for b in args.batches.split(",")), prefill_batches)
     print("\n".join(markdown(result)))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.out:
+        command = "OMP_NUM_THREADS=%s python scripts/bench_decode.py %s" % (os.environ.get("OMP_NUM_THREADS", "unset"), " ".join(argv if argv is not None else sys.argv[1:]))
+        alone = {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 "machine": bench.machine(args.threads), "load_before": load_before, "load_after": bench.loadavg()}
+        before = args.out.read_text() if args.out.exists() else ""
+        args.out.write_text(bench_report.splice(before, bench_report.decode_section(result, alone)))
     return 0
 
 

@@ -209,7 +209,8 @@ def decode_section(d: dict, alone: dict | None = None) -> list[str]:
                   f"before, {alone['load_after']} after", ""]
     lines += bench_decode.markdown(d)
     for r in d["rows"]:
-        lines.append(f"- batch {r['batch']}: measured/predicted prefill {r['measured_prefill'] / r['predicted_prefill']:.2f}, "
+        prefill = f"{r['measured_prefill'] / r['predicted_prefill']:.2f}" if r["measured_prefill"] else "not timed"
+        lines.append(f"- batch {r['batch']}: measured/predicted prefill {prefill}, "
                      f"decode {r['measured_decode'] / r['predicted_decode']:.2f} (FLOPs alone: "
                      f"{r['measured_decode'] / r['decode_flops_speedup']:.2f}).")
     return lines + [""]
