@@ -4,11 +4,13 @@
     OMP_NUM_THREADS=2 /tmp/venv0/bin/python scripts/bench.py --full ...     # larger sets, more repeats
     python scripts/bench.py --quick --out /tmp/b.md       # tiny random models, seconds (the test suite)
     python scripts/bench.py --render run.json             # rewrite BENCHMARKS.md from a saved --json run
+    OMP_NUM_THREADS=2 nice python scripts/bench.py --only decode   # re-measure section 8 alone, in place
 
 Sections (each figure a ratio of two things measured side by side in this run, the
 medians of repeated, interleaved runs): scoring cost, measured vs predicted speedup,
 fidelity per importance method, recovery on the bundled example, pipeline wall times,
-the peer comparison and onnxruntime latency. The peer (Torch-Pruning) is never a
+the peer comparison, onnxruntime latency, and serving a causal LM (KV cache, prefill,
+decode). `--only decode` measures that last section alone and replaces it in --out. The peer (Torch-Pruning) is never a
 headprune dependency: with --peer-python, the peer section runs scripts/bench_peer.py
 under that interpreter (a separate benchmark venv that has torch-pruning); without it,
 the headprune rows and onnxruntime latency are measured here and the peer row is absent.
@@ -30,6 +32,7 @@ import torch
 
 SCRIPTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPTS))
+import bench_decode  # noqa: E402
 import bench_peer  # noqa: E402
 import bench_quality  # noqa: E402
 import bench_recovery  # noqa: E402
@@ -41,11 +44,14 @@ from bench_common import ROOT, minilm, random_split, split_text, tiny_bert  # no
 # Sizes per mode. Default keeps the whole run to minutes on 2 cores; --full is the long form.
 MODES = {
     "quick": dict(score_examples=16, score_repeats=2, speed_repeats=2, speed_warmup=1, calibration=32, held_out=16,
-                  seeds=2, epochs=1, train_rows=64, pipeline_repeats=1, peer_repeats=2, peer_calibration=16),
+                  seeds=2, epochs=1, train_rows=64, pipeline_repeats=1, peer_repeats=2, peer_calibration=16,
+                  decode_repeats=2, decode_prefill_repeats=1),
     "default": dict(score_examples=64, score_repeats=3, speed_repeats=7, speed_warmup=2, calibration=64, held_out=128,
-                    seeds=5, epochs=3, train_rows=None, pipeline_repeats=1, peer_repeats=9, peer_calibration=128),
+                    seeds=5, epochs=3, train_rows=None, pipeline_repeats=1, peer_repeats=9, peer_calibration=128,
+                    decode_repeats=3, decode_prefill_repeats=2),
     "full": dict(score_examples=64, score_repeats=5, speed_repeats=15, speed_warmup=2, calibration=200, held_out=None,
-                 seeds=5, epochs=3, train_rows=None, pipeline_repeats=3, peer_repeats=15, peer_calibration=128),
+                 seeds=5, epochs=3, train_rows=None, pipeline_repeats=3, peer_repeats=15, peer_calibration=128,
+                 decode_repeats=9, decode_prefill_repeats=5),
 }
 RATIOS = (0.3, 0.5)
 
@@ -77,6 +83,10 @@ def section_quality(mode: str, cfg: dict) -> dict:
     return {"calibration": len(calib), "held_out": len(held), "max_length": 64, "seeds": cfg["seeds"],
             "ratios": list(RATIOS), "rows": {m: {str(r): list(v) for r, v in by.items()} for m, by in rows.items()},
             "score_seconds": seconds}
+
+
+def section_decode(mode: str, cfg: dict, threads: int) -> dict:
+    return bench_decode.decode_rows(mode == "quick", threads, cfg["decode_repeats"], cfg["decode_prefill_repeats"])
 
 
 def section_recovery(cfg: dict) -> dict:
@@ -170,16 +180,19 @@ def loadavg() -> str:
     return " ".join(path.read_text().split()[:3]) if path.exists() else "n/a"
 
 
-def run(mode: str, threads: int, peer_python: str | None, command: str, fresh_clone: bool = False) -> dict:
+def run(mode: str, threads: int, peer_python: str | None, command: str, fresh_clone: bool = False, only: list[str] | None = None) -> dict:
     torch.set_num_threads(threads)
     cfg = MODES[mode]
     result = {"mode": mode, "command": command, "machine": machine(threads), "settings": cfg,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": loadavg(), "seconds": {}}
     steps = [("score", lambda: section_score(mode, cfg)), ("speed", lambda: section_speed(mode, cfg, threads)),
              ("quality", lambda: section_quality(mode, cfg)), ("recovery", lambda: section_recovery(cfg)),
-             ("pipeline", lambda: section_pipeline(mode, cfg)), ("peer", lambda: section_peer(mode, cfg, threads, peer_python))]
+             ("pipeline", lambda: section_pipeline(mode, cfg)), ("peer", lambda: section_peer(mode, cfg, threads, peer_python)),
+             ("decode", lambda: section_decode(mode, cfg, threads))]
     if fresh_clone:
         steps.append(("fresh_clone", fresh_clone_demo))
+    if only:
+        steps = [step for step in steps if step[0] in only]
     for name, step in steps:
         print(f"bench: {name} (load {loadavg()})", file=sys.stderr, flush=True)
         start = time.perf_counter()
@@ -210,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-python", help="python of a separate venv with torch-pruning: runs the peer section there")
     parser.add_argument("--fresh-clone", action="store_true", help="also time scripts/demo.sh in a fresh clone (creates .venv, installs)")
     parser.add_argument("--render", type=Path, help="measure nothing: rewrite --out from a --json file of an earlier run")
+    parser.add_argument("--only", choices=["decode"], help="measure this section alone and replace it in --out (the rest of --out stays)")
     args = parser.parse_args(argv)
     if args.render:
         args.out.write_text(_keep_large_models(args.out, bench_report.render(json.loads(args.render.read_text()))))
@@ -218,10 +232,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--quick measures tiny random models: give --out another path than BENCHMARKS.md")
     mode = "quick" if args.quick else "full" if args.full else "default"
     command = "OMP_NUM_THREADS=%s python scripts/bench.py %s" % (os.environ.get("OMP_NUM_THREADS", "unset"), " ".join(argv if argv is not None else sys.argv[1:]))
-    result = json.loads(json.dumps(run(mode, args.threads, args.peer_python, command.strip(), args.fresh_clone), sort_keys=True))
+    result = json.loads(json.dumps(run(mode, args.threads, args.peer_python, command.strip(), args.fresh_clone,
+                                       [args.only] if args.only else None), sort_keys=True))
     if args.json:  # rendered from the same JSON, so --render of this file rewrites the same text
         args.json.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    args.out.write_text(_keep_large_models(args.out, bench_report.render(result)))
+    if args.only:
+        before = args.out.read_text() if args.out.exists() else ""
+        args.out.write_text(bench_report.splice(before, bench_report.decode_section(result["decode"], alone=result)))
+    else:
+        args.out.write_text(_keep_large_models(args.out, bench_report.render(result)))
     print(f"bench: wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -6,6 +6,7 @@ advice are computed, so a rerun rewrites them from its own numbers.
 
 from __future__ import annotations
 
+import bench_decode
 import bench_peer
 import bench_quality
 import bench_recovery
@@ -23,7 +24,8 @@ def header(r: dict) -> list[str]:
     lines = [
         "# headprune benchmarks", "",
         "Written by `scripts/bench.py` in one run; every figure is a ratio of two things measured side by side "
-        "in that run (interleaved, medians of repeated runs). Rerun it to refresh this file.", "",
+        "in that run (interleaved, medians of repeated runs). Rerun it to refresh this file; a section refreshed "
+        "alone (`--only`) states its own command, date and load.", "",
         f"- command: `{r['command']}` (mode: {r['mode']})",
         f"- machine: {m['cores']} cores, {m['cpu']}; torch {m['torch']}, transformers {m['transformers']}, "
         f"Python {m['python']}; {m['threads']} torch threads, OMP_NUM_THREADS={m['OMP_NUM_THREADS']}",
@@ -188,7 +190,46 @@ def onnx_section(p: dict) -> list[str]:
     return lines + [""]
 
 
+DECODE_HEADING = "## 8. Serving a causal LM: KV cache, prefill and decode"
+
+
+def decode_section(d: dict, alone: dict | None = None) -> list[str]:
+    """`alone`: the run's command, date, machine and load, when this section was measured by itself."""
+    lines = [DECODE_HEADING, "",
+             "Removing whole key/value groups shrinks the KV cache, which every decode step reads; a forward pass "
+             "without the cache (section 2) cannot show it. Predictions are what `headprune report` prints for a causal "
+             "LM: KV bytes per token from the layout (checked against the bytes transformers' cache holds after the "
+             "prefill, in brackets); prefill = ratio of FLOPs of the prompt; decode = ratio of bytes read per generated "
+             "token (linear weights once per step, shared by the batch, plus 3 passes over the sequence's KV cache: "
+             "`DynamicCache` appends with `torch.cat`, and attention reads it). The last column is what FLOPs alone "
+             "would predict for decode.", ""]
+    if alone:
+        lines += [f"- measured alone: `{alone['command']}`, {alone['date']}, {alone['machine']['cores']} cores, "
+                  f"{alone['machine']['cpu']}, torch {alone['machine']['torch']}; load average {alone['load_before']} "
+                  f"before, {alone['load_after']} after", ""]
+    lines += bench_decode.markdown(d)
+    for r in d["rows"]:
+        prefill = f"{r['measured_prefill'] / r['predicted_prefill']:.2f}" if r["measured_prefill"] else "not timed"
+        lines.append(f"- batch {r['batch']}: measured/predicted prefill {prefill}, "
+                     f"decode {r['measured_decode'] / r['predicted_decode']:.2f} (FLOPs alone: "
+                     f"{r['measured_decode'] / r['decode_flops_speedup']:.2f}).")
+    return lines + [""]
+
+
 def render(r: dict) -> str:
     parts = (header(r) + score_section(r["score"]) + speed_section(r["speed"]) + quality_section(r["quality"])
              + recovery_section(r["recovery"]) + pipeline_section(r["pipeline"], r.get("fresh_clone")) + peer_section(r["peer"]) + onnx_section(r["peer"]))
+    if "decode" in r:
+        parts += decode_section(r["decode"])
     return "\n".join(parts).rstrip() + "\n"
+
+
+def splice(text: str, section: list[str]) -> str:
+    """`text` with the section that has `section`'s heading replaced (or appended when absent)."""
+    heading = section[0]
+    block = "\n".join(section).rstrip() + "\n"
+    start = text.find(heading)
+    if start < 0:
+        return text.rstrip() + "\n\n" + block
+    end = text.find("\n## ", start + len(heading))
+    return text[:start] + block + ("" if end < 0 else "\n" + text[end + 1:])

@@ -81,7 +81,7 @@ def test_the_cli_gates_the_measured_speedup_exactly(models, cli, monkeypatch):  
     base_params = sum(p.numel() for p in load(folder / "base.safetensors").parameters())
 
     def fake_time_once(model, inputs, clock):
-        return 6.0 if sum(p.numel() for p in model.parameters()) == base_params else 2.0
+        return {"forward": 6.0 if sum(p.numel() for p in model.parameters()) == base_params else 2.0}
 
     monkeypatch.setattr(latency, "_time_once", fake_time_once)
     passed = _report(cli, folder, "--min-speedup", "3", "--json", "-")

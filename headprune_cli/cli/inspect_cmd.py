@@ -18,7 +18,7 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object on stdout instead of a table.")] = False,
     seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Sequence length for FLOPs per token.")] = 128,
 ) -> None:
-    """Show a checkpoint: family, layers, heads kept (original indices), params, FLOPs, provenance.
+    """Show a checkpoint: family, layers, heads kept (original indices), params, FLOPs, KV cache, provenance.
 
     Examples:
 
@@ -35,8 +35,12 @@ def inspect(
     table.add_column("layer", justify="right")
     table.add_column("heads kept (original indices)")
     table.add_column("kv heads")
+    kv = facts["kv_cache"]
+    if kv:
+        table.add_column(f"KV cache B/token ({kv['dtype']})", justify="right")
     for layer in facts["layers"]:
-        table.add_row(str(layer), _ints(facts["heads"][str(layer)]), _ints(facts["kv_heads"][str(layer)]))
+        row = [str(layer), _ints(facts["heads"][str(layer)]), _ints(facts["kv_heads"][str(layer)])]
+        table.add_row(*row, *([f"{kv['per_layer'][str(layer)]:,}"] if kv else []))
     console.print(
         f"[bold]{facts['family']}[/] {facts['architecture']} ({facts['task']}), "
         f"{facts['num_layers']}/{facts['original_num_layers']} layers, "
@@ -44,6 +48,7 @@ def inspect(
         f"{facts['flops_per_token'] / 1e6:,.2f} MFLOPs/token at seq {seq_len}"
     )
     console.print(table)
+    console.print(f"KV cache: {kv['total']:,} bytes per token ({kv['dtype']})" if kv else "KV cache: n/a (an encoder keeps no KV cache)")
     root = facts["provenance"].get("root")
     console.print(f"root: {root[:12] if root else '(this is a root model)'}")
 

@@ -37,8 +37,15 @@ def report(
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")] = False,
     device: Device = "auto",
     dtype: Dtype = "auto",
+    # Serving a causal LM (ignored for encoders): KV cache on, prefill then decode, timed like --repeats.
+    decode_prompt: Annotated[int | None, typer.Option("--decode-prompt", min=1, help="Causal LMs: prompt tokens prefilled before decoding (default: 128, or fewer to fit the model's positions).")] = None,
+    decode_tokens: Annotated[int, typer.Option("--decode-tokens", min=0, help="Causal LMs: tokens generated one by one with the KV cache, timed as decode throughput; 0 skips decode.")] = 32,
+    decode_batch: Annotated[int, typer.Option("--decode-batch", min=1, help="Causal LMs: sequences decoded together.")] = 1,
 ) -> None:
     """Compare a pruned model with its baseline: quality, size, FLOPs, measured speed; gate CI.
+
+    For causal LMs it also states KV-cache bytes per token and measures prefill and
+    decode (tokens/s with the KV cache on), each beside its prediction.
 
     Exit codes: 0 every gate passed (or none given), 3 a gate failed (the model got worse
     than the budget), 1 an error, 2 a usage error. Outputs are written before exit 3.
@@ -58,6 +65,7 @@ def report(
         raise UsageError("--min-speedup needs latency measurements; --repeats must be at least 1")
     check_device(device, dtype)
     opts = ReportOptions(batch_size, seq_len, threads, repeats, warmup, max_drop, max_rel_drop, min_speedup, device, dtype)
+    opts.decode_prompt, opts.decode_tokens, opts.decode_batch = decode_prompt, decode_tokens, decode_batch
     result = build_report(model, baseline, data, scores, opts)
     _portable_model_paths(result, outputs.get("json") or outputs.get("markdown"))
     if json_out is not None:

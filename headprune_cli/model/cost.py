@@ -8,6 +8,10 @@ that run once per sequence (pooler, classifier) are divided by the sequence leng
 The cost is linear in heads, so a `CostTable` (fixed parts + a price per query head and
 per key/value head of each layer, in cost_table.py) predicts any plan exactly without
 touching the model.
+
+Serving a causal LM has two phases with different costs (bottom of this file): prefill
+(the prompt, compute-bound: FLOPs) and decode (one token per step, bound by the bytes
+it reads: every weight once per step, shared by the batch, plus each sequence's KV cache).
 """
 
 from __future__ import annotations
@@ -49,14 +53,14 @@ def linear_flops(model: nn.Module, seq_len: int, skip: set[int] = frozenset()) -
     return total
 
 
-def flops_per_token(model: nn.Module, seq_len: int) -> float:
+def attention_flops(model: nn.Module, keys: float) -> float:
+    """QK^T and AV of one query token against `keys` keys, summed over the kept heads."""
     adapter = adapter_for(model)
-    keys = keys_per_token(model, seq_len)
-    attention = 0.0
-    for layer in adapter.layer_list(model):
-        view = adapter.attention(layer)
-        attention += 4 * view.num_heads * view.head_dim * keys
-    return linear_flops(model, seq_len) + attention
+    return sum(4 * view.num_heads * view.head_dim * keys for view in map(adapter.attention, adapter.layer_list(model)))
+
+
+def flops_per_token(model: nn.Module, seq_len: int) -> float:
+    return linear_flops(model, seq_len) + attention_flops(model, keys_per_token(model, seq_len))
 
 
 def cost_table(model: nn.Module, seq_len: int) -> CostTable:
@@ -97,3 +101,74 @@ def cost_table(model: nn.Module, seq_len: int) -> CostTable:
         outside_flops=linear_flops(model, seq_len) - inside_flops,
         layers=layers,
     )
+
+
+# --- serving a causal LM: KV cache, prefill, decode ----------------------------------
+# transformers' DynamicCache appends a step's keys/values with torch.cat, which reads the
+# whole cache and writes it anew; attention then reads it once more: three passes.
+KV_CACHE_PASSES = 3
+
+
+def kv_cache_bytes(model: nn.Module) -> dict | None:
+    """KV-cache bytes per token of a causal LM, per kept layer (original index) and in total.
+
+    A layer caches one key and one value vector per kept key/value head for every token:
+    kv_heads x head_dim x 2 x bytes of the model's dtype (GQA: the K/V heads, not the
+    query heads). Encoders keep no cache: None.
+    """
+    if info_of(model).task != "causal-lm":
+        return None
+    adapter = adapter_for(model)
+    per_layer = {}
+    for layer, block in zip(info_of(model).layout.layers, adapter.layer_list(model)):
+        view = adapter.attention(block)
+        per_layer[layer] = view.num_kv_heads * view.head_dim * 2 * view.o.weight.element_size()
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return {"dtype": dtype, "per_layer": per_layer, "total": sum(per_layer.values())}
+
+
+def _output_head(model: nn.Module) -> nn.Module | None:
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if getter is not None else None
+    return head if head is not None and _is_linear(head) else None
+
+
+def prefill_flops(model: nn.Module, prompt: int) -> float:
+    """FLOPs of one sequence's prefill: every layer for each of the `prompt` tokens (causal
+    attention over (prompt + 1) / 2 keys on average), the output head once (a server keeps
+    only the last position's logits)."""
+    head = _output_head(model)
+    skip = {id(head)} if head is not None else set()
+    per_token = linear_flops(model, prompt, skip) + attention_flops(model, keys_per_token(model, prompt))
+    return prompt * per_token + (2 * _macs(head) if head is not None else 0.0)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of every Linear/Conv1D parameter: what one decode step reads whatever the batch
+    (embedding tables are only indexed, a few rows per step, and left out)."""
+    params = {}
+    for module in model.modules():
+        if _is_linear(module):
+            params.update({id(p): p for p in module.parameters(recurse=False)})
+    return sum(p.numel() * p.element_size() for p in params.values())
+
+
+def decode_cost(model: nn.Module, prompt: int, tokens: int, batch: int) -> dict:
+    """Cost per generated token of `tokens` decode steps after a `prompt`-token prefill, batch `batch`.
+
+    Step i (0-based) feeds one token per sequence and attends to prompt + i + 1 keys, so the
+    mean context is prompt + (tokens + 1) / 2. Bytes per token = weight bytes / batch (the
+    weights are read once per step for the whole batch) + KV_CACHE_PASSES x KV bytes per
+    token x mean context (each sequence's cache). The decode prediction is the ratio of
+    these bytes: decode on a CPU or GPU at small batch waits on memory, not arithmetic.
+    """
+    kv = kv_cache_bytes(model)
+    keys = prompt + (tokens + 1) / 2
+    weights = weight_bytes(model)
+    kv_read = KV_CACHE_PASSES * kv["total"] * keys
+    return {
+        "flops_per_token": linear_flops(model, 1) + attention_flops(model, keys),
+        "weight_bytes_per_step": weights,
+        "kv_bytes_per_token": kv_read,
+        "bytes_per_token": weights / batch + kv_read,
+    }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from headprune_cli.model.cost import count_params, flops_per_token
+from headprune_cli.model.cost import count_params, flops_per_token, kv_cache_bytes
 from headprune_cli.model.layout import info_of
 
 
@@ -26,7 +26,16 @@ def describe(model: nn.Module, seq_len: int = 128) -> dict:
         "params": count_params(model),
         "seq_len": seq_len,
         "flops_per_token": flops_per_token(model, seq_len),
+        "kv_cache": _kv_cache(model),
         "tokenizer": info.tokenizer is not None,
         "pooling": info.pooling or None,
         "provenance": info.provenance,
     }
+
+
+def _kv_cache(model: nn.Module) -> dict | None:
+    """KV-cache bytes per token (per kept layer, total, dtype); None for an encoder."""
+    kv = kv_cache_bytes(model)
+    if kv is None:
+        return None
+    return {"dtype": kv["dtype"], "per_layer": {str(layer): n for layer, n in kv["per_layer"].items()}, "total": kv["total"]}

@@ -22,6 +22,7 @@ from headprune_cli.model.checkpoint import read_info
 from headprune_cli.model.cost import count_params, flops_per_token
 from headprune_cli.errors import ArchitectureError, CheckpointError, DataError, UsageError
 from headprune_cli.fileio import sha256_file
+from headprune_cli.stages.report import serving
 from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs
 from headprune_cli.model.layout import ModelInfo, info_of
 from headprune_cli.stages.objectives import drop_unit, worse_by
@@ -249,6 +250,9 @@ class ReportOptions:
     min_speedup: float | None = None
     device: str = "auto"  # where both models are evaluated and timed (device.place)
     dtype: str = "auto"  # their compute dtype (auto: as stored)
+    decode_prompt: int | None = None  # causal LMs: None = 128, or fewer to fit the model's positions
+    decode_tokens: int = serving.DEFAULT_TOKENS  # 0 = no decode measurement
+    decode_batch: int = serving.DEFAULT_BATCH
 
 
 def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptions, warn=lambda message: None) -> dict:
@@ -266,6 +270,7 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
         check_scores(scores, new_info, str(scores_path))
     check_device(opts.device, opts.dtype)
     baseline, pruned = load(baseline_path), load(pruned_path)
+    gen = serving.generation(baseline, opts.decode_batch, opts.decode_prompt, opts.decode_tokens)  # refuse before the slow parts
     for model in (baseline, pruned):
         place(model, opts.device, opts.dtype)
     base_sha, new_sha = info_of(baseline).loaded_from[1], info_of(pruned).loaded_from[1]
@@ -279,10 +284,12 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     main = main_metric(new_info.task, base_metrics, new_metrics)
     facts = {"baseline": model_facts(baseline, baseline_path, base_sha, seq_len), "pruned": model_facts(pruned, pruned_path, new_sha, seq_len)}
     predicted = facts["baseline"]["flops_per_token"] / facts["pruned"]["flops_per_token"]
+    decode = serving.decode_prediction(baseline, pruned, gen) if gen else None
     measured = None
     if opts.repeats > 0:
         measured = measure_speed(baseline, pruned, opts.batch_size, seq_len, opts.threads, opts.repeats, opts.warmup)
         measured["speedup_vs_predicted"] = measured["speedup"] / predicted
+        measured["decode"] = serving.measure_decode(baseline, pruned, decode, opts.threads, opts.repeats, opts.warmup) if decode else None
     gate_list = gates(main, measured and measured["speedup"], opts.max_drop, opts.max_rel_drop, opts.min_speedup)
     inputs = [input_ref("baseline", baseline_path, base_sha), input_ref("pruned", pruned_path, new_sha), input_ref("data", data)]
     if scores_path is not None:
@@ -301,7 +308,9 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
             "params_ratio": facts["pruned"]["params"] / facts["baseline"]["params"],
             "flops_ratio": facts["pruned"]["flops_per_token"] / facts["baseline"]["flops_per_token"],
             "predicted_speedup": predicted,
+            "decode": decode,
         },
+        "kv_cache": serving.kv_section(baseline, pruned),
         "measured": measured,
         "head_map": head_map(base_info, new_info, scores),
         "lineage": family_tree,

@@ -5,19 +5,26 @@ are measured interleaved: every repeat runs each model once, alternating the ord
 (A B, B A, ...) so that neither model always runs first or always runs hot. Each model
 gets warm-up runs first (allocator, oneDNN kernel selection). The summary is the median
 with the quartiles and min/max; the speedup is the ratio of the medians.
+
+A run may time several phases at once: a causal LM's generation is timed as its prefill
+(the prompt, with the KV cache on) and its decode steps (one token each, reading and
+growing that cache), each summarised on its own.
 """
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import torch
 from torch import nn
 
 from headprune_cli.errors import UsageError
+from headprune_cli.device import input_device
 from headprune_cli.model.layout import info_of
 
 
@@ -80,10 +87,10 @@ def synthetic_inputs(model: nn.Module, batch: int, seq_len: int, seed: int = 0) 
     return inputs, seq_len
 
 
-def _time_once(model: nn.Module, inputs: dict, clock: Callable[[], float]) -> float:
+def _time_once(model: nn.Module, inputs: dict, clock: Callable[[], float]) -> dict[str, float]:
     start = clock()
     model(**inputs)
-    return (clock() - start) * 1000.0
+    return {"forward": (clock() - start) * 1000.0}
 
 
 def measure(
@@ -97,8 +104,19 @@ def measure(
     """Median-and-spread latency (ms per forward) of each model, measured interleaved.
 
     `clock` (seconds) is there so tests can check the arithmetic with a fake one."""
-    names = list(models)
-    samples: dict[str, list[float]] = {name: [] for name in names}
+    runs = {name: partial(_time_once, models[name], inputs[name], clock) for name in models}
+    return {name: phases["forward"] for name, phases in measure_runs(runs, repeats, warmup, threads).items()}
+
+
+def measure_runs(
+    runs: Mapping[str, Callable[[], Mapping[str, float]]],
+    repeats: int = 10,
+    warmup: int = 2,
+    threads: int | None = None,
+) -> dict[str, dict[str, Latency]]:
+    """Interleaved runs that each return {phase: milliseconds}; the summary per run and phase."""
+    names = list(runs)
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in names}
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -106,11 +124,61 @@ def measure(
         with torch.inference_mode():
             for name in names:
                 for _ in range(warmup):
-                    _time_once(models[name], inputs[name], clock)
+                    runs[name]()
             for repeat in range(repeats):
                 order = names if repeat % 2 == 0 else names[::-1]
                 for name in order:
-                    samples[name].append(_time_once(models[name], inputs[name], clock))
+                    for phase, ms in runs[name]().items():
+                        samples[name].setdefault(phase, []).append(ms)
     finally:
         torch.set_num_threads(previous)
-    return {name: summarize(samples[name]) for name in names}
+    return {name: {phase: summarize(values) for phase, values in samples[name].items()} for name in names}
+
+
+# --- generation: prefill, then decode steps with the KV cache ---------------------------
+def prompt_ids(model: nn.Module, batch: int, prompt: int, seed: int = 0) -> torch.Tensor:
+    """Random prompt tokens, [batch, prompt] (timing does not depend on token values)."""
+    vocab = int(info_of(model).config.get("vocab_size", 2))
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(min(3, vocab - 1), vocab, (batch, prompt), generator=gen)
+
+
+def _keeps_last_logits(model: nn.Module) -> dict:
+    # A server computes the output head for the last position only (generate() does too).
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
+def prefill(model: nn.Module, ids: torch.Tensor) -> tuple:
+    """The prompt's forward with the KV cache on: (the filled cache, the next token of each sequence)."""
+    out = model(input_ids=ids, use_cache=True, **_keeps_last_logits(model))
+    return out.cache, out.logits[:, -1:].argmax(-1)
+
+
+def decode(model: nn.Module, cache, next_ids: torch.Tensor, tokens: int) -> tuple:
+    """`tokens` greedy steps, one token per sequence each, reading and growing `cache`."""
+    extra = _keeps_last_logits(model)
+    for _ in range(tokens):
+        out = model(input_ids=next_ids, cache=cache, use_cache=True, **extra)
+        cache, next_ids = out.cache, out.logits[:, -1:].argmax(-1)
+    return cache, next_ids
+
+
+def generate_once(model: nn.Module, ids: torch.Tensor, tokens: int) -> dict[str, float]:
+    """Prefill `ids`, then `tokens` decode steps; milliseconds of each phase.
+
+    No attention mask: the prompts are unpadded, as a server's batch of equal-length
+    prompts is, so attention takes its causal fast path in both phases."""
+    start = time.perf_counter()
+    cache, next_ids = prefill(model, ids)
+    prefilled = time.perf_counter()
+    decode(model, cache, next_ids, tokens)
+    done = time.perf_counter()
+    return {"prefill": (prefilled - start) * 1000.0, "decode": (done - prefilled) * 1000.0}
+
+
+def measure_generation(
+    models: Mapping[str, nn.Module], batch: int, prompt: int, tokens: int, repeats: int, warmup: int, threads: int | None
+) -> dict[str, dict[str, Latency]]:
+    """Prefill and decode latency of each model on the same prompts, interleaved."""
+    runs = {name: partial(generate_once, model, prompt_ids(model, batch, prompt).to(input_device(model)), tokens) for name, model in models.items()}
+    return measure_runs(runs, repeats, warmup, threads)

@@ -70,15 +70,23 @@ def markdown(report: dict) -> str:
     lines.append(f"| layers | {b['layers']} | {p['layers']} | {p['layers'] - b['layers']:+d} |")
     lines.append(f"| parameters | {b['params']:,} | {p['params']:,} | {cost['params_ratio'] - 1:+.1%} |")
     lines.append(f"| FLOPs per token (seq {cost['seq_len']}) | {_num(b['flops_per_token'])} | {_num(p['flops_per_token'])} | {cost['flops_ratio'] - 1:+.1%} |")
+    kv = report.get("kv_cache")
+    if kv:
+        lines.append(f"| KV cache per token ({kv['dtype']}) | {kv['baseline']['total']:,} B | {kv['pruned']['total']:,} B | {kv['ratio'] - 1:+.1%} |")
+    elif "kv_cache" in report:  # reports older than the field say nothing
+        lines.append("| KV cache per token | n/a | n/a | encoder: no KV cache |")
     if measured:
         lb, lp = measured["latency_ms"]["baseline"], measured["latency_ms"]["pruned"]
         lines.append(f"| latency, median ms (IQR) | {lb['median_ms']:.2f} ({lb['q1_ms']:.2f}–{lb['q3_ms']:.2f}) | {lp['median_ms']:.2f} ({lp['q1_ms']:.2f}–{lp['q3_ms']:.2f}) | {measured['speedup']:.2f}x faster |")
+    lines += _decode_rows(measured and measured.get("decode"))
     lines += ["", f"Main metric **{main['name']}**: drop {main['drop']:+.4g} {main['unit']} ({main['rel_drop']:+.2%} relative)."]
     lines.append(f"Speedup: predicted from FLOPs **{cost['predicted_speedup']:.2f}x**" + (
         f", measured **{measured['speedup']:.2f}x** ({measured['speedup_vs_predicted']:.0%} of predicted; batch {measured['batch']}, "
         f"sequence {measured['seq_len']}, {measured['threads']} threads, median of {measured['repeats']} interleaved runs after {measured['warmup']} warm-up)."
         if measured else " (latency not measured)."
     ))
+    if cost.get("decode"):
+        lines.append(serving_summary(report))
     lines += ["", "<details><summary>Head map (original indices)</summary>", "", "| layer | kept | removed |", "|---:|---|---|"]
     for row in report["head_map"]:
         kept = "layer removed" if row["layer_removed"] else _heads(row["kept"])
@@ -86,6 +94,36 @@ def markdown(report: dict) -> str:
     lines += ["", "</details>", ""]
     lines.append(f"Baseline `{b['path']}` ({b['sha256'][:12]}), pruned `{p['path']}` ({p['sha256'][:12]}); {report['lineage']['how']}.")
     return "\n".join(lines) + "\n"
+
+
+def _decode_rows(decode: dict | None) -> list[str]:
+    if not decode:
+        return []
+    pb, pp = decode["prefill_ms"]["baseline"], decode["prefill_ms"]["pruned"]
+    tb, tp = decode["decode_tokens_per_s"]["baseline"], decode["decode_tokens_per_s"]["pruned"]
+    return [
+        f"| prefill ms, batch {decode['batch']} x {decode['prompt']} tokens (IQR) | {pb['median_ms']:.2f} ({pb['q1_ms']:.2f}–{pb['q3_ms']:.2f}) | "
+        f"{pp['median_ms']:.2f} ({pp['q1_ms']:.2f}–{pp['q3_ms']:.2f}) | {decode['prefill_speedup']:.2f}x faster |",
+        f"| decode tokens/s, batch {decode['batch']}, {decode['tokens']} tokens | {tb:.1f} | {tp:.1f} | {decode['decode_speedup']:.2f}x faster |",
+    ]
+
+
+def _kv_text(kv: dict) -> str:
+    return f"KV cache per token {kv['baseline']['total']:,} → {kv['pruned']['total']:,} bytes ({kv['dtype']}, {-kv['reduction']:+.1%})"
+
+
+def serving_summary(report: dict) -> str:
+    """One sentence: KV cache change, prefill and decode speedup, each predicted and measured."""
+    kv, predicted = report.get("kv_cache"), report["cost"]["decode"]
+    measured = (report["measured"] or {}).get("decode")
+    parts = [_kv_text(kv)] if kv else []
+    for phase, basis in (("prefill", "FLOPs"), ("decode", "bytes read per token")):
+        text = f"{phase} predicted {predicted[f'predicted_{phase}_speedup']:.2f}x ({basis})"
+        if measured:
+            text += f", measured {measured[f'{phase}_speedup']:.2f}x"
+        parts.append(text)
+    setting = f"batch {predicted['batch']}, {predicted['tokens']} tokens after a {predicted['prompt']}-token prompt"
+    return "Serving: " + "; ".join(parts) + f" ({setting}" + ("" if measured else ", not measured") + ")."
 
 
 def _change(name: str, base: float, new: float) -> str:
@@ -126,6 +164,12 @@ def terminal(report: dict, console) -> None:
     for g in report["gates"]:
         mark = "[green]pass[/]" if g["passed"] else "[red]FAIL[/]"
         console.print(f"  {mark} {g['description']} (value {g['value']:.4g})", highlight=False, soft_wrap=True)
+    if report["cost"].get("decode"):
+        console.print(serving_summary(report), highlight=False, soft_wrap=True)
+    elif report.get("kv_cache"):
+        console.print(_kv_text(report["kv_cache"]), highlight=False, soft_wrap=True)
+    else:
+        console.print("KV cache: n/a (an encoder keeps no KV cache)", highlight=False, soft_wrap=True)
     table = Table(title="head map (original indices)")
     table.add_column("layer", justify="right")
     table.add_column("kept")

@@ -3,6 +3,13 @@
 Registered with schema.register_kind on import, so `read_artifact(path, ("report",))`
 validates it like scores and plans. Everything measured with a clock is under
 `measured`; the rest is a deterministic function of the inputs.
+
+Versioning: fields are only ever added, as optional fields with a null default, and
+schema_version stays 1 while that holds. `kv_cache`, `cost.decode` and `measured.decode`
+(causal-LM serving, report.serving) came that way: reports written before them still
+read. A reader older than a field refuses a report that has it (every model forbids
+unknown fields), naming the field, instead of silently dropping it. A change that
+renames, removes or retypes a field bumps schema_version.
 """
 
 from __future__ import annotations
@@ -48,11 +55,62 @@ class ModelFacts(_Strict):
     flops_per_token: float
 
 
+class DecodeSide(_Strict):
+    prefill_flops: float  # one sequence's prompt; the output head once
+    flops_per_token: float  # per generated token, at the mean decode context
+    weight_bytes_per_step: int
+    kv_bytes_per_token: float  # KV-cache bytes one generated token reads
+    bytes_per_token: float  # weight bytes / batch + kv_bytes_per_token
+
+
+class DecodeCost(_Strict):
+    batch: int
+    prompt: int
+    tokens: int
+    model: str  # what the predictions are ratios of
+    baseline: DecodeSide
+    pruned: DecodeSide
+    predicted_prefill_speedup: float
+    predicted_decode_speedup: float
+    decode_flops_speedup: float  # what FLOPs alone would predict for decode
+
+
 class Cost(_Strict):
     seq_len: int
     params_ratio: float
     flops_ratio: float
     predicted_speedup: float
+    decode: DecodeCost | None = None  # causal LMs with decode on
+
+
+class KvSide(_Strict):
+    per_layer: dict[int, int]  # original layer index -> bytes per token
+    total: int
+
+
+class KvCache(_Strict):
+    dtype: str
+    baseline: KvSide
+    pruned: KvSide
+    ratio: float
+    reduction: float
+
+
+class MeasuredDecode(_Strict):
+    batch: int
+    prompt: int
+    tokens: int
+    threads: int
+    repeats: int
+    warmup: int
+    order: str
+    prefill_ms: dict[Literal["baseline", "pruned"], Latency]
+    decode_ms: dict[Literal["baseline", "pruned"], Latency]  # all `tokens` steps of one run
+    decode_tokens_per_s: dict[Literal["baseline", "pruned"], float]
+    prefill_speedup: float
+    decode_speedup: float
+    prefill_vs_predicted: float
+    decode_vs_predicted: float
 
 
 class Measured(_Strict):
@@ -65,6 +123,7 @@ class Measured(_Strict):
     latency_ms: dict[Literal["baseline", "pruned"], Latency]
     speedup: float
     speedup_vs_predicted: float
+    decode: MeasuredDecode | None = None
 
 
 class HeadMapRow(_Strict):
@@ -98,6 +157,7 @@ class Report(Envelope):
     metrics: dict[Literal["baseline", "pruned"], list[Metric]]
     main_metric: MainMetric
     cost: Cost
+    kv_cache: KvCache | None = None  # causal LMs only
     measured: Measured | None
     head_map: list[HeadMapRow]
     lineage: Lineage
