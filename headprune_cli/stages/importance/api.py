@@ -19,14 +19,14 @@ from headprune_cli.stages.importance.baselines import Combined, Random
 from headprune_cli.stages.importance.context import ProgressFactory, ScoreContext, no_progress
 from headprune_cli.stages.importance.gradients import Fisher, Gradient, Taylor, TaylorWeight
 from headprune_cli.stages.importance.l0 import L0
-from headprune_cli.stages.importance.layers import BlockInfluence, LayerLeaveOneOut
+from headprune_cli.stages.importance.layers import BlockInfluence, LayerLeaveOneOut, LayerRefit
 from headprune_cli.stages.importance.masked import Entropy, LeaveOneOut
 
 HEAD_METHODS = {
     "gradient": Gradient, "taylor": Taylor, "taylor-weight": TaylorWeight, "fisher": Fisher,
     "loo": LeaveOneOut, "entropy": Entropy, "combined": Combined, "random": Random, "l0": L0,
 }
-LAYER_METHODS = {"cosine": BlockInfluence, "loo": LayerLeaveOneOut}
+LAYER_METHODS = {"cosine": BlockInfluence, "loo": LayerLeaveOneOut, "refit": LayerRefit}
 
 
 def make_scorer(method: str, *, normalize: bool = True, weights: Mapping[str, float] | None = None):
