@@ -19,7 +19,7 @@ refused; selection.select falls back to heads only (strategy `budget`) for them.
 from __future__ import annotations
 
 from headprune_cli.errors import UsageError
-from headprune_cli.model.cost import CostTable, predict
+from headprune_cli.model.cost_table import CostTable, predict
 
 # Methods whose scores estimate the loss change of removing the unit (see module doc).
 LOSS_HEAD_METHODS = ("loo", "taylor", "taylor-weight")
