@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from headprune_cli import load  # noqa: E402
 from headprune_cli.data import read_data  # noqa: E402
-from headprune_cli.model.cost import cost_table, predict  # noqa: E402
+from headprune_cli.model.cost import cost_table  # noqa: E402
+from headprune_cli.model.cost_table import predict  # noqa: E402
 from headprune_cli.model.surgery import apply_plan  # noqa: E402
 from headprune_cli.stages.finetune.train import FinetuneConfig, default_lr, finetune  # noqa: E402
 from headprune_cli.stages.importance import score_model  # noqa: E402

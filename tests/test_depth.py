@@ -9,7 +9,7 @@ import torch
 
 from headprune_cli.data import read_data
 from headprune_cli.errors import DataError
-from headprune_cli.model.surgery import apply_plan
+from headprune_cli.model.surgery import HeadGates, apply_plan
 from headprune_cli.stages.finetune.train import DEEP_CUT_FACTOR, LR_BY_PARAMS, FinetuneConfig, default_lr, finetune
 from headprune_cli.stages.importance import score_model
 from headprune_cli.stages.importance.layers import LayerRefit
@@ -50,6 +50,18 @@ def test_refit_is_the_held_out_loss_after_removal_and_a_short_refit(setup):
     assert scores[1] != pytest.approx(loo[1], abs=1e-4)
     # And it is deterministic.
     assert score_model(model, data, "random", layers="refit", batch_size=16)["layers"] == scores
+
+
+def test_attention_is_the_loss_change_of_removing_all_of_a_layers_heads(setup):
+    model, data = setup
+    result = score_model(model, data, "taylor", layers="loo", batch_size=5)
+    base, _ = _loss(model, data)
+    for pos, n in enumerate((4, 3, 4)):
+        gates = [torch.zeros(k) if i == pos else torch.ones(k) for i, k in enumerate((4, 3, 4))]
+        with HeadGates(model, gates):
+            removed, _ = _loss(model, data)
+        assert result["attention"][pos] == pytest.approx((removed - base).mean().item(), abs=2e-6)
+    assert score_model(model, data, "taylor", layers="cosine")["attention"] is None  # not on the loss scale
 
 
 def test_refit_distils_without_labels_for_fidelity(tmp_path):

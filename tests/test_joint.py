@@ -21,7 +21,7 @@ from .test_select import synthetic_cost
 FULL = 700 + 3 * (2000 + 4 * 160)
 
 
-def table(head_score: float, layer_scores: dict, layer_method: str = "loo", method: str = "taylor") -> ScoreTable:
+def table(head_score: float, layer_scores: dict, layer_method: str = "loo", method: str = "loo") -> ScoreTable:
     heads = {layer: {h: head_score + 0.001 * h for h in range(4)} for layer in range(3)}
     return ScoreTable(heads=heads, num_heads=[4] * 3, num_kv_heads=[4] * 3, layers=layer_scores,
                       cost=synthetic_cost([4] * 3, [4] * 3), method=method, layer_method=layer_method)
@@ -59,10 +59,22 @@ def test_budget_without_loss_scale_layer_scores_stays_heads_only():
     assert sel.strategy == "budget" and sel.remove_layers == []
     with pytest.raises(UsageError, match="loss changes.*got cosine"):
         select(cosine, "joint", target_flops=0.9)
-    with pytest.raises(UsageError, match="got fisher"):
-        select(table(0.01, {0: 1.0, 1: 1.0, 2: 1.0}, method="fisher"), "joint", target_flops=0.9)
+    with pytest.raises(UsageError, match="got taylor"):  # taylor scores without the attention measurement
+        select(table(0.01, {0: 1.0, 1: 1.0, 2: 1.0}, method="taylor"), "joint", target_flops=0.9)
     fixed = select(table(1.0, {0: 3.0, 1: 0.5, 2: 3.0}), target_flops=0.9, constraints=Constraints(drop_layers=1))
     assert fixed.strategy == "budget" and fixed.remove_layers == [1]  # an explicit layer count keeps the old meaning
+
+
+def test_head_scores_become_shares_of_their_layers_measured_attention_loss():
+    # Raw taylor scores (large, not a loss) say nothing against layer losses; the attention
+    # measurement does: layer 2's heads together cost 0.04, a quarter each by their scores.
+    raw = table(5.0, {0: 1.0, 1: 1.0, 2: 1.0}, method="taylor")
+    raw.heads[2] = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}
+    raw.attention = {0: 9.0, 1: 9.0, 2: 0.04}
+    sel = select(raw, target_flops=0.95)  # 396 FLOPs: three heads
+    assert sel.strategy == "joint" and sel.remove_layers == [] and sel.remove_heads == {2: [0, 1, 2]}
+    raw.attention = {0: 9.0, 1: 9.0, 2: 9.0}  # now every head costs more per FLOP than a layer
+    assert select(raw, target_flops=0.95).remove_layers == [0]
 
 
 def test_protected_layers_stay_and_one_layer_always_remains():
@@ -103,16 +115,17 @@ def test_cli_scores_selects_and_prunes_layers_and_heads_to_the_predicted_cost(tm
     scores = tmp_path / "scores.json"
     args = ("score", path, "--data", data, "--objective", "fidelity", "--method", "taylor", "--layers", "--layer-method", "loo")
     assert cli(*args, "-o", scores).code == 0
-    assert json.loads(scores.read_text())["config"]["layers"] == "loo"
+    written_scores = json.loads(scores.read_text())
+    assert written_scores["config"]["layers"] == "loo" and sorted(written_scores["attention"]) == ["0", "1", "2"]
     plan = tmp_path / "plan.json"
-    result = cli("select", scores, "--target-flops", "0.55", "-o", plan)
+    result = cli("select", scores, "--target-flops", "0.4", "-o", plan)
     assert result.code == 0, result.err
     written = json.loads(plan.read_text())
-    assert written["strategy"] == "joint" and written["remove_layers"]  # 3 layers x 4 heads: 0.55 needs a layer
+    assert written["strategy"] == "joint" and written["remove_layers"]  # 3 layers x 4 heads: 0.4 needs a layer
     assert cli("prune", "--plan", plan, "-o", tmp_path / "small.safetensors").code == 0
     small = load(tmp_path / "small.safetensors")
     assert info_of(small).layout.layers == [l for l in range(3) if l not in written["remove_layers"]]
     assert count_params(small) == written["predicted"]["after"]["params"]
-    assert written["predicted"]["after"]["flops_per_token"] <= 0.55 * written["predicted"]["before"]["flops_per_token"]
+    assert written["predicted"]["after"]["flops_per_token"] <= 0.4 * written["predicted"]["before"]["flops_per_token"]
     cost = cost_table(small, 16)
     assert cost.layers and len(cost.layers) == 3 - len(written["remove_layers"])

@@ -1,34 +1,38 @@
 """Joint selection: heads and whole layers chosen together under one FLOPs/params budget.
 
-Both kinds of unit are priced on one scale, the estimated loss change of removing them
-on the calibration set (nats per example):
-- a head step (the next allowed prefix of a layer's chain, see selection.py) costs the
-  sum of its heads' scores: `loo` head scores are the measured loss change of removing
-  each head alone, `taylor`/`taylor-weight` scores first-order estimates of it;
-- a layer costs its layer score (`refit`: the loss after removal and a short calibration
-  refit, minus the loss before; `loo`: the loss change without refit) minus the head
-  steps already taken in it, which the layer's removal no longer adds to.
+Both kinds of unit are priced on one scale, the measured loss change of removing them on
+the calibration set (nats per example; for fidelity, 1 - cosine):
+- a layer costs its layer score (`loo`: the loss change when the block is skipped;
+  `refit`: the same after a short calibration refit) minus the head steps already taken in
+  it, which the layer's removal no longer adds to;
+- a head costs its share of its layer's `attention` score (the loss change when all of
+  the layer's heads are removed together, measured by `score --layers` beside loo/refit),
+  split in proportion to the heads' own scores (negative scores count as 0). Any head
+  method then ranks heads inside a layer, and the measurement says what a layer's heads
+  are worth against other layers and against whole blocks. (Scores without `attention`
+  use raw `loo` head scores, the only head method that is a loss change itself.)
 Each step takes the unit with the lowest loss per unit of budget saved (FLOPs per token
-or parameters, from the cost table), until the predicted cost fits; the step that makes
-it fit is the cheapest one that does. Afterwards head steps made redundant by a later
-layer drop are given back, most expensive first, while the budget still fits.
-Scores on other scales (cosine, fisher, entropy...) cannot be compared this way and are
-refused; selection.select falls back to heads only (strategy `budget`) for them.
+or parameters, from the cost table) until the predicted cost fits; finishing with the
+single cheapest step that fits is taken instead when it costs less than the greedy path.
+Afterwards head steps made redundant by a later layer drop are given back, most expensive
+first, while the budget still fits. Layer scores on other scales (cosine) cannot be
+compared this way: selection.select falls back to heads only (`budget`) for them.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from headprune_cli.errors import UsageError
 from headprune_cli.model.cost_table import CostTable, predict
 
-# Methods whose scores estimate the loss change of removing the unit (see module doc).
-LOSS_HEAD_METHODS = ("loo", "taylor", "taylor-weight")
-LOSS_LAYER_METHODS = ("refit", "loo")
+LOSS_LAYER_METHODS = ("refit", "loo")  # layer scores that are loss changes
 
 
 def on_loss_scale(table) -> bool:
     """Whether the table's head and layer scores can be priced together."""
-    return bool(table.layers) and table.method in LOSS_HEAD_METHODS and table.layer_method in LOSS_LAYER_METHODS
+    heads_ok = bool(table.attention) or table.method == "loo"
+    return bool(table.layers) and table.layer_method in LOSS_LAYER_METHODS and heads_ok
 
 
 def check_scale(table) -> None:
@@ -36,10 +40,23 @@ def check_scale(table) -> None:
         raise UsageError("strategy 'joint' needs layer scores (score with --layers)")
     if not on_loss_scale(table):
         raise UsageError(
-            f"strategy 'joint' compares head and layer scores as loss changes: needs --method one of "
-            f"{', '.join(LOSS_HEAD_METHODS)} (got {table.method}) and --layer-method one of "
-            f"{', '.join(LOSS_LAYER_METHODS)} (got {table.layer_method})"
+            f"strategy 'joint' compares heads and layers as loss changes: needs layer scores by "
+            f"{' or '.join(LOSS_LAYER_METHODS)} (got {table.layer_method}), which also measure each "
+            f"layer's attention (or head scores by loo; got {table.method})"
         )
+
+
+def on_one_scale(table):
+    """The table with head scores as shares of their layer's measured attention loss."""
+    if not table.attention:
+        return table
+    heads = {}
+    for layer, scores in table.heads.items():
+        positive = {h: max(s, 0.0) for h, s in scores.items()}
+        total = sum(positive.values())
+        loss = table.attention.get(layer, 0.0)
+        heads[layer] = {h: loss * (v / total if total > 0 else 1 / len(scores)) for h, v in positive.items()}
+    return replace(table, heads=heads)
 
 
 def choose(table, chains, droppable: list[int], key: str, limit: float) -> tuple[dict[int, int], list[int]]:

@@ -49,6 +49,7 @@ class ScoreTable:
     cost: CostTable | None = None
     method: str | None = None  # the head method, and the layer method: joint.on_loss_scale reads them
     layer_method: str | None = None
+    attention: dict[int, float] | None = None  # loss change of removing a layer's heads together
 
     @classmethod
     def from_scores(cls, scores) -> "ScoreTable":
@@ -61,6 +62,7 @@ class ScoreTable:
             cost=CostTable.from_dict(scores.cost) if scores.cost else None,
             method=scores.method,
             layer_method=scores.config.get("layers") if scores.layers else None,
+            attention={int(k): float(v) for k, v in scores.attention.items()} if scores.attention else None,
         )
 
     def kept(self) -> dict[int, list[int]]:
@@ -347,6 +349,7 @@ def select_joint(table: ScoreTable, target_params, target_flops, c: Constraints)
         raise UsageError("a --target-params/--target-flops budget needs the cost table in the scores")
     key = "params" if target_params is not None else "flops_per_token"
     limit = (target_params if target_params is not None else target_flops) * predict(table.cost, table.kept())[key]
+    table = joint.on_one_scale(table)
     chains = [_chain(table, layer, c) for layer in sorted(table.heads)]
     protected = {layer for layer, _ in c.protect}
     droppable = [layer for layer in sorted(table.heads) if layer not in protected]

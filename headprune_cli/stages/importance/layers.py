@@ -19,7 +19,7 @@ from headprune_cli.errors import DataError
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.objectives import check_finite, embed, per_example_loss
-from headprune_cli.model.surgery import apply_plan, skip_layers
+from headprune_cli.model.surgery import HeadGates, apply_plan, skip_layers
 from headprune_cli.stages.importance.context import ScoreContext
 
 
@@ -73,6 +73,26 @@ class LayerLeaveOneOut:
                     diffs[pos] += (skipped - base).sum()
         (diffs,) = ctx.reduce([diffs])
         return diffs / len(ctx.dataset)
+
+
+def attention_loss(ctx: ScoreContext) -> torch.Tensor:
+    """Per layer: the exact loss change when ALL its heads are removed (gated to 0), averaged
+    over examples. Joint selection splits it among the layer's heads in proportion to their
+    scores, which puts any head method on the loss scale of `loo`/`refit` layer scores."""
+    counts = ctx.head_counts()
+    diffs = torch.zeros(len(counts), dtype=torch.float64, device=ctx.device)
+    with torch.no_grad():
+        for number, _, batch in ctx.my_batches("scoring attention blocks"):
+            out = embed(ctx.model, batch)
+            base = per_example_loss(out, batch, ctx.objective, out).double()
+            for pos in range(len(counts)):
+                gates = [torch.full((n,), 0.0 if i == pos else 1.0, dtype=ctx.dtype, device=ctx.device) for i, n in enumerate(counts)]
+                with HeadGates(ctx.model, gates):
+                    removed = per_example_loss(embed(ctx.model, batch), batch, ctx.objective, out).double()
+                check_finite(removed, f"batch {number}")
+                diffs[pos] += (removed - base).sum()
+    (diffs,) = ctx.reduce([diffs])
+    return diffs / len(ctx.dataset)
 
 
 class LayerRefit:
