@@ -66,6 +66,7 @@ class Task:
         self.base = accuracy(self.model, self.dev)
         self.tables: dict[str, ScoreTable] = {}
         self.score_seconds: dict[str, float] = {}
+        self.cuts: dict[str, dict] = {}
 
     def table(self, layer_method: str) -> ScoreTable:
         if layer_method not in self.tables:
@@ -80,8 +81,17 @@ class Task:
         return self.tables[layer_method]
 
     def cut(self, remove_heads: dict, remove_layers: list, lr: float | None = None, epochs: int = 1, steps: int | None = None) -> dict:
+        """Prune a copy, evaluate, recover, evaluate (memoised: tables share their cuts)."""
+        key = json.dumps([sorted((int(k), sorted(v)) for k, v in remove_heads.items()), sorted(remove_layers), lr, epochs, steps])
+        if key not in self.cuts:
+            self.cuts[key] = self._cut(remove_heads, remove_layers, lr, epochs, steps)
+        return dict(self.cuts[key])
+
+    def _cut(self, remove_heads, remove_layers, lr, epochs, steps) -> dict:
         pruned = apply_plan(copy.deepcopy(self.model), remove_heads, remove_layers)
         before = accuracy(pruned, self.dev)
+        if epochs == 0 and not steps:  # no recovery: the cut alone
+            return {"model": pruned, "before": before, "after": float("nan"), "lr": 0.0, "seconds": 0.0, "steps": 0}
         cfg = FinetuneConfig(epochs=None if steps else epochs, steps=steps, lr=lr, seed=0)
         start = time.time()
         result = finetune(pruned, self.train, cfg, teacher=self.model)
@@ -90,24 +100,20 @@ class Task:
                 "steps": result.steps}
 
 
-def layer_table(task: Task, name: str, drop: int, lrs: tuple = (None,), steps: int | None = None) -> list[dict]:
-    rows, done = [], {}
-    for method in LAYER_METHODS:
+def layer_table(task: Task, name: str, drop: int, methods=LAYER_METHODS, steps: int | None = None) -> list[dict]:
+    rows = []
+    for method in methods:
         t = task.table(method)
         chosen = select(t, "global", ratio=0.0, constraints=Constraints(drop_layers=drop)).remove_layers
-        for lr in lrs:
-            key = (tuple(chosen), lr)
-            if key not in done:
-                log(name, method, "drops", chosen, "lr", lr)
-                done[key] = task.cut({}, chosen, lr=lr, steps=steps)
-            r = done[key]
-            rows.append({"model": name, "method": method, "scores": {k: round(v, 4) for k, v in t.layers.items()},
-                         "dropped": chosen, "base": task.base, "before": r["before"], "after": r["after"], "lr": r["lr"],
-                         "score_s": task.score_seconds[method]})
+        log(name, method, "drops", chosen)
+        r = task.cut({}, chosen, steps=steps)
+        rows.append({"model": name, "method": method, "scores": {k: round(v, 4) for k, v in t.layers.items()},
+                     "dropped": chosen, "base": task.base, "before": r["before"], "after": r["after"], "lr": r["lr"],
+                     "score_s": task.score_seconds[method]})
     return rows
 
 
-def curve(task: Task, layer_method: str, budgets: list[float], drops: list[int]) -> list[dict]:
+def curve(task: Task, layer_method: str, budgets: list[float], drops: list[int], epochs: int = 1) -> list[dict]:
     t = task.table(layer_method)
     full = predict(t.cost, t.kept())["flops_per_token"]
     cuts = []
@@ -119,7 +125,7 @@ def curve(task: Task, layer_method: str, budgets: list[float], drops: list[int])
     rows, models = [], {"baseline": task.model}
     for kind, how, sel in cuts:
         log(kind, how, "layers", sel.remove_layers, "heads", sum(map(len, sel.remove_heads.values())))
-        r = task.cut(sel.remove_heads, sel.remove_layers)
+        r = task.cut(sel.remove_heads, sel.remove_layers, epochs=epochs)
         name = f"{kind}: {how}"
         models[name] = r.pop("model")
         after = predict(t.cost, t.kept(), sel.remove_heads, sel.remove_layers)["flops_per_token"]
@@ -167,17 +173,36 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=256, help="Calibration rows for scoring.")
     parser.add_argument("--second", type=Path, default=None, help="A second checkpoint of the task (another seed).")
     parser.add_argument("--budgets", default="0.8,0.65,0.5")
+    parser.add_argument("--epochs", type=int, default=1, help="Recovery epochs per cut of the curve (0: the cut alone).")
     parser.add_argument("--drops", default="1,2,3")
-    parser.add_argument("--layer-method", default="refit", help="Layer scores the curve's joint and layers-only rows use.")
+    parser.add_argument("--layer-method", default="loo", help="Layer scores the curve's joint and layers-only rows use.")
+    parser.add_argument("--layer-methods", default=",".join(LAYER_METHODS), help="Layer methods the comparison table runs.")
     args = parser.parse_args()
     torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "2")))
-    from headprune_cli.stages.finetune.train import DEEP_CUT_FACTOR  # noqa: F401  (reported below)
 
     task = Task(args.cache / "model.safetensors", args.cache, MAX_LENGTH, args.samples)
     log("baseline accuracy", task.base)
     parts, results = [], {"baseline": task.base}
+    methods = tuple(args.layer_methods.split(","))
+    if args.only in (None, "curve"):
+        rows = curve(task, args.layer_method, [float(x) for x in args.budgets.split(",")], [int(x) for x in args.drops.split(",")],
+                     args.epochs)
+        results["curve"] = [{k: v for k, v in r.items() if k != "model"} for r in rows]
+        parts.append(markdown_curve(rows))
+        emit(args, parts, results)
+    if args.only in (None, "layers"):
+        rows = layer_table(task, "MiniLM debian-sections", 2, methods)
+        if args.second:
+            second = Task(args.second, args.cache, MAX_LENGTH, args.samples)
+            rows += layer_table(second, "MiniLM debian-sections (seed 1)", 2, methods)
+        demo = Task(ROOT / "examples/demo/model.safetensors", ROOT / "examples/demo", 32, 256)
+        rows += layer_table(demo, "examples/demo (4 layers)", 1, methods, steps=60)
+        rows += layer_table(demo, "examples/demo (4 layers)", 2, methods, steps=60)
+        results["layers"] = rows
+        parts.append(markdown_layers(rows))
+        emit(args, parts, results)
     if args.only in (None, "lr"):
-        t = task.table("refit")
+        t = task.table(args.layer_method)
         chosen = select(t, "global", ratio=0.0, constraints=Constraints(drop_layers=2)).remove_layers
         base_lr = default_lr(task.model)
         lrs = []
@@ -188,21 +213,13 @@ def main() -> None:
         results["lr"] = lrs
         parts.append("| lr | x table rate | accuracy after 1 epoch | drop (points) |\n|---:|---:|---:|---:|\n" + "\n".join(
             f"| {r['lr']:g} | {r['lr'] / base_lr:g} | {r['after']:.2f} | {r['after'] - task.base:+.2f} |" for r in lrs))
-    if args.only in (None, "layers"):
-        rows = layer_table(task, "MiniLM debian-sections", 2)
-        if args.second:
-            second = Task(args.second, args.cache, MAX_LENGTH, args.samples)
-            rows += layer_table(second, "MiniLM debian-sections (seed 1)", 2)
-        demo = Task(ROOT / "examples/demo/model.safetensors", ROOT / "examples/demo", 32, 256)
-        rows += layer_table(demo, "examples/demo (4 layers)", 1, steps=60)
-        results["layers"] = rows
-        parts.append(markdown_layers(rows))
-    if args.only in (None, "curve"):
-        rows = curve(task, args.layer_method, [float(x) for x in args.budgets.split(",")], [int(x) for x in args.drops.split(",")])
-        results["curve"] = [{k: v for k, v in r.items() if k != "model"} for r in rows]
-        parts.append(markdown_curve(rows))
+    emit(args, parts, results)
+
+
+def emit(args, parts: list[str], results: dict) -> None:
+    """Print and write what is measured so far (a long run leaves its tables as it goes)."""
     text = "\n\n".join(parts) + "\n"
-    print(text)
+    print(text, flush=True)
     if args.out:
         args.out.write_text(text)
         args.out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str))
