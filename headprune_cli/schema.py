@@ -78,10 +78,13 @@ class Scores(Envelope):
     kept: dict[int, list[int]]  # original layer -> original heads the scored model keeps
     heads: dict[int, dict[int, float]]  # original layer -> original head -> score
     layers: dict[int, float] | None = None  # original layer -> score, when asked
+    # original layer -> loss change when all its heads are removed (with loss-scale layer
+    # scores): what puts head scores on the layers' scale for joint selection
+    attention: dict[int, float] | None = None
     samples: int
     cost: dict[str, Any]  # cost.CostTable as a dict
 
-    @field_validator("kept", "heads", "layers", mode="before")
+    @field_validator("kept", "heads", "layers", "attention", mode="before")
     @classmethod
     def _maps(cls, value):
         return _index_map(value) if isinstance(value, dict) else value

@@ -125,3 +125,22 @@ def test_demo_into_another_out_folder_is_byte_identical(shipped, at_root, tmp_pa
             assert comparable(name, first[name]) == comparable(name, second[name]), name
     plan = json.loads(second["plan.json"])
     assert {ref["role"]: ref["path"] for ref in plan["inputs"]}["scores"] == "scores.json"
+
+
+def test_scripts_demo_runs_the_real_minilm_and_reports_a_real_trade_off(tmp_path, minilm_dir, monkeypatch):
+    """What `bash scripts/demo.sh` runs: all-MiniLM-L6-v2, heads and layers chosen together."""
+    script = (ROOT / "scripts" / "demo.sh").read_text()
+    assert "headprune run configs/minilm.yaml" in script and "cat \"$OUT/report.md\"" in script
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("MINILM_DIR", str(minilm_dir))
+    out = tmp_path / "minilm"
+    assert main(["run", "configs/minilm.yaml", "--out", str(out), "--set", "stages.report.repeats=1"]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["strategy"] == "joint" and plan["remove_layers"]  # the speed comes from layers
+    before, after = plan["predicted"]["before"]["flops_per_token"], plan["predicted"]["after"]["flops_per_token"]
+    assert after <= 0.6 * before
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "pass"
+    fidelity = report["main_metric"]
+    assert 0.75 <= fidelity["pruned"] < 0.999  # a real loss of quality, within the gate
+    assert "fidelity" in (out / "report.md").read_text()

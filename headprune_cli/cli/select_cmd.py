@@ -17,7 +17,7 @@ from headprune_cli.cli.common import console
 Ratio = Annotated[Optional[float], typer.Option("--ratio", help="Fraction of the kept heads to remove, in [0, 1].")]
 Strategy = Annotated[
     Optional[str],
-    typer.Option("--strategy", help="global | layer | threshold | budget (default: from the amount given)."),
+    typer.Option("--strategy", help="global | layer | threshold | budget | joint (default: from the amount given; a --target-* with loss-scale layer scores is joint)."),
 ]
 MinHeads = Annotated[int, typer.Option("--min-heads", help="Heads every layer keeps at least.")]
 MultipleOf = Annotated[int, typer.Option("--multiple-of", help="Heads kept per layer must be a multiple of this.")]

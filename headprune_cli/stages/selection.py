@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 from headprune_cli.model.cost_table import CostTable, predict
 from headprune_cli.errors import NumericalError, UsageError, shorten
+from headprune_cli.stages import joint
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages import uniform as uniform_levels
 
@@ -51,6 +52,9 @@ class ScoreTable:
     num_kv_heads: list[int]
     layers: dict[int, float] | None = None
     cost: CostTable | None = None
+    method: str | None = None  # the head method, and the layer method: joint.on_loss_scale reads them
+    layer_method: str | None = None
+    attention: dict[int, float] | None = None  # loss change of removing a layer's heads together
 
     @classmethod
     def from_scores(cls, scores) -> "ScoreTable":
@@ -61,6 +65,9 @@ class ScoreTable:
             num_kv_heads=list(scores.num_kv_heads),
             layers={int(k): float(v) for k, v in scores.layers.items()} if scores.layers else None,
             cost=CostTable.from_dict(scores.cost) if scores.cost else None,
+            method=scores.method,
+            layer_method=scores.config.get("layers") if scores.layers else None,
+            attention={int(k): float(v) for k, v in scores.attention.items()} if scores.attention else None,
         )
 
     def kept(self) -> dict[int, list[int]]:
@@ -282,8 +289,9 @@ STRATEGIES: dict[str, Callable[..., dict[int, int]]] = {
     "layer": _layer,
     "threshold": _threshold,
     "budget": _budget,
+    "joint": None,  # heads and layers together: select_joint (stages/joint.py)
 }
-AMOUNT = {"global": "ratio", "layer": "ratio", "threshold": "threshold", "budget": "target"}
+AMOUNT = {"global": "ratio", "layer": "ratio", "threshold": "threshold", "budget": "target", "joint": "target"}
 
 
 def default_strategy(ratio, threshold, target_params, target_flops) -> str:
@@ -309,6 +317,8 @@ def select(
         raise UsageError(f"unknown strategy {chosen!r}{did_you_mean(chosen, STRATEGIES)}")
     _check_amount(chosen, ratio, threshold, target_params, target_flops)
     _check_table(table, constraints)
+    if chosen == "joint" or (strategy is None and chosen == "budget" and _joint_by_default(table, constraints)):
+        return select_joint(table, target_params, target_flops, constraints)
     drop = _layers_to_drop(table, constraints)
     chains = [_chain(table, layer, constraints) for layer in sorted(table.heads) if layer not in drop]
     kwargs: dict = {"ratio": ratio}
@@ -329,6 +339,34 @@ def select(
             "after": predict(table.cost, table.kept(), remove, drop),
         }
     if chosen == "budget" and not kwargs["fits"](prefixes):
+        raise UsageError(f"the budget cannot be met within the constraints (best: {_fraction(selection, target_params)})")
+    return selection
+
+
+def _joint_by_default(table: ScoreTable, c: Constraints) -> bool:
+    """A budget chooses layers too when layer scores are on the heads' (loss) scale and no
+    fixed layer count or threshold was asked for."""
+    return not c.drop_layers and c.layer_threshold is None and joint.on_loss_scale(table)
+
+
+def select_joint(table: ScoreTable, target_params, target_flops, c: Constraints) -> Selection:
+    """Heads and layers together under one budget (see stages/joint.py)."""
+    joint.check_scale(table)
+    if c.drop_layers or c.layer_threshold is not None:
+        raise UsageError("strategy 'joint' chooses the layers itself; leave out --drop-layers/--layer-threshold")
+    if table.cost is None:
+        raise UsageError("a --target-params/--target-flops budget needs the cost table in the scores")
+    key = "params" if target_params is not None else "flops_per_token"
+    limit = (target_params if target_params is not None else target_flops) * predict(table.cost, table.kept())[key]
+    table = joint.on_one_scale(table)
+    chains = [_chain(table, layer, c) for layer in sorted(table.heads)]
+    protected = {layer for layer, _ in c.protect}
+    droppable = [layer for layer in sorted(table.heads) if layer not in protected]
+    state, drop = joint.choose(table, chains, droppable, key, limit * (1 + 1e-12))
+    remove = {ch.layer: ch.heads_removed(ch.allowed[state[ch.layer]]) for ch in chains if ch.layer not in drop}
+    selection = Selection("joint", {k: v for k, v in remove.items() if v}, drop)
+    selection.predicted = {"before": predict(table.cost, table.kept()), "after": predict(table.cost, table.kept(), remove, drop)}
+    if selection.predicted["after"][key] > limit * (1 + 1e-12):
         raise UsageError(f"the budget cannot be met within the constraints (best: {_fraction(selection, target_params)})")
     return selection
 

@@ -37,9 +37,16 @@ from headprune_cli.stages.finetune.losses import as_tensors, check_labels, fidel
 LR_BY_PARAMS = ((1e6, 2e-4), (1e7, 1e-4), (5e7, 3e-5), (2e8, 2e-5), (1e9, 1e-5), (math.inf, 5e-6))
 
 
+# A model that lost whole layers has to re-route its computation, not just patch it: it
+# recovers at a usual fine-tuning rate (BENCHMARKS.md, "Recovery after dropping layers").
+DEEP_CUT_FACTOR = 3.0
+
+
 def default_lr(model: nn.Module) -> float:
     params = count_params(model)
-    return next(lr for limit, lr in LR_BY_PARAMS if params < limit)
+    lr = next(lr for limit, lr in LR_BY_PARAMS if params < limit)
+    layout = info_of(model).layout
+    return lr * DEEP_CUT_FACTOR if len(layout.layers) < layout.num_layers else lr
 
 
 @dataclass

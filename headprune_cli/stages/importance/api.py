@@ -19,14 +19,15 @@ from headprune_cli.stages.importance.baselines import Combined, Random
 from headprune_cli.stages.importance.context import ProgressFactory, ScoreContext, no_progress
 from headprune_cli.stages.importance.gradients import Fisher, Gradient, Taylor, TaylorWeight
 from headprune_cli.stages.importance.l0 import L0
-from headprune_cli.stages.importance.layers import BlockInfluence, LayerLeaveOneOut
+from headprune_cli.stages.importance.layers import BlockInfluence, LayerLeaveOneOut, LayerRefit, attention_loss
 from headprune_cli.stages.importance.masked import Entropy, LeaveOneOut
 
 HEAD_METHODS = {
     "gradient": Gradient, "taylor": Taylor, "taylor-weight": TaylorWeight, "fisher": Fisher,
     "loo": LeaveOneOut, "entropy": Entropy, "combined": Combined, "random": Random, "l0": L0,
 }
-LAYER_METHODS = {"cosine": BlockInfluence, "loo": LayerLeaveOneOut}
+LAYER_METHODS = {"cosine": BlockInfluence, "loo": LayerLeaveOneOut, "refit": LayerRefit}
+LOSS_SCALE_LAYERS = ("loo", "refit")  # layer scores that are loss changes: joint selection can use them
 
 
 def make_scorer(method: str, *, normalize: bool = True, weights: Mapping[str, float] | None = None):
@@ -60,7 +61,8 @@ def score_model(
 ) -> dict:
     """Score every kept head (original indices); `layers` = 'cosine' or 'loo' adds layer scores.
 
-    Returns {method, objective, heads: {layer: {head: score}}, layers, samples, config}.
+    Returns {method, objective, heads: {layer: {head: score}}, layers, attention, samples, config};
+    `attention` (loss change of removing each layer's heads together) comes with loo/refit layers.
     Under torchrun every process must call this with the same arguments.
     """
     objective = check_objective(objective, model)
@@ -77,6 +79,7 @@ def score_model(
     try:
         per_layer = scorer(ctx)
         layer_scores = layer_scorer(ctx) if layer_scorer else None
+        attention = attention_loss(ctx) if layers in LOSS_SCALE_LAYERS else None
     finally:
         model.train(was_training)
     layout = info_of(model).layout
@@ -96,6 +99,7 @@ def score_model(
         "objective": objective,
         "heads": heads,
         "layers": None if layer_scores is None else dict(zip(layout.layers, map(float, layer_scores.tolist()))),
+        "attention": None if attention is None else dict(zip(layout.layers, map(float, attention.tolist()))),
         "samples": len(dataset),
         "config": config,
     }
@@ -128,6 +132,7 @@ def scores_artifact(
         kept={str(layer): list(heads) for layer, heads in zip(layout.layers, layout.heads)},
         heads={str(layer): {str(h): v for h, v in scores.items()} for layer, scores in result["heads"].items()},
         layers=None if result["layers"] is None else {str(k): v for k, v in result["layers"].items()},
+        **({} if result.get("attention") is None else {"attention": {str(k): v for k, v in result["attention"].items()}}),
         samples=result["samples"],
         cost=cost.cost_table(model, max_length).to_dict(),
     )
