@@ -150,7 +150,11 @@ def test_cli_json_on_stdout_deterministic(files, cli):
                  "--weights", "taylor=1,fisher=0.5", "--seed", "3", "--batch-size", "4", "--layers",
                  "-o", files / "s.json")
     assert second.code == 0 and second.out == ""
-    assert _strip((files / "s.json").read_text()) == _strip(first.out)
+    on_stdout, in_file = _strip(first.out), _strip((files / "s.json").read_text())
+    # A file names the inputs in its own folder relative to it; stdout has no folder.
+    assert [i["path"] for i in on_stdout.pop("inputs")] == [str(files / "m.safetensors"), str(files / "d.jsonl")]
+    assert [i["path"] for i in in_file.pop("inputs")] == ["m.safetensors", "d.jsonl"]
+    assert in_file == on_stdout
     assert cli("score", files / "m.safetensors", "--data", files / "d.jsonl", "-o", files / "s.json").code == 2
 
 
