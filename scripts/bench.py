@@ -4,7 +4,7 @@
     OMP_NUM_THREADS=2 /tmp/venv0/bin/python scripts/bench.py --full ...     # larger sets, more repeats
     python scripts/bench.py --quick --out /tmp/b.md       # tiny random models, seconds (the test suite)
     python scripts/bench.py --render run.json             # rewrite BENCHMARKS.md from a saved --json run
-    OMP_NUM_THREADS=2 nice python scripts/bench.py --only decode   # re-measure section 8 alone, in place
+    OMP_NUM_THREADS=2 nice python scripts/bench.py --only decode   # re-measure section 11 alone, in place
 
 Sections (each figure a ratio of two things measured side by side in this run, the
 medians of repeated, interleaved runs): scoring cost, measured vs predicted speedup,

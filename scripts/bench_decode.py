@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--prefill-batches", help="batches whose prefill is timed too (default: every batch)")
     parser.add_argument("--json", type=Path, help="also write the measurements here")
-    parser.add_argument("--out", type=Path, help="replace section 8 of this Markdown file (BENCHMARKS.md) with the result")
+    parser.add_argument("--out", type=Path, help="replace section 11 of this Markdown file (BENCHMARKS.md) with the result")
     args = parser.parse_args(argv)
     prefill_batches = tuple(int(b) for b in args.prefill_batches.split(",")) if args.prefill_batches else None
     load_before = bench.loadavg()

@@ -190,7 +190,7 @@ def onnx_section(p: dict) -> list[str]:
     return lines + [""]
 
 
-DECODE_HEADING = "## 8. Serving a causal LM: KV cache, prefill and decode"
+DECODE_HEADING = "## 11. Serving a causal LM: KV cache, prefill and decode"
 
 
 def decode_section(d: dict, alone: dict | None = None) -> list[str]:

@@ -1,4 +1,4 @@
-"""scripts/bench_decode.py (BENCHMARKS.md section 8) in quick mode, so it cannot rot: the KV
+"""scripts/bench_decode.py (BENCHMARKS.md section 11) in quick mode, so it cannot rot: the KV
 cache it predicts equals what transformers' cache holds, and `bench.py --only decode`
 replaces that one section of an existing file, leaving the rest as it was."""
 
@@ -12,13 +12,13 @@ from .test_bench_quick import load_named
 def test_decode_section_alone_replaces_only_its_section(tmp_path):
     bench = load_named("bench")
     out, raw = tmp_path / "bench.md", tmp_path / "bench.json"
-    before = "# headprune benchmarks\n\n## 7. onnxruntime latency\n\nkept\n\n## 8. Serving a causal LM: KV cache, prefill and decode\n\nold numbers\n\n## 9. Later\n\nalso kept\n"
+    before = "# headprune benchmarks\n\n## 7. onnxruntime latency\n\nkept\n\n## 11. Serving a causal LM: KV cache, prefill and decode\n\nold numbers\n\n## 12. Later\n\nalso kept\n"
     out.write_text(before)
     assert bench.main(["--quick", "--only", "decode", "--out", str(out), "--json", str(raw)]) == 0
     text = out.read_text()
-    assert "old numbers" not in text and text.count("## 8. Serving a causal LM") == 1
-    assert text.startswith("# headprune benchmarks\n\n## 7. onnxruntime latency\n\nkept\n\n## 8.")
-    assert text.endswith("\n## 9. Later\n\nalso kept\n")
+    assert "old numbers" not in text and text.count("## 11. Serving a causal LM") == 1
+    assert text.startswith("# headprune benchmarks\n\n## 7. onnxruntime latency\n\nkept\n\n## 11.")
+    assert text.endswith("\n## 12. Later\n\nalso kept\n")
     assert "measured alone: `OMP_NUM_THREADS=" in text and "--only decode" in text
     result = json.loads(raw.read_text())
     assert set(result) >= {"decode", "machine", "command"} and "speed" not in result  # nothing else was measured

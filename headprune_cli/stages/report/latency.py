@@ -87,9 +87,19 @@ def synthetic_inputs(model: nn.Module, batch: int, seq_len: int, seed: int = 0) 
     return inputs, seq_len
 
 
+def finished(model: nn.Module) -> None:
+    """Wait for the model's queued GPU work: CUDA kernels run asynchronously, so a clock read
+    without this would time their launch, not their run. No-op on the CPU."""
+    device = input_device(model)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _time_once(model: nn.Module, inputs: dict, clock: Callable[[], float]) -> dict[str, float]:
+    finished(model)
     start = clock()
     model(**inputs)
+    finished(model)
     return {"forward": (clock() - start) * 1000.0}
 
 
@@ -168,10 +178,13 @@ def generate_once(model: nn.Module, ids: torch.Tensor, tokens: int) -> dict[str,
 
     No attention mask: the prompts are unpadded, as a server's batch of equal-length
     prompts is, so attention takes its causal fast path in both phases."""
+    finished(model)
     start = time.perf_counter()
     cache, next_ids = prefill(model, ids)
+    finished(model)
     prefilled = time.perf_counter()
     decode(model, cache, next_ids, tokens)
+    finished(model)
     done = time.perf_counter()
     return {"prefill": (prefilled - start) * 1000.0, "decode": (done - prefilled) * 1000.0}
 
