@@ -19,6 +19,7 @@ from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.schema import read_artifact
 from headprune_cli.stages.report.schema import Report  # noqa: F401  (registers the kind)
+from headprune_cli.stages.report.latency import cache_name
 
 from .conftest import CAUSAL, TINY, VOCAB
 from .test_report_flops import _counted_macs
@@ -37,7 +38,7 @@ def _cache_bytes_per_token(model, prompt: int = 5) -> float:
     """Bytes of the keys and values transformers' own cache holds, per prompt token."""
     ids = torch.randint(2, VOCAB, (1, prompt), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        cache = model(input_ids=ids, use_cache=True).cache
+        cache = getattr(model(input_ids=ids, use_cache=True), cache_name(model))
     tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
     return sum(t.numel() * t.element_size() for t in tensors) / prompt
 

@@ -158,18 +158,24 @@ def _keeps_last_logits(model: nn.Module) -> dict:
     return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
+def cache_name(model: nn.Module) -> str:
+    """The name of the KV cache in the model's forward and its output: transformers 5 renamed
+    `past_key_values` to `cache` (5.24 has `cache`, 5.17 `past_key_values`; both supported)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def prefill(model: nn.Module, ids: torch.Tensor) -> tuple:
     """The prompt's forward with the KV cache on: (the filled cache, the next token of each sequence)."""
     out = model(input_ids=ids, use_cache=True, **_keeps_last_logits(model))
-    return out.cache, out.logits[:, -1:].argmax(-1)
+    return getattr(out, cache_name(model)), out.logits[:, -1:].argmax(-1)
 
 
 def decode(model: nn.Module, cache, next_ids: torch.Tensor, tokens: int) -> tuple:
     """`tokens` greedy steps, one token per sequence each, reading and growing `cache`."""
-    extra = _keeps_last_logits(model)
+    extra, name = _keeps_last_logits(model), cache_name(model)
     for _ in range(tokens):
-        out = model(input_ids=next_ids, cache=cache, use_cache=True, **extra)
-        cache, next_ids = out.cache, out.logits[:, -1:].argmax(-1)
+        out = model(input_ids=next_ids, use_cache=True, **{name: cache}, **extra)
+        cache, next_ids = getattr(out, name), out.logits[:, -1:].argmax(-1)
     return cache, next_ids
 
 
