@@ -68,7 +68,7 @@ def test_bench_quick_fills_every_table(tmp_path):
     assert bench.main(["--quick", "--out", str(out), "--json", str(raw)]) == 0
     text = out.read_text()
     for heading in ("## 1. Scoring cost", "## 2. Speed", "## 3. Quality", "## 4. Recovery", "## 5. Pipeline wall time",
-                    "## 6. Peer comparison", "## 7. onnxruntime latency", "Which method to pick", "## 8. Serving a causal LM"):
+                    "## 6. Peer comparison", "## 7. onnxruntime latency", "Which method to pick", "## 11. Serving a causal LM"):
         assert heading in text, heading
     result = json.loads(raw.read_text())
     assert result["mode"] == "quick" and result["machine"]["threads"] == 2
