@@ -55,7 +55,9 @@ def resolve_device(spec: str = "auto") -> "torch.device":
     text = (spec or "auto").strip().lower()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if text == "auto":
-        return torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        text = "cuda"  # this process's device (LOCAL_RANK), checked below like --device cuda
     if text == "cpu":
         return torch.device("cpu")
     match = re.fullmatch(r"cuda(?::(\d+))?", text)
@@ -66,7 +68,10 @@ def resolve_device(spec: str = "auto") -> "torch.device":
     index = int(match.group(1)) if match.group(1) is not None else local
     count = torch.cuda.device_count()
     if index >= count:
-        raise UsageError(f"--device {spec}: only {count} CUDA device(s) are visible (cuda:0 to cuda:{count - 1})")
+        # Under torchrun a rank past the GPU count would fail alone and leave the others
+        # waiting in a collective: every rank refuses here instead.
+        hint = f"; torchrun started local rank {local}: use at most --nproc-per-node {count}, or --device cpu" if "LOCAL_RANK" in os.environ else ""
+        raise UsageError(f"--device {spec}: only {count} CUDA device(s) are visible (cuda:0 to cuda:{count - 1}){hint}")
     return torch.device("cuda", index)
 
 

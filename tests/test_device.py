@@ -175,3 +175,14 @@ def test_run_config_takes_device_and_dtype_per_stage(files, monkeypatch):
     assert argv["score"][argv["score"].index("--dtype") + 1] == "bfloat16"
     assert argv["prune"][argv["prune"].index("--dtype") + 1] == "float32"
     assert "--device" in argv["report"]
+
+
+def test_torchrun_rank_past_the_gpu_count_is_refused(monkeypatch):
+    """Two processes per node on a one-GPU machine: rank 1 must refuse, not hang rank 0."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert resolve_device("auto") == torch.device("cuda", 0)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(UsageError, match="use at most --nproc-per-node 1"):
+        resolve_device("auto")
