@@ -106,6 +106,9 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--intermediate", type=int, default=5632)
     parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--score-method", default="taylor",
+                        help="score's --method (taylor needs a backward pass: in bf16 on a CPU torch runs it through its slow "
+                             "reference gemm, over 15 minutes here; random measures the load-and-forward path in minutes)")
     parser.add_argument("--json", type=Path, help="Also write the results here.")
     parser.add_argument("--out", type=Path, help="Write the section into this markdown file (BENCHMARKS.md), replacing an earlier one.")
     args = parser.parse_args()
@@ -127,7 +130,7 @@ def main() -> None:
         ("headprune import", hp + ["import", str(hf), "-o", str(ckpt)]),
         ("headprune inspect", hp + ["inspect", str(ckpt), "--json"]),
         ("headprune load", py + [f"import headprune_cli; headprune_cli.load({str(ckpt)!r})"]),
-        ("headprune score", hp + ["score", str(ckpt), "--data", str(work / "data.txt"), "--samples", "8", "--max-length", "32", "--batch-size", "8", "-o", str(work / "scores.json")]),
+        ("headprune score", hp + ["score", str(ckpt), "--method", args.score_method, "--data", str(work / "data.txt"), "--samples", "8", "--max-length", "32", "--batch-size", "8", "-o", str(work / "scores.json")]),
         ("headprune select", hp + ["select", str(work / "scores.json"), "--ratio", "0.25", "-o", str(work / "plan.json")]),
         ("headprune prune", hp + ["prune", str(ckpt), "--plan", str(work / "plan.json"), "-o", str(small)]),
         ("headprune export --hf", hp + ["export", str(small), "--hf", str(work / "exported")]),
@@ -151,10 +154,19 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
     if args.out:
-        old = args.out.read_text() if args.out.exists() else ""
-        start = old.find(MARKER)
-        args.out.write_text((old[:start] if start >= 0 else old.rstrip("\n") + "\n\n") + text)
+        args.out.write_text(replace_section(args.out.read_text() if args.out.exists() else "", text))
     shutil.rmtree(work, ignore_errors=True)
+
+
+def replace_section(old: str, text: str) -> str:
+    """`old` with this benchmark's section (from MARKER to the next marker or heading) replaced by `text`."""
+    start = old.find(MARKER)
+    if start < 0:
+        return old.rstrip("\n") + "\n\n" + text
+    after = start + len(MARKER) + 1
+    ends = [i for i in (old.find("\n<!-- ", after), old.find("\n## ", old.find("\n", after) + 1)) if i >= 0]
+    rest = old[min(ends) + 1:] if ends else ""
+    return old[:start] + text.rstrip("\n") + "\n" + ("\n" + rest if rest else "")
 
 
 if __name__ == "__main__":

@@ -56,17 +56,21 @@ def batch_losses(ctx: ScoreContext, batch: dict, start: int) -> torch.Tensor:
     return per_example_loss(out, batch, ctx.objective)
 
 
-def gradient_stats(ctx: ScoreContext) -> dict[str, list[torch.Tensor]]:
-    """Sums over examples of |g|, g^2, per-token Taylor terms, and dL/dW_o; cached on ctx."""
-    if "gradients" in ctx.cache:
-        return ctx.cache["gradients"]
+def gradient_stats(ctx: ScoreContext, weights: bool = False) -> dict[str, list[torch.Tensor]]:
+    """Sums over examples of |g|, g^2, per-token Taylor terms, and with `weights` dL/dW_o;
+    cached on ctx. dL/dW_o only when asked (taylor-weight): its float64 sums are a copy of
+    every output projection at 4x the bf16 size, about a third of an LLM's checkpoint."""
+    cached = ctx.cache.get("gradients")
+    if cached is not None and (not weights or "weight" in cached):
+        return cached
     counts = ctx.head_counts()
-    o_weights = [o.weight for o in _o_modules(ctx.model)]
+    o_weights = [o.weight for o in _o_modules(ctx.model)] if weights else []
     sums = {
         key: [torch.zeros(n, dtype=torch.float64, device=ctx.device) for n in counts]
         for key in ("abs", "sq", "taylor")
     }
-    sums["weight"] = [torch.zeros_like(w, dtype=torch.float64) for w in o_weights]
+    if weights:
+        sums["weight"] = [torch.zeros_like(w, dtype=torch.float64) for w in o_weights]
     n = len(counts)
     with trainable_only(ctx.model, o_weights):
         for number, start, batch in ctx.my_batches("scoring (gradients)"):
@@ -84,8 +88,9 @@ def gradient_stats(ctx: ScoreContext) -> dict[str, list[torch.Tensor]]:
                 sums["abs"][pos] += g.abs().sum(0)
                 sums["sq"][pos] += (g * g).sum(0)
                 sums["taylor"][pos] += per_token.abs().sum(dim=(0, 1))
-                sums["weight"][pos] += grads[n + pos].double()
-    keys = ("abs", "sq", "taylor", "weight")
+                if weights:
+                    sums["weight"][pos] += grads[n + pos].double()
+    keys = tuple(sums)
     flat = ctx.reduce([t for key in keys for t in sums[key]])
     ctx.cache["gradients"] = {key: flat[i * n : (i + 1) * n] for i, key in enumerate(keys)}
     return ctx.cache["gradients"]
@@ -130,7 +135,7 @@ class TaylorWeight:
     name = "taylor-weight"
 
     def __call__(self, ctx: ScoreContext) -> list[torch.Tensor]:
-        stats = gradient_stats(ctx)
+        stats = gradient_stats(ctx, weights=True)
         scores = []
         for o, grad, n in zip(_o_modules(ctx.model), stats["weight"], ctx.head_counts()):
             term = (grad * o.weight.detach().double()).abs()
