@@ -86,7 +86,7 @@ def _export_folder(hf: Path, force: bool, checkpoint: Path, with_onnx: bool | No
         with_onnx = is_sentence_transformer(info)
     if with_onnx:  # tracing needs the real weights
         model, specs = load(checkpoint), None
-    else:  # weights are copied tensor by tensor; the model is never built
+    else:  # weights are copied tensor by tensor; the model stays on the meta device
         model, specs = export_specs(checkpoint)
     export_hf(model, hf, force=force, inputs=[checkpoint], max_shard_size=max_shard_size, specs=specs, with_onnx=with_onnx)
     layout = folder_config(info_of(model))
