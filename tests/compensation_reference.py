@@ -1,6 +1,6 @@
 """The compensation algorithm as it was before streaming (frozen reference for tests).
 
-Kept verbatim (apart from imports) so that tests can prove that the streaming version in
+Kept verbatim (apart from imports; the statistics record and the solvers are the module's own) so that tests can prove that the streaming version in
 headprune_cli.stages.compensation gives the same weights: for every pruned layer it ran the
 whole model twice per batch up to that layer, O(L^2) block forwards.
 """
@@ -8,7 +8,6 @@ whole model twice per batch up to that layer, O(L^2) block forwards.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -20,7 +19,7 @@ from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, removal_gates, skip_layers
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.compensation import (
-    DEFAULT_RIDGE, METHODS, CompensationResult, _kept_weights, _solve_bias, _solve_lstsq, _stack,
+    DEFAULT_RIDGE, METHODS, CompensationResult, _kept_weights, _solve_bias, _solve_lstsq, _Stats,
     _weights, _write,
 )
 
@@ -82,22 +81,6 @@ def compensate_old(
         if progress:
             progress(i + 1, len(targets))
     return result
-
-
-# --- statistics ---------------------------------------------------------------------
-@dataclass
-class _Stats:
-    gram: torch.Tensor  # [d+1, d+1] (or [d, d] without bias): [X 1]^T [X 1]
-    cross: torch.Tensor  # [d(+1), out]: [X 1]^T Y
-    yy: float  # sum |Y|^2
-    n: int
-    has_bias: bool
-
-    def error(self, w: torch.Tensor) -> float:
-        """Relative squared error |[X 1] w - Y|^2 / |Y|^2 of stacked weights w [d(+1), out]."""
-        w = _stack(w, self.has_bias)
-        err = (w * (self.gram @ w)).sum() - 2 * (w * self.cross).sum() + self.yy
-        return float(max(err, 0.0) / max(self.yy, 1e-300))
 
 
 def _statistics(model, pos, cols, originals, gates, remove_layers, batches, has_bias) -> _Stats:
