@@ -60,7 +60,7 @@ def resolve_model(artifact: Envelope, artifact_path: str | None, checkpoint: str
     else:
         found = [p for p in candidates(ref.path, artifact_path) if p.is_file()]
         if not found:
-            where = " in the current folder (an artifact on stdin has no folder of its own)" if artifact_path in (None, "-", "<stdin>") else ""
+            where = "" if _folder_of(artifact_path) else " in the current folder (an artifact on stdin has no folder of its own)"
             raise CheckpointError(f"cannot find the model the artifact names ({ref.path}){where}; give the checkpoint path as an argument")
         path = next((p for p in found if sha256_file(p) == ref.sha256), found[0])
     digest = sha256_file(path)
@@ -75,6 +75,14 @@ def resolve_model(artifact: Envelope, artifact_path: str | None, checkpoint: str
 def candidates(named: str, artifact_path: str | None) -> list[Path]:
     """Where a path an artifact names may be: beside the artifact first (schema.portable_path
     stores files in the artifact's folder relative to it), then as given."""
-    if artifact_path and str(artifact_path) not in ("-", "<stdin>") and not Path(named).is_absolute():
-        return [Path(artifact_path).parent / named, Path(named)]
+    folder = _folder_of(artifact_path)
+    if folder is not None and not Path(named).is_absolute():
+        return [folder / named, Path(named)]
     return [Path(named)]
+
+
+def _folder_of(artifact_path: str | None) -> Path | None:
+    """The folder an artifact was read from; None when it came on stdin (or from nowhere)."""
+    if not artifact_path or str(artifact_path) in ("-", "<stdin>"):
+        return None
+    return Path(artifact_path).parent
