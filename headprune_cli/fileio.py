@@ -13,11 +13,13 @@ import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from headprune_cli.errors import HeadpruneError
 from headprune_cli.outputs import check_output, check_parent  # noqa: F401  (the output rule lives there)
 
 _CHUNK = 1 << 20
+T = TypeVar("T")
 
 
 # A stage often hashes the same checkpoint twice (to match an artifact's inputs, then on
@@ -57,9 +59,19 @@ def open_regular(path: str | os.PathLike, what: str = "file"):
     return os.fdopen(fd, "rb")
 
 
+def _cache_key(path: str | os.PathLike, info: os.stat_result) -> tuple:
+    return (os.path.realpath(path), info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def remember_sha256(path: str | os.PathLike, digest: str) -> None:
+    """Record the sha256 of a file just written (hashed as its bytes went out), so a
+    multi-GB output is not read back to hash it."""
+    _SHA_CACHE[_cache_key(path, check_regular(path))] = digest
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     info = check_regular(path)
-    key = (os.path.realpath(path), info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    key = _cache_key(path, info)
     if key not in _SHA_CACHE:
         digest, left = hashlib.sha256(), info.st_size
         with open_regular(path) as handle:
@@ -76,17 +88,19 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Run `write(tmp_path)`, fsync, then rename over `path`; clean up on any failure."""
+def atomic_write(path: str | os.PathLike, write: Callable[[str], T]) -> T:
+    """Run `write(tmp_path)`, fsync, then rename over `path`; clean up on any failure.
+    Returns what `write` returned."""
     out = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent if str(out.parent) else ".")
     os.close(fd)
     try:
-        write(tmp)
+        result = write(tmp)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual mode
         os.replace(tmp, out)
+        return result
     except BaseException as exc:
         _remove_quietly(tmp)
         error = os_error_in(exc)

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from headprune_cli import load  # noqa: E402
 from headprune_cli.data import read_data  # noqa: E402
+from headprune_cli.errors import UsageError  # noqa: E402
 from headprune_cli.model.cost import cost_table  # noqa: E402
 from headprune_cli.model.cost_table import predict  # noqa: E402
 from headprune_cli.model.surgery import apply_plan  # noqa: E402
@@ -77,6 +78,7 @@ class Task:
                 heads=result["heads"], num_heads=[len(h) for h in result["heads"].values()],
                 num_kv_heads=[len(h) for h in result["heads"].values()], layers=result["layers"],
                 cost=cost_table(self.model, self.max_length), method="taylor", layer_method=layer_method,
+                attention=result["attention"],
             )
         return self.tables[layer_method]
 
@@ -118,7 +120,10 @@ def curve(task: Task, layer_method: str, budgets: list[float], drops: list[int],
     full = predict(t.cost, t.kept())["flops_per_token"]
     cuts = []
     for f in budgets:
-        cuts.append(("heads only", f"budget --target-flops {f}", select(t, "budget", target_flops=f, constraints=Constraints(min_heads=1))))
+        try:  # heads alone reach only so far (softmax, FFN and embeddings stay)
+            cuts.append(("heads only", f"budget --target-flops {f}", select(t, "budget", target_flops=f, constraints=Constraints(min_heads=1))))
+        except UsageError as exc:
+            log("heads only", f, "skipped:", exc)
         cuts.append(("joint", f"joint --target-flops {f}", select(t, "joint", target_flops=f)))
     for n in drops:
         cuts.append(("layers only", f"--drop-layers {n}", select(t, "global", ratio=0.0, constraints=Constraints(drop_layers=n))))
@@ -172,7 +177,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("layers", "curve", "lr"), default=None)
     parser.add_argument("--samples", type=int, default=256, help="Calibration rows for scoring.")
     parser.add_argument("--second", type=Path, default=None, help="A second checkpoint of the task (another seed).")
-    parser.add_argument("--budgets", default="0.8,0.65,0.5")
+    parser.add_argument("--budgets", default="0.8,0.7,0.6,0.5")
     parser.add_argument("--epochs", type=int, default=1, help="Recovery epochs per cut of the curve (0: the cut alone).")
     parser.add_argument("--drops", default="1,2,3")
     parser.add_argument("--layer-method", default="loo", help="Layer scores the curve's joint and layers-only rows use.")

@@ -3,6 +3,7 @@
 Memory and time at 1.1 B parameters are measured by scripts/bench_large.py, not here.
 """
 
+import hashlib
 import json
 import re
 
@@ -166,8 +167,23 @@ def test_streamed_prune_writes_the_bytes_of_the_in_memory_path(name, tmp_path, m
         raise AssertionError("the streamed path must not materialise the model")
 
     monkeypatch.setattr(checkpoint, "fill", no_model)
-    prune_file(tmp_path / "m.safetensors", tmp_path / "streamed.safetensors", heads, layers, plan_sha="ab" * 32)
-    assert (tmp_path / "streamed.safetensors").read_bytes() == (tmp_path / "memory.safetensors").read_bytes()
+    digest = prune_file(tmp_path / "m.safetensors", tmp_path / "streamed.safetensors", heads, layers, plan_sha="ab" * 32)
+    written = (tmp_path / "streamed.safetensors").read_bytes()
+    assert written == (tmp_path / "memory.safetensors").read_bytes()
+    assert digest == hashlib.sha256(written).hexdigest()  # hashed while writing, checked on the bytes
+
+
+def test_write_file_returns_the_sha256_of_the_bytes_it_wrote(tmp_path):
+    """Many tensors of mixed sizes and dtypes, so the hashing thread lags the writer."""
+    generator = torch.Generator().manual_seed(0)
+    specs = [
+        tensorfile.Spec(f"t{i}", dtype, (n,), lambda n=n, dtype=dtype: torch.randn(n, generator=generator).to(dtype))
+        for i, (n, dtype) in enumerate([(0, torch.float32), (3, torch.bfloat16), (1 << 20, torch.float32), (7, torch.float16)] * 5)
+    ]
+    digest = tensorfile.write_file(tmp_path / "t.safetensors", specs, {"k": "v"})
+    assert digest == hashlib.sha256((tmp_path / "t.safetensors").read_bytes()).hexdigest()
+    model = TINY["bert"]()
+    assert save(model, tmp_path / "m.safetensors") == hashlib.sha256((tmp_path / "m.safetensors").read_bytes()).hexdigest()
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama-gqa", "bert", "reference"])
@@ -199,3 +215,20 @@ def test_inspect_reads_no_weight(tmp_path, cli, monkeypatch):
     assert json.loads(result.out) == json.loads(json.dumps(want))
     table = cli("inspect", tmp_path / "m.safetensors", "--seq-len", "32")
     assert table.code == 0 and table.err == table_before.err and re.search(r"\d+/\d+ heads", table.err)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float8_e5m2, torch.float8_e4m3fn])
+def test_all_finite_finds_one_bad_element_anywhere(dtype):
+    """The NaN/inf check every loaded and streamed tensor goes through, against isfinite in float64."""
+    from headprune_cli.model.materialize import all_finite
+
+    clean = torch.linspace(-3, 3, 3_000_001).to(dtype)
+    assert all_finite(clean) and all_finite(clean[:0])
+    bads = [float("nan"), float("inf"), -float("inf")] if dtype != torch.float8_e4m3fn else [float("nan")]  # e4m3fn has no inf
+    for bad in bads:
+        for position in (0, 1_048_577, 3_000_000):
+            tensor = clean.clone()
+            tensor[position] = bad
+            assert not torch.isfinite(tensor.double()).all()  # the independent truth
+            assert not all_finite(tensor), (bad, position)
+    assert all_finite(torch.arange(10))  # integer buffers hold no NaN

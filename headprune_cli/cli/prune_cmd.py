@@ -10,7 +10,7 @@ import typer
 from headprune_cli.model.checkpoint import load, save
 from headprune_cli.stages.compensation import DEFAULT_RIDGE, METHODS, compensate
 from headprune_cli.errors import UsageError
-from headprune_cli.fileio import sha256_bytes, sha256_file
+from headprune_cli.fileio import sha256_bytes
 from headprune_cli.outputs import check_output
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.plan import resolve_model
@@ -88,8 +88,7 @@ def prune(
     check_output(output, force, inputs=[path])
     remove_heads = {int(k): v for k, v in plan_dict["remove_heads"].items()}
     if compensation == "none":  # pure slicing: streamed tensor by tensor, the model is never built
-        prune_file(path, output, remove_heads, plan_dict["remove_layers"], plan_sha=plan_sha)
-        digest = sha256_file(output)
+        digest = prune_file(path, output, remove_heads, plan_dict["remove_layers"], plan_sha=plan_sha)
     else:
         model = load(path)
         placement = place(model, device, dtype, keep_originals=True)

@@ -33,7 +33,7 @@ from torch import nn
 
 from headprune_cli.model.arch import adapter_for_family
 from headprune_cli.errors import CheckpointError, HeadpruneError, UsageError, first_line
-from headprune_cli.fileio import atomic_write, sha256_bytes, sha256_file
+from headprune_cli.fileio import atomic_write, remember_sha256, sha256_bytes, sha256_file
 from headprune_cli.model.config_check import check_against_header, check_declared
 from headprune_cli.model.layout import Layout, ModelInfo, info_of
 from headprune_cli.model.materialize import build_empty, check_entries, fill, stored_dtype, tied_groups
@@ -59,8 +59,7 @@ def save(model: nn.Module, path: str | os.PathLike, plan_sha: str | None = None,
     # with negative head counts): the same checks, before any byte.
     check_declared(info.config, info.layout.num_heads, info.layout.num_kv_heads, f"not writing {path}")
     info.layout.validate()
-    write_checkpoint(path, model_specs(model), checkpoint_metadata(model, path, plan_sha))
-    return sha256_file(path)
+    return write_checkpoint(path, model_specs(model), checkpoint_metadata(model, path, plan_sha))
 
 
 def checkpoint_metadata(model: nn.Module, path: str | os.PathLike, plan_sha: str | None = None) -> dict[str, str]:
@@ -68,9 +67,12 @@ def checkpoint_metadata(model: nn.Module, path: str | os.PathLike, plan_sha: str
     return _metadata(info, _provenance(info, Path(path), plan_sha))
 
 
-def write_checkpoint(path: str | os.PathLike, specs: list[Spec], metadata: dict[str, str]) -> None:
-    """The one writer of checkpoint files (in-memory and streamed stages alike)."""
-    atomic_write(path, lambda tmp: write_file(tmp, specs, metadata))
+def write_checkpoint(path: str | os.PathLike, specs: list[Spec], metadata: dict[str, str]) -> str:
+    """The one writer of checkpoint files (in-memory and streamed stages alike); returns
+    the file's sha256 (hashed while writing; later sha256_file calls reuse it)."""
+    digest = atomic_write(path, lambda tmp: write_file(tmp, specs, metadata))
+    remember_sha256(path, digest)
+    return digest
 
 
 def model_specs(model: nn.Module) -> list[Spec]:

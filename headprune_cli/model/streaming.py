@@ -31,11 +31,12 @@ Cut = tuple[int, torch.Tensor]  # (dimension, kept indices)
 def prune_file(
     source: str | os.PathLike, output: str | os.PathLike,
     remove_heads: Mapping[int, list[int]], remove_layers: list[int], plan_sha: str | None = None,
-) -> None:
-    """Write `source` cut by the plan to `output`, tensor by tensor (no compensation)."""
+) -> str:
+    """Write `source` cut by the plan to `output`, tensor by tensor (no compensation);
+    returns the output's sha256."""
     model = read_layout_only(source, hashed=True)
     specs = streamed_specs(model, source, remove_heads, remove_layers)
-    write_checkpoint(output, specs, checkpoint_metadata(model, output, plan_sha))
+    return write_checkpoint(output, specs, checkpoint_metadata(model, output, plan_sha))
 
 
 def export_specs(source: str | os.PathLike) -> tuple[nn.Module, list[Spec]]:

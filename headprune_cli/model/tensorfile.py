@@ -14,11 +14,13 @@ and no file is ever held twice in memory. Above `max_shard_size` the output is s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import struct
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,8 +160,9 @@ def ordered(specs: Iterable[Spec]) -> list[Spec]:
     return sorted(specs, key=lambda s: (-s.dtype.itemsize, NAMES[s.dtype], s.name))
 
 
-def write_file(path: str | os.PathLike, specs: list[Spec], metadata: dict[str, str]) -> None:
-    """Write one safetensors file: sorted header, then each tensor streamed in order."""
+def write_file(path: str | os.PathLike, specs: list[Spec], metadata: dict[str, str]) -> str:
+    """Write one safetensors file: sorted header, then each tensor streamed in order.
+    Returns the file's sha256, computed from the bytes as they are written."""
     specs = ordered(specs)
     header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
@@ -168,14 +171,48 @@ def write_file(path: str | os.PathLike, specs: list[Spec], metadata: dict[str, s
         offset += spec.nbytes
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # keep the data buffer 8-byte aligned
-    with open(path, "wb") as handle:
-        handle.write(struct.pack("<Q", len(text)) + text)
+    with open(path, "wb") as handle, _HashingWriter(handle) as out:
+        out.write(struct.pack("<Q", len(text)) + text)
         for spec in specs:
             tensor = spec.produce()
             if tuple(tensor.shape) != spec.shape or tensor.dtype != spec.dtype:
                 raise CheckpointError(f"tensor {spec.name!r} is {tensor.dtype} {list(tensor.shape)}, expected {spec.dtype} {list(spec.shape)}")
             if spec.nbytes:
-                handle.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+                out.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+        return out.hexdigest()
+
+
+class _HashingWriter:
+    """Writes to a file and hashes what it wrote. The hash of one chunk runs on a worker
+    thread while the caller produces and writes the next (hashlib and file writes release
+    the GIL), so hashing a multi-GB file costs no pass of its own. At most two chunks are
+    alive at a time: the one being hashed and the one being written."""
+
+    def __init__(self, handle):
+        self._handle = handle
+        self._digest = hashlib.sha256()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
+        self._pending: Future | None = None
+
+    def write(self, data) -> None:
+        self._handle.write(data)
+        self._wait()
+        self._pending = self._worker.submit(self._digest.update, data)  # keeps `data` alive until hashed
+
+    def hexdigest(self) -> str:
+        self._wait()
+        return self._digest.hexdigest()
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+
+    def __enter__(self) -> "_HashingWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._worker.shutdown(wait=True, cancel_futures=True)
 
 
 def parse_size(text: str) -> int:
