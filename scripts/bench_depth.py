@@ -34,11 +34,11 @@ sys.path.insert(0, str(ROOT))
 from headprune_cli import load  # noqa: E402
 from headprune_cli.data import read_data  # noqa: E402
 from headprune_cli.errors import UsageError  # noqa: E402
-from headprune_cli.model.cost import cost_table  # noqa: E402
 from headprune_cli.model.cost_table import predict  # noqa: E402
 from headprune_cli.model.surgery import apply_plan  # noqa: E402
 from headprune_cli.stages.finetune.train import FinetuneConfig, default_lr, finetune  # noqa: E402
-from headprune_cli.stages.importance import score_model  # noqa: E402
+from headprune_cli.schema import Scores  # noqa: E402
+from headprune_cli.stages.importance import score_model, scores_artifact  # noqa: E402
 from headprune_cli.stages.objectives import evaluate  # noqa: E402
 from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs  # noqa: E402
 from headprune_cli.stages.selection import Constraints, ScoreTable, select  # noqa: E402
@@ -59,6 +59,7 @@ class Task:
 
     def __init__(self, checkpoint: Path, folder: Path, max_length: int, samples: int, train_file: str = "train.jsonl"):
         self.model = load(checkpoint).eval()
+        self.checkpoint, self.calib_path = checkpoint, folder / "calib.jsonl"
         self.max_length = max_length
         read = lambda name, **kw: read_data(folder / name, self.model, max_length=max_length, **kw)  # noqa: E731
         self.calib = read("calib.jsonl", samples=samples)
@@ -70,16 +71,13 @@ class Task:
         self.cuts: dict[str, dict] = {}
 
     def table(self, layer_method: str) -> ScoreTable:
+        """Scores as `headprune score` writes them, read back as `select` reads them."""
         if layer_method not in self.tables:
             start = time.time()
             result = score_model(self.model, self.calib, "taylor", layers=layer_method, batch_size=32)
             self.score_seconds[layer_method] = time.time() - start
-            self.tables[layer_method] = ScoreTable(
-                heads=result["heads"], num_heads=[len(h) for h in result["heads"].values()],
-                num_kv_heads=[len(h) for h in result["heads"].values()], layers=result["layers"],
-                cost=cost_table(self.model, self.max_length), method="taylor", layer_method=layer_method,
-                attention=result["attention"],
-            )
+            artifact = scores_artifact(self.model, result, model_path=self.checkpoint, data_path=self.calib_path, max_length=self.max_length)
+            self.tables[layer_method] = ScoreTable.from_scores(Scores.model_validate(artifact))
         return self.tables[layer_method]
 
     def cut(self, remove_heads: dict, remove_layers: list, lr: float | None = None, epochs: int = 1, steps: int | None = None) -> dict:
