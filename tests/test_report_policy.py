@@ -106,3 +106,56 @@ def test_baseline_auto_refuses_a_root_whose_bytes_changed(models, cli, tmp_path)
     assert_refused(_report(cli, tmp_path), 1, "is not the root model any more (sha256 differs")
     shutil.copy(folder / "base.safetensors", tmp_path / "base.safetensors")  # the real root: accepted
     assert _report(cli, tmp_path, "--repeats", "0").code == 0
+
+
+def _metrics(name: str, value: float, higher_is_better: bool) -> list[dict]:
+    return [{"name": name, "value": value, "higher_is_better": higher_is_better}]
+
+
+@pytest.mark.parametrize("task, name, higher, base, new, drop, unit, rel_drop", [
+    ("classification", "accuracy", True, 0.8, 0.7, 10.0, "points", 0.125),       # worse: positive, in points
+    ("classification", "accuracy", True, 0.8, 0.9, -10.0, "points", -0.125),     # better: negative
+    ("causal-lm", "perplexity", False, 10.0, 12.0, 2.0, "perplexity", 0.2),      # lower is better, own unit
+    ("causal-lm", "perplexity", False, 10.0, 9.0, -1.0, "perplexity", -0.1),
+    ("embedding", "fidelity", True, 0.0, -0.5, 50.0, "points", 0.0),             # no relative drop from 0
+])
+def test_main_metric_measures_the_drop_in_the_metrics_own_direction(task, name, higher, base, new, drop, unit, rel_drop):
+    main = build.main_metric(task, _metrics(name, base, higher), _metrics(name, new, higher))
+    assert (main.name, main.higher_is_better, main.baseline, main.pruned, main.unit) == (name, higher, base, new, unit)
+    assert main.drop == pytest.approx(drop) and main.rel_drop == pytest.approx(rel_drop)
+
+
+@pytest.mark.parametrize("missing_in", ["baseline", "pruned"])
+def test_main_metric_missing_on_either_side_is_refused(missing_in):
+    present, absent = _metrics("accuracy", 0.8, True), _metrics("macro_f1", 0.8, True)
+    pair = (absent, present) if missing_in == "baseline" else (present, absent)
+    with pytest.raises(build.DataError, match="produced no 'accuracy' metric for this classification model"):
+        build.main_metric("classification", *pair)
+
+
+def test_gates_say_what_they_check_and_against_what():
+    main = _metric(1.5, 0.02)
+    listed = [g.to_dict() for g in gates(main, 1.8, max_drop=2.0, max_rel_drop=0.025, min_speedup=1.5)]
+    assert listed == [
+        {"name": "max-drop", "description": "accuracy drop <= 2 points", "threshold": 2.0, "value": 1.5, "passed": True},
+        {"name": "max-rel-drop", "description": "accuracy relative drop <= 2.50%", "threshold": 0.025, "value": 0.02, "passed": True},
+        {"name": "min-speedup", "description": "measured speedup >= 1.5x", "threshold": 1.5, "value": 1.8, "passed": True},
+    ]
+
+
+def test_min_speedup_without_latency_is_refused():
+    with pytest.raises(build.UsageError, match="--min-speedup needs latency measurements; do not pass --repeats 0"):
+        gates(_metric(0.0, 0.0), None, min_speedup=1.0)
+
+
+def test_baseline_auto_finds_the_root_or_says_why_not(models, tmp_path):  # noqa: F811
+    import shutil
+
+    folder, _ = models
+    assert build.resolve_baseline(folder / "pruned.safetensors", "auto") == folder / "base.safetensors"
+    assert build.resolve_baseline(folder / "pruned.safetensors", tmp_path / "other.safetensors") == tmp_path / "other.safetensors"
+    with pytest.raises(build.UsageError, match="has no root model in its provenance .it was never pruned.; pass --baseline CKPT"):
+        build.resolve_baseline(folder / "base.safetensors", "auto")
+    shutil.copy(folder / "pruned.safetensors", tmp_path / "pruned.safetensors")  # moved away from its root
+    with pytest.raises(build.CheckpointError, match=r"root model .*base.safetensors \(from the provenance of .*\) not found; pass --baseline CKPT"):
+        build.resolve_baseline(tmp_path / "pruned.safetensors", "auto")

@@ -207,5 +207,5 @@ def test_torchrun_two_processes_equal_one(files):
             assert b["heads"][layer][head] == pytest.approx(value, abs=1e-6, rel=1e-6)
     for layer, value in a["layers"].items():
         assert b["layers"][layer] == pytest.approx(value, abs=1e-6)
-    for layer, value in a["attention"].items():  # --layers defaults to loo, which measures attention too
+    for layer, value in a["attention"].items():  # --layers defaults to refit, which measures attention too
         assert b["attention"][layer] == pytest.approx(value, abs=1e-6)

@@ -31,7 +31,7 @@ def score(
     max_length: Annotated[int, typer.Option("--max-length", min=1, help="Truncate sequences to this many tokens.")] = 128,
     seed: Annotated[int, typer.Option("--seed", help="Seed for random, fidelity probes and anything stochastic.")] = 0,
     layers: Annotated[bool, typer.Option("--layers", help="Also score whole layers.")] = False,
-    layer_method: Annotated[str | None, typer.Option("--layer-method", help="loo (default: loss change when the layer is skipped), refit (the same after a short calibration refit; slower) or cosine (block influence). loo and refit also measure each layer's attention, so `select --target-*` can weigh heads against layers.")] = None,
+    layer_method: Annotated[str | None, typer.Option("--layer-method", help="refit (default: loss change when the layer is dropped and the rest refit briefly, what recovery can win back; about 12 training steps per layer), loo (the loss change with no refit: one forward per layer; for cuts that will not be finetuned) or cosine (block influence). refit and loo also measure each layer's attention, so `select --target-*` can weigh heads against layers.")] = None,
     weights: Annotated[list[str] | None, typer.Option("--weights", help="For combined: METHOD=WEIGHT[,METHOD=WEIGHT] (default taylor=1,loo=1).")] = None,
     normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="gradient: divide each layer's scores by their L2 norm.")] = True,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the scores JSON here (default: stdout).")] = None,
@@ -67,9 +67,9 @@ def score(
     chosen_weights = parse_weights(weights, list(HEAD_METHODS))
     if weights and method != "combined":
         raise typer.BadParameter("--weights only applies to --method combined", param_hint="--weights")
-    # loo by default: it predicts what recovery wins back better than cosine (BENCHMARKS.md,
-    # layer importance) and is on the loss scale that joint selection needs.
-    layer_method = (layer_method or "loo") if layers else None
+    # refit by default: on the real task it chose the layers that recovery wins back where
+    # loo and cosine did not (BENCHMARKS.md §10), and it is on the loss scale joint selection needs.
+    layer_method = (layer_method or "refit") if layers else None
     with _progress(rank == 0) as progress:
         result = score_model(
             model, dataset, method, objective, batch_size=batch_size, seed=seed, normalize=normalize,

@@ -59,7 +59,7 @@ def score_model(
     layers: str | None = None,
     progress: ProgressFactory = no_progress,
 ) -> dict:
-    """Score every kept head (original indices); `layers` = 'cosine' or 'loo' adds layer scores.
+    """Score every kept head (original indices); `layers` = 'refit', 'loo' or 'cosine' adds layer scores.
 
     Returns {method, objective, heads: {layer: {head: score}}, layers, attention, samples, config};
     `attention` (loss change of removing each layer's heads together) comes with loo/refit layers.
