@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,19 @@ from headprune_cli.errors import EXIT_ERROR, EXIT_GATE_FAILED, EXIT_INTERNAL, EX
 
 T.utils.logging.set_verbosity_error()
 T.utils.logging.disable_progress_bar()
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Workers share the cores: one thread each (and for the processes they start), or
+    # OpenMP's spinning threads oversubscribe them and tiny models run many times slower.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+LONGEST_FIRST = ("test_readme.py::test_every_readme_example_runs_in_order",)
+
+
+def pytest_collection_modifyitems(items):
+    """Start the longest test first, so that under xdist it runs beside the rest, not after it."""
+    items.sort(key=lambda item: not item.nodeid.endswith(LONGEST_FIRST))
 
 VOCAB = 60
 

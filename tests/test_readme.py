@@ -81,3 +81,23 @@ def _run(argv: list[str], cwd: Path, env: dict, timeout: float = 900) -> subproc
         out, err = process.communicate()
         err += f"\n[timed out after {timeout:.0f} s]"
     return subprocess.CompletedProcess(argv, process.returncode, out, err)
+
+
+def test_the_fork_server_shim_behaves_as_the_installed_command(tmp_path):
+    """What the README test trusts: exit codes, stdout, stderr, stdin, working folder and
+    environment reach the command and come back as with the console script."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    (tmp_path / "m.safetensors").symlink_to(ROOT / "examples" / "demo" / "model.safetensors")  # relative: cwd travels
+    (tmp_path / "x.yaml").write_text("model: ${HP_TEST_MODEL}\ndata: d.jsonl\nstages:\n  - command: score\n")
+    script = ('headprune inspect m.safetensors --json | python -c "import json, sys; print(json.load(sys.stdin)[\'family\'])"\n'
+              'headprune select missing.json -o plan.json || echo "exit $?"\n'
+              'echo "{" | headprune select - -o plan.json 2>/dev/null || echo "stdin exit $?"\n'
+              'HP_TEST_MODEL=nowhere.safetensors headprune run x.yaml --check 2>&1 | head -c 300\n')
+    with ForkServer(tmp_path, env) as shim_dir:
+        result = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                                env={**env, "PATH": f"{shim_dir}{os.pathsep}{env['PATH']}"})
+    lines = result.stdout.splitlines()
+    assert lines[:3] == ["reference", "exit 1", "stdin exit 1"], result
+    assert "nowhere.safetensors" in lines[3] and lines[3].startswith("Error:"), result  # the environment travelled
+    assert result.stderr.startswith("Error:") and "missing.json" in result.stderr
+    assert not (tmp_path / "plan.json").exists()
