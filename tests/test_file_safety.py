@@ -175,3 +175,27 @@ def test_signal_during_a_write_cleans_up_and_exits_130(work, cli, signum):
     assert err == "Error: interrupted\n"
     assert not tmp.exists() and not (work / "small.safetensors").exists()
     assert snapshot(work) == before
+
+
+# --- atomic writes: the temporary file sits beside its target ----------------------------
+def test_atomic_write_stages_a_hidden_temp_file_beside_the_target_and_gives_the_usual_mode(tmp_path):
+    """Beside the target, so the final rename stays on one filesystem (atomic); named after
+    it and hidden, so a leftover is recognisable; mode 0666 minus the umask, not mkstemp's 0600."""
+    from headprune_cli.fileio import atomic_write
+
+    target, seen = tmp_path / "model.safetensors", []
+
+    def write(tmp: str) -> str:
+        seen.append(Path(tmp))
+        Path(tmp).write_bytes(b"new")
+        return "done"
+
+    previous = os.umask(0o022)
+    try:
+        assert atomic_write(target, write) == "done"
+    finally:
+        os.umask(previous)
+    (tmp,) = seen
+    assert tmp.parent == tmp_path and tmp.name.startswith(".model.safetensors.") and tmp.name.endswith(".tmp")
+    assert target.read_bytes() == b"new" and not tmp.exists() and sorted(tmp_path.iterdir()) == [target]
+    assert target.stat().st_mode & 0o777 == 0o644
