@@ -32,9 +32,17 @@ SERVER = textwrap.dedent("""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(sys.argv[1])
     listener.listen(16)
+    listener.settimeout(5)
+    parent = os.getppid()
     print("ready", flush=True)
     while True:
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            if os.getppid() != parent:  # the test process is gone (killed): do not outlive it
+                sys.exit(0)
+            continue
+        conn.settimeout(None)
         message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
         if os.fork():
             for fd in fds:

@@ -21,13 +21,13 @@ from headprune_cli.stages.importance.gradients import Fisher, Gradient, Taylor, 
 from headprune_cli.stages.importance.l0 import L0
 from headprune_cli.stages.importance.layers import BlockInfluence, LayerLeaveOneOut, LayerRefit, attention_loss
 from headprune_cli.stages.importance.masked import Entropy, LeaveOneOut
+from headprune_cli.stages.joint import LOSS_LAYER_METHODS  # layer scores that are loss changes: they also measure attention
 
 HEAD_METHODS = {
     "gradient": Gradient, "taylor": Taylor, "taylor-weight": TaylorWeight, "fisher": Fisher,
     "loo": LeaveOneOut, "entropy": Entropy, "combined": Combined, "random": Random, "l0": L0,
 }
 LAYER_METHODS = {"cosine": BlockInfluence, "loo": LayerLeaveOneOut, "refit": LayerRefit}
-LOSS_SCALE_LAYERS = ("loo", "refit")  # layer scores that are loss changes: joint selection can use them
 
 
 def make_scorer(method: str, *, normalize: bool = True, weights: Mapping[str, float] | None = None):
@@ -79,7 +79,7 @@ def score_model(
     try:
         per_layer = scorer(ctx)
         layer_scores = layer_scorer(ctx) if layer_scorer else None
-        attention = attention_loss(ctx) if layers in LOSS_SCALE_LAYERS else None
+        attention = attention_loss(ctx) if layers in LOSS_LAYER_METHODS else None
     finally:
         model.train(was_training)
     layout = info_of(model).layout
