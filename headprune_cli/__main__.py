@@ -1,5 +1,5 @@
 """`python -m headprune_cli` (and `torchrun -m headprune_cli`) runs the CLI."""
 
-from headprune_cli.cli import main
+from headprune_cli.cli.app import run
 
-raise SystemExit(main())
+run()

@@ -6,12 +6,16 @@ renamed into place, so a crash or kill leaves the old file or none, never half a
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import os
 import re
 import stat
+import sys
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -25,6 +29,8 @@ T = TypeVar("T")
 # A stage often hashes the same checkpoint twice (to match an artifact's inputs, then on
 # load); multi-GB models make that slow. The key changes whenever the file does.
 _SHA_CACHE: dict[tuple, str] = {}
+_AHEAD: dict[tuple, Future] = {}  # hashes started by hash_ahead, not yet taken
+_HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256-ahead")
 
 
 # Pseudo filesystems whose "regular" files have no true size and may read without end
@@ -73,15 +79,36 @@ def sha256_file(path: str | os.PathLike) -> str:
     info = check_regular(path)
     key = _cache_key(path, info)
     if key not in _SHA_CACHE:
-        digest, left = hashlib.sha256(), info.st_size
-        with open_regular(path) as handle:
-            # Read the size stat() promised and no more: a file that grows while hashed
-            # has changed under us, and its hash would not describe what was read.
-            while left > 0 and (chunk := handle.read(min(_CHUNK, left))):
-                digest.update(chunk)
-                left -= len(chunk)
-        _SHA_CACHE[key] = digest.hexdigest()
+        pending = _AHEAD.pop(key, None)
+        _SHA_CACHE[key] = pending.result() if pending is not None else _hash(path, info.st_size)
     return _SHA_CACHE[key]
+
+
+def hash_ahead(path: str | os.PathLike) -> None:
+    """Start hashing `path` on a background thread; sha256_file(path) takes the result.
+
+    For work that needs the hash only later and has slow work in between: building a
+    model's layout imports transformers' modelling code (3.7 s for LLaMA on 2 cores),
+    while hashing a 2 GB file takes 2 s of the other core (hashlib and reads release the
+    GIL). A file that is not regular is left to sha256_file, which refuses it."""
+    try:
+        info = check_regular(path)
+    except HeadpruneError:
+        return
+    key = _cache_key(path, info)
+    if key not in _SHA_CACHE and key not in _AHEAD:
+        _AHEAD[key] = _HASHER.submit(_hash, path, info.st_size)
+
+
+def _hash(path: str | os.PathLike, size: int) -> str:
+    digest, left = hashlib.sha256(), size
+    with open_regular(path) as handle:
+        # Read the size stat() promised and no more: a file that grows while hashed
+        # has changed under us, and its hash would not describe what was read.
+        while left > 0 and (chunk := handle.read(min(_CHUNK, left))):
+            digest.update(chunk)
+            left -= len(chunk)
+    return digest.hexdigest()
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -116,6 +143,34 @@ def os_error_in(exc: BaseException) -> OSError | None:
         return exc
     found = re.search(r"\(os error (\d+)\)", str(exc)) if isinstance(exc, Exception) else None
     return OSError(int(found.group(1)), os.strerror(int(found.group(1)))) if found else None
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing these bytes of `fd` to disk now, without waiting.
+
+    A 2 GB output stays below the kernel's background-writeback threshold on a machine with
+    ordinary RAM, so without this the whole file goes to disk in atomic_write's fsync, after
+    the last byte: 3 s for 2 GB here. Started while the rest is produced, the fsync finds
+    little left (0.4 s). Linux only (sync_file_range); elsewhere the fsync does it all.
+    """
+    sync_file_range = _sync_file_range()
+    if sync_file_range is not None and length > 0:
+        sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)  # advisory: errors ignored
+
+
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do not wait
+
+
+@functools.cache
+def _sync_file_range():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return function
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

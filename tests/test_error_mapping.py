@@ -8,6 +8,7 @@ panic from the tokenizers library included, which pyo3 raises as a BaseException
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -85,3 +86,14 @@ def test_panic_through_the_console_entry_point(debug, tmp_path):
     assert ("Traceback" in proc.stderr) == bool(debug), proc.stderr
     if not debug:
         assert proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_the_console_entry_point_delivers_what_it_printed_before_it_leaves():
+    """run() leaves with os._exit (no interpreter teardown, BENCHMARKS §8): what a command
+    printed into a pipe, which Python buffers, must still arrive whole."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | {"PYTHONPATH": str(ROOT)}  # a pipe is block-buffered
+    demo = ROOT / "examples/demo/model.safetensors"
+    proc = subprocess.run([sys.executable, "-m", "headprune_cli", "inspect", str(demo), "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    facts = json.loads(proc.stdout)
+    assert facts["layers"] and proc.stdout.endswith("\n")

@@ -97,6 +97,21 @@ def test_hf_folder_carries_tokenizer_and_pooling(tmp_path):
     assert (back.tokenizer, back.tokenizer_config, back.pooling) == (info.tokenizer, info.tokenizer_config, info.pooling)
 
 
+@pytest.mark.parametrize("shard", ["5GB", "20KB"])
+def test_the_weights_hash_remembered_at_export_is_the_files_own(tmp_path, shard):
+    """export_hf hashes each weight file as it writes it and remembers the hash (so `run`
+    never reads a multi-GB export back): what it remembered must be the file's sha256."""
+    import hashlib
+
+    from headprune_cli.fileio import sha256_file
+
+    folder = export_hf(pruned("gpt2"), tmp_path / "dir", max_shard_size=shard)
+    weights = sorted(folder.glob("*.safetensors"))
+    assert (len(weights) == 1) == (shard == "5GB")
+    for path in weights:
+        assert sha256_file(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def test_cli_export_and_reimport(tmp_path, cli):
     ckpt = tmp_path / "small.safetensors"
     headprune_cli.save(pruned("gpt2"), ckpt)

@@ -144,3 +144,29 @@ def test_scripts_demo_runs_the_real_minilm_and_reports_a_real_trade_off(tmp_path
     fidelity = report["main_metric"]
     assert 0.75 <= fidelity["pruned"] < 0.999  # a real loss of quality, within the gate
     assert "fidelity" in (out / "report.md").read_text()
+
+
+def test_an_export_stage_writes_the_deployable_folder_of_the_model_before_it(tmp_path, capsys):
+    """`command: export` in a run: the HF folder of the current model, in the same process
+    (no second start of torch and transformers); `onnx:` is refused, `with_onnx:` is the way."""
+    import torch
+
+    from headprune_cli import load
+
+    demo = ROOT / "examples/demo"
+    stages = [{"command": "score", "method": "random"}, {"command": "select", "ratio": 0.25}, {"command": "prune"}, {"command": "export"}]
+    cfg = {"model": str(demo / "model.safetensors"), "data": str(demo / "calib.jsonl"), "out": str(tmp_path / "run"), "stages": stages}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["run", str(tmp_path / "run.yaml")]) == 0
+    pruned, exported = load(tmp_path / "run/pruned.safetensors"), load(tmp_path / "run/export")
+    assert pruned.headprune.layout == exported.headprune.layout and pruned.headprune.layout != load(demo / "model.safetensors").headprune.layout
+    ours, theirs = pruned.state_dict(), exported.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    stages[3]["onnx"] = "m.onnx"
+    (tmp_path / "onnx.yaml").write_text(yaml.safe_dump({**cfg, "out": str(tmp_path / "run2")}))
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "onnx.yaml")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "Error: stages.3 (export).onnx: the export stage writes an HF folder; `with_onnx: true` adds onnx/model.onnx to it; remove it"
+    )
+    assert not (tmp_path / "run2").exists()

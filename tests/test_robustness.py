@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -160,3 +161,25 @@ def test_file_hash_follows_changes_to_the_file(tmp_path):
     first = sha256_file(tmp_path / "m.safetensors")
     save(TINY["bert"](), tmp_path / "m.safetensors", overwrite=True)  # atomic replace: a new inode
     assert sha256_file(tmp_path / "m.safetensors") != first
+
+
+def test_a_hash_started_ahead_is_the_files_hash_and_follows_changes(tmp_path):
+    """hash_ahead (hashing while a layout is built) gives what sha256_file would; a file
+    changed after the hash started is hashed again; what cannot be hashed is left to
+    sha256_file's refusal."""
+    from headprune_cli.errors import HeadpruneError
+    from headprune_cli.fileio import hash_ahead, sha256_file
+
+    path = tmp_path / "f.bin"
+    data = os.urandom(3 << 20)  # more than one read chunk
+    path.write_bytes(data)
+    hash_ahead(path)
+    assert sha256_file(path) == hashlib.sha256(data).hexdigest()
+    hash_ahead(path)
+    path.write_bytes(b"changed")
+    assert sha256_file(path) == hashlib.sha256(b"changed").hexdigest()
+    os.mkfifo(tmp_path / "fifo")
+    for bad in (tmp_path / "missing", tmp_path / "fifo", tmp_path):
+        hash_ahead(bad)  # returns at once, never blocks on the FIFO
+        with pytest.raises(HeadpruneError):
+            sha256_file(bad)

@@ -98,11 +98,13 @@ def test_removing_every_head_of_a_layer_needs_the_layer_dropped():
         apply_plan(model, {1: [0, 1, 2, 3]}, [])
     apply_plan(model, {1: [0, 1, 2, 3]}, [1])
     assert info_of(model).layout.layers == [0, 2]
+    with pytest.raises(PlanError, match="^the plan removes every layer; at least one must remain$"):
+        apply_plan(model, {}, [0, 2])
 
 
 def test_gqa_groups_must_stay_equal():
     model = TINY["llama-gqa"]()  # 8 query heads, 2 KV heads: groups {0..3}, {4..7}
-    with pytest.raises(ArchitectureError, match="same number of query heads"):
+    with pytest.raises(ArchitectureError, match=r"same number of query heads \(would keep kv head 0: 3, kv head 1: 4\)"):
         apply_plan(model, {0: [0]}, [])
     apply_plan(model, {0: [0, 4]}, [])  # one query head from each group keeps groups equal
     layout = info_of(model).layout

@@ -7,15 +7,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from headprune_cli.model.checkpoint import load, save
+from headprune_cli.model.checkpoint import load, read_layout_only, save
 from headprune_cli.stages.compensation import DEFAULT_RIDGE, METHODS, compensate
 from headprune_cli.errors import UsageError
 from headprune_cli.fileio import sha256_bytes
 from headprune_cli.outputs import check_output
 from headprune_cli.names import did_you_mean
-from headprune_cli.stages.plan import resolve_model
+from headprune_cli.stages.plan import check_model, find_model
 from headprune_cli.schema import dumps, parse_artifact, read_text
-from headprune_cli.model.streaming import prune_file
+from headprune_cli.model.streaming import prune_layout
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.cli import select_cmd as so
 from headprune_cli.cli.common import console
@@ -84,12 +84,15 @@ def prune(
     else:
         plan_dict = so.plan_from_scores(source, scores=artifact, scores_sha=sha256_bytes(text.encode()), **select_opts)
         plan_sha = sha256_bytes(dumps(plan_dict).encode())
-    path = resolve_model(artifact, source, checkpoint)
+    path = find_model(artifact, source, checkpoint)
     check_output(output, force, inputs=[path])
     remove_heads = {int(k): v for k, v in plan_dict["remove_heads"].items()}
     if compensation == "none":  # pure slicing: streamed tensor by tensor, the model is never built
-        digest = prune_file(path, output, remove_heads, plan_dict["remove_layers"], plan_sha=plan_sha)
+        layout = read_layout_only(path, hashed=True)  # the file is hashed while its layout is built
+        check_model(artifact, path)
+        digest = prune_layout(layout, path, output, remove_heads, plan_dict["remove_layers"], plan_sha=plan_sha)
     else:
+        check_model(artifact, path)
         model = load(path)
         placement = place(model, device, dtype, keep_originals=True)
         _compensate(model, remove_heads, plan_dict["remove_layers"], compensation, data, samples, max_length, batch_size, ridge)

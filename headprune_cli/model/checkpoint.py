@@ -33,7 +33,7 @@ from torch import nn
 
 from headprune_cli.model.arch import adapter_for_family
 from headprune_cli.errors import CheckpointError, HeadpruneError, UsageError, first_line
-from headprune_cli.fileio import atomic_write, remember_sha256, sha256_bytes, sha256_file
+from headprune_cli.fileio import atomic_write, hash_ahead, remember_sha256, sha256_bytes, sha256_file
 from headprune_cli.model.config_check import check_against_header, check_declared
 from headprune_cli.model.layout import Layout, ModelInfo, info_of
 from headprune_cli.model.materialize import build_empty, check_entries, fill, stored_dtype, tied_groups
@@ -195,6 +195,7 @@ def load(path: str | os.PathLike) -> nn.Module:
     info = read_info(path)
     entries = read_entries(weights_path(path))
     check_against_header(info.config, {n: e.shape for n, e in entries.items()}, sum(e.nbytes for e in entries.values()), path)
+    _hash_weights_ahead(path, entries)
     model = build_layout(info, stored_dtype(entries), path)
     handles: dict[str, object] = {}
     try:
@@ -226,6 +227,8 @@ def read_layout_only(path: str | os.PathLike, hashed: bool = False) -> nn.Module
     info = read_info(path)
     entries = read_entries(weights_path(path))
     check_against_header(info.config, {n: e.shape for n, e in entries.items()}, sum(e.nbytes for e in entries.values()), path)
+    if hashed:
+        _hash_weights_ahead(path, entries)
     model = build_layout(info, stored_dtype(entries), path)
     check_entries(model, entries, path)
     model.eval()
@@ -252,6 +255,12 @@ def weights_path(path: str | os.PathLike) -> Path:
     data = json.loads((Path(path) / FOLDER_INFO).read_text(encoding="utf-8"))  # checked by read_info
     single = Path(path) / data.get("weights", FOLDER_WEIGHTS)
     return single if single.is_file() else single.with_name(_index_of(single.name))
+
+
+def _hash_weights_ahead(path: str | os.PathLike, entries: dict[str, Entry]) -> None:
+    """Hash the weight files (for provenance, needed last) while the model is built."""
+    for file in (weights_path(path), *sorted({e.path for e in entries.values()})):
+        hash_ahead(file)
 
 
 def weights_sha(path: str | os.PathLike) -> str:

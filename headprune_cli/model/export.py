@@ -24,6 +24,7 @@ from torch import nn
 from headprune_cli.model.checkpoint import FOLDER_FORMAT, FOLDER_INFO, FORMAT_VERSION, model_specs
 from headprune_cli.model.tensorfile import DEFAULT_MAX_SHARD, Spec, parse_size, write_folder_weights
 from headprune_cli.errors import HeadpruneError, UsageError
+from headprune_cli.fileio import remember_sha256
 from headprune_cli.outputs import check_folder, check_parent
 from headprune_cli.model.hf_config import folder_config
 from headprune_cli.model.layout import ModelInfo, info_of
@@ -53,9 +54,11 @@ def export_hf(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a model folder is for sharing
-        _write_folder(model, tmp, model_specs(model) if specs is None else specs, max_bytes)
+        weights = _write_folder(model, tmp, model_specs(model) if specs is None else specs, max_bytes)
         _write_serving_files(model, tmp, with_onnx)
         _replace_folder(tmp, out)
+        for name, digest in weights.items():  # hashed as written: not read back by `run`'s bookkeeping
+            remember_sha256(out / name, digest)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise HeadpruneError(f"could not write {out}: {exc.strerror or exc}") from exc
@@ -74,17 +77,19 @@ def check_folder_output(folder: str | os.PathLike, force: bool, inputs=()) -> Pa
     return out
 
 
-def _write_folder(model: nn.Module, folder: Path, specs: list[Spec], max_bytes: int) -> None:
+def _write_folder(model: nn.Module, folder: Path, specs: list[Spec], max_bytes: int) -> dict[str, str]:
+    """Weights, configs and tokenizer into `folder`; returns the weight files' sha256."""
     info = info_of(model)
     layout = folder_config(info)
     # Tied weights appear once; the sorted header makes the bytes reproducible. A folder
     # transformers cannot load keeps its weights under a name it never looks for.
-    write_folder_weights(folder, specs, {"format": "pt"}, max_bytes, stem=layout.weights.removesuffix(".safetensors"))
+    weights = write_folder_weights(folder, specs, {"format": "pt"}, max_bytes, stem=layout.weights.removesuffix(".safetensors"))
     _write_json(folder / "config.json", layout.config)
     _write_json(folder / FOLDER_INFO, {**_folder_info(info), "weights": layout.weights})
     if info.tokenizer is not None:
         (folder / "tokenizer.json").write_text(info.tokenizer, encoding="utf-8")
         _write_json(folder / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", **info.tokenizer_config})
+    return weights
 
 
 def _write_serving_files(model: nn.Module, folder: Path, with_onnx: bool) -> None:

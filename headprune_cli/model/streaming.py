@@ -34,7 +34,15 @@ def prune_file(
 ) -> str:
     """Write `source` cut by the plan to `output`, tensor by tensor (no compensation);
     returns the output's sha256."""
-    model = read_layout_only(source, hashed=True)
+    return prune_layout(read_layout_only(source, hashed=True), source, output, remove_heads, remove_layers, plan_sha)
+
+
+def prune_layout(
+    model: nn.Module, source: str | os.PathLike, output: str | os.PathLike,
+    remove_heads: Mapping[int, list[int]], remove_layers: list[int], plan_sha: str | None = None,
+) -> str:
+    """prune_file given `source`'s layout (read_layout_only(source, hashed=True)), which
+    it cuts in place."""
     specs = streamed_specs(model, source, remove_heads, remove_layers)
     return write_checkpoint(output, specs, checkpoint_metadata(model, output, plan_sha))
 

@@ -87,9 +87,17 @@ WIRING: dict[str, Wiring] = {
         {"sweep": "output"},
         ("checkpoint", "data", "eval_data"),
     ),
+    # The deployable folder of the current model, in the same process as the stages before
+    # it (BENCHMARKS §8: on a 1 B LLaMA that saves a second start of torch and transformers).
+    "export": Wiring({"checkpoint": ("model",)}, {"hf": "{stem}"}, {}, ("checkpoint",)),
 }
 # Default artifact names when a stage keeps its command's name.
-STEMS = {"import": "model", "score": "scores", "select": "plan", "prune": "pruned", "finetune": "finetuned", "iterate": "iterated", "report": "report", "sweep": "sweep"}
+STEMS = {
+    "import": "model", "score": "scores", "select": "plan", "prune": "pruned", "finetune": "finetuned",
+    "iterate": "iterated", "report": "report", "sweep": "sweep", "export": "export",
+}
+# Options of a command that its stage cannot take, and why.
+REFUSED = {"export": {"onnx": "the export stage writes an HF folder; `with_onnx: true` adds onnx/model.onnx to it"}}
 # prune options that mean "select inside prune from scores" rather than "apply a plan".
 SELECT_KEYS = {"ratio", "target_params", "target_flops", "threshold"}
 # Path options that name a folder rather than a file to read.
@@ -186,10 +194,12 @@ def _check_stages(entries, specs, problems: list[str]) -> list[Stage]:
 
 
 def _check_options(entry: dict, spec, where: str, problems: list[str]) -> None:
-    reserved = set(WIRING[spec.name].outputs) | {"force"} | set(OPTIONAL_OUTPUTS.get(spec.name, {}))
-    taken = sorted(k for k in entry if k in set(WIRING[spec.name].outputs) | {"force"})
+    refused = REFUSED.get(spec.name, {})
+    reserved = set(WIRING[spec.name].outputs) | {"force"} | set(OPTIONAL_OUTPUTS.get(spec.name, {})) | set(refused)
+    taken = sorted(k for k in entry if k in set(WIRING[spec.name].outputs) | {"force"} | set(refused))
     for key in taken:
-        problems.append(f"{where}.{key}: set by the pipeline (artifacts go to the `out` folder); remove it")
+        why = refused.get(key, "set by the pipeline (artifacts go to the `out` folder)")
+        problems.append(f"{where}.{key}: {why}; remove it")
     model = stage_model(spec, reserved)
     known = [k for k in model.model_fields] + sorted(OPTIONAL_OUTPUTS.get(spec.name, {}))
     extra = {k: True for k in OPTIONAL_OUTPUTS.get(spec.name, {}) if k in entry}
@@ -221,7 +231,7 @@ def _check_files(config: PipelineConfig, stages: list[Stage], specs, problems: l
         spec = specs[stage.command]
         for key, value in stage.options.items():
             option = spec.options.get(key)
-            if option is None or not option.is_path or not isinstance(value, str):
+            if option is None or not option.is_path or not isinstance(value, str) or key in REFUSED.get(stage.command, {}):
                 continue
             if key in FOLDER_OPTIONS:
                 if not Path(value).exists():

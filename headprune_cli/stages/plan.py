@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from headprune_cli.errors import ArtifactError, CheckpointError, PlanError
-from headprune_cli.fileio import sha256_file
+from headprune_cli.fileio import check_regular, sha256_file
 from headprune_cli.schema import Envelope, Plan, envelope, input_ref
 from headprune_cli.stages.selection import Constraints, Selection
 
@@ -46,12 +46,10 @@ def model_ref(artifact: Envelope):
     return refs[0]
 
 
-def resolve_model(artifact: Envelope, artifact_path: str | None, checkpoint: str | os.PathLike | None) -> Path:
-    """The checkpoint to prune: the one given, or the one the artifact names.
-
-    A named path is tried as given, then relative to the artifact's folder. Either way
-    its sha256 must be the artifact's: a plan for another model is refused.
-    """
+def find_model(artifact: Envelope, artifact_path: str | None, checkpoint: str | os.PathLike | None) -> Path:
+    """The checkpoint to prune: the one given, or the one the artifact names (tried as
+    given, then relative to the artifact's folder). check_model says whether it is the
+    artifact's model."""
     ref = model_ref(artifact)
     if checkpoint is not None:
         path = Path(checkpoint)
@@ -62,14 +60,20 @@ def resolve_model(artifact: Envelope, artifact_path: str | None, checkpoint: str
         if not found:
             where = "" if _folder_of(artifact_path) else " in the current folder (an artifact on stdin has no folder of its own)"
             raise CheckpointError(f"cannot find the model the artifact names ({ref.path}){where}; give the checkpoint path as an argument")
-        path = next((p for p in found if sha256_file(p) == ref.sha256), found[0])
+        path = next((p for p in found if sha256_file(p) == ref.sha256), found[0]) if len(found) > 1 else found[0]
+    check_regular(path, "checkpoint file", CheckpointError)  # before any byte is read: never /proc, a FIFO, a device
+    return path
+
+
+def check_model(artifact: Envelope, path: Path) -> None:
+    """Refuse a checkpoint whose sha256 is not the one the artifact was made for."""
+    ref = model_ref(artifact)
     digest = sha256_file(path)
     if digest != ref.sha256:
         raise PlanError(
             f"the {artifact.kind} was made for another model ({ref.path}, sha256 {ref.sha256[:12]}), "
             f"not {path} (sha256 {digest[:12]}); score and select on this model first"
         )
-    return path
 
 
 def candidates(named: str, artifact_path: str | None) -> list[Path]:
