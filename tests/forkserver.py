@@ -89,12 +89,13 @@ SHIM = textwrap.dedent("""\
 
 
 class ForkServer:
-    """`with ForkServer(folder, env) as bin_dir:` puts a `headprune` shim in bin_dir."""
+    """`with ForkServer(folder, env) as shim_env:` puts a `headprune` shim in folder/bin;
+    `shim_env` is `env` with that folder first on PATH, for the commands to run."""
 
     def __init__(self, folder: Path, env: dict):
         self.folder, self.env = folder, env
 
-    def __enter__(self) -> Path:
+    def __enter__(self) -> dict:
         address = str(self.folder / "headprune.sock")
         self.process = subprocess.Popen([sys.executable, "-c", SERVER, address], env=self.env, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, text=True, start_new_session=True)
@@ -105,7 +106,7 @@ class ForkServer:
         shim = bin_dir / "headprune"
         shim.write_text(SHIM.format(python=sys.executable, address=address))
         shim.chmod(0o755)
-        return bin_dir
+        return {**self.env, "PATH": f"{bin_dir}{os.pathsep}{self.env['PATH']}"}
 
     def __exit__(self, *exc) -> None:
         os.killpg(self.process.pid, signal.SIGKILL)  # the server and any child still running

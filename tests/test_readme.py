@@ -52,9 +52,8 @@ def test_every_readme_example_runs_in_order(tmp_path):
     for name in ("examples", "configs", "scripts"):
         (work / name).symlink_to(ROOT / name)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
-    with ForkServer(server, env) as shim_dir:
-        env["PATH"] = f"{shim_dir}{os.pathsep}{env['PATH']}"
-        _run_blocks(blocks, work, env)
+    with ForkServer(server, env) as shim_env:
+        _run_blocks(blocks, work, shim_env)
 
 
 def _run_blocks(blocks: list[dict], cwd: Path, env: dict) -> None:
@@ -93,9 +92,8 @@ def test_the_fork_server_shim_behaves_as_the_installed_command(tmp_path):
               'headprune select missing.json -o plan.json || echo "exit $?"\n'
               'echo "{" | headprune select - -o plan.json 2>/dev/null || echo "stdin exit $?"\n'
               'HP_TEST_MODEL=nowhere.safetensors headprune run x.yaml --check 2>&1 | head -c 300\n')
-    with ForkServer(tmp_path, env) as shim_dir:
-        result = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
-                                env={**env, "PATH": f"{shim_dir}{os.pathsep}{env['PATH']}"})
+    with ForkServer(tmp_path, env) as shim_env:
+        result = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, env=shim_env)
     lines = result.stdout.splitlines()
     assert lines[:3] == ["reference", "exit 1", "stdin exit 1"], result
     assert "nowhere.safetensors" in lines[3] and lines[3].startswith("Error:"), result  # the environment travelled

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 
@@ -93,8 +94,6 @@ def test_the_cli_gates_the_measured_speedup_exactly(models, cli, monkeypatch):  
 def test_baseline_auto_refuses_a_root_whose_bytes_changed(models, cli, tmp_path):  # noqa: F811
     """The root is found by the path in the provenance, but trusted only by its sha256: a
     different model saved under the same name is refused, not silently compared against."""
-    import shutil
-
     from headprune_cli.model.surgery import apply_plan
 
     folder, _ = models
@@ -149,8 +148,6 @@ def test_min_speedup_without_latency_is_refused():
 
 
 def test_baseline_auto_finds_the_root_or_says_why_not(models, tmp_path):  # noqa: F811
-    import shutil
-
     folder, _ = models
     assert build.resolve_baseline(folder / "pruned.safetensors", "auto") == folder / "base.safetensors"
     assert build.resolve_baseline(folder / "pruned.safetensors", tmp_path / "other.safetensors") == tmp_path / "other.safetensors"

@@ -54,8 +54,13 @@ def drop_unit(name: str) -> str:
 
 def worse_by(name: str, higher_is_better: bool, baseline: float, value: float) -> float:
     """How much worse `value` is than `baseline` (negative: better), in drop_unit(name)."""
-    worse = (baseline - value) if higher_is_better else (value - baseline)
+    worse = worse_than(higher_is_better, baseline, value)
     return worse * 100 if name in POINT_METRICS else worse
+
+
+def worse_than(higher_is_better: bool, baseline: float, value: float) -> float:
+    """How much worse `value` is than `baseline` (negative: better), in the metric's own unit."""
+    return (baseline - value) if higher_is_better else (value - baseline)
 
 
 def default_objective(model: nn.Module) -> str:

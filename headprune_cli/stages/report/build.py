@@ -25,7 +25,7 @@ from headprune_cli.fileio import sha256_file
 from headprune_cli.stages.report import serving
 from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs
 from headprune_cli.model.layout import ModelInfo, info_of
-from headprune_cli.stages.objectives import drop_unit, worse_by
+from headprune_cli.stages.objectives import drop_unit, worse_by, worse_than
 
 # The metric a gate reads, per task, and whether its drop is stated in points (x100).
 MAIN_METRIC = {"classification": "accuracy", "causal-lm": "perplexity", "embedding": "fidelity"}
@@ -103,7 +103,7 @@ def main_metric(task: str, baseline: list[dict], pruned: list[dict]) -> MainMetr
     if name not in by_name[0] or name not in by_name[1]:
         raise DataError(f"the evaluation produced no {name!r} metric for this {task} model")
     base, new = by_name[0][name], by_name[1][name]
-    worse = (base["value"] - new["value"]) if base["higher_is_better"] else (new["value"] - base["value"])
+    worse = worse_than(base["higher_is_better"], base["value"], new["value"])
     return MainMetric(
         name=name,
         higher_is_better=base["higher_is_better"],
