@@ -18,17 +18,18 @@ declare -A FILE PATTERN TESTS
 FILE[selection]=headprune_cli/stages/selection.py; PATTERN[selection]='*'
 TESTS[selection]='tests/test_select.py tests/test_select_budget.py'
 FILE[surgery]=headprune_cli/model/surgery.py; PATTERN[surgery]='*'
-TESTS[surgery]='tests/test_surgery.py'
+TESTS[surgery]='tests/test_surgery.py tests/test_score.py'  # HeadGates (in surgery.py) is checked by scoring's gradient tests
 FILE[gates]=headprune_cli/stages/report/build.py; PATTERN[gates]='headprune_cli.stages.report.build.x_gates* headprune_cli.stages.report.build.x_verdict* headprune_cli.stages.report.build.x_resolve_baseline* headprune_cli.stages.report.build.x_main_metric*'
 TESTS[gates]='tests/test_report_policy.py'
 FILE[checkpoint]=headprune_cli/model/checkpoint.py; PATTERN[checkpoint]='*'
 TESTS[checkpoint]='tests/test_import_inspect.py tests/test_robustness.py tests/test_checkpoint.py'
 FILE[fileio]=headprune_cli/fileio.py; PATTERN[fileio]='*'
-TESTS[fileio]='tests/test_robustness.py tests/test_file_safety.py tests/test_bad_input_matrix.py'
+TESTS[fileio]='tests/test_robustness.py tests/test_file_safety.py tests/test_bad_input_matrix.py tests/test_hostile_regressions.py'
 
 # Tests that run `python -m headprune_cli` in another working folder: mutmut's trampolines
-# there look for mutmut's configuration in that folder and fail, whatever the mutant.
-DESELECT='"-k", "not locked_out and not signal_during_a_write and not sigkill_while_writing", '
+# there look for mutmut's configuration in that folder and fail, whatever the mutant; and
+# the torchrun test, which starts two more interpreters per mutant.
+DESELECT='"-k", "not locked_out and not signal_during_a_write and not sigkill_while_writing and not torchrun", '
 
 modules=("$@")
 [ ${#modules[@]} -eq 0 ] && modules=(selection surgery gates checkpoint fileio)
