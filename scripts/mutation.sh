@@ -16,13 +16,13 @@ CHILDREN=${MUTATION_MAX_CHILDREN:-2}
 # name | file to mutate | mutant-name pattern (mutmut run "..."), * = all | the tests that judge it
 declare -A FILE PATTERN TESTS
 FILE[selection]=headprune_cli/stages/selection.py; PATTERN[selection]='*'
-TESTS[selection]='tests/test_select.py tests/test_select_budget.py'
+TESTS[selection]='tests/test_select.py tests/test_select_budget.py tests/test_joint.py tests/test_uniform.py'
 FILE[surgery]=headprune_cli/model/surgery.py; PATTERN[surgery]='*'
 TESTS[surgery]='tests/test_surgery.py tests/test_score.py'  # HeadGates (in surgery.py) is checked by scoring's gradient tests
 FILE[gates]=headprune_cli/stages/report/build.py; PATTERN[gates]='headprune_cli.stages.report.build.x_gates* headprune_cli.stages.report.build.x_verdict* headprune_cli.stages.report.build.x_resolve_baseline* headprune_cli.stages.report.build.x_main_metric*'
 TESTS[gates]='tests/test_report_policy.py'
 FILE[checkpoint]=headprune_cli/model/checkpoint.py; PATTERN[checkpoint]='*'
-TESTS[checkpoint]='tests/test_import_inspect.py tests/test_robustness.py tests/test_checkpoint.py'
+TESTS[checkpoint]='tests/test_import_inspect.py tests/test_robustness.py tests/test_large_models.py tests/test_prune.py tests/test_surgery.py tests/test_export.py'
 FILE[fileio]=headprune_cli/fileio.py; PATTERN[fileio]='*'
 TESTS[fileio]='tests/test_robustness.py tests/test_file_safety.py tests/test_bad_input_matrix.py tests/test_hostile_regressions.py'
 

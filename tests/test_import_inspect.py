@@ -51,6 +51,17 @@ def test_import_of_a_checkpoint_copies_it(tmp_path, cli):
     assert info_of(load(tmp_path / "b.safetensors")).provenance["root"] is not None
 
 
+def _with_metadata(source, target, edit):
+    """A copy of checkpoint `source` at `target` whose header metadata went through `edit(meta)`."""
+    raw = source.read_bytes()
+    header_len = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + header_len])
+    edit(header["__metadata__"])
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    target.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + header_len :])
+
+
 def _bad_files(tmp_path):
     good = tmp_path / "good.safetensors"
     save(TINY["bert"](), good)
@@ -61,12 +72,7 @@ def _bad_files(tmp_path):
     from safetensors.torch import save_file
 
     save_file({"w": torch.zeros(2)}, str(tmp_path / "plain.safetensors"))
-    header_len = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8 : 8 + header_len])
-    header["__metadata__"]["headprune.family"] = "nosuchfamily"
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    (tmp_path / "family.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + header_len :])
+    _with_metadata(good, tmp_path / "family.safetensors", lambda meta: meta.update({"headprune.family": "nosuchfamily"}))
     (tmp_path / "noconfig").mkdir()
     return {
         "text.safetensors": "not a safetensors file",
@@ -112,16 +118,23 @@ def test_import_never_overwrites_without_force(tmp_path, cli):
     assert same.code == 2 and "also an input" in same.err
 
 
-def test_metadata_that_lies_about_head_counts_is_refused(tmp_path, cli):
+def test_metadata_that_lies_about_shapes_is_refused_naming_the_file(tmp_path, cli):
     from headprune_cli.model.surgery import apply_plan
+
+    from .conftest import assert_refused
 
     model = TINY["bert"]()
     apply_plan(model, {0: [0]}, [])
     layout = info_of(model).layout
     layout.heads[0] = layout.kv_heads[0] = [0, 1, 2, 3]  # claims 4 heads, weights hold 3
-    save(model, tmp_path / "lie.safetensors")
-    result = cli("inspect", tmp_path / "lie.safetensors")
-    assert result.code == 1 and "shape" in result.err
+    lie = tmp_path / "lie.safetensors"
+    save(model, lie)
+    wide = tmp_path / "wide.safetensors"
+    config = {**info_of(model).config, "intermediate_size": 4000}
+    _with_metadata(lie, wide, lambda meta: meta.update({"headprune.config": json.dumps(config)}))
+    layer = "bert.encoder.layer.0.attention.output.dense.weight"
+    assert_refused(cli("inspect", lie), 1, f"{lie}: tensor '{layer}' has shape [32, 24], the layout needs [32, 32]")
+    assert_refused(cli("inspect", wide), 1, f"{wide}: config intermediate_size=4000 matches no stored tensor's shape")
 
 
 def test_save_never_replaces_a_file_unless_asked(tmp_path):
@@ -137,3 +150,43 @@ def test_save_never_replaces_a_file_unless_asked(tmp_path):
     model = TINY["reference"]()
     save(model, target, overwrite=True)
     assert info_of(load(target)).layout.heads == info_of(model).layout.heads
+
+
+def _edited_export(folder, tmp_path, name, edit):
+    """A copy of the export folder with its headprune.json changed by `edit(data)` (or replaced by bytes)."""
+    import shutil
+
+    copy = tmp_path / name
+    shutil.copytree(folder, copy)
+    if isinstance(edit, bytes):
+        (copy / "headprune.json").write_bytes(edit)
+    else:
+        data = json.loads((copy / "headprune.json").read_text())
+        edit(data)
+        (copy / "headprune.json").write_text(json.dumps(data))
+    return copy
+
+
+def test_an_export_folder_is_read_with_its_tokenizer_and_a_broken_one_is_refused_with_its_reason(tmp_path, cli):
+    from headprune_cli.model.checkpoint import read_info
+    from headprune_cli.model.export import export_hf
+
+    from .conftest import assert_refused
+
+    model = TINY["bert"]()
+    info_of(model).tokenizer = json.dumps({"version": "1.0", "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}})
+    folder = export_hf(model, tmp_path / "good")
+    assert read_info(folder).tokenizer == info_of(model).tokenizer
+    cases = {
+        "not-json": (b"{not json", "{dir}/headprune.json: not valid JSON"),
+        "format": (lambda d: d.update(format="something-else"), "{dir}/headprune.json: not a headprune export (format is not 'headprune-folder')"),
+        "version": (lambda d: d.update(version="99"), "{dir}/headprune.json: export format version '99' is not supported (need 1)"),
+        "keys": (lambda d: d.pop("layout"), "{dir}/headprune.json: export metadata lacks layout"),
+        "escape": (lambda d: d.update(weights="../good/model.safetensors"), "{dir}/headprune.json: weights '../good/model.safetensors' is not one of model.safetensors, headprune.safetensors"),
+        "missing": (lambda d: d.update(weights="headprune.safetensors"), "{dir}: no headprune.safetensors (or headprune.safetensors.index.json)"),
+    }
+    for name, (edit, message) in cases.items():
+        broken = _edited_export(folder, tmp_path, name, edit)
+        before = snapshot(tmp_path)
+        assert_refused(cli("inspect", broken), 1, message.format(dir=broken))
+        assert snapshot(tmp_path) == before
