@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -82,6 +83,43 @@ def test_protected_layers_stay_and_one_layer_always_remains():
     assert 1 not in protected.remove_layers and flops(protected) <= 0.7 * FULL
     with pytest.raises(UsageError, match="budget cannot be met"):
         select(table(0.0, {0: 0.0, 1: 0.0, 2: 0.0}), target_flops=0.05)
+
+
+def _heavy_heads(table_: ScoreTable) -> ScoreTable:
+    """The table with heads that weigh 4.2% of the parameters each but cost 1.9% of the FLOPs."""
+    layers = [replace(lc, q_head_params=200.0, kv_head_params=100.0) for lc in table_.cost.layers]
+    table_.cost = replace(table_.cost, layers=layers)
+    return table_
+
+
+def test_target_params_budgets_parameters_and_target_flops_budgets_flops():
+    cheap_heads = _heavy_heads(table(0.01, {0: 9.0, 1: 9.0, 2: 9.0}))
+    by_params = select(cheap_heads, "joint", target_params=0.9)
+    by_flops = select(cheap_heads, "joint", target_flops=0.9)
+    removed = {name: sum(map(len, sel.remove_heads.values())) for name, sel in (("params", by_params), ("flops", by_flops))}
+    assert removed == {"params": 3, "flops": 6}  # 3 x 300 >= 10% of 7100 parameters; 6 x 160 >= 10% of 8620 FLOPs
+    assert by_params.predicted["after"]["params"] <= 0.9 * by_params.predicted["before"]["params"]
+    assert flops(by_flops) <= 0.9 * FULL
+    # The best a budget can do (two layers gone, one head left) is told in the budget's own unit.
+    with pytest.raises(UsageError, match=r"best: 0\.254 of the params\)"):
+        select(_heavy_heads(table(0.0, {0: 0.0, 1: 0.0, 2: 0.0})), "joint", target_params=0.05)
+
+
+def test_a_budget_met_exactly_takes_no_more_than_it_needs():
+    # 3 of the 12 heads are 480 FLOPs: a budget of exactly 8620 - 480 needs those three and no
+    # fourth; float rounding of target x before must not make it look missed.
+    sel = select(table(0.01, {0: 9.0, 1: 9.0, 2: 9.0}), "joint", target_flops=(FULL - 480) / FULL)
+    assert sum(map(len, sel.remove_heads.values())) == 3 and flops(sel) == FULL - 480
+
+
+def test_joint_refuses_a_fixed_layer_choice_and_scores_without_costs():
+    scores = table(0.01, {0: 1.0, 1: 1.0, 2: 1.0})
+    for fixed in (Constraints(drop_layers=1), Constraints(layer_threshold=0.5)):
+        with pytest.raises(UsageError, match="^strategy 'joint' chooses the layers itself; leave out --drop-layers/--layer-threshold$"):
+            select(scores, "joint", target_flops=0.9, constraints=fixed)
+    scores.cost = None
+    with pytest.raises(UsageError, match="^a --target-params/--target-flops budget needs the cost table in the scores$"):
+        select(scores, "joint", target_flops=0.9)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
