@@ -206,6 +206,38 @@ def test_threshold_absolute_and_percentile():
     assert select(table, threshold="0.35").remove_heads == {0: [0, 1, 2]}
     assert select(table, threshold="50%").remove_heads == {0: [0, 1, 2]}  # median 0.45
     assert select(table, threshold="0%").remove_heads == {}
+    assert select(table, threshold="100%").remove_heads == {0: [0, 1, 2], 1: [0, 1, 2]}  # min_heads=1 keeps one each
+    for outside in ("100.001%", "-0.001%"):  # the percentile's bounds are inclusive, and nothing past them passes
+        with pytest.raises(UsageError, match=r"a percentile must be within 0%\.\.100%"):
+            select(table, threshold=outside)
+
+
+@pytest.mark.parametrize("percent", [0, 12.5, 30, 50, 77, 100])
+def test_a_percentile_threshold_is_the_linearly_interpolated_percentile_of_the_head_scores(percent):
+    import numpy as np
+
+    from headprune_cli.stages.selection import _chain, _threshold_value
+
+    scores = {0: [0.05, 0.9, 0.3, 0.7, 0.45], 1: [0.1, 0.5, 0.2, 0.65, 0.8]}
+    table = mha(scores)
+    chains = [_chain(table, layer, Constraints()) for layer in sorted(table.heads)]
+    expected = np.percentile([s for layer in scores.values() for s in layer], percent)  # numpy's default: linear
+    assert _threshold_value(table, chains, f"{percent}%") == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_budget_takes_what_it_needs_and_says_what_it_could_reach_when_it_cannot():
+    table = mha({0: [0.1, 0.2, 0.3, 0.4], 1: [0.5, 0.6, 0.7, 0.8]})
+    full = 700 + 2 * (2000 + 4 * 160)  # synthetic_cost's FLOPs; 500 + 2 * (1000 + 4 * 80) parameters
+    exact = select(table, "budget", target_flops=(full - 320) / full)  # two heads, met exactly
+    assert exact.remove_heads == {0: [0, 1]} and exact.predicted["after"]["flops_per_token"] == full - 320
+    # Heads alone (one kept per layer) reach 2660 of 3140 parameters, 5020 of 5980 FLOPs.
+    with pytest.raises(UsageError, match=r"cannot be met within the constraints \(best: 0\.847 of the params\)$"):
+        select(table, "budget", target_params=0.5)
+    with pytest.raises(UsageError, match=r"\(best: 0\.839 of the flops per token\)$"):
+        select(table, "budget", target_flops=0.5)
+    table.cost = None
+    with pytest.raises(UsageError, match="^a --target-params/--target-flops budget needs the cost table in the scores$"):
+        select(table, "budget", target_flops=0.9)
 
 
 def test_multiple_of_and_protect():
