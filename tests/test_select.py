@@ -324,20 +324,22 @@ def test_select_writes_a_valid_plan(tmp_path, cli, monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
     model, model_path = saved_model(tmp_path)
     scores = write_scores(tmp_path, model, model_path)
-    result = cli("select", scores, "--ratio", "0.5", "--min-heads", "1")
+    result = cli("select", scores, "--ratio", "0.5", "--min-heads", "1", "--protect", "0:0,2:3")
     assert result.code == 0, result.err
     plan = json.loads(result.out)
+    assert plan["constraints"]["protect"] == ["0:0", "2:3"]
+    assert 0 not in plan["remove_heads"].get("0", []) and 3 not in plan["remove_heads"].get("2", [])
     assert plan["kind"] == "plan" and plan["strategy"] == "global"
     assert sum(len(v) for v in plan["remove_heads"].values()) == 6  # half of 3 x 4 heads
     roles = {i["role"]: i for i in plan["inputs"]}
     assert roles["model"]["path"] == str(model_path) and roles["scores"]["path"] == str(scores)
     assert plan["predicted"]["after"]["params"] < plan["predicted"]["before"]["params"]
     assert plan["constraints"]["min_heads"] == 1
-    again = cli("select", "-", "--ratio", "0.5", stdin=scores.read_text())
+    again = cli("select", "-", "--ratio", "0.5", "--protect", "0:0,2:3", stdin=scores.read_text())
     assert again.code == 0
     assert json.loads(again.out)["remove_heads"] == plan["remove_heads"]
     out = tmp_path / "plan.json"
-    assert cli("select", scores, "--ratio", "0.5", "-o", out).code == 0
+    assert cli("select", scores, "--ratio", "0.5", "--min-heads", "1", "--protect", "0:0,2:3", "-o", out).code == 0
     # The same bytes in a file and on stdout, but for the input paths: a file names an
     # input in its own folder relative to it (stdout has no folder).
     relative = result.out
@@ -350,6 +352,8 @@ def test_select_writes_a_valid_plan(tmp_path, cli, monkeypatch):
 @pytest.mark.parametrize(
     "args, edit, code, message",
     [
+        (["--ratio", "0.3", "--threshold", "0.1"], None, 2, "give exactly one of --ratio, --threshold, --target-params, --target-flops"),
+        ([], None, 2, "give exactly one of --ratio, --threshold, --target-params, --target-flops"),
         (["--ratio", "1.2"], None, 2, "outside [0, 1]"),
         (["--ratio", "-0.5"], None, 2, "outside [0, 1]"),
         (["--ratio", "0.3", "--min-heads", "9"], None, 2, "--min-heads 9 is above the 4 heads layer 0 has"),
