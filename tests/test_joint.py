@@ -13,9 +13,10 @@ from headprune_cli import load
 from headprune_cli.errors import UsageError
 from headprune_cli.model.cost import cost_table, count_params
 from headprune_cli.model.layout import info_of
+from headprune_cli.schema import dumps
 from headprune_cli.stages.selection import Constraints, ScoreTable, select
 
-from .select_helpers import saved_model, tensor_data
+from .select_helpers import saved_model, scores_for, tensor_data
 from .test_select import synthetic_cost
 
 # synthetic_cost: a layer is 2000 fixed FLOPs + 160 per head (MHA); 700 outside.
@@ -145,6 +146,23 @@ def test_joint_always_fits_and_respects_constraints(heads, layers, target, min_h
         assert layer not in sel.remove_layers
         kept = 4 - len(removed)
         assert kept >= min_heads and kept % multiple_of == 0
+
+
+def test_the_scores_artifact_decides_whether_a_budget_prices_layers_too(tmp_path, cli):
+    # Layers join a budget only when heads and layers are both loss changes: loo heads with
+    # loo layers. Hand-made head scores (another scale), or no layer scores, keep it to heads.
+    model, model_path = saved_model(tmp_path)
+    strategies = {}
+    for method, layers in (("loo", True), ("hand", True), ("loo", False)):
+        artifact = scores_for(model, model_path, layer_scores=layers)
+        artifact["method"] = method
+        artifact["config"]["layers"] = "loo" if layers else None
+        path = tmp_path / f"{method}-{layers}.json"
+        path.write_text(dumps(artifact))
+        result = cli("select", path, "--target-flops", "0.9")
+        assert result.code == 0, result.err
+        strategies[method, layers] = json.loads(result.out)["strategy"]
+    assert strategies == {("loo", True): "joint", ("hand", True): "budget", ("loo", False): "budget"}
 
 
 def test_cli_scores_selects_and_prunes_layers_and_heads_to_the_predicted_cost(tmp_path, cli):

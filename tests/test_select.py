@@ -244,6 +244,11 @@ def test_multiple_of_and_protect():
     table = mha({0: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6], 1: [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]})
     sel = select(table, ratio=0.3, constraints=Constraints(multiple_of=2))
     assert sel.remove_heads == {0: [0, 1, 2, 3]}  # round(3.6) = 4 heads, two steps of 2
+    # 3 heads asked, steps of 2: 2 and 4 miss by one each; the tie stays short of the ratio.
+    assert select(table, ratio=0.25, constraints=Constraints(multiple_of=2)).remove_heads == {0: [0, 1]}
+    # 5 asked: 4 misses by one, 6 by one; again short. 7 asked (0.58): 6, not 8.
+    assert select(table, ratio=5 / 12, constraints=Constraints(multiple_of=2)).remove_heads == {0: [0, 1, 2, 3]}
+    assert select(table, ratio=0.58, constraints=Constraints(multiple_of=2)).remove_heads == {0: [0, 1, 2, 3], 1: [4, 5]}
     sel = select(table, ratio=0.5, constraints=Constraints(protect=parse_protect("0:0,0:1")))
     assert not {0, 1} & set(sel.remove_heads[0])
 
