@@ -253,6 +253,17 @@ def test_multiple_of_and_protect():
     assert not {0, 1} & set(sel.remove_heads[0])
 
 
+def test_global_takes_a_step_past_the_ratio_only_when_it_lands_nearer():
+    # 9 query heads in 3 KV groups: every step removes a group of 3 (min_heads keeps one).
+    table = ScoreTable(heads={0: {h: 0.1 * h for h in range(9)}}, num_heads=[9], num_kv_heads=[3])
+    removed = {asked: sum(map(len, select(table, ratio=asked / 9).remove_heads.values())) for asked in (2, 4, 5)}
+    assert removed == {2: 3, 4: 3, 5: 6}  # each lands on the nearer multiple of 3
+    # Steps of two sizes: the group that would overshoot is passed over for a head that fits.
+    mixed = ScoreTable(heads={0: {0: 0.1, 1: 0.1, 2: 0.2, 3: 0.2, 4: 0.9, 5: 0.9}, 1: {0: 0.5, 1: 0.6, 2: 0.7, 3: 0.8}},
+                       num_heads=[6, 4], num_kv_heads=[3, 4])
+    assert select(mixed, ratio=3 / 10).remove_heads == {0: [0, 1], 1: [0]}
+
+
 def test_gqa_removes_whole_groups_by_summed_scores():
     # 4 query heads, 2 KV heads: groups {0,1} and {2,3}; group 1 sums lower although head 0 is lowest.
     table = ScoreTable(heads={0: {0: 0.0, 1: 0.9, 2: 0.2, 3: 0.3}}, num_heads=[4], num_kv_heads=[2])
