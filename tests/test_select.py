@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -397,6 +398,38 @@ def test_select_bad_input_is_one_error_line_and_writes_nothing(tmp_path, cli, ar
     result = cli("select", scores, *args, "-o", tmp_path / "plan.json")
     assert_refused(result, code, message)
     assert snapshot(tmp_path) == before
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize(
+    "request_, constraints, scores, message",
+    [
+        ({"ratio": 0.3}, Constraints(min_heads=0), None, "--min-heads must be at least 1 (drop a whole layer with --drop-layers)"),
+        ({"ratio": 0.3}, Constraints(multiple_of=0), None, "--multiple-of must be at least 1"),
+        ({"ratio": 0.3}, Constraints(gqa_unit="kv"), None, "unknown GQA unit 'kv' (available: group, head)"),
+        ({"ratio": 0.3}, Constraints(drop_layers=1, layer_threshold=0.5), None, "give --drop-layers or --layer-threshold, not both"),
+        ({"ratio": 0.3}, Constraints(drop_layers=2), None, "layer removal would drop every layer; at least one must remain"),
+        ({"ratio": 0.3}, Constraints(drop_layers=1), {"layers": None}, "layer removal needs layer scores, and these scores have none (score layers too)"),
+        ({"ratio": 0.3}, Constraints(), {"layers": {0: NAN, 1: 0.2}}, "layer scores contain NaN or inf; rescore the model"),
+        ({"ratio": 0.3}, Constraints(), {"heads": {0: [0.1, NAN], 1: [0.3, 0.4]}}, "scores of layer 0 contain NaN or inf; rescore the model"),
+        ({"strategy": "global", "ratio": 0.3, "target_flops": 0.5}, Constraints(), None, "strategy 'global' takes --ratio (and no threshold or target)"),
+        ({"threshold": "nan"}, Constraints(), None, "--threshold must be finite"),
+        ({"threshold": "lots"}, Constraints(), None, "--threshold 'lots': expected a number or a percentile such as 25%"),
+        ({"threshold": "101%"}, Constraints(), None, "--threshold 101%: a percentile must be within 0%..100%"),
+    ],
+)
+def test_each_impossible_request_is_refused_with_its_own_message(request_, constraints, scores, message):
+    heads = (scores or {}).get("heads", {0: [0.1, 0.2], 1: [0.3, 0.4]})
+    table = mha(heads, (scores or {}).get("layers", {0: 0.1, 1: 0.2}))
+    with pytest.raises((UsageError, NumericalError), match=f"^{re.escape(message)}$"):
+        select(table, constraints=constraints, **request_)
+
+
+def test_a_layer_scored_exactly_at_the_layer_threshold_stays():
+    table = mha({0: [0.1, 0.2], 1: [0.3, 0.4], 2: [0.5, 0.6]}, {0: 0.1, 1: 0.2, 2: 0.3})
+    assert select(table, ratio=0.0, constraints=Constraints(layer_threshold=0.2)).remove_layers == [0]
 
 
 def test_unknown_strategy_names_the_available_ones(tmp_path, cli):
