@@ -195,8 +195,9 @@ def _check_stages(entries, specs, problems: list[str]) -> list[Stage]:
 
 def _check_options(entry: dict, spec, where: str, problems: list[str]) -> None:
     refused = REFUSED.get(spec.name, {})
-    reserved = set(WIRING[spec.name].outputs) | {"force"} | set(OPTIONAL_OUTPUTS.get(spec.name, {})) | set(refused)
-    taken = sorted(k for k in entry if k in set(WIRING[spec.name].outputs) | {"force"} | set(refused))
+    not_settable = set(WIRING[spec.name].outputs) | {"force"} | set(refused)  # a stage entry may not set these
+    reserved = not_settable | set(OPTIONAL_OUTPUTS.get(spec.name, {}))
+    taken = sorted(k for k in entry if k in not_settable)
     for key in taken:
         why = refused.get(key, "set by the pipeline (artifacts go to the `out` folder)")
         problems.append(f"{where}.{key}: {why}; remove it")
