@@ -9,10 +9,12 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from headprune_cli.errors import EXIT_USAGE
 from headprune_cli.model import onnx_export
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.onnx_export import export_onnx
 
+from .conftest import assert_refused, snapshot
 from .test_export import pruned
 
 
@@ -77,3 +79,25 @@ def test_large_models_use_external_data(tmp_path, monkeypatch):
     before = (tmp_path / "m.onnx.data").read_bytes()
     export_onnx(model, tmp_path / "m.onnx", seq_len=6, force=True)
     assert (tmp_path / "m.onnx.data").read_bytes() == before  # deterministic bytes
+
+
+def test_external_data_file_is_an_output_never_an_input_whatever_force_says(tmp_path, monkeypatch, cli):
+    """`--onnx m.onnx` also writes m.onnx.data for a large model: that file goes through the
+    output rule too, so --force never replaces the input with it, nor a folder that is there."""
+    import headprune_cli
+
+    monkeypatch.setattr(onnx_export, "MAX_ONNX_BYTES", 1)
+    checkpoint = tmp_path / "m.onnx.data"  # the input happens to bear the data file's name
+    headprune_cli.save(pruned("llama-gqa"), checkpoint)
+    before = snapshot(tmp_path)
+    result = cli("export", checkpoint, "--onnx", tmp_path / "m.onnx", "--seq-len", "6", "--force")
+    assert_refused(result, EXIT_USAGE, "is also an input")
+    assert snapshot(tmp_path) == before  # no graph written, the input untouched
+
+    folder = tmp_path / "other"
+    folder.mkdir()
+    headprune_cli.save(pruned("llama-gqa"), folder / "in.safetensors")
+    (folder / "out.onnx.data").mkdir()
+    result = cli("export", folder / "in.safetensors", "--onnx", folder / "out.onnx", "--seq-len", "6", "--force")
+    assert_refused(result, EXIT_USAGE, "is a directory")
+    assert sorted(p.name for p in folder.iterdir()) == ["in.safetensors", "out.onnx.data"]

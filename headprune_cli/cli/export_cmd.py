@@ -70,7 +70,7 @@ def export(
         _export_folder(hf, force, checkpoint, with_onnx, max_shard_size)
         return
     model = load(checkpoint)
-    result = export_onnx(model, onnx, seq_len=seq_len, opset=opset, force=force)
+    result = export_onnx(model, onnx, seq_len=seq_len, opset=opset, force=force, inputs=[checkpoint])
     past = [n for n in result.inputs if n.startswith("past_key_values.")]
     names = [n for n in result.inputs if n not in past] + ([f"past key/values of {len(past) // 2} layers"] if past else [])
     data = f", weights in {result.external_data}" if result.external_data else ""

@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from torch import nn
 
 from headprune_cli.errors import HeadpruneError, NumericalError, UsageError, first_line
 from headprune_cli.model.layout import info_of
+from headprune_cli.outputs import check_output
 from headprune_cli.stages.report.latency import max_sequence
 
 ONNX_ATOL = 1e-4  # largest |onnxruntime - pytorch| accepted for an fp32 model
@@ -82,9 +84,13 @@ class _Decoder(nn.Module):
         return (out.logits, *present)
 
 
-def export_onnx(model: nn.Module, path: str | os.PathLike, seq_len: int = 16, opset: int = 17, force: bool = False) -> OnnxExport:
+def export_onnx(
+    model: nn.Module, path: str | os.PathLike, seq_len: int = 16, opset: int = 17, force: bool = False,
+    inputs: Iterable[str | os.PathLike] = (),
+) -> OnnxExport:
     """Export `model` to ONNX with dynamic batch and sequence axes (and past key/values for
-    causal LMs), verified in onnxruntime."""
+    causal LMs), verified in onnxruntime. `inputs` are the files the command read: FILE.data,
+    an output too, goes through the same rule as FILE (never an input, replaced only with force)."""
     require_onnx()
     model.eval()
     info = info_of(model)
@@ -93,8 +99,8 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, seq_len: int = 16, op
     external = _weight_bytes(model) >= MAX_ONNX_BYTES
     out = Path(path)
     data = out.with_name(out.name + ".data")
-    if external and data.exists() and not force:
-        raise UsageError(f"{data} exists; pass --force to overwrite it")
+    if external:
+        check_output(data, force, inputs)
     if info.task == "causal-lm":
         spec = _decoder_spec(model, seq_len)
     else:
