@@ -4,7 +4,11 @@
    folder it reads, or contain one: not the files on its command line, and not those it
    reaches through provenance (a checkpoint's parent and root, the inputs an artifact
    names), which `--teacher auto` and `--baseline auto` read without being named.
-2. An existing file is replaced only with `--force`; so is a dangling symlink.
+2. An existing file is replaced only with `--force`; so is a dangling symlink. Even with
+   it, weights and JSON headprune did not write are refused: a safetensors file without
+   headprune's metadata (a transformers or trainer checkpoint, an HF shard) or JSON that
+   is not a headprune artifact (a config.json). Those are recognised by their content,
+   whatever their name.
 3. headprune deletes or fills only folders it made: a folder it creates carries MARKER,
    and a non-empty folder without it is refused, with or without `--force` (`--force`
    replaces earlier outputs, never a user's folder).
@@ -29,6 +33,7 @@ MARKERS = (MARKER, "headprune.json")
 _MARKER_TEXT = "headprune made this folder; headprune may replace or delete it.\n"
 _MAX_PROVENANCE = 64  # paths followed through provenance per command (lineage is short)
 _MAX_ARTIFACT_PEEK = 64 * 1024 * 1024  # larger JSON inputs or headers are not read for provenance
+CHECKPOINT_FORMAT = "headprune-checkpoint"  # checkpoint.py's headprune.format (that module imports torch)
 
 
 # --- inputs: what a command reads -----------------------------------------------------
@@ -123,6 +128,8 @@ def check_output(path: str | os.PathLike, force: bool = False, inputs: Iterable[
         raise UsageError(f"{out} exists; pass --force to overwrite it")
     if out.is_dir():
         raise UsageError(f"{out} is a directory, not a file")
+    if out.is_file() and (what := _not_ours(out)):
+        raise UsageError(f"{out} is {what} headprune did not write; --force replaces only headprune's outputs (choose another path)")
     check_parent(out)
     return out
 
@@ -143,6 +150,39 @@ def check_distinct(paths: Iterable[str | os.PathLike]) -> None:
         for b, rb in resolved[i + 1:]:
             if _within(ra, rb) or _within(rb, ra):
                 raise UsageError(f"outputs {a} and {b} overlap; give each its own path")
+
+
+def _not_ours(path: Path) -> str | None:
+    """What an existing file is, when its content shows another tool wrote it; None when
+    headprune wrote it or the content is neither safetensors nor JSON (a report, a plot, ONNX)."""
+    try:
+        with open(path, "rb") as handle:
+            start = handle.read(4096)
+            length = int.from_bytes(start[:8], "little")
+            if start[8:9] == b"{" and 0 < length <= min(path.stat().st_size - 8, _MAX_ARTIFACT_PEEK):
+                handle.seek(8)
+                return None if _headprune_header(handle.read(length)) else "a safetensors file"
+            if start.lstrip()[:1] in (b"{", b"["):
+                handle.seek(0)
+                return None if _headprune_artifact(handle.read(_MAX_ARTIFACT_PEEK + 1)) else "a JSON file"
+    except OSError:
+        pass  # unreadable: the write itself will report it
+    return None
+
+
+def _headprune_header(header: bytes) -> bool:
+    try:
+        return (json.loads(header).get("__metadata__") or {}).get("headprune.format") == CHECKPOINT_FORMAT
+    except (ValueError, AttributeError, RecursionError):
+        return False
+
+
+def _headprune_artifact(text: bytes) -> bool:
+    try:
+        artifact = json.loads(text)
+    except (ValueError, RecursionError):
+        return False  # over the peek limit, nested too deep, or not JSON after all
+    return isinstance(artifact, dict) and isinstance(artifact.get("kind"), str) and "headprune_version" in artifact
 
 
 # --- folder outputs -------------------------------------------------------------------

@@ -24,7 +24,9 @@ from headprune_cli import load, save
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.outputs import MARKER, exclusive, make_folder
 
-from .conftest import snapshot
+from headprune_cli.errors import EXIT_USAGE
+
+from .conftest import TINY, assert_refused, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "demo"
@@ -199,3 +201,40 @@ def test_atomic_write_stages_a_hidden_temp_file_beside_the_target_and_gives_the_
     assert tmp.parent == tmp_path and tmp.name.startswith(".model.safetensors.") and tmp.name.endswith(".tmp")
     assert target.read_bytes() == b"new" and not tmp.exists() and sorted(tmp_path.iterdir()) == [target]
     assert target.stat().st_mode & 0o777 == 0o644
+
+
+# --- --force replaces what headprune wrote, never another tool's weights or JSON -----------
+def _trainer_files(folder: Path) -> dict[str, Path]:
+    """What a user keeps beside headprune's outputs: a transformers checkpoint and its JSON."""
+    hf = folder / "hf"
+    TINY["bert"]().save_pretrained(hf)  # metadata {"format": "pt"}: no headprune key
+    (folder / "trainer_state.json").write_text(json.dumps({"best_metric": 0.91, "kind": "trainer"}))
+    (folder / "renamed.bin").write_bytes((hf / "model.safetensors").read_bytes())  # content decides, not the name
+    return {"weights": hf / "model.safetensors", "config": hf / "config.json",
+            "json": folder / "trainer_state.json", "renamed": folder / "renamed.bin"}
+
+
+@pytest.mark.parametrize("target, what", [("weights", "a safetensors file"), ("config", "a JSON file"),
+                                          ("json", "a JSON file"), ("renamed", "a safetensors file")])
+def test_force_never_replaces_weights_or_json_another_tool_wrote(work, cli, target, what):
+    path = _trainer_files(work)[target]
+    before = snapshot(work)
+    result = cli("import", "child.safetensors", "-o", path, "--force")
+    assert_refused(result, EXIT_USAGE, f"{path} is {what} headprune did not write")
+    assert snapshot(work) == before
+
+
+def test_force_replaces_headprune_outputs_and_other_files(work, cli):
+    """Earlier checkpoints and artifacts are replaced, and so is a file that is neither
+    safetensors nor JSON (a report or plot headprune cannot mark)."""
+    (work / "notes.md").write_text("an old report\n")
+    assert cli("score", "model.safetensors", "--data", "data.jsonl", "--method", "random", "-o", "scores.json").code == 0
+    assert cli("select", "scores.json", "--ratio", "0.25", "-o", "plan.json").code == 0
+    assert cli("select", "scores.json", "--ratio", "0.5", "-o", "plan.json", "--force").code == 0
+    assert json.loads((work / "plan.json").read_text())["config"]["ratio"] == 0.5
+    assert cli("import", "model.safetensors", "-o", "child.safetensors", "--force").code == 0
+    replaced, original = load(work / "child.safetensors").state_dict(), load(work / "model.safetensors").state_dict()
+    assert all(replaced[k].equal(original[k]) for k in original)  # the import of the model, not the pruned child
+    assert cli("report", "--model", "child.safetensors", "--baseline", "model.safetensors", "--data", "data.jsonl",
+               "--markdown", "notes.md", "--force").code == 0
+    assert (work / "notes.md").read_text() != "an old report\n"

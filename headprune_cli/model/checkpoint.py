@@ -39,8 +39,9 @@ from headprune_cli.model.layout import Layout, ModelInfo, info_of
 from headprune_cli.model.materialize import build_empty, check_entries, fill, stored_dtype, tied_groups
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.model.tensorfile import Entry, Spec, read_entries, read_header, write_file
+from headprune_cli.outputs import CHECKPOINT_FORMAT
 
-FORMAT = "headprune-checkpoint"
+FORMAT = CHECKPOINT_FORMAT  # defined beside the output rule, which recognises our files without torch
 FORMAT_VERSION = "1"
 _KEYS = ("format", "version", "family", "architecture", "config", "layout", "task")
 
