@@ -119,7 +119,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], T]) -> T:
     """Run `write(tmp_path)`, fsync, then rename over `path`; clean up on any failure.
     Returns what `write` returned."""
     out = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent if str(out.parent) else ".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
         result = write(tmp)

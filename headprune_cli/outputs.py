@@ -136,7 +136,7 @@ def check_output(path: str | os.PathLike, force: bool = False, inputs: Iterable[
 
 def check_parent(out: Path) -> None:
     """The folder an output goes into must exist and be writable."""
-    parent = out.parent if str(out.parent) else Path(".")
+    parent = out.parent
     if not parent.is_dir():
         raise UsageError(f"output folder {parent} does not exist")
     if not os.access(parent, os.W_OK):

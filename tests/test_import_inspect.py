@@ -73,6 +73,8 @@ def _bad_files(tmp_path):
 
     save_file({"w": torch.zeros(2)}, str(tmp_path / "plain.safetensors"))
     _with_metadata(good, tmp_path / "family.safetensors", lambda meta: meta.update({"headprune.family": "nosuchfamily"}))
+    config = {**json.loads(json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])["__metadata__"]["headprune.config"]), "hidden_act": "no-such-act"}
+    _with_metadata(good, tmp_path / "unbuildable.safetensors", lambda meta: meta.update({"headprune.config": json.dumps(config)}))
     (tmp_path / "noconfig").mkdir()
     return {
         "text.safetensors": "not a safetensors file",
@@ -80,6 +82,7 @@ def _bad_files(tmp_path):
         "tiny.safetensors": "too short",
         "plain.safetensors": "without headprune metadata",
         "family.safetensors": "unknown model family 'nosuchfamily'",
+        "unbuildable.safetensors": "unbuildable.safetensors: cannot build BertForSequenceClassification from the stored config",
         "noconfig": "no config.json",
         "missing.safetensors": "no such",
     }
@@ -190,3 +193,5 @@ def test_an_export_folder_is_read_with_its_tokenizer_and_a_broken_one_is_refused
         before = snapshot(tmp_path)
         assert_refused(cli("inspect", broken), 1, message.format(dir=broken))
         assert snapshot(tmp_path) == before
+    older = _edited_export(folder, tmp_path, "older", lambda d: d.pop("weights"))  # folders from before the key existed
+    assert info_of(load(older)).layout.heads == info_of(model).layout.heads

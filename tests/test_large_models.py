@@ -129,8 +129,23 @@ def test_export_hf_shards_above_max_shard_size(tmp_path, cli):
     served = T.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()  # transformers reads the shards
     assert torch.equal(model_output(served, inputs), want)
     assert cli("import", tmp_path / "out", "-o", tmp_path / "again.safetensors").code == 0
+    _weights_sha_follows_every_shard(tmp_path / "out", shards)
     bad = cli("export", tmp_path / "m.safetensors", "--hf", tmp_path / "x", "--max-shard-size", "lots")
     assert bad.code == 2 and "--max-shard-size" in bad.err and not (tmp_path / "x").exists()
+
+
+def _weights_sha_follows_every_shard(folder, shards):
+    """A sharded folder's weights hash (what provenance and `--baseline auto` check) changes
+    when any shard's bytes change, the index staying the same."""
+    index = folder / "model.safetensors.index.json"
+    digest = checkpoint.weights_sha(folder)
+    assert digest != hashlib.sha256(index.read_bytes()).hexdigest()
+    for shard in shards:
+        original = (folder / shard).read_bytes()
+        (folder / shard).write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # one bit of the last tensor
+        assert checkpoint.weights_sha(folder) != digest, shard
+        (folder / shard).write_bytes(original)
+    assert checkpoint.weights_sha(folder) == digest
 
 
 def test_sharded_export_of_an_uneven_layout_hides_its_shards_from_transformers(tmp_path, cli):
@@ -208,7 +223,8 @@ def test_inspect_reads_no_weight(tmp_path, cli, monkeypatch):
     import safetensors
     import safetensors.torch
 
-    for target, attr in ((safetensors, "safe_open"), (safetensors.torch, "load_file"), (tensorfile, "read_tensor"), (checkpoint, "fill")):
+    hashers = ((checkpoint, "hash_ahead"), (checkpoint, "weights_sha"), (checkpoint, "sha256_file"))  # no pass over the weights to hash them
+    for target, attr in ((safetensors, "safe_open"), (safetensors.torch, "load_file"), (tensorfile, "read_tensor"), (checkpoint, "fill"), *hashers):
         monkeypatch.setattr(target, attr, refuse)
     result = cli("inspect", tmp_path / "m.safetensors", "--json", "--seq-len", "32")
     assert result.code == 0, result.err

@@ -107,7 +107,7 @@ def _provenance(info: ModelInfo, out: Path, plan_sha: str | None) -> dict:
 
 def _relative(target: str | os.PathLike, out: Path) -> str:
     """A path to `target` relative to the folder of `out`, so artifacts move together."""
-    return os.path.relpath(Path(target).resolve(), (out.parent if str(out.parent) else Path(".")).resolve())
+    return os.path.relpath(Path(target).resolve(), out.parent.resolve())
 
 
 def _metadata(info: ModelInfo, provenance: dict) -> dict[str, str]:

@@ -106,7 +106,7 @@ def export_onnx(
     else:
         spec = _plain_spec(model, seq_len)
     result = OnnxExport(str(out), spec.names, spec.outputs, opset, 0.0, data.name if external else None)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent if str(out.parent) else "."))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         graph = tmp / out.name
         _trace(spec, graph, opset)
