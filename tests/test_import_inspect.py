@@ -76,7 +76,18 @@ def _bad_files(tmp_path):
     config = {**json.loads(json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])["__metadata__"]["headprune.config"]), "hidden_act": "no-such-act"}
     _with_metadata(good, tmp_path / "unbuildable.safetensors", lambda meta: meta.update({"headprune.config": json.dumps(config)}))
     (tmp_path / "noconfig").mkdir()
+    def metadata(name, edit):
+        _with_metadata(good, tmp_path / name, edit)
+
+    metadata("version.safetensors", lambda meta: meta.update({"headprune.version": "99"}))
+    metadata("keys.safetensors", lambda meta: meta.pop("headprune.layout"))
+    metadata("config-json.safetensors", lambda meta: meta.update({"headprune.config": "{not json"}))
+    metadata("layout-type.safetensors", lambda meta: meta.update({"headprune.layout": "[1, 2]"}))
     return {
+        "version.safetensors": "checkpoint format version '99' is not supported (need 1)",
+        "keys.safetensors": "checkpoint metadata lacks layout",
+        "config-json.safetensors": "metadata 'config' is not valid JSON",
+        "layout-type.safetensors": "metadata 'layout' has the wrong type",
         "text.safetensors": "not a safetensors file",
         "truncated.safetensors": "truncated",
         "tiny.safetensors": "too short",
@@ -98,6 +109,7 @@ def test_bad_checkpoints_fail_cleanly(tmp_path, cli):
             assert result.err.startswith("Error: ") and result.err.count("\n") == 1, result.err
             expected = "a folder, not a checkpoint" if (name, args[0]) == ("noconfig", "inspect") else message
             assert expected in result.err, (name, result.err)
+            assert result.err.startswith(f"Error: {tmp_path / name}"), result.err  # the file is named
             assert "Traceback" not in result.err and result.out == ""
     assert snapshot(tmp_path) == before
 
@@ -136,8 +148,18 @@ def test_metadata_that_lies_about_shapes_is_refused_naming_the_file(tmp_path, cl
     config = {**info_of(model).config, "intermediate_size": 4000}
     _with_metadata(lie, wide, lambda meta: meta.update({"headprune.config": json.dumps(config)}))
     layer = "bert.encoder.layer.0.attention.output.dense.weight"
-    assert_refused(cli("inspect", lie), 1, f"{lie}: tensor '{layer}' has shape [32, 24], the layout needs [32, 32]")
-    assert_refused(cli("inspect", wide), 1, f"{wide}: config intermediate_size=4000 matches no stored tensor's shape")
+    nan = tmp_path / "nan.safetensors"
+    poisoned = TINY["bert"]()
+    with torch.no_grad():
+        poisoned.bert.encoder.layer[1].output.dense.weight[3, 5] = float("nan")
+    save(poisoned, nan)
+    out = tmp_path / "out.safetensors"
+    for command in (["inspect"], ["import", "-o", out]):  # inspect reads the header, import loads the weights
+        run = lambda path: cli(command[0], path, *command[1:])  # noqa: E731
+        assert_refused(run(lie), 1, f"{lie}: tensor '{layer}' has shape [32, 24], the layout needs [32, 32]")
+        assert_refused(run(wide), 1, f"{wide}: config intermediate_size=4000 matches no stored tensor's shape")
+    assert_refused(cli("import", nan, "-o", out), 1, f"{nan}: tensor 'bert.encoder.layer.1.output.dense.weight' contains NaN or inf")
+    assert not out.exists()
 
 
 def test_save_never_replaces_a_file_unless_asked(tmp_path):

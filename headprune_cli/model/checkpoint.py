@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from headprune_cli.model.arch import adapter_for_family
-from headprune_cli.errors import CheckpointError, HeadpruneError, UsageError, first_line
+from headprune_cli.errors import ArchitectureError, CheckpointError, HeadpruneError, UsageError, first_line
 from headprune_cli.fileio import atomic_write, hash_ahead, remember_sha256, sha256_bytes, sha256_file
 from headprune_cli.model.config_check import check_against_header, check_declared
 from headprune_cli.model.layout import Layout, ModelInfo, info_of
@@ -210,7 +210,10 @@ def load(path: str | os.PathLike) -> nn.Module:
 
 def build_layout(info: ModelInfo, dtype: torch.dtype, where) -> nn.Module:
     """The stored model at its stored layout, parameters on the meta device (no weights)."""
-    adapter = adapter_for_family(info.family)
+    try:
+        adapter = adapter_for_family(info.family)
+    except ArchitectureError as exc:  # a family this version does not know: name the file that claims it
+        raise CheckpointError(f"{where}: {exc}") from None
     try:
         model = build_empty(lambda: adapter.build(info.config, info.architecture, info.build_options), dtype)
     except HeadpruneError:
