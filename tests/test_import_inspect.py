@@ -162,6 +162,34 @@ def test_metadata_that_lies_about_shapes_is_refused_naming_the_file(tmp_path, cl
     assert not out.exists()
 
 
+def test_a_layout_the_model_cannot_take_is_refused_naming_the_file(tmp_path, cli):
+    """Layouts that pass the header checks but not surgery: uneven GQA groups, and key/value
+    heads that are not the ones the kept query heads use."""
+    from headprune_cli.model.surgery import apply_plan
+
+    from .conftest import assert_refused
+
+    model = TINY["llama-gqa"]()  # 8 query heads in 2 groups of 4
+    apply_plan(model, {0: [0, 1, 2, 3]}, [])  # layer 0 keeps group 1: heads 4-7, kv head 1
+    save(model, tmp_path / "p.safetensors")
+
+    def edited(name, change):
+        def edit(meta):
+            layout = json.loads(meta["headprune.layout"])
+            change(layout)
+            meta["headprune.layout"] = json.dumps(layout)
+
+        _with_metadata(tmp_path / "p.safetensors", tmp_path / name, edit)
+        return tmp_path / name
+
+    uneven = edited("uneven.safetensors", lambda layout: layout["heads"].__setitem__(1, [1, 2, 3, 4, 5, 6, 7]))
+    wrong_kv = edited("kv.safetensors", lambda layout: layout["kv_heads"].__setitem__(0, [0]))
+    for command in (["inspect"], ["import", "-o", tmp_path / "out.safetensors"]):
+        assert_refused(cli(command[0], uneven, *command[1:]), 1, f"{uneven}: its layout cannot be applied: layer 1: grouped-query attention")
+        assert_refused(cli(command[0], wrong_kv, *command[1:]), 1, f"{wrong_kv}: its layout's key/value heads do not match its query heads")
+    assert not (tmp_path / "out.safetensors").exists()
+
+
 def test_save_never_replaces_a_file_unless_asked(tmp_path):
     from headprune_cli.errors import UsageError
 

@@ -220,7 +220,7 @@ def build_layout(info: ModelInfo, dtype: torch.dtype, where) -> nn.Module:
         raise
     except Exception as exc:
         raise CheckpointError(f"{where}: cannot build {info.architecture} from the stored config ({first_line(exc)})") from None
-    _cut_to_layout(model, info)
+    _cut_to_layout(model, info, where)
     return model
 
 
@@ -317,10 +317,9 @@ def _index_of(weights: str) -> str:
     return f"{weights}.index.json"
 
 
-def _cut_to_layout(model: nn.Module, stored: ModelInfo) -> None:
-    fresh = info_of(model).layout
-    if fresh.num_heads != stored.layout.num_heads or fresh.num_kv_heads != stored.layout.num_kv_heads:
-        raise CheckpointError("checkpoint layout does not match its config (head counts differ)")
+def _cut_to_layout(model: nn.Module, stored: ModelInfo, where) -> None:
+    """Remove what the stored layout lacks. The model was built from the stored config,
+    whose head counts read_info has checked against the layout's (check_declared)."""
     remove_heads = {
         layer: [h for h in range(stored.layout.num_heads[layer]) if h not in heads]
         for layer, heads in zip(stored.layout.layers, stored.layout.heads)
@@ -329,7 +328,7 @@ def _cut_to_layout(model: nn.Module, stored: ModelInfo) -> None:
     try:
         apply_plan(model, remove_heads, remove_layers)
     except HeadpruneError as exc:
-        raise CheckpointError(f"checkpoint layout cannot be applied: {exc}") from None
+        raise CheckpointError(f"{where}: its layout cannot be applied: {exc}") from None
     if info_of(model).layout.kv_heads != stored.layout.kv_heads:
-        raise CheckpointError("checkpoint layout's key/value heads do not match its query heads")
+        raise CheckpointError(f"{where}: its layout's key/value heads do not match its query heads")
     model.headprune = ModelInfo(**{**stored.__dict__, "layout": info_of(model).layout})
