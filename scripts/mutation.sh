@@ -24,7 +24,7 @@ TESTS[gates]='tests/test_report_policy.py'
 FILE[checkpoint]=headprune_cli/model/checkpoint.py; PATTERN[checkpoint]='*'
 TESTS[checkpoint]='tests/test_import_inspect.py tests/test_robustness.py tests/test_large_models.py tests/test_prune.py tests/test_surgery.py tests/test_export.py'
 FILE[fileio]=headprune_cli/fileio.py; PATTERN[fileio]='*'
-TESTS[fileio]='tests/test_robustness.py tests/test_file_safety.py tests/test_bad_input_matrix.py tests/test_hostile_regressions.py'
+TESTS[fileio]='tests/test_fileio.py tests/test_robustness.py tests/test_file_safety.py tests/test_bad_input_matrix.py tests/test_hostile_regressions.py'
 
 # Tests that run `python -m headprune_cli` in another working folder: mutmut's trampolines
 # there look for mutmut's configuration in that folder and fail, whatever the mutant; the
