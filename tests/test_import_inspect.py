@@ -190,6 +190,24 @@ def test_a_layout_the_model_cannot_take_is_refused_naming_the_file(tmp_path, cli
     assert not (tmp_path / "out.safetensors").exists()
 
 
+def test_a_weights_file_safetensors_cannot_open_is_refused_naming_it(tmp_path, cli, monkeypatch):
+    """Our header checks are stricter than safetensors', so this guards against what they
+    may miss: safetensors' own error, on one line, with the file's name."""
+    import safetensors
+
+    from .conftest import assert_refused
+
+    save(TINY["bert"](), tmp_path / "m.safetensors")
+
+    def corrupt(*args, **kwargs):
+        raise RuntimeError("invalid offsets\nsecond line")
+
+    monkeypatch.setattr(safetensors, "safe_open", corrupt)
+    result = cli("import", tmp_path / "m.safetensors", "-o", tmp_path / "out.safetensors")
+    assert_refused(result, 1, f"{tmp_path / 'm.safetensors'}: corrupt safetensors file (invalid offsets)")
+    assert not (tmp_path / "out.safetensors").exists()
+
+
 def test_save_never_replaces_a_file_unless_asked(tmp_path):
     from headprune_cli.errors import UsageError
 
@@ -231,7 +249,7 @@ def test_an_export_folder_is_read_with_its_tokenizer_and_a_broken_one_is_refused
     folder = export_hf(model, tmp_path / "good")
     assert read_info(folder).tokenizer == info_of(model).tokenizer
     cases = {
-        "not-json": (b"{not json", "{dir}/headprune.json: not valid JSON"),
+        "not-json": (b"{not json", "{dir}/headprune.json: not valid JSON (Expecting property name enclosed in double quotes"),
         "format": (lambda d: d.update(format="something-else"), "{dir}/headprune.json: not a headprune export (format is not 'headprune-folder')"),
         "version": (lambda d: d.update(version="99"), "{dir}/headprune.json: export format version '99' is not supported (need 1)"),
         "keys": (lambda d: d.pop("layout"), "{dir}/headprune.json: export metadata lacks layout"),
