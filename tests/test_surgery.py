@@ -60,6 +60,17 @@ def test_dropping_a_layer_equals_skipping_it(family):
     assert info_of(model).layout.layers == [0, 2]
 
 
+def test_a_skipped_block_passes_its_input_through_however_it_was_called():
+    """Blocks are called with the hidden states by position or by keyword, and return a
+    tensor or a tuple whose first item is the hidden states."""
+    from headprune_cli.model.surgery import _identity_hook
+
+    hidden, extra = torch.randn(2, 3, 4), torch.randn(1)
+    assert _identity_hook(None, (hidden,), {}, torch.zeros(2, 3, 4)) is hidden
+    by_keyword = _identity_hook(None, (), {"hidden_states": hidden, "attention_mask": None}, (torch.zeros(2, 3, 4), extra))
+    assert by_keyword[0] is hidden and by_keyword[1] is extra and len(by_keyword) == 2
+
+
 def test_cost_prediction_matches_the_pruned_model(family):
     model = TINY[family]()
     layout = info_of(model).layout

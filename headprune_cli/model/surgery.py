@@ -24,13 +24,11 @@ class HeadGates:
 
     `gates[pos]` belongs to the kept layer at block position `pos` and has shape
     [heads], [batch, heads] (per-example gates give per-example gradients in one
-    backward pass) or [batch, seq, heads] (per token). `outputs[pos]` is filled with that projection's input when
-    `capture=True`, for Taylor scores on head outputs.
+    backward pass) or [batch, seq, heads] (per token).
     """
 
-    def __init__(self, model: nn.Module, gates: list[torch.Tensor], capture: bool = False):
-        self.model, self.gates, self.capture = model, gates, capture
-        self.outputs: list[torch.Tensor | None] = [None] * len(gates)
+    def __init__(self, model: nn.Module, gates: list[torch.Tensor]):
+        self.model, self.gates = model, gates
         self._handles = []
 
     def __enter__(self) -> "HeadGates":
@@ -57,8 +55,6 @@ class HeadGates:
             else:
                 gate = gate.view(gate.shape[0], *([1] * (heads.dim() - 3)), gate.shape[-1], 1) if gate.dim() == 2 else gate[:, None]
             gated = heads * gate
-            if self.capture:
-                self.outputs[pos] = heads
             return (gated.view(x.shape), *rest)
 
         return hook
