@@ -51,6 +51,8 @@ def test_open_regular_never_blocks_on_a_fifo_swapped_in_after_the_check(tmp_path
     plain.write_bytes(b"abc")
     with fileio.open_regular(plain) as handle:
         assert handle.read() == b"abc"
+    assert _refusal(fileio.open_regular, tmp_path, "plan") == f"{tmp_path}: a folder, not a regular plan"
+    assert _refusal(fileio.open_regular, tmp_path) == f"{tmp_path}: a folder, not a regular file"
     os.mkfifo(tmp_path / "fifo")
     monkeypatch.setattr(fileio, "check_regular", lambda *args, **kwargs: None)  # the race: checked, then swapped
     result: list = []
@@ -75,6 +77,7 @@ def test_hash_reads_the_size_stat_promised_and_no_more(tmp_path):
     path.write_bytes(data + b"appended later")
     assert fileio._hash(path, len(data)) == hashlib.sha256(data).hexdigest()
     assert fileio._hash(path, 0) == hashlib.sha256(b"").hexdigest()
+    assert fileio._hash(path, 1) == hashlib.sha256(data[:1]).hexdigest()
 
 
 def test_a_remembered_hash_is_used_until_the_file_changes(tmp_path):
@@ -89,13 +92,15 @@ def test_a_remembered_hash_is_used_until_the_file_changes(tmp_path):
 def test_hash_ahead_starts_one_hash_per_version_of_a_file(tmp_path, monkeypatch):
     path = tmp_path / "f.bin"
     path.write_bytes(b"abc")
-    submitted = []
-    real_submit = fileio._HASHER.submit
+    submitted, hashed = [], []
+    real_submit, real_hash = fileio._HASHER.submit, fileio._hash
     monkeypatch.setattr(fileio._HASHER, "submit", lambda *args: submitted.append(args[1:]) or real_submit(*args))
+    monkeypatch.setattr(fileio, "_hash", lambda *args: hashed.append(args) or real_hash(*args))
     fileio.hash_ahead(path)
     fileio.hash_ahead(path)  # already under way
     assert submitted == [(path, 3)]
     assert fileio.sha256_file(path) == hashlib.sha256(b"abc").hexdigest()
+    assert hashed == [(path, 3)]  # sha256_file took the hash started ahead: the file was read once
     fileio.hash_ahead(path)  # already known
     assert len(submitted) == 1
 
@@ -153,7 +158,8 @@ def test_start_writeback_asks_the_kernel_for_the_range_just_written(tmp_path, mo
     monkeypatch.setattr(fileio, "_sync_file_range", lambda: lambda *args: calls.append(args))
     fileio.start_writeback(7, 4096, 1 << 20)
     fileio.start_writeback(7, 0, 0)  # nothing written: nothing asked
-    assert calls == [(7, 4096, 1 << 20, 2)]  # SYNC_FILE_RANGE_WRITE: start, do not wait
+    fileio.start_writeback(7, 9, 1)
+    assert calls == [(7, 4096, 1 << 20, 2), (7, 9, 1, 2)]  # SYNC_FILE_RANGE_WRITE: start, do not wait
     monkeypatch.setattr(fileio, "_sync_file_range", lambda: None)  # not Linux
     fileio.start_writeback(7, 0, 10)
 
