@@ -208,6 +208,47 @@ def test_a_weights_file_safetensors_cannot_open_is_refused_naming_it(tmp_path, c
     assert not (tmp_path / "out.safetensors").exists()
 
 
+def test_a_checkpoint_keeps_its_tokenizer_pooling_build_options_and_provenance(tmp_path):
+    """Everything `save` writes besides the weights comes back from `load`, and a child
+    records its parent (relative to itself) and its plan."""
+    from headprune_cli.model.checkpoint import read_info
+
+    model = T.BertModel(T.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48), add_pooling_layer=False)
+    info = info_of(model)
+    info.tokenizer = json.dumps({"version": "1.0", "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}})
+    info.tokenizer_config = {"pad_token": "[PAD]", "model_max_length": 16}
+    info.pooling = {"mode": "mean", "normalize": True}
+    save(model, tmp_path / "m.safetensors", plan_sha="cd" * 32)
+    stored = read_info(tmp_path / "m.safetensors")
+    assert (stored.tokenizer, stored.tokenizer_config, stored.pooling) == (info.tokenizer, info.tokenizer_config, info.pooling)
+    assert stored.build_options == info.build_options == {"add_pooling_layer": False}
+    assert stored.provenance["plan"] == "cd" * 32  # a model that never came from a file keeps its plan
+    (tmp_path / "sub").mkdir()
+    save(load(tmp_path / "m.safetensors"), tmp_path / "sub" / "child.safetensors", plan_sha="ef" * 32)
+    child = read_info(tmp_path / "sub" / "child.safetensors").provenance
+    assert child["parent_path"] == child["root_path"] == "../m.safetensors" and child["plan"] == "ef" * 32
+
+    optional = ("tokenizer", "tokenizer_config", "pooling", "build_options", "provenance")  # older files lack them
+    _with_metadata(tmp_path / "m.safetensors", tmp_path / "older.safetensors", lambda meta: [meta.pop(f"headprune.{k}") for k in optional])
+    older = read_info(tmp_path / "older.safetensors")
+    assert (older.tokenizer, older.tokenizer_config, older.pooling, older.build_options, older.provenance) == (None, {}, {}, {}, {})
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("tokenizer_config", "{not json", "metadata 'tokenizer_config' is not valid JSON"),
+    ("pooling", "[1]", "metadata 'pooling' has the wrong type"),
+    ("build_options", "{not json", "metadata 'build_options' is not valid JSON"),
+    ("provenance", "7", "metadata 'provenance' has the wrong type"),
+])
+def test_broken_optional_metadata_is_refused_naming_the_key_and_file(tmp_path, cli, key, value, message):
+    from .conftest import assert_refused
+
+    save(TINY["bert"](), tmp_path / "good.safetensors")
+    bad = tmp_path / "bad.safetensors"
+    _with_metadata(tmp_path / "good.safetensors", bad, lambda meta: meta.update({f"headprune.{key}": value}))
+    assert_refused(cli("inspect", bad), 1, f"{bad}: {message}")
+
+
 def test_save_never_replaces_a_file_unless_asked(tmp_path):
     from headprune_cli.errors import UsageError
 
