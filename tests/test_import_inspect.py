@@ -222,7 +222,10 @@ def test_a_checkpoint_keeps_its_tokenizer_pooling_build_options_and_provenance(t
     stored = read_info(tmp_path / "m.safetensors")
     assert (stored.tokenizer, stored.tokenizer_config, stored.pooling) == (info.tokenizer, info.tokenizer_config, info.pooling)
     assert stored.build_options == info.build_options == {"add_pooling_layer": False}
-    assert stored.provenance["plan"] == "cd" * 32  # a model that never came from a file keeps its plan
+    assert stored.provenance["plan"] == "cd" * 32
+    info.provenance = {"parent": None, "plan": "ab" * 32, "root": None}  # a model that never came from a file
+    save(model, tmp_path / "kept.safetensors")  # keeps the plan it has when none is given
+    assert read_info(tmp_path / "kept.safetensors").provenance["plan"] == "ab" * 32
     (tmp_path / "sub").mkdir()
     save(load(tmp_path / "m.safetensors"), tmp_path / "sub" / "child.safetensors", plan_sha="ef" * 32)
     child = read_info(tmp_path / "sub" / "child.safetensors").provenance
@@ -232,6 +235,17 @@ def test_a_checkpoint_keeps_its_tokenizer_pooling_build_options_and_provenance(t
     _with_metadata(tmp_path / "m.safetensors", tmp_path / "older.safetensors", lambda meta: [meta.pop(f"headprune.{k}") for k in optional])
     older = read_info(tmp_path / "older.safetensors")
     assert (older.tokenizer, older.tokenizer_config, older.pooling, older.build_options, older.provenance) == (None, {}, {}, {}, {})
+
+
+def test_save_refuses_a_model_whose_config_disagrees_with_its_layout(tmp_path):
+    from headprune_cli.errors import CheckpointError
+
+    model = TINY["bert"]()
+    info_of(model).config["num_attention_heads"] = 5
+    target = tmp_path / "m.safetensors"
+    with pytest.raises(CheckpointError, match=f"^not writing {target}: "):
+        save(model, target)
+    assert not target.exists()
 
 
 @pytest.mark.parametrize("key, value, message", [
