@@ -67,9 +67,7 @@ def _named_by(path: Path) -> list[Path]:
         if path.suffix == ".safetensors":
             return _provenance_paths(_checkpoint_provenance(path), path.parent)
         if path.suffix == ".json":
-            with open(path, "rb") as handle:  # bounded: a /proc file reports size 0 and never ends
-                text = handle.read(_MAX_ARTIFACT_PEEK + 1)
-            refs = json.loads(text).get("inputs", []) if len(text) <= _MAX_ARTIFACT_PEEK else []
+            refs = _peek_json(path).get("inputs", [])
             named = [Path(r["path"]) for r in refs if isinstance(r, dict) and isinstance(r.get("path"), str)]
             return named + [path.parent / n for n in named if not n.is_absolute()]
     except (OSError, ValueError, AttributeError, TypeError, RecursionError, HeadpruneError):
@@ -79,12 +77,29 @@ def _named_by(path: Path) -> list[Path]:
 
 def _checkpoint_provenance(path: Path) -> dict:
     """The provenance in a safetensors header, read without torch (`select` must stay light)."""
+    return json.loads((_safetensors_metadata(path) or {}).get("headprune.provenance", "{}"))  # checkpoint.py's key
+
+
+def _safetensors_metadata(path: Path) -> dict | None:
+    """The `__metadata__` of a safetensors file's header; None when the file is not framed as
+    one (8-byte length, then a JSON object within the file). ValueError for a broken header."""
     with open(path, "rb") as handle:
-        length = int.from_bytes(handle.read(8), "little")
-        if length > _MAX_ARTIFACT_PEEK:
-            return {}
-        metadata = json.loads(handle.read(length)).get("__metadata__") or {}
-    return json.loads(metadata.get("headprune.provenance", "{}"))  # checkpoint.py's key
+        start = handle.read(9)
+        length = int.from_bytes(start[:8], "little")
+        if start[8:9] != b"{" or not 0 < length <= min(path.stat().st_size - 8, _MAX_ARTIFACT_PEEK):
+            return None
+        handle.seek(8)
+        return json.loads(handle.read(length)).get("__metadata__") or {}
+
+
+def _peek_json(path: Path):
+    """A JSON file's content, read only up to the peek limit (a /proc file reports size 0 and
+    never ends); ValueError when larger or not JSON."""
+    with open(path, "rb") as handle:
+        text = handle.read(_MAX_ARTIFACT_PEEK + 1)
+    if len(text) > _MAX_ARTIFACT_PEEK:
+        raise ValueError(f"{path} is larger than {_MAX_ARTIFACT_PEEK} bytes")
+    return json.loads(text)
 
 
 def _provenance_paths(provenance, folder: Path) -> list[Path]:
@@ -156,33 +171,23 @@ def _not_ours(path: Path) -> str | None:
     """What an existing file is, when its content shows another tool wrote it; None when
     headprune wrote it or the content is neither safetensors nor JSON (a report, a plot, ONNX)."""
     try:
+        try:
+            metadata = _safetensors_metadata(path)
+        except (ValueError, AttributeError, RecursionError):
+            return "a safetensors file"  # framed as one, with a header no tool of ours wrote
+        if metadata is not None:
+            return None if metadata.get("headprune.format") == CHECKPOINT_FORMAT else "a safetensors file"
         with open(path, "rb") as handle:
-            start = handle.read(4096)
-            length = int.from_bytes(start[:8], "little")
-            if start[8:9] == b"{" and 0 < length <= min(path.stat().st_size - 8, _MAX_ARTIFACT_PEEK):
-                handle.seek(8)
-                return None if _headprune_header(handle.read(length)) else "a safetensors file"
-            if start.lstrip()[:1] in (b"{", b"["):
-                handle.seek(0)
-                return None if _headprune_artifact(handle.read(_MAX_ARTIFACT_PEEK + 1)) else "a JSON file"
+            if handle.read(4096).lstrip()[:1] not in (b"{", b"["):
+                return None
+        try:
+            artifact = _peek_json(path)
+        except (ValueError, RecursionError):
+            return "a JSON file"  # over the peek limit, nested too deep, or not JSON after all
+        ours = isinstance(artifact, dict) and isinstance(artifact.get("kind"), str) and "headprune_version" in artifact
+        return None if ours else "a JSON file"
     except OSError:
-        pass  # unreadable: the write itself will report it
-    return None
-
-
-def _headprune_header(header: bytes) -> bool:
-    try:
-        return (json.loads(header).get("__metadata__") or {}).get("headprune.format") == CHECKPOINT_FORMAT
-    except (ValueError, AttributeError, RecursionError):
-        return False
-
-
-def _headprune_artifact(text: bytes) -> bool:
-    try:
-        artifact = json.loads(text)
-    except (ValueError, RecursionError):
-        return False  # over the peek limit, nested too deep, or not JSON after all
-    return isinstance(artifact, dict) and isinstance(artifact.get("kind"), str) and "headprune_version" in artifact
+        return None  # unreadable: the write itself will report it
 
 
 # --- folder outputs -------------------------------------------------------------------
