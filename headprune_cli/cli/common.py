@@ -15,6 +15,13 @@ from headprune_cli.device import DEVICE_HELP, DTYPE_HELP
 console = Console(stderr=True)
 
 
+def context():
+    """The stage context of a command run from the shell: messages and progress on stderr."""
+    from headprune_cli.stages.unit import Context
+
+    return Context(console)
+
+
 def print_json(value) -> None:
     sys.stdout.write(json.dumps(value, indent=2, allow_nan=False) + "\n")
 

@@ -1,0 +1,93 @@
+"""The `select` stage: scores JSON -> plan JSON. Its selection options are shared with
+`prune --scores`, so both spell (and default) the selection the same way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from headprune_cli.outputs import check_output
+from headprune_cli.schema import read_artifact, write_artifact
+from headprune_cli.stages.plan import make_plan
+from headprune_cli.stages.selection import Constraints, ScoreTable, parse_protect, select as choose
+from headprune_cli.stages.unit import Context, Options, Result, Stage, option
+
+
+class SelectionOptions(Options):
+    """How to choose from scores: the amount (one of ratio, threshold, targets) and the constraints."""
+
+    ratio: Optional[float] = option(None, "Fraction of the kept heads to remove, in [0, 1].")
+    strategy: Optional[str] = option(None, "global | layer | threshold | budget | joint (default: from the amount given; a --target-* with loss-scale layer scores is joint).")
+    min_heads: int = option(1, "Heads every layer keeps at least.")
+    multiple_of: int = option(1, "Heads kept per layer must be a multiple of this.")
+    drop_layers: int = option(0, "Also drop the N least important layers (needs layer scores).")
+    layer_threshold: Optional[float] = option(None, "Also drop layers scoring below T.")
+    protect: Optional[str] = option(None, "Heads never removed: LAYER:HEAD,... (original indices).")
+    threshold: Optional[str] = option(None, "Remove heads scoring below T, or below the P-th percentile ('25%').")
+    target_params: Optional[float] = option(None, "Keep this fraction of the parameters.")
+    target_flops: Optional[float] = option(None, "Keep this fraction of the FLOPs per token.")
+    gqa_unit: str = option("group", "GQA layers: remove whole KV 'group's, or query 'head's evenly from every group.")
+    uniform: bool = option(
+        False, "Keep the same number of heads (and KV groups) in every layer, chosen by score: "
+        "LLaMA/Mistral/Qwen models then export as plain transformers folders.",
+    )
+
+    def selection_given(self) -> list[str]:
+        """The selection options set to other than their defaults."""
+        return [name for name in SelectionOptions.model_fields if getattr(self, name) != SelectionOptions.model_fields[name].default]
+
+    def constraints(self) -> Constraints:
+        return Constraints(
+            min_heads=self.min_heads, multiple_of=self.multiple_of, protect=parse_protect(self.protect),
+            drop_layers=self.drop_layers, layer_threshold=self.layer_threshold, gqa_unit=self.gqa_unit, uniform=self.uniform,
+        )
+
+
+class SelectOptions(SelectionOptions):
+    scores: str = option("-", "Scores JSON from `headprune score`; '-' or absent: stdin.", argument=True)
+    output: Optional[Path] = option(None, "Plan JSON to write (default: stdout).", "-o", "--output")
+    force: bool = option(False, "Overwrite OUTPUT if it exists.")
+
+
+def plan_from_scores(opts: SelectionOptions, source: str, scores=None, scores_sha: str | None = None) -> dict:
+    """The plan artifact chosen from scores (read from `source` unless given parsed)."""
+    if scores is None:
+        scores, scores_sha = read_artifact(source, ("scores",))
+    constraints = opts.constraints()
+    selection = choose(
+        ScoreTable.from_scores(scores), opts.strategy, ratio=opts.ratio, threshold=opts.threshold,
+        target_params=opts.target_params, target_flops=opts.target_flops, constraints=constraints,
+    )
+    config = {
+        "strategy": selection.strategy, "ratio": opts.ratio, "threshold": opts.threshold,
+        "target_params": opts.target_params, "target_flops": opts.target_flops, **constraints.to_dict(),
+    }
+    return make_plan(selection, constraints, scores, str(source), scores_sha, config)
+
+
+def run(opts: SelectOptions, ctx: Context) -> Result:
+    if opts.output is not None:
+        check_output(opts.output, opts.force, inputs=[opts.scores])
+    plan = plan_from_scores(opts, opts.scores)
+    write_artifact(plan, opts.output)
+    ctx.print(summary(plan))
+    return Result([str(opts.output)] if opts.output else [], value=plan)
+
+
+def summary(plan: dict) -> str:
+    heads = sum(len(v) for v in plan["remove_heads"].values())
+    before, after = plan["predicted"].get("before"), plan["predicted"].get("after")
+    cost = ""
+    if before and after:
+        cost = (
+            f"; params {after['params'] / before['params']:.1%}, "
+            f"FLOPs/token {after['flops_per_token'] / before['flops_per_token']:.1%} of before"
+        )
+    shape = ", the same heads in every layer" if plan["constraints"].get("uniform") else ""
+    return f"plan ({plan['strategy']}): remove {heads} heads, {len(plan['remove_layers'])} layers{shape}{cost}"
+
+
+STAGE = Stage(
+    "select", SelectOptions, run, stem="plan",
+    inputs={"scores": ("scores",)}, outputs={"output": "{stem}.json"}, makes={"plan": "output"}, needs=("scores",),
+)

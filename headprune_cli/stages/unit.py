@@ -1,0 +1,127 @@
+"""A stage as one unit: an options model, its declared inputs and outputs, and `run`.
+
+The options model (pydantic) is the single home of a stage's defaults, help text and
+validation. The Typer command (cli/) turns its fields into command-line options, builds
+the options and calls `run`; `headprune run` (pipeline/) builds the same options from
+YAML and calls `run` directly, wiring stages together from the declarations below.
+Nothing here imports torch: `select --help` and `headprune run --check` stay fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from headprune_cli.errors import UsageError
+from headprune_cli.names import did_you_mean
+
+
+class Options(BaseModel):
+    """Base of every stage's options. Unknown keys and NaN are refused (NaN passes every
+    bound: nan < 1 and nan > 0 are both false); numbers given where text is expected
+    (`threshold: 0.01`, `schedule: 0.5` in YAML) are read as their text."""
+
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, arbitrary_types_allowed=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scalars_into_lists(cls, values: Any) -> Any:
+        # A repeatable option (`--weights a=1 --weights b=2`) may be one value in YAML.
+        if isinstance(values, dict):
+            for name, info in cls.model_fields.items():
+                if name in values and _is_list(info.annotation) and not isinstance(values[name], (list, tuple, type(None))):
+                    values = {**values, name: [values[name]]}
+        return values
+
+
+def option(default: Any = ..., help: str = "", *flags: str, ge: float | None = None, le: float | None = None,
+           negative: str | None = None, argument: bool = False, folder: bool = False) -> Any:
+    """A field of an options model with what its command-line option needs: `flags`
+    ('-o', '--output'; default --FIELD-NAME), `negative` ('--no-normalize'), whether it is
+    a positional `argument`, whether a path names a `folder` rather than a file to read."""
+    extra = {"flags": list(flags), "negative": negative, "argument": argument, "folder": folder}
+    return Field(default, description=help, ge=ge, le=le, json_schema_extra=extra)
+
+
+def _is_list(annotation) -> bool:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    return any(typing.get_origin(a) in (list, tuple) for a in args)
+
+
+@dataclass
+class Context:
+    """What a running stage talks to: a stderr console for people, progress bars on or off."""
+
+    console: Any = None  # a rich Console on stderr
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.console is None:
+            from rich.console import Console
+
+            self.console = Console(stderr=True)
+
+    def print(self, *args, **kwargs) -> None:
+        self.console.print(*args, **kwargs)
+
+
+@dataclass
+class Result:
+    """What every stage returns: the files it wrote and its exit code (3 = a gate failed)."""
+
+    outputs: list[str] = field(default_factory=list)
+    exit_code: int = 0
+    value: Any = None  # the stage's own result (a report, a plan, a model)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: its options, its `run`, and how the pipeline wires it.
+
+    `inputs` maps an option to the artifact roles that may feed it, tried in order;
+    `outputs` maps an option to the file it writes inside the pipeline's folder
+    (`{stem}` = the stage's name); `makes` names the roles its outputs become; `needs` the
+    options that must end up set. `optional_outputs` are extra files a stage entry may
+    switch on with `KEY: true`; `refused` options its pipeline stage cannot take, and why.
+    """
+
+    name: str
+    options: type[Options]
+    run: Callable[[Options, Context], Result]
+    stem: str
+    inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+    makes: dict[str, str] = field(default_factory=dict)
+    needs: tuple[str, ...] = ()
+    optional_outputs: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+    in_pipeline: bool = True
+
+
+# Stage name -> module that defines STAGE; imported only when asked for.
+MODULES = {
+    "import": "headprune_cli.stages.import_stage",
+    "score": "headprune_cli.stages.score",
+    "select": "headprune_cli.stages.select",
+    "prune": "headprune_cli.stages.prune",
+    "finetune": "headprune_cli.stages.finetune.stage",
+    "iterate": "headprune_cli.stages.iterate",
+    "report": "headprune_cli.stages.report.stage",
+    "sweep": "headprune_cli.stages.sweep_stage",
+    "export": "headprune_cli.stages.export_stage",
+}
+
+
+def get(name: str) -> Stage:
+    if name not in MODULES:
+        raise UsageError(f"unknown stage {name!r}{did_you_mean(name, MODULES)}")
+    return importlib.import_module(MODULES[name]).STAGE
+
+
+def all_stages() -> dict[str, Stage]:
+    return {name: get(name) for name in MODULES}
