@@ -25,14 +25,15 @@ from dataclasses import replace
 
 from headprune_cli.errors import UsageError
 from headprune_cli.model.cost_table import CostTable, predict
+from headprune_cli.stages.importance.registry import is_loss_scale, loss_scale_layer_methods
 
-LOSS_LAYER_METHODS = ("refit", "loo")  # layer scores that are loss changes
 
 
 def on_loss_scale(table) -> bool:
-    """Whether the table's head and layer scores can be priced together."""
-    heads_ok = bool(table.attention) or table.method == "loo"
-    return bool(table.layers) and table.layer_method in LOSS_LAYER_METHODS and heads_ok
+    """Whether the table's head and layer scores can be priced together: layer scores that
+    are loss changes, and heads either measured together per layer or loss-scale themselves."""
+    heads_ok = bool(table.attention) or is_loss_scale(table.method)
+    return bool(table.layers) and is_loss_scale(None, table.layer_method) and heads_ok
 
 
 def check_scale(table) -> None:
@@ -41,7 +42,7 @@ def check_scale(table) -> None:
     if not on_loss_scale(table):
         raise UsageError(
             f"strategy 'joint' compares heads and layers as loss changes: needs layer scores by "
-            f"{' or '.join(LOSS_LAYER_METHODS)} (got {table.layer_method}), which also measure each "
+            f"{' or '.join(loss_scale_layer_methods())} (got {table.layer_method}), which also measure each "
             f"layer's attention (or head scores by loo; got {table.method})"
         )
 

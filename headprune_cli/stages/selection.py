@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from headprune_cli.model.cost_table import CostTable, predict
+from headprune_cli.stages.scores import ScoreTable  # noqa: F401  (selection's input type; imported from here too)
 from headprune_cli.errors import NumericalError, UsageError, shorten
 from headprune_cli.stages import joint
 from headprune_cli.names import did_you_mean
@@ -41,37 +42,6 @@ class Constraints:
         out = asdict(self)
         out["protect"] = [f"{layer}:{head}" for layer, head in self.protect]
         return out
-
-
-@dataclass
-class ScoreTable:
-    """What selection needs from a scores artifact (original indices throughout)."""
-
-    heads: dict[int, dict[int, float]]  # kept layer -> kept head -> score (higher = keep)
-    num_heads: list[int]
-    num_kv_heads: list[int]
-    layers: dict[int, float] | None = None
-    cost: CostTable | None = None
-    method: str | None = None  # the head method, and the layer method: joint.on_loss_scale reads them
-    layer_method: str | None = None
-    attention: dict[int, float] | None = None  # loss change of removing a layer's heads together
-
-    @classmethod
-    def from_scores(cls, scores) -> "ScoreTable":
-        """From a schema.Scores artifact."""
-        return cls(
-            heads={int(k): {int(h): float(s) for h, s in v.items()} for k, v in scores.heads.items()},
-            num_heads=list(scores.num_heads),
-            num_kv_heads=list(scores.num_kv_heads),
-            layers={int(k): float(v) for k, v in scores.layers.items()} if scores.layers else None,
-            cost=CostTable.from_dict(scores.cost) if scores.cost else None,
-            method=scores.method,
-            layer_method=scores.config.get("layers") if scores.layers else None,
-            attention={int(k): float(v) for k, v in scores.attention.items()} if scores.attention else None,
-        )
-
-    def kept(self) -> dict[int, list[int]]:
-        return {layer: sorted(heads) for layer, heads in sorted(self.heads.items())}
 
 
 @dataclass
