@@ -45,9 +45,8 @@ from headprune_cli.model.export import export_onnx
 from headprune_cli.stages.importance.api import score_model
 from headprune_cli.stages.importance.gradients import probe_loss
 from headprune_cli.stages.report.latency import measure, synthetic_inputs
-from headprune_cli.model.layout import info_of
 from headprune_cli.stages.objectives import cosine, embed
-from headprune_cli.stages.selection import Constraints, ScoreTable, select
+from headprune_cli.stages.selection import Constraints, select
 from headprune_cli.model.surgery import apply_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,9 +55,7 @@ from bench_common import count_heads, minilm, random_split, split_text, tiny_ber
 
 # --- the two pruners --------------------------------------------------------------------
 def headprune_plan(model, calib: Dataset, ratio: float) -> dict[int, list[int]]:
-    result = score_model(model, calib, "taylor", "fidelity", batch_size=16)
-    layout = info_of(model).layout
-    table = ScoreTable(result["heads"], list(layout.num_heads), list(layout.num_kv_heads))
+    table = score_model(model, calib, "taylor", "fidelity", batch_size=16)
     return select(table, ratio=ratio, constraints=Constraints(min_heads=1)).remove_heads
 
 

@@ -68,7 +68,7 @@ def quality_rows(model, calib_set, held_set, methods=METHODS, ratios=(0.3, 0.5),
         results = {r: [] for r in ratios}
         for seed in range(seeds) if method == "random" else [0]:
             begin = time.perf_counter()
-            scores = score_model(model, calib_set, method, "fidelity", batch_size=32, seed=seed)["heads"]
+            scores = score_model(model, calib_set, method, "fidelity", batch_size=32, seed=seed).heads
             seconds[method] = time.perf_counter() - begin
             for ratio in ratios:
                 results[ratio].append(pruned_fidelity(model, scores, ratio, calib, reference, held_out))

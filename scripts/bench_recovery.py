@@ -28,7 +28,7 @@ from headprune_cli.stages.importance import score_model
 from headprune_cli.stages.iterative import iterative_prune
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.objectives import evaluate
-from headprune_cli.stages.selection import ScoreTable, select
+from headprune_cli.stages.selection import select
 from headprune_cli.model.surgery import apply_plan
 
 
@@ -41,9 +41,7 @@ def heads(model) -> int:
 
 
 def prune(model, calib, method: str, ratio: float, seed: int):
-    scores = score_model(model, calib, method, "classification", seed=seed)
-    layout = info_of(model).layout
-    table = ScoreTable(heads=scores["heads"], num_heads=list(layout.num_heads), num_kv_heads=list(layout.num_kv_heads))
+    table = score_model(model, calib, method, "classification", seed=seed)
     plan = select(table, "global", ratio=ratio)
     pruned = copy.deepcopy(model)
     apply_plan(pruned, plan.remove_heads, plan.remove_layers)

@@ -37,7 +37,7 @@ def _loss(model, part, objective="classification", reference=None) -> torch.Tens
 
 def test_refit_is_the_held_out_loss_after_removal_and_a_short_refit(setup):
     model, data = setup
-    scores = score_model(model, data, "random", layers="refit", batch_size=16)["layers"]
+    scores = score_model(model, data, "random", layers="refit", batch_size=16).layers
     fit, held = data.select(0, 8), data.select(8, 16)
     base, _ = _loss(model, held)
     cut = apply_plan(copy.deepcopy(model), {}, [1])
@@ -46,10 +46,10 @@ def test_refit_is_the_held_out_loss_after_removal_and_a_short_refit(setup):
     after, _ = _loss(cut, held)
     assert scores[1] == pytest.approx((after - base).mean().item(), abs=1e-9)
     # The refit is real training: the score differs from dropping the layer outright (loo).
-    loo = score_model(model, data, "random", layers="loo", batch_size=16)["layers"]
+    loo = score_model(model, data, "random", layers="loo", batch_size=16).layers
     assert scores[1] != pytest.approx(loo[1], abs=1e-4)
     # And it is deterministic.
-    assert score_model(model, data, "random", layers="refit", batch_size=16)["layers"] == scores
+    assert score_model(model, data, "random", layers="refit", batch_size=16).layers == scores
 
 
 def test_attention_is_the_loss_change_of_removing_all_of_a_layers_heads(setup):
@@ -60,14 +60,14 @@ def test_attention_is_the_loss_change_of_removing_all_of_a_layers_heads(setup):
         gates = [torch.zeros(k) if i == pos else torch.ones(k) for i, k in enumerate((4, 3, 4))]
         with HeadGates(model, gates):
             removed, _ = _loss(model, data)
-        assert result["attention"][pos] == pytest.approx((removed - base).mean().item(), abs=2e-6)
-    assert score_model(model, data, "taylor", layers="cosine")["attention"] is None  # not on the loss scale
+        assert result.attention[pos] == pytest.approx((removed - base).mean().item(), abs=2e-6)
+    assert score_model(model, data, "taylor", layers="cosine").attention is None  # not on the loss scale
 
 
 def test_refit_distils_without_labels_for_fidelity(tmp_path):
     model = give_tokenizer(TINY["reference"]())
     data = read_data(write_text(tmp_path / "t.txt", 12), model, need_labels=False)
-    scores = score_model(model, data, "taylor", "fidelity", layers="refit", batch_size=6)["layers"]
+    scores = score_model(model, data, "taylor", "fidelity", layers="refit", batch_size=6).layers
     assert sorted(scores) == [0, 1, 2] and all(v >= 0 for v in scores.values())  # 1 - cosine never falls below 0
     with pytest.raises(DataError, match="at least 4"):
         score_model(model, data.select(0, 3), "taylor", "fidelity", layers="refit")

@@ -23,10 +23,10 @@ def test_l0_scores_are_probabilities_and_a_dead_head_scores_low():
     with torch.no_grad():  # layer 1, head 2 writes nothing: its output-projection columns are 0
         model.layers[1].attention.o_proj.weight[:, 16:24] = 0.0
     result = score_model(model, _dataset(), "l0", "fidelity", batch_size=16, seed=0)
-    scores = [s for layer in result["heads"].values() for s in layer.values()]
+    scores = [s for layer in result.heads.values() for s in layer.values()]
     assert all(0.0 <= s <= 1.0 for s in scores)
-    dead = result["heads"][1][2]
-    others = [s for (layer, heads) in result["heads"].items() for h, s in heads.items() if (layer, h) != (1, 2)]
+    dead = result.heads[1][2]
+    others = [s for (layer, heads) in result.heads.items() for h, s in heads.items() if (layer, h) != (1, 2)]
     assert dead < 0.05 and dead < min(others)
     runs = [L0(steps=5)(ScoreContext(model, _dataset(), "fidelity", 16, seed=3)) for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(*runs))  # deterministic

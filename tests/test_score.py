@@ -66,7 +66,7 @@ def test_gate_gradients_match_finite_differences(setup):
         with HeadGates(model, gates):
             loss = batch_losses(ctx, one, 0).sum()
         manual += torch.autograd.grad(loss, [gates[1]])[0][0, 2].abs().item()
-    assert result["heads"][1][2] == pytest.approx(manual / len(data), rel=1e-9)
+    assert result.heads[1][2] == pytest.approx(manual / len(data), rel=1e-9)
 
 
 def test_loo_equals_physical_removal(setup):
@@ -75,7 +75,7 @@ def test_loo_equals_physical_removal(setup):
     base = _mean_loss(model, data)
     for layer, head in [(0, 0), (1, 2), (2, 3)]:
         cut = apply_plan(copy.deepcopy(model), {layer: [head]}, [])
-        assert result["heads"][layer][head] == pytest.approx(_mean_loss(cut, data) - base, abs=2e-6)
+        assert result.heads[layer][head] == pytest.approx(_mean_loss(cut, data) - base, abs=2e-6)
 
 
 def test_layer_loo_and_cosine(setup):
@@ -83,8 +83,8 @@ def test_layer_loo_and_cosine(setup):
     result = score_model(model, data, "random", layers="loo", batch_size=5)
     base = _mean_loss(model, data)
     cut = apply_plan(copy.deepcopy(model), {}, [1])
-    assert result["layers"][1] == pytest.approx(_mean_loss(cut, data) - base, abs=2e-6)
-    cosine = score_model(model, data, "random", layers="cosine")["layers"]
+    assert result.layers[1] == pytest.approx(_mean_loss(cut, data) - base, abs=2e-6)
+    cosine = score_model(model, data, "random", layers="cosine").layers
     assert all(0 < v < 2 for v in cosine.values())
 
 
@@ -95,7 +95,7 @@ def test_dead_heads_score_zero_and_rank_last(setup):
         for layer, head in dead.items():
             model.layers[layer].attention.o_proj.weight[:, head * 8 : (head + 1) * 8] = 0
     for method in ("gradient", "taylor", "taylor-weight", "fisher", "loo"):
-        heads = score_model(model, data, method, batch_size=5)["heads"]
+        heads = score_model(model, data, method, batch_size=5).heads
         for layer, head in dead.items():
             assert heads[layer][head] == 0.0, (method, layer, head)
         alive = [v for layer, hs in heads.items() for h, v in hs.items() if dead[layer] != h]
@@ -111,15 +111,15 @@ def test_every_objective_scores_every_head(tmp_path, name, objective):
     data = read_data(write_text(tmp_path / "t.txt", 6), model)
     for method in ("taylor", "loo", "entropy"):
         result = score_model(model, data, method, batch_size=4)
-        assert result["objective"] == objective
-        assert sum(len(v) for v in result["heads"].values()) == sum(info_of(model).layout.num_heads)
-        assert any(v != 0 for hs in result["heads"].values() for v in hs.values())
+        assert result.objective == objective
+        assert sum(len(v) for v in result.heads.values()) == sum(info_of(model).layout.num_heads)
+        assert any(v != 0 for hs in result.heads.values() for v in hs.values())
 
 
 def test_scores_use_original_indices(setup):
     model, data = setup
     apply_plan(model, {0: [1], 2: [0, 3]}, [1])
-    heads = score_model(model, data, "taylor", batch_size=5)["heads"]
+    heads = score_model(model, data, "taylor", batch_size=5).heads
     assert {k: sorted(v) for k, v in heads.items()} == {0: [0, 2, 3], 2: [1, 2]}
 
 

@@ -70,7 +70,7 @@ def test_a_sweep_point_equals_pruning_and_evaluating_by_hand(setup, cli):
     model = load(setup / "m.safetensors")
     calib = read_data(setup / "calib.jsonl", model, max_length=16)
     dev = read_data(setup / "dev.jsonl", model, max_length=16)
-    heads = score_model(model, calib, "taylor", batch_size=8)["heads"]
+    heads = score_model(model, calib, "taylor", batch_size=8).heads
     selection = select(ScoreTable(heads=heads, num_heads=[4, 3, 4], num_kv_heads=[4, 3, 4]), "global", ratio=0.5)
     apply_plan(model, selection.remove_heads, [])
     accuracy = {m.name: m.value for m in evaluate(model, dev, "classification", batch_size=8)}["accuracy"]
@@ -105,7 +105,7 @@ def test_sweep_compensation_changes_the_result_to_what_compensating_by_hand_give
     calib = read_data(tmp_path / "calib.txt", model, max_length=16)
     dev = read_data(tmp_path / "dev.txt", model, max_length=16)
     objective = default_objective(model)
-    heads = score_model(model, calib, "taylor", objective, batch_size=8)["heads"]
+    heads = score_model(model, calib, "taylor", objective, batch_size=8).heads
     selection = select(ScoreTable(heads=heads, num_heads=[4, 4, 4], num_kv_heads=[4, 4, 4]), "global", ratio=0.4)
     compensate(model, selection.remove_heads, selection.remove_layers, list(batches(calib, 8)), method="lstsq")
     apply_plan(model, selection.remove_heads, selection.remove_layers)

@@ -45,13 +45,10 @@ def _weights(value: Any) -> None:
 
 
 def _schedule(value: Any) -> None:
-    from headprune_cli.stages.iterative import _check_schedule
+    from headprune_cli.stages.iterative import check_schedule
+    from headprune_cli.stages.unit import comma_list
 
-    try:
-        ratios = [float(x) for x in str(value).split(",") if x.strip()]
-    except ValueError:
-        raise HeadpruneError(f"comma-separated fractions like 0.1,0.2,0.3, got {shorten(value)}") from None
-    _check_schedule(ratios)
+    check_schedule(comma_list(value, float, "schedule"))
 
 
 CHECKS: dict[tuple[str, str], Callable[[Any], None]] = {

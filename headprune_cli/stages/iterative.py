@@ -21,11 +21,10 @@ from headprune_cli.errors import UsageError
 from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
 from headprune_cli.stages.importance import score_model
 from headprune_cli.model.layout import info_of
+from headprune_cli.stages.iterate import DEFAULT_SCHEDULE
 from headprune_cli.stages.objectives import Metric, check_objective, evaluate, worse_by
-from headprune_cli.stages.selection import Constraints, ScoreTable, select
-from headprune_cli.model.surgery import apply_plan
-
-DEFAULT_SCHEDULE = (0.1, 0.2, 0.3, 0.4)
+from headprune_cli.stages.prune import cut
+from headprune_cli.stages.selection import Constraints, select
 
 
 @dataclass
@@ -77,7 +76,7 @@ def iterative_prune(
     metrics, 1.0 = one percentage point, as `report --max-drop`; perplexity in its own
     unit). `score_data` defaults to `train`.
     """
-    _check_schedule(schedule)
+    check_schedule(schedule)
     objective = check_objective(objective, model)
     cfg = finetune_config or FinetuneConfig(epochs=1, seed=seed)
     base = evaluate(model, dev, objective, reference=teacher)[0]
@@ -111,11 +110,9 @@ def iterative_prune(
 def _prune_round(model, data, method, objective, ratio, constraints, batch_size, seed):
     """Rescore the current model and cut `ratio` of its kept heads, on a copy."""
     scores = score_model(model, data, method, objective, batch_size=batch_size, seed=seed)
-    layout = info_of(model).layout
-    table = ScoreTable(heads=scores["heads"], num_heads=list(layout.num_heads), num_kv_heads=list(layout.num_kv_heads))
-    chosen = select(table, "global", ratio=min(1.0, ratio), constraints=constraints)
+    chosen = select(scores, "global", ratio=min(1.0, ratio), constraints=constraints)
     candidate = copy.deepcopy(model)
-    apply_plan(candidate, chosen.remove_heads, chosen.remove_layers)
+    cut(candidate, chosen)
     return candidate, chosen.remove_heads
 
 
@@ -131,7 +128,7 @@ def _acceptable(base: Metric, value: float, floor: float | None, max_drop: float
     return max_drop is None or worse_by(base.name, base.higher_is_better, base.value, value) <= max_drop
 
 
-def _check_schedule(schedule: Sequence[float]) -> None:
+def check_schedule(schedule: Sequence[float]) -> None:
     values = list(schedule)
     if not values:
         raise UsageError("the iterative schedule is empty")

@@ -2,8 +2,8 @@
 
 Each method scores the model once on the calibration data; every ratio is then a
 selection from those scores (selection.select, global strategy), a deep copy of the
-model cut with surgery.apply_plan (after optional closed-form compensation), and an
-evaluation on the eval data with objectives.evaluate. The result names, per method,
+model cut by prune.cut (with optional closed-form compensation), and an evaluation on
+the eval data with objectives.evaluate. The result names, per method,
 the largest ratio whose drop of the main metric stays within the budget.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from torch import nn
 
-from headprune_cli.model.cost import cost_table, count_params, flops_per_token
+from headprune_cli.model.cost import count_params, flops_per_token
 from headprune_cli.errors import UsageError
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.report.build import main_metric, metric_dicts
@@ -24,7 +24,9 @@ DEFAULT_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 
 
 @dataclass
-class SweepOptions:
+class SweepSettings:
+    """What a sweep runs (the `sweep` stage builds it from its options)."""
+
     methods: list[str]
     ratios: list[float] = field(default_factory=lambda: list(DEFAULT_RATIOS))
     compensate: str = "none"
@@ -35,19 +37,7 @@ class SweepOptions:
     seed: int = 0
 
 
-def parse_list(text: str, kind: type, name: str) -> list:
-    try:
-        values = [kind(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"{name}: expected a comma-separated list, got {text!r}") from None
-    if not values:
-        raise UsageError(f"{name}: empty list")
-    if len(set(values)) != len(values):
-        raise UsageError(f"{name}: {text!r} repeats a value")
-    return values
-
-
-def check_options(opts: SweepOptions) -> None:
+def check_options(opts: SweepSettings) -> None:
     from headprune_cli.stages.compensation import METHODS as COMPENSATIONS
     from headprune_cli.stages.importance.api import HEAD_METHODS
     from headprune_cli.names import did_you_mean
@@ -62,8 +52,9 @@ def check_options(opts: SweepOptions) -> None:
         raise UsageError(f"--ratios must lie strictly between 0 and 1 (got {bad[0]:g})")
 
 
-def run_sweep(model: nn.Module, calib, eval_data, opts: SweepOptions, progress: Callable[[str], None] = lambda _: None) -> dict:
+def run_sweep(model: nn.Module, calib, eval_data, opts: SweepSettings, progress: Callable[[str], None] = lambda _: None) -> dict:
     """The sweep payload: baseline metrics, one row per (method, ratio), the knees."""
+    from headprune_cli.stages.importance.api import score_model
     from headprune_cli.stages.objectives import default_objective, evaluate
 
     check_options(opts)
@@ -75,7 +66,7 @@ def run_sweep(model: nn.Module, calib, eval_data, opts: SweepOptions, progress: 
     rows = []
     for method in opts.methods:
         progress(f"scoring with {method}")
-        table = _score_table(model, calib, method, objective, opts)
+        table = score_model(model, calib, method, objective, batch_size=opts.batch_size, seed=opts.seed, seq_len=opts.max_length)
         for ratio in sorted(opts.ratios):
             progress(f"{method}: ratio {ratio:g}")
             pruned, removed = _pruned_copy(model, table, ratio, calib, opts)
@@ -119,31 +110,15 @@ def knees(rows: list[dict], methods: list[str]) -> dict[str, dict | None]:
     return best
 
 
-def _score_table(model, calib, method: str, objective: str, opts: SweepOptions):
-    from headprune_cli.stages.importance.api import score_model
-    from headprune_cli.stages.selection import ScoreTable
-
-    result = score_model(model, calib, method, objective, batch_size=opts.batch_size, seed=opts.seed)
-    layout = info_of(model).layout
-    return ScoreTable(
-        heads=result["heads"],
-        num_heads=list(layout.num_heads),
-        num_kv_heads=list(layout.num_kv_heads),
-        cost=cost_table(model, opts.max_length),
-    )
-
-
-def _pruned_copy(model: nn.Module, table, ratio: float, calib, opts: SweepOptions) -> tuple[nn.Module, int]:
-    from headprune_cli.stages.compensation import compensate
+def _pruned_copy(model: nn.Module, table, ratio: float, calib, opts: SweepSettings) -> tuple[nn.Module, int]:
     from headprune_cli.data import batches
+    from headprune_cli.stages.prune import Compensation, cut
     from headprune_cli.stages.selection import select
-    from headprune_cli.model.surgery import apply_plan
 
     selection = select(table, "global", ratio=ratio)
     pruned = copy.deepcopy(model)
-    if opts.compensate != "none":
-        compensate(pruned, selection.remove_heads, selection.remove_layers, list(batches(calib, opts.batch_size)), method=opts.compensate)
-    apply_plan(pruned, selection.remove_heads, selection.remove_layers)
+    compensation = Compensation(opts.compensate, list(batches(calib, opts.batch_size))) if opts.compensate != "none" else None
+    cut(pruned, selection, compensation)
     return pruned, sum(len(h) for h in selection.remove_heads.values())
 
 
@@ -177,5 +152,5 @@ def curves(result: dict) -> dict[str, list[tuple[float, float]]]:
     return out
 
 
-def options_dict(opts: SweepOptions) -> dict:
+def options_dict(opts: SweepSettings) -> dict:
     return asdict(opts)

@@ -125,3 +125,16 @@ def get(name: str) -> Stage:
 
 def all_stages() -> dict[str, Stage]:
     return {name: get(name) for name in MODULES}
+
+
+def comma_list(text: str, kind: type, name: str) -> list:
+    """'0.1,0.2' -> [0.1, 0.2]: the one parser of comma-separated option values."""
+    try:
+        values = [kind(part) for part in str(text).split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{name}: expected a comma-separated list of {kind.__name__} values, got {text!r}") from None
+    if not values:
+        raise UsageError(f"{name}: empty list")
+    if len(set(values)) != len(values):
+        raise UsageError(f"{name}: {text!r} repeats a value")
+    return values
