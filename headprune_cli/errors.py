@@ -1,4 +1,4 @@
-"""One error family, mapped to exit codes in exactly one place (cli.main).
+"""One error family, mapped to exit codes in exactly one place (`describe`, used by the CLI and the pipeline).
 
 Library code raises these; the CLI turns them into a single `Error: ...` line on
 stderr. Anything else escaping is a bug: one `Internal error: ...` line and exit
@@ -69,3 +69,35 @@ def shorten(value, limit: int = 80) -> str:
     except ValueError:  # int too large to print (Python's digit limit)
         return f"<int of {value.bit_length()} bits>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe(exc: BaseException) -> tuple[int, str]:
+    """(exit code, the one stderr line) for an exception that ends a command or a stage.
+
+    Refusals and the environment's failures (disk full, permissions) are `Error: ...`; any
+    other exception is a bug: `Internal error: ...` with its own exit code."""
+    if isinstance(exc, HeadpruneError):
+        return exc.exit_code, f"Error: {first_line(exc)}"
+    if isinstance(exc, BrokenPipeError):  # the reader went away: nothing left to tell
+        return EXIT_ERROR, ""
+    if isinstance(exc, MemoryError):
+        return EXIT_ERROR, "Error: out of memory"
+    if isinstance(exc, OSError):
+        return EXIT_ERROR, f"Error: {first_line(exc)}"
+    detail = (str(exc).strip().splitlines() or [""])[0]
+    message = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+    return EXIT_INTERNAL, f"Internal error: {message} (please report; HEADPRUNE_DEBUG=1 for the traceback)"
+
+
+def report(exc: BaseException) -> int:
+    """Print the exception's one line on stderr (and its traceback when HEADPRUNE_DEBUG=1); its exit code."""
+    import os
+    import sys
+    import traceback
+
+    code, line = describe(exc)
+    if os.environ.get("HEADPRUNE_DEBUG", "") not in ("", "0"):
+        traceback.print_exception(exc)
+    if line:
+        print(line, file=sys.stderr)
+    return code

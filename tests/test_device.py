@@ -157,7 +157,6 @@ def test_device_map_places_whole_blocks_over_devices():
 
 
 def test_run_config_takes_device_and_dtype_per_stage(files, monkeypatch):
-    from headprune_cli.cli.app import app
 
     monkeypatch.chdir(files)
     cfg = {
@@ -169,7 +168,7 @@ def test_run_config_takes_device_and_dtype_per_stage(files, monkeypatch):
             {"command": "report", "device": "cpu", "repeats": 0},
         ],
     }
-    pipeline = prepare(cfg, app=app)
+    pipeline = prepare(cfg)
     argv = {s.command: s.argv for s in pipeline.stages}
     assert argv["score"][argv["score"].index("--device") + 1] == "cpu"
     assert argv["score"][argv["score"].index("--dtype") + 1] == "bfloat16"

@@ -100,13 +100,12 @@ def test_stage_name_is_a_plain_file_name(work, cli, name):
 
 def test_dollar_in_a_file_name_is_not_a_variable(work, monkeypatch):
     """Only `${NAME}` is expanded; `a$b.jsonl` is a file name."""
-    from headprune_cli.cli.app import app
     from headprune_cli.pipeline.prepare import prepare
 
     shutil.copy(work / "data.jsonl", work / "a$b.jsonl")
     monkeypatch.setenv("HP_MODEL", "model.safetensors")
     monkeypatch.delenv("b", raising=False)
-    pipeline = prepare(json.loads(_config(work, [{"command": "score"}], data="a$b.jsonl", model="${HP_MODEL}").read_text()), app=app)
+    pipeline = prepare(json.loads(_config(work, [{"command": "score"}], data="a$b.jsonl", model="${HP_MODEL}").read_text()))
     assert pipeline.config.data == "a$b.jsonl" and pipeline.config.model == "model.safetensors"
     assert "a$b.jsonl" in pipeline.stages[0].argv
 

@@ -1,7 +1,7 @@
 """`headprune run`: config validation (every problem at once) and rerun/skip logic.
 
-Skip logic is tested against stub commands of a test-only Typer app, so these tests
-are fast and independent of what the real stages compute; tests/test_pipeline_demo.py
+Skip logic is tested with stub stages (the real stages' options, a stand-in `run`), so
+these tests are fast and independent of what the real stages compute; tests/test_pipeline_demo.py
 runs the real stages on the bundled example.
 """
 
@@ -10,16 +10,15 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Annotated, Optional
 
 import pytest
-import typer
 import yaml
 
 import headprune_cli
 from headprune_cli.pipeline.prepare import prepare
 from headprune_cli.pipeline.execute import STATE_FILE, execute, exit_code
 from headprune_cli.pipeline.config import ConfigError
+from headprune_cli.stages import unit
 
 from .conftest import TINY
 
@@ -27,8 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 
-# --- a stub app with the real commands' shapes: each writes a file naming its inputs --
-stub = typer.Typer()
+# --- stub stages: the real stages' options, each writes a file naming its inputs ------
 calls: list[str] = []
 
 
@@ -40,54 +38,26 @@ def _write(out: Path, *parts) -> None:
     out.write_text(digest.hexdigest())
 
 
-@stub.command("score")
-def _score(checkpoint: Path, data: Annotated[Path, typer.Option("--data")], method: Annotated[str, typer.Option("--method")] = "taylor",
-           seed: Annotated[int, typer.Option("--seed")] = 0, output: Annotated[Path, typer.Option("-o", "--output")] = None,
-           force: Annotated[bool, typer.Option("--force")] = False):
-    calls.append("score")
-    _write(output, checkpoint, data, method, seed)
+def _stub_outputs(command: str, o) -> None:
+    if command == "score":
+        _write(o.output, o.checkpoint, o.data, o.method, o.seed)
+    elif command == "select":
+        _write(o.output, o.scores, o.ratio, o.min_heads)
+    elif command == "prune":
+        _write(o.output, o.checkpoint, o.plan, o.scores, o.ratio)
+    elif command == "finetune":
+        _write(o.output, o.checkpoint, o.data, o.steps, o.seed)
+    elif command == "report":
+        _write(Path(o.json_out), o.model, o.baseline, o.data, o.max_drop)
+        o.markdown_out.write_text("# report\n")
 
 
-@stub.command("select")
-def _select(scores: Annotated[str, typer.Argument()] = "-", ratio: Annotated[Optional[float], typer.Option("--ratio")] = None,
-            min_heads: Annotated[int, typer.Option("--min-heads", min=0)] = 1,
-            output: Annotated[Optional[Path], typer.Option("-o", "--output")] = None, force: Annotated[bool, typer.Option("--force")] = False):
-    calls.append("select")
-    _write(output, scores, ratio, min_heads)
-
-
-@stub.command("prune")
-def _prune(checkpoint: Annotated[Optional[Path], typer.Argument()] = None, plan: Annotated[Optional[str], typer.Option("--plan")] = None,
-           scores: Annotated[Optional[str], typer.Option("--scores")] = None, ratio: Annotated[Optional[float], typer.Option("--ratio")] = None,
-           compensation: Annotated[str, typer.Option("--compensate")] = "none", data: Annotated[Optional[Path], typer.Option("--data")] = None,
-           output: Annotated[Path, typer.Option("-o", "--output")] = None, force: Annotated[bool, typer.Option("--force")] = False):
-    calls.append("prune")
-    _write(output, checkpoint, plan, scores, ratio)
-
-
-@stub.command("finetune")
-def _finetune(checkpoint: Path, data: Annotated[Path, typer.Option("--data")], steps: Annotated[Optional[int], typer.Option("--steps", min=1)] = None,
-              seed: Annotated[int, typer.Option("--seed")] = 0, output: Annotated[Path, typer.Option("-o", "--output")] = None,
-              force: Annotated[bool, typer.Option("--force")] = False):
-    calls.append("finetune")
-    _write(output, checkpoint, data, steps, seed)
-
-
-@stub.command("report")
-def _report(model: Annotated[Path, typer.Option("--model")], data: Annotated[Path, typer.Option("--data")],
-            baseline: Annotated[str, typer.Option("--baseline")] = "auto", max_drop: Annotated[Optional[float], typer.Option("--max-drop", min=0)] = None,
-            json_out: Annotated[Optional[str], typer.Option("--json")] = None, markdown_out: Annotated[Optional[Path], typer.Option("--markdown")] = None,
-            force: Annotated[bool, typer.Option("--force")] = False):
-    calls.append("report")
-    _write(Path(json_out), model, baseline, data, max_drop)
-    markdown_out.write_text("# report\n")
-    if max_drop is not None and max_drop < 0.5:
-        raise typer.Exit(3)
-
-
-def stub_main(argv: list[str]) -> int:
-    result = stub(args=argv, standalone_mode=False)  # click returns Exit codes here
-    return result if isinstance(result, int) else 0
+def stub_main(stage) -> int:
+    """Runs in place of a stage: the options the pipeline built, as the real stage gets them."""
+    calls.append(stage.command)
+    options = unit.get(stage.command).options.model_validate(stage.params)
+    _stub_outputs(stage.command, options)
+    return 3 if stage.command == "report" and options.max_drop is not None and options.max_drop < 0.5 else 0
 
 
 @pytest.fixture
@@ -122,9 +92,9 @@ def config(**changes) -> dict:
 
 
 def run_stub(cfg: dict, overrides=(), force=False):
-    pipeline = prepare(cfg, list(overrides), app=stub)
+    pipeline = prepare(cfg, list(overrides))
     calls.clear()
-    return execute(pipeline, invoke=stub_main, force=force)
+    return execute(pipeline, stub_main, force=force)
 
 
 # --- validation --------------------------------------------------------------------------
@@ -137,7 +107,7 @@ def test_every_problem_reported_together_before_any_work(workdir):
         {"command": "reprot"},  # unknown command
     ]
     with pytest.raises(ConfigError) as info:
-        prepare(cfg, app=stub)
+        prepare(cfg)
     problems = info.value.problems
     text = "\n".join(problems)
     assert "sede: unknown key (did you mean 'seed'?" in text
@@ -153,10 +123,10 @@ def test_every_problem_reported_together_before_any_work(workdir):
 def test_select_without_scores_and_bounds_and_pipeline_owned_options(workdir):
     cfg = config(stages=[{"command": "select", "ratio": 0.3, "min_heads": -1, "output": "x.json"}])
     with pytest.raises(ConfigError) as info:
-        prepare(cfg, app=stub)
+        prepare(cfg)
     text = "\n".join(info.value.problems)
     assert "stages.0 (select): needs `scores`, which no earlier stage makes" in text
-    assert "stages.0 (select).min_heads: Input should be greater than or equal to 0" in text
+    assert "stages.0 (select).min_heads: Input should be greater than or equal to 1" in text
     assert "stages.0 (select).output: set by the pipeline" in text
 
 
@@ -174,17 +144,17 @@ def test_cli_prints_one_line_per_problem_and_exits_2(workdir, cli):
 
 
 def test_set_overrides_by_stage_name_and_index(workdir):
-    pipeline = prepare(config(), ["stages.select.ratio=0.5", "stages.3.steps=7", "seed=3"], app=stub)
+    pipeline = prepare(config(), ["stages.select.ratio=0.5", "stages.3.steps=7", "seed=3"])
     argv = {s.name: s.argv for s in pipeline.stages}
     assert argv["select"][argv["select"].index("--ratio") + 1] == "0.5"
     assert argv["finetune"][argv["finetune"].index("--steps") + 1] == "7"
     assert argv["score"][argv["score"].index("--seed") + 1] == "3"
     with pytest.raises(ConfigError, match="no stage 'sellect'"):
-        prepare(config(), ["stages.sellect.ratio=0.5"], app=stub)
+        prepare(config(), ["stages.sellect.ratio=0.5"])
 
 
 def test_implicit_wiring(workdir):
-    pipeline = prepare(config(), app=stub)
+    pipeline = prepare(config())
     argv = {s.name: " ".join(s.argv) for s in pipeline.stages}
     assert argv["score"].startswith("score model.safetensors") and "--data calib.jsonl" in argv["score"]
     assert argv["select"].startswith("select out/scores.json")
@@ -193,17 +163,17 @@ def test_implicit_wiring(workdir):
     assert "--model out/finetuned.safetensors" in argv["report"] and "--baseline model.safetensors" in argv["report"]
     assert "--data dev.jsonl" in argv["report"] and "--json out/report.json" in argv["report"]
     # prune with a ratio and no select stage reads the scores
-    pipeline = prepare(config(stages=[{"command": "score"}, {"command": "prune", "ratio": 0.5}]), app=stub)
+    pipeline = prepare(config(stages=[{"command": "score"}, {"command": "prune", "ratio": 0.5}]))
     assert "--scores out/scores.json" in " ".join(pipeline.stages[1].argv)
 
 
 def test_env_vars_in_paths(workdir, monkeypatch):
     monkeypatch.setenv("HP_TEST_DIR", str(workdir))
-    pipeline = prepare(config(model="${HP_TEST_DIR}/model.safetensors"), app=stub)
+    pipeline = prepare(config(model="${HP_TEST_DIR}/model.safetensors"))
     assert pipeline.config.model == f"{workdir}/model.safetensors"
     monkeypatch.delenv("HP_TEST_DIR")
     with pytest.raises(ConfigError, match="environment variable HP_TEST_DIR is not set"):
-        prepare(config(model="${HP_TEST_DIR}/model.safetensors"), app=stub)
+        prepare(config(model="${HP_TEST_DIR}/model.safetensors"))
 
 
 def test_out_folder_with_foreign_files_is_refused(workdir):
@@ -211,11 +181,11 @@ def test_out_folder_with_foreign_files_is_refused(workdir):
     (workdir / "out").mkdir()
     (workdir / "out" / "precious.txt").write_text("keep")
     with pytest.raises(ConfigError, match="holds files headprune did not write"):
-        prepare(config(), app=stub)
+        prepare(config())
     (workdir / "out" / "precious.txt").unlink()
     run_stub(config())  # an empty folder is adopted and marked
     assert (workdir / "out" / ".headprune").is_file()
-    prepare(config(), app=stub)
+    prepare(config())
 
 
 # --- reruns --------------------------------------------------------------------------------
@@ -255,12 +225,12 @@ def test_force_redoes_everything_and_gate_failure_exits_3(workdir):
 def test_failed_stage_stops_the_run_and_is_redone_next_time(workdir):
     cfg = config()
     cfg["stages"][3]["data"] = "dev.jsonl"
-    pipeline = prepare(cfg, app=stub)
+    pipeline = prepare(cfg)
 
-    def failing(argv):
-        return 1 if argv[0] == "finetune" else stub_main(argv)
+    def failing(stage):
+        return 1 if stage.command == "finetune" else stub_main(stage)
 
-    results = execute(pipeline, invoke=failing)
+    results = execute(pipeline, failing)
     assert [r.status for r in results] == ["ran", "ran", "ran", "failed"] and exit_code(results) == 1
     assert "finetune" not in (workdir / "out" / STATE_FILE).read_text()
     run_stub(cfg)
@@ -277,7 +247,6 @@ def test_resolved_config_written(workdir):
 
 # --- shipped configs -----------------------------------------------------------------------
 def test_every_shipped_config_validates_and_says_how_to_run_it(monkeypatch, tmp_path, minilm_dir):
-    from headprune_cli.cli.app import app
 
     assert {p.name for p in CONFIGS} >= {"demo.yaml", "minilm.yaml", "causal-lm.yaml", "ci-gate.yaml"}
     monkeypatch.chdir(ROOT)
@@ -288,7 +257,7 @@ def test_every_shipped_config_validates_and_says_how_to_run_it(monkeypatch, tmp_
         first = path.read_text().splitlines()[0]
         assert first.startswith("#") and f"headprune run configs/{path.name}" in first, (path.name, first)
         overrides = [f"model={causal}"] if path.name == "causal-lm.yaml" else []
-        pipeline = prepare(path, overrides, out=str(tmp_path / path.stem), app=app)
+        pipeline = prepare(path, overrides, out=str(tmp_path / path.stem))
         assert pipeline.stages, path.name
 
 
@@ -303,12 +272,12 @@ def _make_causal_lm(path: Path) -> None:
 
 def test_prune_reads_data_only_to_compensate(workdir):
     cfg = config(stages=[{"command": "score"}, {"command": "select", "ratio": 0.5}, {"command": "prune"}])
-    assert "--data" not in prepare(cfg, app=stub).stages[2].argv
+    assert "--data" not in prepare(cfg).stages[2].argv
     cfg["stages"][2]["compensate"] = "lstsq"
-    argv = prepare(cfg, app=stub).stages[2].argv
+    argv = prepare(cfg).stages[2].argv
     assert argv[argv.index("--data") + 1] == "calib.jsonl"
     with pytest.raises(ConfigError, match=r"stages.2 \(prune\): needs `data`"):
-        prepare({k: v for k, v in cfg.items() if k not in ("data",)}, app=stub)
+        prepare({k: v for k, v in cfg.items() if k not in ("data",)})
 
 
 def test_check_prints_the_commands_and_runs_nothing(cli, monkeypatch, tmp_path):

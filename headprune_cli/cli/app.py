@@ -24,7 +24,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from headprune_cli.errors import EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, HeadpruneError, Interrupted
+from headprune_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, Interrupted, report
 from headprune_cli.names import did_you_mean
 
 # In pipeline order, which is also the order `headprune --help` lists them: command name ->
@@ -128,14 +128,6 @@ def _fail(message: str, code: int, prefix: str = "Error") -> int:
     return code
 
 
-def _internal(exc: BaseException) -> int:
-    # A bug, not bad input: its own prefix and exit code, so that neither a user's CI job
-    # nor our bad-input tests can mistake a crash for a refusal.
-    detail = (str(exc).strip().splitlines() or [""])[0]
-    message = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-    return _fail(f"{message} (please report; HEADPRUNE_DEBUG=1 for the traceback)", EXIT_INTERNAL, "Internal error")
-
-
 def _quiet_transformers() -> None:
     # transformers' own progress bars and advice would mix into our stderr output. The
     # environment reaches it without importing it here (seconds that `select` does not need).
@@ -188,18 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(exc.format_message() + hint, getattr(exc, "exit_code", EXIT_USAGE))
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)
-    except HeadpruneError as exc:
-        return _fail(str(exc), exc.exit_code)
-    except BrokenPipeError:
-        return EXIT_ERROR
-    except MemoryError:
-        return _fail("out of memory", EXIT_ERROR)
-    except OSError as exc:  # the environment refused (disk full, permissions): not a bug
-        return _fail(str(exc) or type(exc).__name__, EXIT_ERROR)
     except (SystemExit, GeneratorExit):
         raise
-    except BaseException as exc:  # noqa: BLE001 - includes pyo3's PanicException (Rust panics)
-        return _internal(exc)
+    except BaseException as exc:  # noqa: BLE001 - refusals, the environment, bugs (pyo3's PanicException too)
+        return report(exc)
     return result if isinstance(result, int) else 0
 
 

@@ -11,9 +11,9 @@ from rich.table import Table
 
 from headprune_cli.errors import EXIT_USAGE
 from headprune_cli.pipeline.prepare import prepare
-from headprune_cli.pipeline.execute import RESOLVED_FILE, STATE_FILE, execute, exit_code
+from headprune_cli.pipeline.execute import RESOLVED_FILE, STATE_FILE, execute, exit_code, run_stage
 from headprune_cli.pipeline.config import ConfigError
-from headprune_cli.cli.common import console
+from headprune_cli.cli.common import console, context
 
 
 def run(
@@ -25,7 +25,8 @@ def run(
 ) -> None:
     """Run a whole pipeline from a YAML config; every stage's artifact is kept in one folder.
 
-    Each stage's keys are exactly the long options of its command. A rerun skips
+    Each stage's keys are exactly the long options of its command, and each stage runs
+    in this process with those options, as the command would. A rerun skips
     stages whose options and input files are unchanged. Exit codes as the stages':
     3 when a report gate failed.
 
@@ -37,10 +38,8 @@ def run(
 
       headprune run configs/ci-gate.yaml --check
     """
-    from headprune_cli.cli.app import app, main  # the app that holds this command: imported at run time
-
     try:
-        pipeline = prepare(config, overrides or [], out=out, app=app)
+        pipeline = prepare(config, overrides or [], out=out)
     except ConfigError as exc:
         # One line per problem: the CLI's single-line error mapping would hide all but one.
         for problem in exc.problems:
@@ -50,7 +49,7 @@ def run(
         for stage in pipeline.stages:
             sys.stdout.write("headprune " + " ".join(stage.argv) + "\n")
         return
-    results = execute(pipeline, main, force=force, log=lambda line: console.print(line, style="bold", highlight=False, markup=False))
+    results = execute(pipeline, lambda stage: run_stage(stage, context()), force=force, log=lambda line: console.print(line, style="bold", highlight=False, markup=False))
     _summary(results, pipeline.out)
     code = exit_code(results)
     if code:

@@ -3,8 +3,9 @@
 A config names a model, data and a list of stages. A stage's keys, apart from `command`
 and `name`, are exactly the long options of that `headprune` command (`--min-heads` is
 `min_heads` or `min-heads`), so the YAML accepts what the command line accepts and
-nothing else. The option table is read from the registered Typer commands themselves,
-so a new option needs no change here. All problems are collected before any work starts.
+nothing else. The option table is read from each stage's options model (the same model
+the command line is made from), so a new option needs no change here. All problems are
+collected before any work starts.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class OptionSpec:
     minimum: float | None = None
     maximum: float | None = None
     is_path: bool = False
+    is_folder: bool = False  # a path that names a folder the stage creates, not a file it reads
 
 
 @dataclass
@@ -77,37 +79,30 @@ class CommandSpec:
         return next((o for o in self.options.values() if o.param == param), None)
 
 
-def command_specs(app) -> dict[str, CommandSpec]:
-    """Every command of a Typer app with its options, keyed by command name."""
-    import click
-    import typer.main
+def stage_specs() -> dict[str, CommandSpec]:
+    """Every stage's options, keyed by stage name, read from its options model."""
+    from headprune_cli.stages.unit import all_stages
 
-    group = typer.main.get_command(app)
-    ctx = click.Context(group)  # get_command, not .commands: the CLI's group loads commands lazily
-    return {name: _command_spec(name, group.get_command(ctx, name)) for name in group.list_commands(ctx)}
+    return {name: _command_spec(name, stage.options) for name, stage in all_stages().items()}
 
 
-def _command_spec(name: str, cmd) -> CommandSpec:
+def _command_spec(name: str, options) -> CommandSpec:
     spec = CommandSpec(name)
-    for p in cmd.params:
-        annotation = getattr(getattr(p, "type_descriptor", None), "annotation", Any)
-        longs = [o for o in p.opts if o.startswith("--")]
-        flag = (longs or p.opts)[0] if getattr(p, "param_type_name", "") == "option" or hasattr(p, "is_flag") else None
-        key = (flag.lstrip("-") if flag else p.name).replace("-", "_")
-        negatives = [o for o in getattr(p, "secondary_opts", []) if o.startswith("--")]
-        option = OptionSpec(
-            key=key,
-            param=p.name,
-            flag=flag,
-            annotation=annotation,
-            is_flag=bool(getattr(p, "is_flag", False)),
-            negative=negatives[0] if negatives else None,
-            multiple=bool(p.multiple),
-            minimum=getattr(p, "min", None),
-            maximum=getattr(p, "max", None),
-            is_path=_is_path(annotation),
+    for param, info in options.model_fields.items():
+        extra = info.json_schema_extra or {}
+        flags = list(extra.get("flags") or ["--" + param.replace("_", "-")])
+        longs = [f for f in flags if f.startswith("--")]
+        flag = None if extra.get("argument") else (longs or flags)[0]
+        key = (flag.lstrip("-") if flag else param).replace("-", "_")
+        low = next((m.ge for m in info.metadata if hasattr(m, "ge")), None)
+        high = next((m.le for m in info.metadata if hasattr(m, "le")), None)
+        base = [a for a in typing.get_args(info.annotation) if a is not type(None)] or [info.annotation]
+        spec.options[key] = OptionSpec(
+            key=key, param=param, flag=flag, annotation=info.annotation,
+            is_flag=flag is not None and base == [bool], negative=extra.get("negative"),
+            multiple=any(typing.get_origin(a) in (list, tuple) for a in base),
+            minimum=low, maximum=high, is_path=_is_path(info.annotation), is_folder=bool(extra.get("folder")),
         )
-        spec.options[key] = option
         if flag is None:
             spec.positional.append(key)
     return spec

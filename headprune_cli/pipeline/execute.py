@@ -1,4 +1,5 @@
-"""Running a prepared pipeline: stages in order, reruns skipped by fingerprint.
+"""Running a prepared pipeline: each stage's `run` called with its options, in order,
+reruns skipped by fingerprint.
 
 A stage's fingerprint is the sha256 of its command line and of every input file it
 names; `run-state.json` keeps each finished stage's fingerprint and its outputs' sha256.
@@ -19,10 +20,11 @@ from typing import Any
 import yaml
 
 from headprune_cli import __version__
-from headprune_cli.errors import EXIT_GATE_FAILED, EXIT_OK
+from headprune_cli.errors import EXIT_GATE_FAILED, EXIT_OK, Interrupted, report
 from headprune_cli.fileio import atomic_write_bytes, sha256_bytes, sha256_file
 from headprune_cli.outputs import exclusive, make_folder
 from headprune_cli.pipeline.prepare import RESOLVED_FILE, STATE_FILE, Pipeline, Stage
+from headprune_cli.stages import unit
 
 
 @dataclass
@@ -35,21 +37,33 @@ class StageResult:
     outputs: list[str]
 
 
-Invoke = Callable[[list[str]], int]
+Runner = Callable[[Stage], int]
 Log = Callable[[str], None]
 
 
-def execute(pipeline: Pipeline, invoke: Invoke, force: bool = False, log: Log = lambda _: None) -> list[StageResult]:
+def run_stage(stage: Stage, context: unit.Context | None = None) -> int:
+    """Build the stage's options and call its `run`; its exit code. A refusal or a bug
+    ends the stage with its one line on stderr and its exit code, as the command would."""
+    declared = unit.get(stage.command)
+    try:
+        return declared.run(declared.options.model_validate(stage.params), context or unit.Context()).exit_code
+    except (Interrupted, KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - as the CLI's mapping: refusals, the environment, bugs
+        return report(exc)
+
+
+def execute(pipeline: Pipeline, runner: Runner = run_stage, force: bool = False, log: Log = lambda _: None) -> list[StageResult]:
     """Run the stages in order; skip unchanged ones; stop at the first failure.
 
-    `invoke` runs one stage's argv and returns its exit code (the CLI passes its `main`).
+    `runner` runs one stage and returns its exit code (default: the stage's `run`).
     The out folder is locked for the whole run: a second run on it is refused at once."""
     out = make_folder(pipeline.out)
     with exclusive(out, "`headprune run`"):
-        return _execute(pipeline, out, invoke, force, log)
+        return _execute(pipeline, out, runner, force, log)
 
 
-def _execute(pipeline: Pipeline, out: Path, invoke: Invoke, force: bool, log: Log) -> list[StageResult]:
+def _execute(pipeline: Pipeline, out: Path, invoke: Runner, force: bool, log: Log) -> list[StageResult]:
     atomic_write_bytes(out / RESOLVED_FILE, resolved_yaml(pipeline).encode())
     previous = {} if force else _read_state(out)
     state: dict[str, Any] = {"headprune_version": __version__, "stages": []}
@@ -65,7 +79,7 @@ def _execute(pipeline: Pipeline, out: Path, invoke: Invoke, force: bool, log: Lo
         dirty = True  # a redone stage redoes everything after it
         log(f"[{stage.name}] headprune {' '.join(stage.argv)}")
         start = time.perf_counter()
-        code = invoke(stage.argv)
+        code = invoke(stage)
         seconds = time.perf_counter() - start
         ok = code in (EXIT_OK, EXIT_GATE_FAILED) and all(Path(p).exists() for p in stage.outputs)
         results.append(StageResult(stage.name, stage.command, "ran" if ok else "failed", code, seconds, stage.outputs))

@@ -1,8 +1,9 @@
-"""`headprune run`: a YAML config -> validated, wired stages, each one a real `headprune` command.
+"""`headprune run`: a YAML config -> validated, wired stages.
 
-Every stage becomes an argv for its command and runs in-process through the CLI's own
-`main`, so a pipeline does exactly what the same commands typed in a shell would do.
-The pipeline adds three things: implicit wiring (select reads the last scores, prune the
+Every stage entry is checked against its stage's options model (the one its command is
+made from), then becomes the stage's options plus the command line that would run it
+(kept for resolved.yaml, `run --check` and the rerun fingerprints). execute.py calls
+each stage's `run` with those options. The pipeline adds three things: implicit wiring (select reads the last scores, prune the
 last plan, finetune the current model, report compares the current model with the
 starting one), one folder holding every artifact plus `resolved.yaml`, and reruns that
 skip a stage whose options and input files (by sha256) are unchanged, redoing that stage
@@ -26,9 +27,12 @@ from headprune_cli.names import did_you_mean
 from headprune_cli.pipeline.option_checks import check_values
 from headprune_cli.outputs import MARKER, check_folder
 from headprune_cli.pipeline.config import (
-    ConfigError, PipelineConfig, apply_overrides, command_specs, expand_env, format_errors, load_yaml, stage_model,
+    ConfigError, PipelineConfig, apply_overrides, expand_env, format_errors, load_yaml, stage_model, stage_specs,
 )
+from headprune_cli.stages import unit
 
+# prune options that mean "select inside prune from scores" rather than "apply a plan".
+SELECT_KEYS = ("ratio", "target_params", "target_flops", "threshold")
 STATE_FILE = "run-state.json"  # stage fingerprints, written by execute
 RESOLVED_FILE = "resolved.yaml"  # the config as it ran, written by execute
 RESERVED = (STATE_FILE, RESOLVED_FILE, MARKER)  # no stage artifact may take these names
@@ -36,83 +40,14 @@ RESERVED = (STATE_FILE, RESOLVED_FILE, MARKER)  # no stage artifact may take the
 STAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
-@dataclass(frozen=True)
-class Wiring:
-    """How the pipeline feeds one command: which option takes which artifact.
-
-    `inputs` maps an option key to an artifact role, tried in order (prune takes the
-    plan, or the scores when no stage made a plan); `outputs` maps an option key to the
-    file it writes (`{stem}` = the stage name); `makes` the roles its outputs become.
-    """
-
-    inputs: dict[str, tuple[str, ...]]
-    outputs: dict[str, str]
-    makes: dict[str, str] = field(default_factory=dict)  # role -> output key
-    needs: tuple[str, ...] = ()  # option keys that must end up set
-
-
-WIRING: dict[str, Wiring] = {
-    # Implicit first stage when `model:` is a Hugging Face folder (never written by users).
-    "import": Wiring({"source": ("source",)}, {"output": "model.safetensors"}, {"model": "output", "baseline": "output"}, ("source",)),
-    "score": Wiring({"checkpoint": ("model",), "data": ("data",)}, {"output": "{stem}.json"}, {"scores": "output"}, ("checkpoint", "data")),
-    "select": Wiring({"scores": ("scores",)}, {"output": "{stem}.json"}, {"plan": "output"}, ("scores",)),
-    "prune": Wiring(
-        {"checkpoint": ("model",), "plan": ("plan",), "data": ("data",)},  # data: compensation only
-        {"output": "{stem}.safetensors"},
-        {"model": "output"},
-        ("checkpoint",),
-    ),
-    "finetune": Wiring(
-        {"checkpoint": ("model",), "data": ("train_data",), "eval_data": ("eval_data",)},
-        {"output": "{stem}.safetensors"},
-        {"model": "output"},
-        ("checkpoint", "data"),
-    ),
-    # The iterative form: rescore -> prune -> recover per step of a schedule of ratios.
-    "iterate": Wiring(
-        {"checkpoint": ("model",), "data": ("train_data",), "eval_data": ("eval_data",), "score_data": ("data",)},
-        {"output": "{stem}.safetensors"},
-        {"model": "output"},
-        ("checkpoint", "data", "eval_data"),
-    ),
-    "report": Wiring(
-        {"model": ("model",), "baseline": ("baseline",), "data": ("eval_data",), "scores": ("scores",)},
-        {"json": "{stem}.json", "markdown": "{stem}.md"},
-        {"report": "json"},
-        ("model", "data"),
-    ),
-    "sweep": Wiring(
-        {"checkpoint": ("model",), "data": ("data",), "eval_data": ("eval_data",)},
-        {"output": "{stem}"},
-        {"sweep": "output"},
-        ("checkpoint", "data", "eval_data"),
-    ),
-    # The deployable folder of the current model, in the same process as the stages before
-    # it (BENCHMARKS §8: on a 1 B LLaMA that saves a second start of torch and transformers).
-    "export": Wiring({"checkpoint": ("model",)}, {"hf": "{stem}"}, {}, ("checkpoint",)),
-}
-# Default artifact names when a stage keeps its command's name.
-STEMS = {
-    "import": "model", "score": "scores", "select": "plan", "prune": "pruned", "finetune": "finetuned",
-    "iterate": "iterated", "report": "report", "sweep": "sweep", "export": "export",
-}
-# Options of a command that its stage cannot take, and why.
-REFUSED = {"export": {"onnx": "the export stage writes an HF folder; `with_onnx: true` adds onnx/model.onnx to it"}}
-# prune options that mean "select inside prune from scores" rather than "apply a plan".
-SELECT_KEYS = {"ratio", "target_params", "target_flops", "threshold"}
-# Path options that name a folder rather than a file to read.
-FOLDER_OPTIONS = {"state_dir"}
-# Options the pipeline always sets itself; also the report's optional extra outputs.
-OPTIONAL_OUTPUTS = {"report": {"plot": "{stem}-plots", "junit": "{stem}.junit.xml"}}
-
-
 @dataclass
 class Stage:
     name: str
     command: str
     options: dict[str, Any]  # YAML keys -> values, as the user wrote them (normalised keys)
-    argv: list[str] = field(default_factory=list)
+    argv: list[str] = field(default_factory=list)  # the command line that does the same
     outputs: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)  # the stage's options, by field name
 
 
 @dataclass
@@ -124,18 +59,15 @@ class Pipeline:
 
 
 # --- validation: everything, before any work ------------------------------------------
-def prepare(source: str | Path | dict, overrides: list[str] = (), out: str | None = None, *, app) -> Pipeline:
-    """Read, override, validate and wire a config; raise ConfigError listing every problem.
-
-    `app` is the Typer app whose commands the stages run (the CLI passes its own: the
-    pipeline never imports the command line)."""
+def prepare(source: str | Path | dict, overrides: list[str] = (), out: str | None = None) -> Pipeline:
+    """Read, override, validate and wire a config; raise ConfigError listing every problem."""
     raw = load_yaml(source) if not isinstance(source, dict) else json.loads(json.dumps(source))
     problems = apply_overrides(raw, list(overrides))
     if out is not None:
         raw["out"] = out
     problems += expand_env(raw)
     config = _top_level(raw, problems)
-    specs = command_specs(app)
+    specs = stage_specs()
     stages = _check_stages(raw.get("stages"), specs, problems)
     if isinstance(config.model, str) and Path(config.model).is_dir():
         stages.insert(0, Stage("import", "import", {}))  # an HF folder: import it first
@@ -171,8 +103,8 @@ def _check_stages(entries, specs, problems: list[str]) -> list[Stage]:
             continue
         entry = {str(k).replace("-", "_"): v for k, v in entry.items()}
         command = entry.get("command")
-        if command not in WIRING or command not in specs or command == "import":
-            known = [c for c in WIRING if c in specs and c != "import"]
+        if command not in specs or command == "import":  # import is implicit: `model:` an HF folder
+            known = [c for c in specs if c != "import"]
             problems.append(f"{where}.command: {'missing' if command is None else f'unknown command {shorten(command)}'}{did_you_mean(str(command), known)}")
             continue
         name = str(entry.get("name") or command)
@@ -188,22 +120,23 @@ def _check_stages(entries, specs, problems: list[str]) -> list[Stage]:
         if len(problems) == found:  # values of the right types: now as their command reads them
             check_values(command, entry, where, problems)
         # Unknown keys are reported above; wiring goes on without them to find more problems.
-        options = {k: v for k, v in entry.items() if k in specs[command].options or k in OPTIONAL_OUTPUTS.get(command, {})}
+        options = {k: v for k, v in entry.items() if k in specs[command].options or k in unit.get(command).optional_outputs}
         stages.append(Stage(name, command, options))
     return stages
 
 
 def _check_options(entry: dict, spec, where: str, problems: list[str]) -> None:
-    refused = REFUSED.get(spec.name, {})
-    not_settable = set(WIRING[spec.name].outputs) | {"force"} | set(refused)  # a stage entry may not set these
-    reserved = not_settable | set(OPTIONAL_OUTPUTS.get(spec.name, {}))
+    declared = unit.get(spec.name)
+    refused = declared.refused
+    not_settable = set(declared.outputs) | {"force"} | set(refused)  # a stage entry may not set these
+    reserved = not_settable | set(declared.optional_outputs)
     taken = sorted(k for k in entry if k in not_settable)
     for key in taken:
         why = refused.get(key, "set by the pipeline (artifacts go to the `out` folder)")
         problems.append(f"{where}.{key}: {why}; remove it")
     model = stage_model(spec, reserved)
-    known = [k for k in model.model_fields] + sorted(OPTIONAL_OUTPUTS.get(spec.name, {}))
-    extra = {k: True for k in OPTIONAL_OUTPUTS.get(spec.name, {}) if k in entry}
+    known = [k for k in model.model_fields] + sorted(declared.optional_outputs)
+    extra = {k: True for k in declared.optional_outputs if k in entry}
     try:
         model.model_validate({k: v for k, v in entry.items() if k not in taken and k not in extra})
     except ValidationError as exc:
@@ -232,9 +165,9 @@ def _check_files(config: PipelineConfig, stages: list[Stage], specs, problems: l
         spec = specs[stage.command]
         for key, value in stage.options.items():
             option = spec.options.get(key)
-            if option is None or not option.is_path or not isinstance(value, str) or key in REFUSED.get(stage.command, {}):
+            if option is None or not option.is_path or not isinstance(value, str) or key in unit.get(stage.command).refused:
                 continue
-            if key in FOLDER_OPTIONS:
+            if option.is_folder:
                 if not Path(value).exists():
                     problems.append(f"stages.{i} ({stage.name}).{key}: {shorten(value)}: no such file")
                 continue
@@ -264,13 +197,13 @@ def _wire(pipeline: Pipeline, specs, problems: list[str]) -> None:
         if value is not None:
             roles[key] = str(value)
     for i, stage in enumerate(pipeline.stages):
-        wiring, spec = WIRING[stage.command], specs[stage.command]
+        wiring, spec = unit.get(stage.command), specs[stage.command]
         values = dict(stage.options)
         for key, candidates in wiring.inputs.items():
             if key in values or key not in spec.options or _unused(stage.command, key, values):
                 continue
             found = next((roles[r] for r in candidates if r in roles), None)
-            if key == "plan" and SELECT_KEYS & set(values):
+            if key == "plan" and set(SELECT_KEYS) & set(values):
                 # prune --scores --ratio: select inside prune, from the last scores
                 if "scores" in roles and "scores" not in values:
                     values["scores"] = roles["scores"]
@@ -278,14 +211,14 @@ def _wire(pipeline: Pipeline, specs, problems: list[str]) -> None:
                 values[key] = found
         if "seed" in spec.options and "seed" not in values:
             values["seed"] = config.seed
-        stem = stage.name if stage.name != stage.command else STEMS[stage.command]
+        stem = stage.name if stage.name != stage.command else wiring.stem
         produced = {key: str(out / pattern.format(stem=stem)) for key, pattern in wiring.outputs.items()}
-        for key, pattern in OPTIONAL_OUTPUTS.get(stage.command, {}).items():
+        for key, pattern in wiring.optional_outputs.items():
             if values.pop(key, False) is True:
                 produced[key] = str(out / pattern.format(stem=stem))
         needs = wiring.needs + (("data",) if stage.command == "prune" and not _unused("prune", "data", values) else ())
         missing = [k for k in needs if k not in values]
-        if stage.command == "prune" and "plan" not in values and not ("scores" in values and SELECT_KEYS & set(values)):
+        if stage.command == "prune" and "plan" not in values and not ("scores" in values and set(SELECT_KEYS) & set(values)):
             missing.append("plan")
         for key in missing:
             problems.append(f"stages.{i} ({stage.name}): needs `{key}`, which no earlier stage makes and the config does not give{_hint(stage.command, key)}")
@@ -296,6 +229,7 @@ def _wire(pipeline: Pipeline, specs, problems: list[str]) -> None:
             values["force"] = True
         stage.outputs = list(produced.values())
         stage.argv = build_argv(stage.command, values, spec)
+        stage.params = {spec.options[k].param: v for k, v in values.items()}
         stage.options = {k: v for k, v in values.items() if k not in produced and k != "force"}
 
 

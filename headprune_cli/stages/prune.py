@@ -77,10 +77,6 @@ class PruneOptions(SelectionOptions):
     dtype: str = option("auto", "Compensation's compute dtype: auto (stored), float32, bfloat16, float16; the output keeps the stored dtype.")
 
 
-# Options that mean "select inside prune from scores" rather than "apply a plan".
-SELECT_KEYS = ("ratio", "target_params", "target_flops", "threshold")
-
-
 def run(opts: PruneOptions, ctx: Context) -> Result:
     from headprune_cli.device import check as check_device
 

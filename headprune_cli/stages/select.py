@@ -18,9 +18,9 @@ class SelectionOptions(Options):
 
     ratio: Optional[float] = option(None, "Fraction of the kept heads to remove, in [0, 1].")
     strategy: Optional[str] = option(None, "global | layer | threshold | budget | joint (default: from the amount given; a --target-* with loss-scale layer scores is joint).")
-    min_heads: int = option(1, "Heads every layer keeps at least.")
-    multiple_of: int = option(1, "Heads kept per layer must be a multiple of this.")
-    drop_layers: int = option(0, "Also drop the N least important layers (needs layer scores).")
+    min_heads: int = option(1, "Heads every layer keeps at least (drop a whole layer with --drop-layers).", ge=1)
+    multiple_of: int = option(1, "Heads kept per layer must be a multiple of this.", ge=1)
+    drop_layers: int = option(0, "Also drop the N least important layers (needs layer scores).", ge=0)
     layer_threshold: Optional[float] = option(None, "Also drop layers scoring below T.")
     protect: Optional[str] = option(None, "Heads never removed: LAYER:HEAD,... (original indices).")
     threshold: Optional[str] = option(None, "Remove heads scoring below T, or below the P-th percentile ('25%').")
