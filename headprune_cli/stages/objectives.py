@@ -35,6 +35,9 @@ OBJECTIVES = ("classification", "causal-lm", "fidelity")
 # in their own unit.
 POINT_METRICS = ("accuracy", "macro_f1", "fidelity")
 _TASK_OBJECTIVE = {"classification": "classification", "causal-lm": "causal-lm", "embedding": "fidelity"}
+# Which way each metric improves. Every Metric takes its direction from here, and so does
+# finetune's choice of the best epoch: one table, not a guess per caller.
+HIGHER_IS_BETTER = {"accuracy": True, "macro_f1": True, "fidelity": True, "perplexity": False}
 
 
 @dataclass
@@ -45,6 +48,17 @@ class Metric:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "value": self.value, "higher_is_better": self.higher_is_better}
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether a larger value of `metric` is better; an unknown metric is refused, not guessed."""
+    if metric not in HIGHER_IS_BETTER:
+        raise UsageError(f"metric {metric!r} has no known direction (known: {', '.join(HIGHER_IS_BETTER)}); say whether higher is better")
+    return HIGHER_IS_BETTER[metric]
+
+
+def metric(name: str, value: float) -> Metric:
+    return Metric(name, value, higher_is_better(name))
 
 
 def drop_unit(name: str) -> str:
@@ -214,8 +228,8 @@ def _classification(model: nn.Module, dataset: Dataset, batch_size: int) -> list
         denom = int((pred == c).sum()) + int((gold == c).sum())
         f1.append(2 * tp / denom if denom else 0.0)
     return [
-        Metric("accuracy", float((pred == gold).double().mean()), True),
-        Metric("macro_f1", float(sum(f1) / len(f1)), True),
+        metric("accuracy", float((pred == gold).double().mean())),
+        metric("macro_f1", float(sum(f1) / len(f1))),
     ]
 
 
@@ -234,7 +248,7 @@ def _perplexity(model: nn.Module, dataset: Dataset, batch_size: int) -> list[Met
     # exp() of a mean loss above ~709.8 overflows: such a model is useless, and reporting
     # the largest finite perplexity lets a report gate fail (exit 3) instead of crashing.
     mean = total / count
-    return [Metric("perplexity", math.exp(mean) if mean < LOG_MAX_FLOAT else sys.float_info.max, False)]
+    return [metric("perplexity", math.exp(mean) if mean < LOG_MAX_FLOAT else sys.float_info.max)]
 
 
 def _fidelity(model: nn.Module, reference: nn.Module, dataset: Dataset, batch_size: int) -> list[Metric]:
@@ -243,4 +257,4 @@ def _fidelity(model: nn.Module, reference: nn.Module, dataset: Dataset, batch_si
         sim = cosine(embed(model, batch), embed(reference, batch), batch["attention_mask"])
         check_finite(sim, f"batch {number}")
         total += float(sim.double().sum())
-    return [Metric("fidelity", total / len(dataset), True)]
+    return [metric("fidelity", total / len(dataset))]

@@ -29,7 +29,7 @@ from headprune_cli.model.cost import count_params
 from headprune_cli.stages.finetune.distill import kd_logits
 from headprune_cli.errors import NumericalError, UsageError
 from headprune_cli.model.layout import info_of
-from headprune_cli.stages.objectives import next_token_mask
+from headprune_cli.stages.objectives import higher_is_better as metric_higher_is_better, next_token_mask
 from headprune_cli.stages.finetune.losses import as_tensors, check_labels, fidelity_loss, predict, task_loss, trim
 
 # Recovery starts from trained weights, so it uses about a tenth of the rate the model
@@ -134,7 +134,7 @@ def finetune(
     train,  # data.Dataset or {input_ids, attention_mask, labels?, token_type_ids?} tensors
     cfg: FinetuneConfig,
     eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
-    higher_is_better: bool = True,
+    higher_is_better: bool | None = None,
     teacher: nn.Module | None = None,
     on_step: Callable[[int, int, float, float], None] | None = None,
     on_epoch: Callable[[EpochRecord], None] | None = None,
@@ -143,7 +143,9 @@ def finetune(
     """Train `model` in place on `train` tensors; see the module docstring.
 
     `eval_fn(model) -> {metric: value}` (first metric decides "best") runs before
-    training and after every epoch; the best weights are returned. `on_step(step,
+    training and after every epoch; the best weights are returned. Whether higher is
+    better comes from the metric's name (objectives.HIGHER_IS_BETTER) unless
+    `higher_is_better` says it; a metric of unknown direction is refused. `on_step(step,
     total, loss, lr)` and `on_epoch(record)` feed progress displays (rank 0 only).
     """
     ctx = distributed.setup()
@@ -285,8 +287,9 @@ class _Loop:
             self.model.eval()
             with torch.no_grad():
                 metrics = self.eval_fn(self.model)
-            value = next(iter(metrics.values()))
-            better = self.best_value is None or (value > self.best_value if self.higher else value < self.best_value)
+            name, value = next(iter(metrics.items()))
+            higher = self.higher if self.higher is not None else metric_higher_is_better(name)
+            better = self.best_value is None or (value > self.best_value if higher else value < self.best_value)
             if better:
                 self.best_value, self.best_epoch = value, epoch
                 self.best = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
