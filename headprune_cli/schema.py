@@ -15,7 +15,7 @@ import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -126,6 +126,7 @@ class Plan(Envelope):
     remove_layers: list[int]
     predicted: dict[Literal["before", "after"], Prediction]
     num_heads: list[int]
+    search: Optional[dict[str, Any]] = None  # `headprune search`: measured losses and evaluations
 
     @field_validator("remove_heads", mode="before")
     @classmethod

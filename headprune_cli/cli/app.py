@@ -35,6 +35,7 @@ COMMANDS = {
     "inspect": ("inspect_cmd", "inspect"),
     "score": ("score_cmd", "score"),
     "select": ("select_cmd", "select"),
+    "search": ("search_cmd", "search"),
     "prune": ("prune_cmd", "prune"),
     "finetune": ("finetune_cmd", "finetune_command"),
     "iterate": ("iterate_cmd", "iterate"),

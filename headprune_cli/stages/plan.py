@@ -21,11 +21,16 @@ def make_plan(
     scores_sha: str,
     config: dict,
 ) -> dict:
-    """The plan artifact (a dict ready for schema.write_artifact)."""
+    """The plan artifact (a dict ready for schema.write_artifact) chosen from scores."""
     inputs = [input_ref("scores", scores_path, scores_sha)]
     model = model_ref(scores)
     found = [p for p in candidates(model.path, scores_path) if p.is_file()]  # as the scores' folder sees it
     inputs.append({"role": "model", "path": str(found[0]) if found else model.path, "sha256": model.sha256})
+    return plan_artifact(selection, constraints, inputs, list(scores.num_heads), config)
+
+
+def plan_artifact(selection: Selection, constraints: Constraints, inputs: list[dict], num_heads: list[int], config: dict, **extra) -> dict:
+    """The plan artifact from its parts; `extra` adds optional payload (a search's record)."""
     plan = envelope("plan", inputs, config)
     plan.update(
         strategy=selection.strategy,
@@ -33,7 +38,8 @@ def make_plan(
         remove_heads={str(k): v for k, v in sorted(selection.remove_heads.items())},
         remove_layers=sorted(selection.remove_layers),
         predicted=selection.predicted or {},
-        num_heads=list(scores.num_heads),
+        num_heads=list(num_heads),
+        **extra,
     )
     Plan.model_validate(plan)  # a plan we cannot read back must never be written
     return plan

@@ -13,34 +13,52 @@ from headprune_cli.stages.selection import Constraints, ScoreTable, parse_protec
 from headprune_cli.stages.unit import Context, Options, Result, Stage, option
 
 
-class SelectionOptions(Options):
-    """How to choose from scores: the amount (one of ratio, threshold, targets) and the constraints."""
+def ratio_option():
+    return option(None, "Fraction of the kept heads to remove, in [0, 1].")
 
-    ratio: Optional[float] = option(None, "Fraction of the kept heads to remove, in [0, 1].")
-    strategy: Optional[str] = option(None, "global | layer | threshold | budget | joint (default: from the amount given; a --target-* with loss-scale layer scores is joint).")
+
+def target_params_option():
+    return option(None, "Keep this fraction of the parameters.")
+
+
+def target_flops_option():
+    return option(None, "Keep this fraction of the FLOPs per token.")
+
+
+class ConstraintOptions(Options):
+    """What every candidate plan must respect, whoever chooses it (select, prune, search)."""
+
     min_heads: int = option(1, "Heads every layer keeps at least (drop a whole layer with --drop-layers).", ge=1)
     multiple_of: int = option(1, "Heads kept per layer must be a multiple of this.", ge=1)
-    drop_layers: int = option(0, "Also drop the N least important layers (needs layer scores).", ge=0)
-    layer_threshold: Optional[float] = option(None, "Also drop layers scoring below T.")
     protect: Optional[str] = option(None, "Heads never removed: LAYER:HEAD,... (original indices).")
-    threshold: Optional[str] = option(None, "Remove heads scoring below T, or below the P-th percentile ('25%').")
-    target_params: Optional[float] = option(None, "Keep this fraction of the parameters.")
-    target_flops: Optional[float] = option(None, "Keep this fraction of the FLOPs per token.")
     gqa_unit: str = option("group", "GQA layers: remove whole KV 'group's, or query 'head's evenly from every group.")
     uniform: bool = option(
         False, "Keep the same number of heads (and KV groups) in every layer, chosen by score: "
         "LLaMA/Mistral/Qwen models then export as plain transformers folders.",
     )
 
-    def selection_given(self) -> list[str]:
-        """The selection options set to other than their defaults."""
-        return [name for name in SelectionOptions.model_fields if getattr(self, name) != SelectionOptions.model_fields[name].default]
-
     def constraints(self) -> Constraints:
         return Constraints(
             min_heads=self.min_heads, multiple_of=self.multiple_of, protect=parse_protect(self.protect),
-            drop_layers=self.drop_layers, layer_threshold=self.layer_threshold, gqa_unit=self.gqa_unit, uniform=self.uniform,
+            drop_layers=getattr(self, "drop_layers", 0), layer_threshold=getattr(self, "layer_threshold", None),
+            gqa_unit=self.gqa_unit, uniform=self.uniform,
         )
+
+
+class SelectionOptions(ConstraintOptions):
+    """How to choose from scores: the amount (one of ratio, threshold, targets) and the constraints."""
+
+    ratio: Optional[float] = ratio_option()
+    strategy: Optional[str] = option(None, "global | layer | threshold | budget | joint (default: from the amount given; a --target-* with loss-scale layer scores is joint).")
+    drop_layers: int = option(0, "Also drop the N least important layers (needs layer scores).", ge=0)
+    layer_threshold: Optional[float] = option(None, "Also drop layers scoring below T.")
+    threshold: Optional[str] = option(None, "Remove heads scoring below T, or below the P-th percentile ('25%').")
+    target_params: Optional[float] = target_params_option()
+    target_flops: Optional[float] = target_flops_option()
+
+    def selection_given(self) -> list[str]:
+        """The selection options set to other than their defaults."""
+        return [name for name in SelectionOptions.model_fields if getattr(self, name) != SelectionOptions.model_fields[name].default]
 
 
 class SelectOptions(SelectionOptions):

@@ -108,6 +108,7 @@ MODULES = {
     "import": "headprune_cli.stages.import_stage",
     "score": "headprune_cli.stages.score",
     "select": "headprune_cli.stages.select",
+    "search": "headprune_cli.stages.search_stage",
     "prune": "headprune_cli.stages.prune",
     "finetune": "headprune_cli.stages.finetune.stage",
     "iterate": "headprune_cli.stages.iterate",

@@ -1,0 +1,27 @@
+"""`headprune search` (the stage: stages/search_stage.py)."""
+
+from __future__ import annotations
+
+from headprune_cli.cli.command import from_options
+from headprune_cli.cli.common import context
+from headprune_cli.stages import search_stage as stage
+
+
+@from_options(stage.SearchOptions)
+def search(opts: stage.SearchOptions):
+    """Find a plan by measured loss: start from the greedy plan, try per-layer head counts (and layer drops) on held-out calibration data.
+
+    Every candidate respects the same constraints as `select` (--min-heads, --multiple-of,
+    --protect, whole KV groups) and the same budget (--ratio of heads, or a
+    --target-flops/--target-params budget, where layers may be dropped too with
+    --layers). The result is a plan for `headprune prune --plan`.
+
+    Examples:
+
+      headprune search model.safetensors --data calib.jsonl --ratio 0.7 -o plan.json
+
+      headprune search model.safetensors --data calib.jsonl --target-flops 0.5 --layers --layer-method loo --evaluations 200 -o plan.json
+
+      headprune search m.safetensors --data calib.jsonl --ratio 0.5 | headprune prune -o small.safetensors
+    """
+    return stage.run(opts, context())

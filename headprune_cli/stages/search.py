@@ -1,0 +1,251 @@
+"""Search over per-layer configurations, each candidate judged by its measured loss.
+
+Greedy selection ranks units by their own scores, but scores are not additive: removing
+two heads (or blocks) together can cost far more than their scores add up to. The search
+starts from the greedy plan and looks for a better one by measuring: every candidate's
+loss is the real loss of the model with the candidate's heads gated to 0 and its layers
+skipped, on a held-out part of the calibration data.
+
+Search space: how many heads (KV groups for grouped-query layers) each layer keeps, as a
+prefix of its chain (selection.py: which heads a layer loses still follows its scores,
+and every allowed prefix respects --min-heads, --multiple-of and --protect), and, under
+a FLOPs/params budget, which layers are dropped.
+
+Moves from the current best: move one step of removal from one layer to another (the
+budget is unchanged: same heads removed, and under a cost budget the cost must still
+fit), or, under a cost budget, drop a layer and give head steps back (the most important
+first) while the budget still fits, or restore a dropped layer and take the cheapest head
+steps until it fits again. First improvement is taken (hill climbing); neighbours are
+tried in a seeded random order; it stops at a local optimum or after `evaluations`
+measured candidates. Local search rather than an evolutionary one: the greedy start is
+already good, every move keeps the candidate inside the budget, and one evaluation costs a
+forward pass over the held-out data, so a population would spend the budget on
+candidates far from any good plan.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from headprune_cli.errors import UsageError
+from headprune_cli.model.cost_table import predict
+from headprune_cli.stages import joint
+from headprune_cli.stages.scores import ScoreTable
+from headprune_cli.stages.selection import Constraints, Selection, _chain, select
+
+State = tuple[tuple[int, ...], frozenset]  # (allowed-prefix index per chain, dropped layers)
+
+
+@dataclass
+class SearchResult:
+    selection: Selection
+    start_loss: float  # the greedy plan's measured loss
+    best_loss: float
+    evaluations: int  # candidates measured, the greedy start included
+    improvements: int
+    history: list[float] = field(default_factory=list)  # best loss after each evaluation
+
+    def summary(self) -> dict:
+        return {"start_loss": self.start_loss, "best_loss": self.best_loss, "evaluations": self.evaluations, "improvements": self.improvements}
+
+
+class MaskedLoss:
+    """The mean loss of the model with a plan's heads gated to 0 and its layers skipped."""
+
+    def __init__(self, model, dataset, objective: str, batch_size: int):
+        from headprune_cli.data import as_batch, num_batches
+        from headprune_cli.device import input_device
+        from headprune_cli.stages.objectives import embed
+
+        self.model, self.objective, self.count = model, objective, len(dataset)
+        device = input_device(model)
+        self.batches = []
+        for number in range(num_batches(dataset, batch_size)):
+            batch = as_batch(dataset.select(number * batch_size, (number + 1) * batch_size))
+            self.batches.append({k: v.to(device) for k, v in batch.items()})
+        with torch.no_grad():  # fidelity compares with the unpruned model's own outputs
+            self.references = [embed(model, b) for b in self.batches]
+
+    def __call__(self, remove_heads: dict[int, list[int]], remove_layers: list[int]) -> float:
+        from headprune_cli.model.surgery import HeadGates, removal_gates, skip_layers
+        from headprune_cli.stages.objectives import check_finite, embed, per_example_loss
+
+        total = 0.0
+        with torch.no_grad(), HeadGates(self.model, removal_gates(self.model, remove_heads)), skip_layers(self.model, remove_layers):
+            for number, (batch, reference) in enumerate(zip(self.batches, self.references)):
+                losses = per_example_loss(embed(self.model, batch), batch, self.objective, reference).double()
+                check_finite(losses, f"held-out batch {number}")
+                total += float(losses.sum())
+        return total / self.count
+
+
+@dataclass
+class _Space:
+    table: ScoreTable
+    chains: list
+    droppable: list[int]
+    fits: Callable[[State], bool]
+    layers_move: bool  # whether candidates may drop or restore layers
+
+    def removal(self, state: State) -> tuple[dict[int, list[int]], list[int]]:
+        index, dropped = state
+        heads = {ch.layer: ch.heads_removed(ch.allowed[i]) for ch, i in zip(self.chains, index) if ch.layer not in dropped}
+        return {k: v for k, v in heads.items() if v}, sorted(dropped)
+
+
+def search(
+    table: ScoreTable,
+    loss: Callable[[dict, list], float],
+    *,
+    ratio: float | None = None,
+    target_params: float | None = None,
+    target_flops: float | None = None,
+    constraints: Constraints = Constraints(),
+    evaluations: int = 100,
+    seed: int = 0,
+    on_evaluation: Callable[[int, float], None] = lambda n, best: None,
+) -> SearchResult:
+    """The best plan found from the greedy one, by `loss(remove_heads, remove_layers)`."""
+    if evaluations < 1:
+        raise UsageError(f"the search needs at least 1 evaluation (got {evaluations})")
+    if constraints.uniform:
+        raise UsageError("search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform")
+    start = select(table, None, ratio=ratio, target_params=target_params, target_flops=target_flops, constraints=constraints)
+    space = _space(table, start, ratio, target_params, target_flops, constraints)
+    current = _state_of(space, start)
+    best_loss = loss(*space.removal(current))
+    result = SearchResult(start, best_loss, best_loss, 1, 0, [best_loss])
+    on_evaluation(1, best_loss)
+    rng, seen = random.Random(seed), {current}
+    while result.evaluations < evaluations:
+        improved = False
+        for candidate in _neighbours(space, current, rng):
+            if candidate in seen or not space.fits(candidate):
+                continue
+            seen.add(candidate)
+            value = loss(*space.removal(candidate))
+            result.evaluations += 1
+            if value < best_loss:
+                current, best_loss, improved = candidate, value, True
+                result.improvements += 1
+            result.history.append(best_loss)
+            on_evaluation(result.evaluations, best_loss)
+            if improved or result.evaluations >= evaluations:
+                break
+        if not improved:
+            break  # a local optimum: no neighbour measures better
+    result.best_loss = best_loss
+    result.selection = _selection(space, current)
+    return result
+
+
+def _space(table, start: Selection, ratio, target_params, target_flops, c: Constraints) -> _Space:
+    scored = joint.on_one_scale(table) if start.strategy == "joint" else table  # the chains the start was chosen on
+    chains = [_chain(scored, layer, c) for layer in sorted(table.heads)]
+    protected = {layer for layer, _ in c.protect}
+    droppable = [layer for layer in sorted(table.heads) if layer not in protected]
+    if ratio is not None:  # the same number of heads removed as the greedy plan
+        removed = sum(len(v) for v in start.remove_heads.values())
+        space = _Space(scored, chains, droppable, fits=None, layers_move=False)
+
+        def fits(state: State) -> bool:
+            return sum(len(v) for v in space.removal(state)[0].values()) == removed
+    else:  # the predicted cost within the budget
+        key = "params" if target_params is not None else "flops_per_token"
+        limit = (target_params if target_params is not None else target_flops) * predict(table.cost, table.kept())[key]
+        space = _Space(scored, chains, droppable, fits=None, layers_move=bool(droppable) and len(chains) > 1)
+
+        def fits(state: State) -> bool:
+            return predict(table.cost, table.kept(), *space.removal(state))[key] <= limit * (1 + 1e-12)
+    space.fits = fits
+    return space
+
+
+def _state_of(space: _Space, selection: Selection) -> State:
+    """The chain positions of a selection (a layer's removed heads are a prefix of its chain)."""
+    index = []
+    for ch in space.chains:
+        removed = sorted(selection.remove_heads.get(ch.layer, []))
+        matches = [i for i, p in enumerate(ch.allowed) if ch.heads_removed(p) == removed]
+        index.append(matches[0] if matches else min(range(len(ch.allowed)), key=lambda i: abs(len(ch.heads_removed(ch.allowed[i])) - len(removed))))
+    return tuple(index), frozenset(selection.remove_layers)
+
+
+def _neighbours(space: _Space, state: State, rng: random.Random) -> list[State]:
+    index, dropped = state
+    kept = [pos for pos, ch in enumerate(space.chains) if ch.layer not in dropped]
+    moves = [(_shifted(index, a, b), dropped) for a in kept for b in kept
+             if a != b and index[a] > 0 and index[b] + 1 < len(space.chains[b].allowed)]
+    if space.layers_move:
+        for pos, ch in enumerate(space.chains):
+            if ch.layer in dropped:
+                moves.append(_take_until_fits(space, (_reset(index, pos), dropped - {ch.layer})))
+            elif ch.layer in space.droppable and len(dropped) + 1 < len(space.chains):
+                moves.append(_give_back_while_fits(space, (index, dropped | {ch.layer})))
+    rng.shuffle(moves)
+    return [m for m in moves if m is not None]
+
+
+def _shifted(index: tuple[int, ...], give: int, take: int) -> tuple[int, ...]:
+    """One step of removal moved from chain `give` to chain `take`."""
+    out = list(index)
+    out[give] -= 1
+    out[take] += 1
+    return tuple(out)
+
+
+def _reset(index: tuple[int, ...], pos: int) -> tuple[int, ...]:
+    return tuple(0 if i == pos else v for i, v in enumerate(index))
+
+
+def _step_scores(space: _Space, index: tuple[int, ...], dropped, forward: bool) -> list[tuple[float, int]]:
+    """(mean score per head, chain position) of each layer's next (or last) step."""
+    out = []
+    for pos, ch in enumerate(space.chains):
+        if ch.layer in dropped:
+            continue
+        i = index[pos]
+        if forward and i + 1 < len(ch.allowed):
+            out.append((ch.step(i)[0], pos))
+        elif not forward and i > 0:
+            out.append((ch.step(i - 1)[0], pos))
+    return out
+
+
+def _take_until_fits(space: _Space, state: State) -> State | None:
+    """Take the cheapest head steps (lowest mean score) until the budget fits."""
+    index, dropped = list(state[0]), state[1]
+    while not space.fits((tuple(index), dropped)):
+        steps = _step_scores(space, tuple(index), dropped, forward=True)
+        if not steps:
+            return None
+        index[min(steps)[1]] += 1
+    return tuple(index), dropped
+
+
+def _give_back_while_fits(space: _Space, state: State) -> State | None:
+    """Give back the most important removed head steps while the budget still fits."""
+    index, dropped = list(state[0]), state[1]
+    if not space.fits((tuple(index), dropped)):
+        return None
+    while True:
+        for _, pos in sorted(_step_scores(space, tuple(index), dropped, forward=False), reverse=True):
+            index[pos] -= 1
+            if space.fits((tuple(index), dropped)):
+                break
+            index[pos] += 1
+        else:
+            return tuple(index), dropped
+
+
+def _selection(space: _Space, state: State) -> Selection:
+    remove_heads, remove_layers = space.removal(state)
+    selection = Selection("search", remove_heads, remove_layers)
+    if space.table.cost is not None:
+        kept = space.table.kept()
+        selection.predicted = {"before": predict(space.table.cost, kept), "after": predict(space.table.cost, kept, remove_heads, remove_layers)}
+    return selection

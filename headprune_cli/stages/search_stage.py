@@ -1,0 +1,165 @@
+"""The `search` stage: checkpoint + calibration data -> a plan found by measured loss (stages/search.py).
+
+The calibration data is split in two: the first part scores the heads (and layers) for
+the greedy start, the held-out rest measures every candidate. Evaluation data is never
+seen. The output is the same plan artifact `select` writes, with the search's record.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from headprune_cli.device import DEVICE_HELP, DTYPE_HELP
+from headprune_cli.errors import DataError, UsageError
+from headprune_cli.outputs import check_output
+from headprune_cli.stages.importance.registry import HEAD_METHODS
+from headprune_cli.stages.score import LAYER_METHOD_HELP
+from headprune_cli.stages.select import ConstraintOptions, ratio_option, target_flops_option, target_params_option
+from headprune_cli.stages.unit import Context, Result, Stage, option
+
+DEFAULT_EVALUATIONS = 100  # about a minute on all-MiniLM-L6-v2 with 64 held-out texts (BENCHMARKS.md)
+MAX_EVALUATIONS = 100_000
+MIN_PART = 2  # examples each part of the split needs at least
+
+
+class SearchOptions(ConstraintOptions):
+    checkpoint: Path = option(..., "A headprune checkpoint.", argument=True)
+    data: Path = option(..., "Calibration data: one part scores the greedy start, the held-out rest judges every candidate.", "--data", "-d")
+    ratio: Optional[float] = ratio_option()
+    target_params: Optional[float] = target_params_option()
+    target_flops: Optional[float] = target_flops_option()
+    evaluations: int = option(DEFAULT_EVALUATIONS, "Candidates measured at most (the greedy start included).", ge=1, le=MAX_EVALUATIONS)
+    holdout: float = option(0.5, "Fraction of --data held out to judge candidates.", ge=0.05, le=0.95)
+    method: str = option("taylor", f"Importance method of the greedy start: {', '.join(HEAD_METHODS)}.", "--method", "-m")
+    layers: bool = option(False, "Score layers too, so that a FLOPs/params budget may drop layers.")
+    layer_method: Optional[str] = option(None, LAYER_METHOD_HELP)
+    objective: Optional[str] = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
+    samples: Optional[int] = option(None, "Use the first N examples of --data.", ge=1)
+    batch_size: int = option(32, "Examples per forward pass.", ge=1)
+    max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
+    seed: int = option(0, "Seed of the search order (and of anything stochastic in scoring).")
+    output: Optional[Path] = option(None, "Plan JSON to write (default: stdout).", "-o", "--output")
+    force: bool = option(False, "Overwrite OUTPUT if it exists.")
+    device: str = option("auto", DEVICE_HELP)
+    dtype: str = option("auto", DTYPE_HELP)
+
+    def check(self) -> None:
+        given = [v for v in (self.ratio, self.target_params, self.target_flops) if v is not None]
+        if len(given) != 1:
+            raise UsageError("give exactly one of --ratio, --target-params, --target-flops")
+        if self.layer_method is not None and not self.layers:
+            raise UsageError("--layer-method needs --layers (it names how whole layers are scored)")
+        if self.uniform:
+            raise UsageError("search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform")
+
+
+def run(opts: SearchOptions, ctx: Context) -> Result:
+    from headprune_cli.data import position_limit, read_data
+    from headprune_cli.device import check as check_device, place
+    from headprune_cli.model.checkpoint import load
+    from headprune_cli.schema import write_artifact
+    from headprune_cli.stages.objectives import check_objective, needs_labels
+
+    if opts.output is not None:
+        check_output(opts.output, opts.force, [opts.checkpoint, opts.data])
+    opts.check()
+    _check_method(opts)
+    check_device(opts.device, opts.dtype)
+    model = load(opts.checkpoint)
+    place(model, opts.device, opts.dtype)
+    objective = check_objective(opts.objective, model)
+    max_length = min(opts.max_length, position_limit(model) or opts.max_length)
+    dataset = read_data(opts.data, model, max_length=max_length, samples=opts.samples, seed=opts.seed, need_labels=needs_labels(objective))
+    scoring, held_out = _split(dataset, opts.holdout, opts.data)
+    if not opts.layers:
+        _check_reachable(model, opts, max_length)
+    table = _score(model, scoring, objective, opts, max_length)
+    result = _search(model, table, held_out, objective, opts, ctx)
+    plan = _plan(model, opts, result, max_length)
+    write_artifact(plan, opts.output)
+    ctx.print(
+        f"search ({result.evaluations} candidates measured, {result.improvements} improvements): held-out loss "
+        f"{result.start_loss:.5f} (greedy) -> {result.best_loss:.5f}; removes {sum(len(v) for v in result.selection.remove_heads.values())} heads, "
+        f"{len(result.selection.remove_layers)} layers", highlight=False,
+    )
+    return Result([str(opts.output)] if opts.output is not None else [], value=plan)
+
+
+def _check_method(opts: SearchOptions) -> None:
+    from headprune_cli.stages.importance.registry import head_method, layer_method
+
+    head_method(opts.method)
+    if opts.layer_method is not None:
+        layer_method(opts.layer_method)
+
+
+def _split(dataset, holdout: float, path: Path):
+    """(scoring part, held-out part): the held-out part is the last rows."""
+    held = round(len(dataset) * holdout)
+    if held < MIN_PART or len(dataset) - held < MIN_PART:
+        raise DataError(f"{path}: {len(dataset)} examples are too few to split for search (each part needs at least {MIN_PART}; --holdout {holdout:g})")
+    cut = len(dataset) - held
+    return dataset.select(0, cut), dataset.select(cut, len(dataset))
+
+
+def _check_reachable(model, opts: SearchOptions, max_length: int) -> None:
+    """Refuse a budget the constraints cannot reach before any scoring: heads alone, priced
+    by the cost table, whatever their scores (with --layers, dropping layers may reach it)."""
+    from headprune_cli.model.cost import cost_table
+    from headprune_cli.model.layout import info_of
+    from headprune_cli.stages.scores import ScoreTable
+    from headprune_cli.stages.selection import select
+
+    layout = info_of(model).layout
+    flat = ScoreTable({layer: {h: 0.0 for h in heads} for layer, heads in zip(layout.layers, layout.heads)},
+                      list(layout.num_heads), list(layout.num_kv_heads), cost=cost_table(model, max_length))
+    select(flat, None, ratio=opts.ratio, target_params=opts.target_params, target_flops=opts.target_flops, constraints=opts.constraints())
+
+
+def _score(model, scoring, objective: str, opts: SearchOptions, max_length: int):
+    from headprune_cli.stages.importance import score_model
+    from headprune_cli.stages.importance.registry import DEFAULT_LAYER_METHOD
+
+    layers = (opts.layer_method or DEFAULT_LAYER_METHOD) if opts.layers else None
+    return score_model(model, scoring, opts.method, objective, batch_size=opts.batch_size, seed=opts.seed, layers=layers, seq_len=max_length)
+
+
+def _search(model, table, held_out, objective: str, opts: SearchOptions, ctx: Context):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from headprune_cli.stages.search import MaskedLoss, search
+
+    loss = MaskedLoss(model, held_out, objective, opts.batch_size)
+    bar = Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[best]}"), TimeElapsedColumn(),
+                   console=ctx.console, transient=True, disable=not ctx.progress)
+    with bar:
+        task = bar.add_task("search", total=opts.evaluations, best="")
+        return search(
+            table, loss, ratio=opts.ratio, target_params=opts.target_params, target_flops=opts.target_flops,
+            constraints=opts.constraints(), evaluations=opts.evaluations, seed=opts.seed,
+            on_evaluation=lambda n, best: bar.update(task, completed=n, best=f"best loss {best:.5f}"),
+        )
+
+
+def _plan(model, opts: SearchOptions, result, max_length: int) -> dict:
+    from headprune_cli.model.layout import info_of
+    from headprune_cli.schema import input_ref
+    from headprune_cli.stages.plan import plan_artifact
+
+    info = info_of(model)
+    inputs = [input_ref("model", opts.checkpoint, info.loaded_from[1]), input_ref("data", opts.data)]
+    config = {
+        "strategy": "search", "ratio": opts.ratio, "target_params": opts.target_params, "target_flops": opts.target_flops,
+        "method": opts.method, "layers": opts.layers, "layer_method": opts.layer_method, "evaluations": opts.evaluations,
+        "holdout": opts.holdout, "samples": opts.samples, "max_length": max_length, "seed": opts.seed,
+        **opts.constraints().to_dict(),
+    }
+    return plan_artifact(result.selection, opts.constraints(), inputs, list(info.layout.num_heads), config, search=result.summary())
+
+
+STAGE = Stage(
+    "search", SearchOptions, run, stem="plan",
+    inputs={"checkpoint": ("model",), "data": ("data",)}, outputs={"output": "{stem}.json"}, makes={"plan": "output"},
+    needs=("checkpoint", "data"),
+)
