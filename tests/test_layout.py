@@ -51,6 +51,18 @@ def test_no_module_outside_cli_imports_the_cli():
     assert offenders == {}
 
 
+def test_no_module_outside_cli_imports_typer_or_click():
+    """The stages and the pipeline take options models; only cli/ knows about command lines."""
+    offenders = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.is_relative_to(PACKAGE / "cli"):
+            continue
+        bad = sorted(m for m in _imports(path) if m.split(".")[0] in ("typer", "click"))
+        if bad:
+            offenders[str(path.relative_to(ROOT))] = bad
+    assert offenders == {}
+
+
 def test_the_import_walk_sees_function_level_and_relative_imports(tmp_path):
     # The check above is only as good as this walk: it must see the imports a circle hides in.
     probe = tmp_path / "headprune_cli" / "pipeline" / "probe.py"
