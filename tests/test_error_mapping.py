@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from headprune_cli.cli import select_cmd
+from headprune_cli.stages import select as select_stage
 from headprune_cli.errors import EXIT_INTERNAL, PlanError, UsageError
 
 from .conftest import assert_refused
@@ -38,7 +38,7 @@ def _raising(exc: BaseException):
 @pytest.mark.parametrize("exc", [ValueError("bad index"), KeyError("heads"), RecursionError(), PanicException("regex backtrack limit")],
                          ids=["ValueError", "KeyError", "RecursionError", "PanicException"])
 def test_bug_is_an_internal_error_not_a_refusal(exc, cli, monkeypatch, tmp_path):
-    monkeypatch.setattr(select_cmd, "read_artifact", _raising(exc), raising=True)
+    monkeypatch.setattr(select_stage, "read_artifact", _raising(exc), raising=True)
     (tmp_path / "s.json").write_text("{}")
     result = cli("select", tmp_path / "s.json", "--ratio", "0.5")
     assert result.code == EXIT_INTERNAL == 70, result
@@ -56,20 +56,20 @@ def test_bug_is_an_internal_error_not_a_refusal(exc, cli, monkeypatch, tmp_path)
     (PermissionError(errno.EACCES, "Permission denied", "out.json"), 1, "Permission denied"),
 ], ids=["usage", "plan", "ENOSPC", "EACCES"])
 def test_refusals_and_environment_failures_keep_their_codes(exc, code, message, cli, monkeypatch, tmp_path):
-    monkeypatch.setattr(select_cmd, "read_artifact", _raising(exc))
+    monkeypatch.setattr(select_stage, "read_artifact", _raising(exc))
     (tmp_path / "s.json").write_text("{}")
     assert_refused(cli("select", tmp_path / "s.json", "--ratio", "0.5"), code, message)
 
 
 _SCRIPT = """
 import sys
-from headprune_cli.cli import select_cmd
+from headprune_cli.stages import select as select_stage
 from headprune_cli.cli.app import run
 class PanicException(BaseException):
     pass
 def boom(*a, **k):
     raise PanicException("called `Result::unwrap()` on an `Err` value")
-select_cmd.read_artifact = boom
+select_stage.read_artifact = boom
 sys.argv = ["headprune", "select", sys.argv[1], "--ratio", "0.5"]
 run()
 """
