@@ -64,7 +64,30 @@ def folder_config(info: ModelInfo) -> FolderConfig:
         config["num_attention_heads"] = len(layout.heads[0])
         config["num_key_value_heads"] = len(layout.kv_heads[0])
         config["head_dim"] = original.get("head_dim") or original["hidden_size"] // original["num_attention_heads"]
+    refusal = _refused_by_transformers(config)
+    if refusal:
+        return FolderConfig(_config_with_layers(info), HIDDEN_WEIGHTS, False, refusal)
     return FolderConfig(config, PLAIN_WEIGHTS, True)
+
+
+def _refused_by_transformers(config: dict) -> str:
+    """Why transformers' own config class would refuse `config`, or "" (LlamaConfig, unlike
+    Mistral's and Qwen's, insists on hidden_size % num_attention_heads == 0 even with an
+    explicit head_dim, so 12 of 16 heads at hidden 2048 cannot be stated)."""
+    import transformers
+
+    fields = {k: v for k, v in config.items() if k not in ("transformers_version", "architectures", "model_type")}
+    try:
+        transformers.AutoConfig.for_model(config.get("model_type"), **fields)
+    except Exception as exc:  # the config classes raise ValueError or their own validation errors
+        return f"transformers' {config.get('model_type')} config refuses the pruned counts ({_last_line(exc)})"
+    return ""
+
+
+def _last_line(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
 
 
 def _not_expressible(info: ModelInfo) -> str:

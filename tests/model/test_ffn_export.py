@@ -127,3 +127,17 @@ def test_onnx_serves_per_layer_ffn_widths(tmp_path, family):
         inputs = model_inputs(family, batch=3, seq=11)
         (got,) = session.run(None, {k: v.numpy() for k, v in inputs.items()})
         np.testing.assert_allclose(got, model_output(model, inputs).numpy(), atol=1e-4, rtol=0)
+
+
+def test_a_head_count_llama_config_refuses_is_not_written_as_plain(tmp_path):
+    # LlamaConfig insists on hidden_size % num_attention_heads == 0 even with head_dim given:
+    # 3 of 4 heads at hidden 32 would write a config.json that from_pretrained cannot read
+    model = apply_plan(TINY["llama"](), {0: [1], 1: [1], 2: [1]}, [], {0: [0], 1: [0], 2: [0]})
+    layout = folder_config(info_of(model))
+    assert not layout.plain and "refuses the pruned counts" in layout.reason and "multiple of the number of attention heads" in layout.reason
+    folder = export_hf(model, tmp_path / "out")
+    assert not (folder / "model.safetensors").exists()
+    assert json.loads((folder / "config.json").read_text())["num_attention_heads"] == 4  # the unpruned counts
+    with pytest.raises(OSError, match="no file named model.safetensors"):
+        T.LlamaForCausalLM.from_pretrained(str(folder))
+    assert torch.equal(model_output(headprune_cli.load(folder), model_inputs("llama")), model_output(model, model_inputs("llama")))

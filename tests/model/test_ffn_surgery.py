@@ -135,9 +135,14 @@ def test_per_example_and_per_token_neuron_gates():
     with NeuronGates(model, [torch.zeros(WIDTH), torch.ones(WIDTH), torch.ones(WIDTH)]):
         all_off = model_output(model, inputs)
     assert torch.allclose(mixed[0], model_output(model, inputs)[0]) and torch.allclose(mixed[1], all_off[1])
+    # per token, in the last layer of a causal model: only that token's output moves
+    model, inputs = TINY["llama"](), model_inputs("llama")
     per_token = [torch.ones(2, 7, WIDTH) for _ in range(3)]
+    per_token[2][0, 3, :5] = 0.0
     with NeuronGates(model, per_token):
-        assert torch.allclose(model_output(model, inputs), model_output(model, inputs))
+        gated = model_output(model, inputs)
+    moved = (gated - model_output(model, inputs)).abs().amax(-1) > 1e-6
+    assert moved.tolist() == [[False, False, False, True, False, False, False], [False] * 7]
 
 
 @pytest.mark.parametrize(
