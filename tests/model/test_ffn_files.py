@@ -4,6 +4,7 @@ FFN layout that disagrees with the config or is malformed is refused."""
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,3 +114,20 @@ def test_stored_widths_that_do_not_match_the_tensors_are_refused(tmp_path):
     _rewrite_layout(tmp_path / "m.safetensors", tmp_path / "bad.safetensors", lambda d: d["ffn"]["kept"].update({"2": [[0, 47]]}))
     with pytest.raises(CheckpointError, match=r"'model.layers.2.mlp.down_proj.weight' has shape \[32, 46\], the layout needs \[32, 47\]"):
         load(tmp_path / "bad.safetensors")
+
+
+def test_a_checkpoint_from_before_ffn_pruning_reads_as_full_widths(tmp_path):
+    demo = Path(__file__).resolve().parents[2] / "examples" / "demo" / "model.safetensors"
+    model = load(demo)
+    layout = info_of(model).layout
+    assert layout.ffn == {} and layout.num_ffn and all(w == layout.ffn_width(i) for i, w in enumerate(layout.num_ffn))
+    save(model, tmp_path / "again.safetensors")
+    assert checkpoint.read_metadata(tmp_path / "again.safetensors")["layout"] == checkpoint.read_metadata(demo)["layout"]
+
+
+def test_the_command_line_refuses_a_bad_ffn_layout_in_one_line(tmp_path, cli):
+    from ..conftest import assert_refused
+
+    save(apply_plan(TINY["bert"](), {}, [], {0: [1]}), tmp_path / "m.safetensors")
+    _rewrite_layout(tmp_path / "m.safetensors", tmp_path / "bad.safetensors", lambda d: d["ffn"]["kept"].update({"0": [[5, 2]]}))
+    assert_refused(cli("inspect", tmp_path / "bad.safetensors"), 1, "malformed FFN layout")
