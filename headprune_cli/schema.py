@@ -127,8 +127,14 @@ class Plan(Envelope):
     predicted: dict[Literal["before", "after"], Prediction]
     num_heads: list[int]
     search: Optional[dict[str, Any]] = None  # `headprune search`: measured losses and evaluations
+    # FFN neurons to remove: original layer -> original neuron indices, strictly increasing
+    # (one spelling per plan, checked in one pass even at 80 layers x 28,672 neurons). Absent
+    # when the plan cuts no FFN, so plans without FFN cuts keep their bytes; `num_ffn` (the
+    # original FFN width of every layer) comes with it and bounds the indices.
+    remove_ffn: dict[int, list[int]] | None = None
+    num_ffn: list[int] | None = None
 
-    @field_validator("remove_heads", mode="before")
+    @field_validator("remove_heads", "remove_ffn", mode="before")
     @classmethod
     def _maps(cls, value):
         return _index_map(value) if isinstance(value, dict) else value
@@ -144,7 +150,35 @@ class Plan(Envelope):
                 raise ValueError(f"layer {layer}: head index out of range")
         if any(not 0 <= layer < n for layer in self.remove_layers):
             raise ValueError("remove_layers: layer index out of range")
+        _check_ffn(self.remove_ffn, self.num_ffn, n, set(self.remove_layers))
         return self
+
+
+def _check_ffn(remove_ffn: dict[int, list[int]] | None, num_ffn: list[int] | None, layers: int, dropped: set[int]) -> None:
+    if remove_ffn is None:
+        return
+    if num_ffn is None or len(num_ffn) != layers or any(w < 1 for w in num_ffn):
+        raise ValueError("remove_ffn needs num_ffn: the original FFN width of every layer")
+    for layer, neurons in remove_ffn.items():
+        if not 0 <= layer < layers:
+            raise ValueError(f"remove_ffn: layer {layer} out of range")
+        if layer in dropped:
+            raise ValueError(f"remove_ffn.{layer}: the layer is also in remove_layers")
+        if any(b <= a for a, b in zip(neurons, neurons[1:])):
+            raise ValueError(f"remove_ffn.{layer}: neuron indices must be strictly increasing (sorted, none twice)")
+        if neurons and not (0 <= neurons[0] and neurons[-1] < num_ffn[layer]):
+            raise ValueError(f"remove_ffn.{layer}: neuron index out of range (the layer has {num_ffn[layer]})")
+        if len(neurons) == num_ffn[layer]:
+            raise ValueError(f"remove_ffn.{layer}: removes every neuron; drop the layer instead")
+
+
+def ffn_fields(remove_ffn: dict[int, list[int]], num_ffn: list[int]) -> dict:
+    """The plan's FFN keys as a writer gives them: none when nothing is cut (the plan
+    keeps the bytes it had), else sorted neurons per layer and the original widths."""
+    cut = {int(k): sorted(v) for k, v in remove_ffn.items() if v}
+    if not cut:
+        return {}
+    return {"remove_ffn": {str(k): cut[k] for k in sorted(cut)}, "num_ffn": list(num_ffn)}
 
 
 KINDS: dict[str, type[Envelope]] = {"scores": Scores, "plan": Plan}

@@ -35,11 +35,12 @@ def inspect(
     table.add_column("layer", justify="right")
     table.add_column("heads kept (original indices)")
     table.add_column("kv heads")
+    table.add_column("FFN width", justify="right")
     kv = facts["kv_cache"]
     if kv:
         table.add_column(f"KV cache B/token ({kv['dtype']})", justify="right")
     for layer in facts["layers"]:
-        row = [str(layer), _ints(facts["heads"][str(layer)]), _ints(facts["kv_heads"][str(layer)])]
+        row = [str(layer), _ints(facts["heads"][str(layer)]), _ints(facts["kv_heads"][str(layer)]), _ffn(facts, layer)]
         table.add_row(*row, *([f"{kv['per_layer'][str(layer)]:,}"] if kv else []))
     console.print(
         f"[bold]{facts['family']}[/] {facts['architecture']} ({facts['task']}), "
@@ -51,6 +52,11 @@ def inspect(
     console.print(f"KV cache: {kv['total']:,} bytes per token ({kv['dtype']})" if kv else "KV cache: n/a (an encoder keeps no KV cache)")
     root = facts["provenance"].get("root")
     console.print(f"root: {root[:12] if root else '(this is a root model)'}")
+
+
+def _ffn(facts: dict, layer: int) -> str:
+    kept, original = facts["ffn"][str(layer)], facts["original_ffn"][str(layer)]
+    return f"{kept:,}" if kept == original else f"{kept:,}/{original:,}"
 
 
 def _ints(values: list[int]) -> str:

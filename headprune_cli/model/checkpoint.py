@@ -6,7 +6,8 @@ Metadata keys (all strings, JSON where structured):
   headprune.family        adapter family (bert, gpt2, llama, ...)
   headprune.architecture  class that rebuilds the unpruned model
   headprune.config        the unpruned model's config (JSON)
-  headprune.layout        original indices of kept layers and heads (JSON)
+  headprune.layout        original indices of kept layers and heads, and of the FFN
+                          neurons of layers whose FFN was cut (JSON)
   headprune.task          classification | causal-lm | embedding
   headprune.tokenizer     tokenizer.json text (absent for tokenizer-less models)
   headprune.tokenizer_config  special tokens and limits (JSON)
@@ -195,7 +196,7 @@ def load(path: str | os.PathLike) -> nn.Module:
     at exactly its stored shapes, in its stored dtype, from the memory-mapped file."""
     info = read_info(path)
     entries = read_entries(weights_path(path))
-    check_against_header(info.config, {n: e.shape for n, e in entries.items()}, sum(e.nbytes for e in entries.values()), path)
+    _check_header(info, entries, path)
     _hash_weights_ahead(path, entries)
     model = build_layout(info, stored_dtype(entries), path)
     handles: dict[str, object] = {}
@@ -230,7 +231,7 @@ def read_layout_only(path: str | os.PathLike, hashed: bool = False) -> nn.Module
     records the weights' sha256 for provenance, as `load` does."""
     info = read_info(path)
     entries = read_entries(weights_path(path))
-    check_against_header(info.config, {n: e.shape for n, e in entries.items()}, sum(e.nbytes for e in entries.values()), path)
+    _check_header(info, entries, path)
     if hashed:
         _hash_weights_ahead(path, entries)
     model = build_layout(info, stored_dtype(entries), path)
@@ -239,6 +240,13 @@ def read_layout_only(path: str | os.PathLike, hashed: bool = False) -> nn.Module
     if hashed:
         info_of(model).loaded_from = (str(path), weights_sha(path))
     return model
+
+
+def _check_header(info: ModelInfo, entries: dict[str, Entry], path) -> None:
+    layout = info.layout
+    every_ffn_cut = bool(layout.ffn) and set(layout.ffn) == set(layout.layers)
+    shapes = {n: e.shape for n, e in entries.items()}
+    check_against_header(info.config, shapes, sum(e.nbytes for e in entries.values()), path, every_ffn_cut)
 
 
 def _mapped(handles: dict, entry: Entry) -> torch.Tensor:
@@ -320,15 +328,29 @@ def _index_of(weights: str) -> str:
 def _cut_to_layout(model: nn.Module, stored: ModelInfo, where) -> None:
     """Remove what the stored layout lacks. The model was built from the stored config,
     whose head counts read_info has checked against the layout's (check_declared)."""
+    layout = stored.layout
     remove_heads = {
-        layer: [h for h in range(stored.layout.num_heads[layer]) if h not in heads]
-        for layer, heads in zip(stored.layout.layers, stored.layout.heads)
+        layer: [h for h in range(layout.num_heads[layer]) if h not in heads]
+        for layer, heads in zip(layout.layers, layout.heads)
     }
-    remove_layers = [i for i in range(stored.layout.num_layers) if i not in stored.layout.layers]
+    remove_layers = [i for i in range(layout.num_layers) if i not in layout.layers]
+    built = info_of(model).layout.num_ffn
+    if layout.num_ffn and layout.num_ffn != built:
+        raise CheckpointError(f"{where}: its layout's FFN widths {_short(layout.num_ffn)} differ from the config's {_short(built)}")
+    remove_ffn = {layer: _missing(kept, layout.num_ffn[layer]) for layer, kept in layout.ffn.items()}
     try:
-        apply_plan(model, remove_heads, remove_layers)
+        apply_plan(model, remove_heads, remove_layers, remove_ffn)
     except HeadpruneError as exc:
         raise CheckpointError(f"{where}: its layout cannot be applied: {exc}") from None
-    if info_of(model).layout.kv_heads != stored.layout.kv_heads:
+    if info_of(model).layout.kv_heads != layout.kv_heads:
         raise CheckpointError(f"{where}: its layout's key/value heads do not match its query heads")
     model.headprune = ModelInfo(**{**stored.__dict__, "layout": info_of(model).layout})
+
+
+def _missing(kept: list[int], width: int) -> list[int]:
+    present = set(kept)
+    return [n for n in range(width) if n not in present]
+
+
+def _short(values: list[int]) -> str:
+    return str(values) if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, ...]"

@@ -83,11 +83,15 @@ def _first(config: dict, keys: tuple[str, ...]) -> int | None:
     return next((config[k] for k in keys if isinstance(config.get(k), int)), None)
 
 
-def check_against_header(config: dict, shapes: dict[str, tuple[int, ...]], stored_bytes: int, where) -> None:
+def check_against_header(
+    config: dict, shapes: dict[str, tuple[int, ...]], stored_bytes: int, where, every_ffn_cut: bool = False
+) -> None:
     """The declared sizes must be the stored tensors' sizes (name -> shape, from the
-    header), and the model to build must be within MAX_GROWTH of the stored bytes."""
+    header), and the model to build must be within MAX_GROWTH of the stored bytes.
+    `every_ffn_cut`: the layout cuts every kept layer's FFN, so the (unpruned) config's
+    intermediate size is in no stored shape; the layout's widths are checked on build."""
     dims = {d for shape in shapes.values() for d in shape}
-    for meaning in ("vocab", "hidden", "intermediate"):
+    for meaning in ("vocab", "hidden") if every_ffn_cut else ("vocab", "hidden", "intermediate"):
         for key in KEYS[meaning]:
             value = config.get(key)
             if isinstance(value, int) and value not in dims:

@@ -5,9 +5,9 @@ the attention term (QK^T and AV: 4 x head_dim x keys per head). Keys per token a
 sequence length for an encoder and (L + 1) / 2 on average for a causal model. Layers
 that run once per sequence (pooler, classifier) are divided by the sequence length.
 
-The cost is linear in heads, so a `CostTable` (fixed parts + a price per query head and
-per key/value head of each layer, in cost_table.py) predicts any plan exactly without
-touching the model.
+The cost is linear in heads and FFN neurons, so a `CostTable` (fixed parts + a price per
+query head, per key/value head and, when asked, per FFN neuron of each layer, in
+cost_table.py) predicts any plan exactly without touching the model.
 
 Serving a causal LM has two phases with different costs (bottom of this file): prefill
 (the prompt, compute-bound: FLOPs) and decode (one token per step, bound by the bytes
@@ -63,7 +63,9 @@ def flops_per_token(model: nn.Module, seq_len: int) -> float:
     return linear_flops(model, seq_len) + attention_flops(model, keys_per_token(model, seq_len))
 
 
-def cost_table(model: nn.Module, seq_len: int) -> CostTable:
+def cost_table(model: nn.Module, seq_len: int, ffn: bool = False) -> CostTable:
+    """The model's cost table; `ffn` also prices each layer's FFN neurons (otherwise the
+    FFN is part of the layer's fixed cost, and the table's dict is what it always was)."""
     adapter = adapter_for(model)
     layout = info_of(model).layout
     keys = keys_per_token(model, seq_len)
@@ -81,16 +83,20 @@ def cost_table(model: nn.Module, seq_len: int) -> CostTable:
         attn_params = q_params * view.num_heads + kv_params * view.num_kv_heads
         attn_flops = q_flops * view.num_heads + kv_flops * view.num_kv_heads
         layer = layout.layers[pos]
+        prices = _ffn_prices(adapter.ffn(block)) if ffn else {}
+        ffn_params = prices.get("ffn_width", 0) * prices.get("ffn_neuron_params", 0.0)
+        ffn_flops = prices.get("ffn_width", 0) * prices.get("ffn_neuron_flops", 0.0)
         layers.append(
             LayerCost(
                 layer=layer,
-                fixed_params=int(round(block_params - attn_params)),
-                fixed_flops=block_flops + 4 * view.num_heads * view.head_dim * keys - attn_flops,
+                fixed_params=int(round(block_params - attn_params - ffn_params)),
+                fixed_flops=block_flops + 4 * view.num_heads * view.head_dim * keys - attn_flops - ffn_flops,
                 q_head_params=q_params,
                 q_head_flops=q_flops,
                 kv_head_params=kv_params,
                 kv_head_flops=kv_flops,
                 group_size=layout.num_heads[layer] // layout.num_kv_heads[layer],
+                **prices,
             )
         )
         inside_params += block_params
@@ -101,6 +107,13 @@ def cost_table(model: nn.Module, seq_len: int) -> CostTable:
         outside_flops=linear_flops(model, seq_len) - inside_flops,
         layers=layers,
     )
+
+
+def _ffn_prices(view) -> dict:
+    """One neuron: a row (and bias entry) of every up/gate projection, a column of down."""
+    params = sum(count_params(up) for up in view.ups) + view.down.weight.numel()
+    flops = 2 * (sum(_macs(up) for up in view.ups) + _macs(view.down))
+    return {"ffn_width": view.width, "ffn_neuron_params": params / view.width, "ffn_neuron_flops": flops / view.width}
 
 
 # --- serving a causal LM: KV cache, prefill, decode ----------------------------------

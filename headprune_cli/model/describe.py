@@ -23,6 +23,8 @@ def describe(model: nn.Module, seq_len: int = 128) -> dict:
         "kv_heads": {str(layer): kv for layer, kv in zip(layout.layers, layout.kv_heads)},
         "original_heads": sum(layout.num_heads),
         "kept_heads": sum(len(h) for h in layout.heads),
+        "ffn": {str(layer): layout.ffn_width(layer) for layer in layout.layers},
+        "original_ffn": {str(layer): width for layer, width in enumerate(layout.num_ffn)},
         "params": count_params(model),
         "seq_len": seq_len,
         "flops_per_token": flops_per_token(model, seq_len),

@@ -8,6 +8,10 @@ gets those counts, the original `head_dim` and the kept layer count. BERT, GPT-2
 DistilBERT and ViT derive the head size from hidden_size / heads, so any head removal
 there (like any uneven layout) has no config that builds the pruned shapes.
 
+FFN widths: every transformers config states one FFN width (`intermediate_size`; GPT-2's
+`n_inner`, DistilBERT's `hidden_dim`), so a layout whose kept layers all keep the same
+number of FFN neurons is plain (config gets that width) and uneven widths are not.
+
 For those, the folder still carries config.json (tokenizers, sentence-transformers and
 ONNX runtimes read it for the model type and sizes) with the unpruned head counts, but
 the weights are written as `headprune.safetensors`, a name transformers never looks
@@ -30,6 +34,7 @@ PLAIN_WEIGHTS = "model.safetensors"  # what from_pretrained loads
 HIDDEN_WEIGHTS = "headprune.safetensors"  # what from_pretrained never finds
 EXPLICIT_HEAD_DIM = ("llama",)  # families whose config states head_dim
 _FAMILY_NAMES = {"bert": "BERT", "distilbert": "DistilBERT", "gpt2": "GPT-2", "vit": "ViT"}
+FFN_WIDTH_KEY = {"distilbert": "hidden_dim", "gpt2": "n_inner"}  # the rest: intermediate_size
 
 
 @dataclass
@@ -45,15 +50,44 @@ def folder_config(info: ModelInfo) -> FolderConfig:
     """config.json and the weights' file name for a model with this info."""
     config = _config_with_layers(info)
     reason = _not_expressible(info)
+    uniform_helps = info.family in EXPLICIT_HEAD_DIM
+    if not reason:
+        reason = _ffn_not_expressible(info)
+        uniform_helps = bool(reason)  # one FFN width for all layers is what every config states
     if reason:
-        return FolderConfig(config, HIDDEN_WEIGHTS, False, reason, uniform_helps=info.family in EXPLICIT_HEAD_DIM)
+        return FolderConfig(config, HIDDEN_WEIGHTS, False, reason, uniform_helps=uniform_helps)
     layout = info.layout
+    if layout.ffn:  # one FFN width in every kept layer
+        config[FFN_WIDTH_KEY.get(info.family, "intermediate_size")] = layout.ffn_width(layout.layers[0])
     if _heads_removed(info):  # uniform LLaMA-family layout: state the new counts
         original = info.config
         config["num_attention_heads"] = len(layout.heads[0])
         config["num_key_value_heads"] = len(layout.kv_heads[0])
         config["head_dim"] = original.get("head_dim") or original["hidden_size"] // original["num_attention_heads"]
+    refusal = _refused_by_transformers(config)
+    if refusal:
+        return FolderConfig(_config_with_layers(info), HIDDEN_WEIGHTS, False, refusal)
     return FolderConfig(config, PLAIN_WEIGHTS, True)
+
+
+def _refused_by_transformers(config: dict) -> str:
+    """Why transformers' own config class would refuse `config`, or "" (LlamaConfig, unlike
+    Mistral's and Qwen's, insists on hidden_size % num_attention_heads == 0 even with an
+    explicit head_dim, so 12 of 16 heads at hidden 2048 cannot be stated)."""
+    import transformers
+
+    fields = {k: v for k, v in config.items() if k not in ("transformers_version", "architectures", "model_type")}
+    try:
+        transformers.AutoConfig.for_model(config.get("model_type"), **fields)
+    except Exception as exc:  # the config classes raise ValueError or their own validation errors
+        return f"transformers' {config.get('model_type')} config refuses the pruned counts ({_last_line(exc)})"
+    return ""
+
+
+def _last_line(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
 
 
 def _not_expressible(info: ModelInfo) -> str:
@@ -70,6 +104,15 @@ def _not_expressible(info: ModelInfo) -> str:
         counts = ", ".join(f"layer {layer}: {len(q)}" for layer, q in zip(layout.layers, layout.heads))
         return f"layers keep different head counts ({counts}), which a transformers config cannot state"
     return ""
+
+
+def _ffn_not_expressible(info: ModelInfo) -> str:
+    layout = info.layout
+    widths = [layout.ffn_width(layer) for layer in layout.layers]
+    if len(set(widths)) <= 1:
+        return ""
+    counts = ", ".join(f"layer {layer}: {w}" for layer, w in zip(layout.layers, widths))
+    return f"layers keep different FFN widths ({counts}), which a transformers config cannot state"
 
 
 def remedy(layout: FolderConfig, onnx_written: bool) -> str:

@@ -8,7 +8,7 @@ plans and reports stay comparable however often a model has been cut.
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from torch import nn
 
@@ -23,6 +23,11 @@ class Layout:
     layers: list[int]  # original indices of the layers kept
     heads: list[list[int]]  # per kept layer: original query-head indices kept
     kv_heads: list[list[int]]  # per kept layer: original key/value-head indices kept
+    # FFN width of every original layer; [] for a layout read from a file that cut no FFN
+    # (the built model supplies it). Derived from the config, so not part of equality.
+    num_ffn: list[int] = field(default_factory=list, compare=False)
+    # original layer -> original FFN neurons kept, only for the layers whose FFN was cut
+    ffn: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def num_layers(self) -> int:
@@ -35,15 +40,33 @@ class Layout:
         except ValueError:
             raise CheckpointError(f"layer {layer} is not in this model (kept: {self.layers})") from None
 
+    def ffn_width(self, layer: int) -> int:
+        """How many FFN neurons original layer `layer` keeps."""
+        return len(self.ffn[layer]) if layer in self.ffn else self.num_ffn[layer]
+
+    def kept_neurons(self, layer: int) -> list[int]:
+        """The original FFN neurons original layer `layer` keeps."""
+        return self.ffn[layer] if layer in self.ffn else list(range(self.num_ffn[layer]))
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The stored form. The "ffn" key appears only once some layer's FFN was cut, so a
+        layout without FFN cuts keeps the bytes it had before FFN pruning existed."""
+        data = {k: copy.deepcopy(getattr(self, k)) for k in HEAD_KEYS}
+        if self.ffn:
+            data["ffn"] = {
+                "width": list(self.num_ffn),
+                "kept": {str(layer): to_ranges(kept) for layer, kept in sorted(self.ffn.items())},
+            }
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "Layout":
         try:
-            layout = cls(**{k: data[k] for k in cls.__dataclass_fields__})
+            layout = cls(**{k: data[k] for k in HEAD_KEYS})
         except (KeyError, TypeError) as exc:
             raise CheckpointError(f"malformed layout in checkpoint metadata: {exc}") from None
+        if "ffn" in data:
+            layout.num_ffn, layout.ffn = _ffn_from_dict(data["ffn"])
         layout.validate()
         return layout
 
@@ -68,6 +91,76 @@ class Layout:
             ok = ok and len(heads) >= 1 and len(kv) >= 1
         if not ok:
             raise CheckpointError("checkpoint layout is inconsistent (layer or head indices out of range)")
+        self._validate_ffn()
+
+    def _validate_ffn(self) -> None:
+        if not self.num_ffn and not self.ffn:
+            return
+        if len(self.num_ffn) != self.num_layers or not all(_is_int(w) and w >= 1 for w in self.num_ffn):
+            raise CheckpointError("checkpoint layout is inconsistent (FFN widths must be one positive integer per layer)")
+        for layer, kept in self.ffn.items():
+            if layer not in self.layers:
+                raise CheckpointError(f"checkpoint layout is inconsistent (FFN neurons listed for layer {layer}, which it does not keep)")
+            if not kept or not _is_index_set(kept, self.num_ffn[layer]) or len(kept) == self.num_ffn[layer]:
+                raise CheckpointError(f"checkpoint layout is inconsistent (FFN neurons of layer {layer} out of range, or none cut)")
+
+
+HEAD_KEYS = ("num_heads", "num_kv_heads", "layers", "heads", "kv_heads")
+
+
+def to_ranges(indices: list[int]) -> list[list[int]]:
+    """Sorted distinct indices as half-open [start, stop) runs: what a layout stores, so
+    that a 28,672-neuron layer cut in a few blocks costs a few numbers, not 28,672."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    return runs
+
+
+def from_ranges(runs, bound: int) -> list[int] | None:
+    """The indices of canonical [start, stop) runs (increasing, apart, within 0..bound),
+    as to_ranges writes them; None if malformed."""
+    if not isinstance(runs, list):
+        return None
+    out: list[int] = []
+    last = -1
+    for run in runs:
+        if not (isinstance(run, list) and len(run) == 2 and all(_is_int(v) for v in run)):
+            return None
+        start, stop = run
+        if not last < start < stop <= bound:
+            return None
+        out.extend(range(start, stop))
+        last = stop
+    return out
+
+
+def _ffn_from_dict(data) -> tuple[list[int], dict[int, list[int]]]:
+    """The stored "ffn" layout key: {"width": [per original layer], "kept": {layer: runs}}."""
+    bad = CheckpointError("malformed FFN layout in checkpoint metadata")
+    if not isinstance(data, dict) or set(data) != {"width", "kept"} or not isinstance(data["kept"], dict):
+        raise bad
+    widths = data["width"]
+    if not isinstance(widths, list) or not all(_is_int(w) and 1 <= w <= MAX_FFN_WIDTH for w in widths):
+        raise bad
+    if sum(widths) > MAX_FFN_NEURONS:  # bounds what the runs below may expand to
+        raise bad
+    kept: dict[int, list[int]] = {}
+    for key, runs in data["kept"].items():
+        if not (key.isascii() and key.isdigit() and str(int(key)) == key and int(key) < len(widths)):
+            raise bad
+        indices = from_ranges(runs, widths[int(key)])
+        if indices is None:
+            raise bad
+        kept[int(key)] = indices
+    return list(widths), kept
+
+
+MAX_FFN_WIDTH = 1 << 19  # as config_check bounds intermediate sizes: a header cannot claim more
+MAX_FFN_NEURONS = 1 << 23  # in all layers together; the largest public model (LLaMA-405B) has 6.7 million
 
 
 def _is_int(value) -> bool:
@@ -100,13 +193,15 @@ class ModelInfo:
 def full_layout(model: nn.Module) -> Layout:
     """The layout of an unpruned model: every layer and head kept."""
     adapter = adapter_for(model)
-    views = [adapter.attention(layer) for layer in adapter.layer_list(model)]
+    blocks = adapter.layer_list(model)
+    views = [adapter.attention(layer) for layer in blocks]
     return Layout(
         num_heads=[v.num_heads for v in views],
         num_kv_heads=[v.num_kv_heads for v in views],
         layers=list(range(len(views))),
         heads=[list(range(v.num_heads)) for v in views],
         kv_heads=[list(range(v.num_kv_heads)) for v in views],
+        num_ffn=[adapter.ffn(layer).width for layer in blocks],
     )
 
 

@@ -1,6 +1,6 @@
 """Gate, remove and drop: the generic operations on the adapter view.
 
-All public functions speak in original layer/head indices (see layout.py). Gating is
+All public functions speak in original layer/head/neuron indices (see layout.py). Gating is
 the soft, reversible form used for scoring and as the reference that physical removal
 must reproduce exactly (DESIGN invariant 1).
 """
@@ -15,6 +15,7 @@ from torch import nn
 
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.errors import ArchitectureError, PlanError
+from headprune_cli.model.ffn import current_positions, ffn_cuts
 from headprune_cli.model.layout import info_of
 
 
@@ -60,6 +61,42 @@ class HeadGates:
         return hook
 
 
+class NeuronGates:
+    """Multiplies each FFN neuron (each input feature of the down projection) by a gate.
+
+    `gates[pos]` belongs to the kept layer at block position `pos` and has shape [width],
+    [batch, width] (per example) or [batch, seq, width] (per token); the gradients of a
+    loss with respect to them score every neuron in one backward pass, as HeadGates do
+    for heads.
+    """
+
+    def __init__(self, model: nn.Module, gates: list[torch.Tensor]):
+        self.model, self.gates = model, gates
+        self._handles = []
+
+    def __enter__(self) -> "NeuronGates":
+        adapter = adapter_for(self.model)
+        for pos, layer in enumerate(adapter.layer_list(self.model)):
+            down = adapter.ffn(layer).down
+            self._handles.append(down.register_forward_pre_hook(self._hook(pos)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _hook(self, pos: int):
+        def hook(module, args):
+            (x, *rest) = args
+            gate = self.gates[pos].to(x.device)
+            if gate.dim() == 2:  # [batch, width] -> over every position of the example
+                gate = gate.view(gate.shape[0], *([1] * (x.dim() - 2)), gate.shape[-1])
+            return (x * gate, *rest)
+
+        return hook
+
+
 def removal_gates(model: nn.Module, remove_heads: Mapping[int, list[int]]) -> list[torch.Tensor]:
     """Gates of 1 for kept heads and 0 for the heads a plan removes."""
     layout = info_of(model).layout
@@ -92,11 +129,19 @@ def _identity_hook(module, args, kwargs, output):
 
 
 # --- physical removal -------------------------------------------------------------
-def apply_plan(model: nn.Module, remove_heads: Mapping[int, list[int]], remove_layers: list[int]) -> nn.Module:
-    """Remove heads and layers in place; validates everything before cutting anything."""
+def apply_plan(
+    model: nn.Module, remove_heads: Mapping[int, list[int]], remove_layers: list[int],
+    remove_ffn: Mapping[int, list[int]] | None = None,
+) -> nn.Module:
+    """Remove heads, FFN neurons and layers in place (`remove_ffn`: original layer ->
+    original neurons); validates everything before cutting anything."""
     drop = sorted(set(remove_layers))
-    for layer, (keep_q, keep_kv) in head_cuts(model, remove_heads, drop).items():
+    heads = head_cuts(model, remove_heads, drop)
+    neurons = ffn_cuts(model, remove_ffn, drop)
+    for layer, (keep_q, keep_kv) in heads.items():
         _slice_layer(model, layer, keep_q, keep_kv)
+    for layer, keep in neurons.items():
+        _slice_ffn(model, layer, keep)
     if drop:
         _drop_layers(model, drop)
     return model
@@ -151,6 +196,14 @@ def _slice_layer(model: nn.Module, layer: int, keep_q: list[int], keep_kv: list[
     info.layout.heads[pos], info.layout.kv_heads[pos] = keep_q, keep_kv
 
 
+def _slice_ffn(model: nn.Module, layer: int, keep: list[int]) -> None:
+    layout = info_of(model).layout
+    adapter = adapter_for(model)
+    pos = layout.position(layer)
+    adapter.slice_ffn(adapter.ffn(adapter.layer_list(model)[pos]), current_positions(layout, layer, keep))
+    layout.ffn[layer] = keep
+
+
 def _drop_layers(model: nn.Module, drop: list[int]) -> None:
     info = info_of(model)
     adapter = adapter_for(model)
@@ -162,3 +215,4 @@ def _drop_layers(model: nn.Module, drop: list[int]) -> None:
     layout.layers = [layout.layers[p] for p in keep_pos]
     layout.heads = [layout.heads[p] for p in keep_pos]
     layout.kv_heads = [layout.kv_heads[p] for p in keep_pos]
+    layout.ffn = {layer: kept for layer, kept in layout.ffn.items() if layer not in drop}

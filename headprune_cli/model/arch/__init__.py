@@ -6,7 +6,7 @@ from torch import nn
 
 from headprune_cli.errors import ArchitectureError
 from headprune_cli.names import did_you_mean
-from headprune_cli.model.arch.base import Adapter, AttentionView
+from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView
 from headprune_cli.model.arch.bert import BertAdapter
 from headprune_cli.model.arch.distilbert import DistilBertAdapter
 from headprune_cli.model.arch.gpt2 import GPT2Adapter
@@ -42,6 +42,7 @@ __all__ = [
     "ADAPTERS",
     "Adapter",
     "AttentionView",
+    "FFNView",
     "ReferenceConfig",
     "ReferenceEncoder",
     "adapter_for",

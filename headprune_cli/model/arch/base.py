@@ -42,6 +42,22 @@ class AttentionView:
         )
 
 
+@dataclass
+class FFNView:
+    """One layer's feed-forward block as neuron pruning sees it: `ups` are the projections
+    whose output features are the neurons (up, and gate for gated MLPs), `down` the one
+    whose input features are the neurons."""
+
+    ups: list[nn.Module]
+    down: nn.Module
+    width: int
+
+    @classmethod
+    def of(cls, *ups: nn.Module, down: nn.Module) -> "FFNView":
+        width = down.weight.shape[0] if is_conv1d(down) else down.in_features
+        return cls(ups=list(ups), down=down, width=width)
+
+
 def out_rows(head_indices: list[int], head_dim: int) -> torch.Tensor:
     """Feature indices that belong to the given heads in a [heads * head_dim] axis."""
     rows = [h * head_dim + i for h in head_indices for i in range(head_dim)]
@@ -118,6 +134,9 @@ class Adapter:
         """Update whatever head-count attributes the family's forward reads."""
         raise NotImplementedError
 
+    def ffn(self, layer: nn.Module) -> FFNView:
+        raise NotImplementedError
+
     # --- generic slicing, overridden only for fused projections ----------------
     def head_slices(self, view: AttentionView, keep_q: list[int], keep_kv: list[int]) -> list[tuple[nn.Module, str, torch.Tensor]]:
         """Which projections keep which features when a layer keeps the given (current,
@@ -132,6 +151,18 @@ class Adapter:
         for module, side, index in self.head_slices(view, keep_q, keep_kv):
             (keep_outputs if side == "out" else keep_inputs)(module, index)
         self.set_head_counts(view, len(keep_q), len(keep_kv))
+
+    def ffn_slices(self, view: FFNView, keep: list[int] | torch.Tensor) -> list[tuple[nn.Module, str, torch.Tensor]]:
+        """Which projections keep which features when a layer keeps the given (current,
+        0-based) FFN neurons: every up/gate projection's outputs, the down projection's inputs."""
+        index = torch.as_tensor(keep, dtype=torch.long)
+        return [*((up, "out", index) for up in view.ups), (view.down, "in", index)]
+
+    def slice_ffn(self, view: FFNView, keep: list[int]) -> None:
+        """Keep the given (current, 0-based) FFN neurons of one layer. No family's MLP
+        forward reads its width from an attribute, so the tensors are all there is to cut."""
+        for module, side, index in self.ffn_slices(view, keep):
+            (keep_outputs if side == "out" else keep_inputs)(module, index)
 
     def renumber_layers(self, model: nn.Module, kept: list[int]) -> None:
         """After blocks were dropped: fix config and everything indexed by layer."""

@@ -2,7 +2,7 @@
 
 from torch import nn
 
-from headprune_cli.model.arch.base import Adapter, AttentionView
+from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView
 
 
 class BertAdapter(Adapter):
@@ -15,6 +15,9 @@ class BertAdapter(Adapter):
         return AttentionView.of_projections(
             attn, attn.query, attn.key, attn.value, layer.attention.output.dense, attn.attention_head_size
         )
+
+    def ffn(self, layer: nn.Module) -> FFNView:
+        return FFNView.of(layer.intermediate.dense, down=layer.output.dense)
 
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
         view.module.num_attention_heads = num_heads

@@ -2,7 +2,7 @@
 
 from torch import nn
 
-from headprune_cli.model.arch.base import Adapter, AttentionView
+from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView
 
 
 class DistilBertAdapter(Adapter):
@@ -13,6 +13,9 @@ class DistilBertAdapter(Adapter):
     def attention(self, layer: nn.Module) -> AttentionView:
         attn = layer.attention
         return AttentionView.of_projections(attn, attn.q_lin, attn.k_lin, attn.v_lin, attn.out_lin, attn.attention_head_size)
+
+    def ffn(self, layer: nn.Module) -> FFNView:
+        return FFNView.of(layer.ffn.lin1, down=layer.ffn.lin2)
 
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
         view.module.n_heads = num_heads

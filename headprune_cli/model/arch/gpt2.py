@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from headprune_cli.errors import ArchitectureError
-from headprune_cli.model.arch.base import Adapter, AttentionView, out_rows
+from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView, out_rows
 
 
 class GPT2Adapter(Adapter):
@@ -34,6 +34,9 @@ class GPT2Adapter(Adapter):
         rows = out_rows(keep_q, view.head_dim)
         fused = torch.cat([rows, rows + width, rows + 2 * width])
         return [(view.fused_qkv, "out", fused), (view.o, "in", rows)]
+
+    def ffn(self, layer: nn.Module) -> FFNView:
+        return FFNView.of(layer.mlp.c_fc, down=layer.mlp.c_proj)
 
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
         view.module.num_heads = num_heads

@@ -2,7 +2,7 @@
 
 from torch import nn
 
-from headprune_cli.model.arch.base import Adapter, AttentionView
+from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView
 
 
 class LlamaAdapter(Adapter):
@@ -13,6 +13,9 @@ class LlamaAdapter(Adapter):
     def attention(self, layer: nn.Module) -> AttentionView:
         attn = layer.self_attn
         return AttentionView.of_projections(attn, attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, attn.head_dim)
+
+    def ffn(self, layer: nn.Module) -> FFNView:
+        return FFNView.of(layer.mlp.gate_proj, layer.mlp.up_proj, down=layer.mlp.down_proj)
 
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
         # repeat_kv in eager and SDPA attention reads this to expand K/V to the query heads.

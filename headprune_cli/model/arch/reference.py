@@ -17,7 +17,7 @@ from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 from headprune_cli.errors import ArchitectureError
-from headprune_cli.model.arch.base import Adapter, AttentionView
+from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView
 
 
 @dataclass
@@ -125,6 +125,9 @@ class ReferenceAdapter(Adapter):
     def attention(self, layer: nn.Module) -> AttentionView:
         attn = layer.attention
         return AttentionView.of_projections(attn, attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, attn.head_dim)
+
+    def ffn(self, layer: nn.Module) -> FFNView:
+        return FFNView.of(layer.mlp[0], down=layer.mlp[2])
 
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
         view.module.num_heads = num_heads
