@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from headprune_cli import __version__
 from headprune_cli.errors import ArtifactError, first_line
+from headprune_cli.neuron_scores import FFNScores
 from headprune_cli.fileio import atomic_write_bytes, check_regular, sha256_bytes, sha256_file
 
 SCHEMA_VERSION = 1
@@ -83,6 +84,7 @@ class Scores(Envelope):
     attention: dict[int, float] | None = None
     samples: int
     cost: dict[str, Any]  # cost.CostTable as a dict
+    ffn: FFNScores | None = None  # FFN neuron scores (`score --ffn`), compact: neuron_scores.py
 
     @field_validator("kept", "heads", "layers", "attention", mode="before")
     @classmethod

@@ -14,6 +14,7 @@ from torch import nn
 
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.errors import CheckpointError
+from headprune_cli.ranges import MAX_FFN_NEURONS, MAX_FFN_WIDTH, from_ranges, to_ranges  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -108,36 +109,6 @@ class Layout:
 HEAD_KEYS = ("num_heads", "num_kv_heads", "layers", "heads", "kv_heads")
 
 
-def to_ranges(indices: list[int]) -> list[list[int]]:
-    """Sorted distinct indices as half-open [start, stop) runs: what a layout stores, so
-    that a 28,672-neuron layer cut in a few blocks costs a few numbers, not 28,672."""
-    runs: list[list[int]] = []
-    for i in indices:
-        if runs and runs[-1][1] == i:
-            runs[-1][1] = i + 1
-        else:
-            runs.append([i, i + 1])
-    return runs
-
-
-def from_ranges(runs, bound: int) -> list[int] | None:
-    """The indices of canonical [start, stop) runs (increasing, apart, within 0..bound),
-    as to_ranges writes them; None if malformed."""
-    if not isinstance(runs, list):
-        return None
-    out: list[int] = []
-    last = -1
-    for run in runs:
-        if not (isinstance(run, list) and len(run) == 2 and all(_is_int(v) for v in run)):
-            return None
-        start, stop = run
-        if not last < start < stop <= bound:
-            return None
-        out.extend(range(start, stop))
-        last = stop
-    return out
-
-
 def _ffn_from_dict(data) -> tuple[list[int], dict[int, list[int]]]:
     """The stored "ffn" layout key: {"width": [per original layer], "kept": {layer: runs}}."""
     bad = CheckpointError("malformed FFN layout in checkpoint metadata")
@@ -159,8 +130,6 @@ def _ffn_from_dict(data) -> tuple[list[int], dict[int, list[int]]]:
     return list(widths), kept
 
 
-MAX_FFN_WIDTH = 1 << 19  # as config_check bounds intermediate sizes: a header cannot claim more
-MAX_FFN_NEURONS = 1 << 23  # in all layers together; the largest public model (LLaMA-405B) has 6.7 million
 
 
 def _is_int(value) -> bool:

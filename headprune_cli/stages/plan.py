@@ -9,7 +9,7 @@ from pathlib import Path
 
 from headprune_cli.errors import ArtifactError, CheckpointError, PlanError
 from headprune_cli.fileio import check_regular, sha256_file
-from headprune_cli.schema import Envelope, Plan, envelope, input_ref
+from headprune_cli.schema import Envelope, Plan, envelope, ffn_fields, input_ref
 from headprune_cli.stages.selection import Constraints, Selection
 
 
@@ -26,19 +26,23 @@ def make_plan(
     model = model_ref(scores)
     found = [p for p in candidates(model.path, scores_path) if p.is_file()]  # as the scores' folder sees it
     inputs.append({"role": "model", "path": str(found[0]) if found else model.path, "sha256": model.sha256})
-    return plan_artifact(selection, constraints, inputs, list(scores.num_heads), config)
+    num_ffn = list(scores.ffn.width) if getattr(scores, "ffn", None) is not None else None
+    return plan_artifact(selection, constraints, inputs, list(scores.num_heads), config, num_ffn=num_ffn)
 
 
-def plan_artifact(selection: Selection, constraints: Constraints, inputs: list[dict], num_heads: list[int], config: dict, **extra) -> dict:
-    """The plan artifact from its parts; `extra` adds optional payload (a search's record)."""
+def plan_artifact(selection: Selection, constraints: Constraints, inputs: list[dict], num_heads: list[int], config: dict,
+                  num_ffn: list[int] | None = None, **extra) -> dict:
+    """The plan artifact from its parts. `num_ffn` (the original FFN widths) when the plan
+    may cut FFN neurons; `extra` adds optional payload (a search's record)."""
     plan = envelope("plan", inputs, config)
     plan.update(
         strategy=selection.strategy,
-        constraints=constraints.to_dict(),
+        constraints=constraints.to_dict(ffn=num_ffn is not None),
         remove_heads={str(k): v for k, v in sorted(selection.remove_heads.items())},
         remove_layers=sorted(selection.remove_layers),
         predicted=selection.predicted or {},
         num_heads=list(num_heads),
+        **(ffn_fields(selection.remove_ffn, num_ffn) if num_ffn is not None else {}),
         **extra,
     )
     Plan.model_validate(plan)  # a plan we cannot read back must never be written

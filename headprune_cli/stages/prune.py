@@ -51,13 +51,14 @@ def cut(model, selection: Selection, compensation: Compensation | None = None, *
             from headprune_cli.device import place
 
             placement = place(model, device, dtype, keep_originals=True)
+        ffn = {"remove_ffn": selection.remove_ffn} if selection.remove_ffn else {}  # FFN refit: with neuron cuts only
         result = compensate(model, selection.remove_heads, selection.remove_layers, compensation.batches,
-                            method=compensation.method, ridge=compensation.ridge)
+                            method=compensation.method, ridge=compensation.ridge, **ffn)
         if placement is not None:
             from headprune_cli.device import restore
 
             restore(model, placement)
-    apply_plan(model, selection.remove_heads, selection.remove_layers)
+    apply_plan(model, selection.remove_heads, selection.remove_layers, remove_ffn=selection.remove_ffn)
     return result
 
 
@@ -88,13 +89,16 @@ def run(opts: PruneOptions, ctx: Context) -> Result:
     plan, plan_sha = _plan(opts, artifact, source, text)
     path = find_model(artifact, source, opts.checkpoint)
     check_output(opts.output, opts.force, inputs=[path])
-    selection = Selection(plan["strategy"], {int(k): v for k, v in plan["remove_heads"].items()}, plan["remove_layers"])
+    selection = Selection(plan["strategy"], {int(k): v for k, v in plan["remove_heads"].items()}, plan["remove_layers"],
+                          remove_ffn={int(k): v for k, v in (plan.get("remove_ffn") or {}).items()})
     if opts.compensation == "none":
         digest = _streamed(artifact, path, opts.output, selection, plan_sha)
     else:
         digest = _compensated(artifact, path, opts, selection, plan_sha, ctx)
     heads = sum(len(v) for v in selection.remove_heads.values())
-    ctx.print(f"wrote {opts.output}: removed {heads} heads, {len(selection.remove_layers)} layers (sha256 {digest[:12]})")
+    neurons = sum(len(v) for v in selection.remove_ffn.values())
+    ffn = f", {neurons} FFN neurons" if neurons else ""
+    ctx.print(f"wrote {opts.output}: removed {heads} heads{ffn}, {len(selection.remove_layers)} layers (sha256 {digest[:12]})")
     return Result([str(opts.output)])
 
 
@@ -137,7 +141,7 @@ def _streamed(artifact, path: Path, output: Path, selection: Selection, plan_sha
 
     layout = read_layout_only(path, hashed=True)  # the file is hashed while its layout is built
     check_model(artifact, path)
-    return prune_layout(layout, path, output, selection.remove_heads, selection.remove_layers, plan_sha=plan_sha)
+    return prune_layout(layout, path, output, selection.remove_heads, selection.remove_layers, plan_sha=plan_sha, remove_ffn=selection.remove_ffn)
 
 
 def _compensated(artifact, path: Path, opts: PruneOptions, selection: Selection, plan_sha: str, ctx: Context) -> str:

@@ -9,7 +9,7 @@ from typing import Optional
 from headprune_cli.device import DEVICE_HELP, DTYPE_HELP
 from headprune_cli.errors import UsageError
 from headprune_cli.outputs import check_output
-from headprune_cli.stages.importance.registry import DEFAULT_LAYER_METHOD, HEAD_METHODS, head_method, layer_method
+from headprune_cli.stages.importance.registry import DEFAULT_LAYER_METHOD, HEAD_METHODS, check_ffn, head_method, layer_method
 from headprune_cli.stages.unit import Context, Options, Result, Stage, option
 
 LAYER_METHOD_HELP = (
@@ -30,6 +30,7 @@ class ScoreOptions(Options):
     max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
     seed: int = option(0, "Seed for random, fidelity probes and anything stochastic.")
     layers: bool = option(False, "Also score whole layers.")
+    ffn: bool = option(False, "Also score every FFN neuron (gradient, taylor, taylor-weight, fisher, activation, random), in the same pass: `select --target-*` then cuts heads, neurons and layers under one budget.")
     layer_method: Optional[str] = option(None, LAYER_METHOD_HELP)
     weights: Optional[list[str]] = option(None, "For combined: METHOD=WEIGHT[,METHOD=WEIGHT] (default taylor=1,loo=1).")
     normalize: bool = option(True, "gradient: divide each layer's scores by their L2 norm.", negative="--no-normalize")
@@ -43,6 +44,8 @@ class ScoreOptions(Options):
         entry = head_method(self.method)
         if self.weights and "weights" not in entry.options:
             raise UsageError("--weights only applies to --method combined")
+        if self.ffn:
+            check_ffn(self.method)
         if self.layer_method is not None:
             if not self.layers:
                 raise UsageError("--layer-method needs --layers (it names how whole layers are scored)")
@@ -76,7 +79,7 @@ def run(opts: ScoreOptions, ctx: Context) -> Result:
     with _progress(ctx, rank == 0) as progress:
         result = score_model(
             model, dataset, opts.method, objective, batch_size=opts.batch_size, seed=opts.seed, normalize=opts.normalize,
-            weights=weights, layers=opts.chosen_layer_method(), progress=progress,
+            weights=weights, layers=opts.chosen_layer_method(), progress=progress, ffn=opts.ffn,
         )
     if rank == 0:
         dtype = dtype_name(opts.dtype)

@@ -27,6 +27,13 @@ class ScoreTable:
     objective: str | None = None
     samples: int = 0
     config: dict = field(default_factory=dict)  # the scorer's settings, as the artifact records them
+    # FFN neurons (`score --ffn`): per kept layer, the original indices of its kept neurons
+    # and their scores in the same order; the loss change of removing the whole FFN (with
+    # loo/refit layers, as `attention` for heads); the original FFN width of every layer.
+    ffn: dict[int, list[float]] | None = None
+    ffn_kept: dict[int, list[int]] | None = None
+    ffn_loss: dict[int, float] | None = None
+    num_ffn: list[int] | None = None
 
     @classmethod
     def from_scores(cls, scores) -> "ScoreTable":
@@ -43,7 +50,21 @@ class ScoreTable:
             objective=scores.objective,
             samples=scores.samples,
             config=dict(scores.config),
+            **_ffn_of(scores),
         )
 
     def kept(self) -> dict[int, list[int]]:
         return {layer: sorted(heads) for layer, heads in sorted(self.heads.items())}
+
+
+def _ffn_of(scores) -> dict:
+    """The neuron scores of an artifact (decoded from its compact arrays), if it has any."""
+    if getattr(scores, "ffn", None) is None:
+        return {}
+    block = scores.ffn
+    return {
+        "ffn": {layer: entry.values() for layer, entry in block.layers.items()},
+        "ffn_kept": {layer: entry.kept_indices() for layer, entry in block.layers.items()},
+        "ffn_loss": dict(block.loss) if block.loss else None,
+        "num_ffn": list(block.width),
+    }

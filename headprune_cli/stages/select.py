@@ -33,15 +33,17 @@ class ConstraintOptions(Options):
     protect: Optional[str] = option(None, "Heads never removed: LAYER:HEAD,... (original indices).")
     gqa_unit: str = option("group", "GQA layers: remove whole KV 'group's, or query 'head's evenly from every group.")
     uniform: bool = option(
-        False, "Keep the same number of heads (and KV groups) in every layer, chosen by score: "
+        False, "Keep the same number of heads (and KV groups, and FFN width) in every layer, chosen by score: "
         "LLaMA/Mistral/Qwen models then export as plain transformers folders.",
     )
+    min_ffn: Optional[int] = option(None, "FFN neurons every layer keeps at least, when the scores hold neuron scores (default: --ffn-multiple-of).", ge=1)
+    ffn_multiple_of: int = option(8, "FFN widths kept are multiples of this (8: what GPU matrix kernels tile by; 1 on CPUs costs nothing).", ge=1)
 
     def constraints(self) -> Constraints:
         return Constraints(
             min_heads=self.min_heads, multiple_of=self.multiple_of, protect=parse_protect(self.protect),
             drop_layers=getattr(self, "drop_layers", 0), layer_threshold=getattr(self, "layer_threshold", None),
-            gqa_unit=self.gqa_unit, uniform=self.uniform,
+            gqa_unit=self.gqa_unit, uniform=self.uniform, min_ffn=self.min_ffn, ffn_multiple_of=self.ffn_multiple_of,
         )
 
 
@@ -78,7 +80,8 @@ def plan_from_scores(opts: SelectionOptions, source: str, scores=None, scores_sh
     )
     config = {
         "strategy": selection.strategy, "ratio": opts.ratio, "threshold": opts.threshold,
-        "target_params": opts.target_params, "target_flops": opts.target_flops, **constraints.to_dict(),
+        "target_params": opts.target_params, "target_flops": opts.target_flops,
+        **constraints.to_dict(ffn=getattr(scores, "ffn", None) is not None),
     }
     return make_plan(selection, constraints, scores, str(source), scores_sha, config)
 
@@ -94,6 +97,7 @@ def run(opts: SelectOptions, ctx: Context) -> Result:
 
 def summary(plan: dict) -> str:
     heads = sum(len(v) for v in plan["remove_heads"].values())
+    neurons = sum(len(v) for v in (plan.get("remove_ffn") or {}).values())
     before, after = plan["predicted"].get("before"), plan["predicted"].get("after")
     cost = ""
     if before and after:
@@ -102,7 +106,8 @@ def summary(plan: dict) -> str:
             f"FLOPs/token {after['flops_per_token'] / before['flops_per_token']:.1%} of before"
         )
     shape = ", the same heads in every layer" if plan["constraints"].get("uniform") else ""
-    return f"plan ({plan['strategy']}): remove {heads} heads, {len(plan['remove_layers'])} layers{shape}{cost}"
+    ffn = f", {neurons} FFN neurons" if neurons else ""
+    return f"plan ({plan['strategy']}): remove {heads} heads{ffn}, {len(plan['remove_layers'])} layers{shape}{cost}"
 
 
 STAGE = Stage(

@@ -18,7 +18,7 @@ import heapq
 import math
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from headprune_cli.model.cost_table import CostTable, predict
 from headprune_cli.stages.scores import ScoreTable  # noqa: F401  (selection's input type; imported from here too)
@@ -36,11 +36,17 @@ class Constraints:
     drop_layers: int = 0
     layer_threshold: float | None = None
     gqa_unit: str = "group"  # group | head
-    uniform: bool = False  # every kept layer keeps the same number of heads and KV groups
+    uniform: bool = False  # every kept layer keeps the same number of heads and KV groups (and FFN width)
+    min_ffn: int | None = None  # FFN neurons every kept layer keeps at least (None: ffn_multiple_of)
+    ffn_multiple_of: int = 8  # kept FFN widths are multiples of this (GPU matrix tiles want multiples of 8)
 
-    def to_dict(self) -> dict:
+    def to_dict(self, ffn: bool = False) -> dict:
+        """As plans record them; the FFN keys only for plans that may cut FFN neurons, so
+        head-only plans keep the bytes they always had."""
         out = asdict(self)
         out["protect"] = [f"{layer}:{head}" for layer, head in self.protect]
+        if not ffn:
+            del out["min_ffn"], out["ffn_multiple_of"]
         return out
 
 
@@ -50,6 +56,7 @@ class Selection:
     remove_heads: dict[int, list[int]]
     remove_layers: list[int]
     predicted: dict | None = None
+    remove_ffn: dict[int, list[int]] = field(default_factory=dict)  # original layer -> original neurons
 
 
 @dataclass
@@ -111,6 +118,8 @@ def _check_table(table: ScoreTable, c: Constraints) -> None:
         raise UsageError("--min-heads must be at least 1 (drop a whole layer with --drop-layers)")
     if c.multiple_of < 1:
         raise UsageError("--multiple-of must be at least 1")
+    if c.ffn_multiple_of < 1 or (c.min_ffn is not None and c.min_ffn < 1):
+        raise UsageError("--ffn-multiple-of and --min-ffn must be at least 1 (drop a whole layer to remove its FFN)")
     if c.gqa_unit not in ("group", "head"):
         raise UsageError(f"unknown GQA unit {c.gqa_unit!r} (available: group, head)")
     for layer, head in c.protect:
@@ -287,6 +296,10 @@ def select(
         raise UsageError(f"unknown strategy {chosen!r}{did_you_mean(chosen, STRATEGIES)}")
     _check_amount(chosen, ratio, threshold, target_params, target_flops)
     _check_table(table, constraints)
+    if table.ffn and AMOUNT[chosen] == "target":  # a cost budget over heads, FFN neurons and layers
+        from headprune_cli.stages.ffn_select import select_ffn
+
+        return select_ffn(table, strategy, target_params, target_flops, constraints)
     if chosen == "joint" or (strategy is None and chosen == "budget" and _joint_by_default(table, constraints)):
         return select_joint(table, target_params, target_flops, constraints)
     drop = _layers_to_drop(table, constraints)

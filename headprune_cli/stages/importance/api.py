@@ -13,11 +13,14 @@ from headprune_cli.data import Dataset
 from headprune_cli.errors import DataError, UsageError
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.objectives import check_objective, needs_labels
+from headprune_cli.neuron_scores import ffn_block
 from headprune_cli.schema import envelope, input_ref
 from headprune_cli.stages.scores import ScoreTable
 from headprune_cli.stages.importance.context import ProgressFactory, ScoreContext, no_progress
-from headprune_cli.stages.importance.layers import attention_loss
-from headprune_cli.stages.importance.registry import HEAD_METHODS, LAYER_METHODS, head_method, layer_method
+from headprune_cli.stages.importance.gradients import gradient_stats
+from headprune_cli.stages.importance.layers import attention_loss, ffn_loss
+from headprune_cli.stages.importance.neurons import activation_stats, neuron_scores
+from headprune_cli.stages.importance.registry import HEAD_METHODS, LAYER_METHODS, check_ffn, head_method, layer_method
 
 
 def make_scorer(method: str, *, normalize: bool = True, weights: Mapping[str, float] | None = None):
@@ -41,12 +44,15 @@ def score_model(
     layers: str | None = None,
     progress: ProgressFactory = no_progress,
     seq_len: int | None = None,
+    ffn: bool = False,
 ) -> ScoreTable:
     """Score every kept head (original indices); `layers` = 'refit', 'loo' or 'cosine' adds layer scores.
 
     `attention` (loss change of removing each layer's heads together) comes with loo/refit
     layers; `seq_len` adds the cost table at that sequence length (what budgets price).
-    Under torchrun every process must call this with the same arguments.
+    `ffn` scores every FFN neuron too, in the same passes (and, with loo/refit layers, the
+    loss of removing each layer's whole FFN). Under torchrun every process must call this
+    with the same arguments.
     """
     objective = check_objective(objective, model)
     if needs_labels(objective) and dataset.labels is None:
@@ -54,15 +60,20 @@ def score_model(
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1 (got {batch_size})")
     scorer = make_scorer(method, normalize=normalize, weights=weights)
+    if ffn:
+        check_ffn(method)
     layer_entry = layer_method(layers) if layers else None
     torch.manual_seed(seed)
-    ctx = ScoreContext(model, dataset, objective, batch_size, seed, progress)
+    ctx = ScoreContext(model, dataset, objective, batch_size, seed, progress, ffn=ffn)
     was_training = model.training
     model.eval()  # dropout off: scores must be deterministic
     try:
         per_layer = scorer(ctx)
+        neurons = _neuron_scores(method, ctx) if ffn else None
         layer_scores = layer_entry.make()(ctx) if layer_entry else None
-        attention = attention_loss(ctx) if layer_entry and layer_entry.measures_attention else None
+        measured = layer_entry is not None and layer_entry.measures_attention
+        attention = attention_loss(ctx) if measured else None
+        whole_ffn = ffn_loss(ctx) if measured and ffn else None
     finally:
         model.train(was_training)
     layout = info_of(model).layout
@@ -77,19 +88,42 @@ def score_model(
         config["weights"] = dict(sorted(scorer.weights.items()))
     if layers:
         config["layers"] = layers
+    if ffn:
+        config["ffn"] = True
     return ScoreTable(
         heads=heads,
         num_heads=list(layout.num_heads),
         num_kv_heads=list(layout.num_kv_heads),
         layers=None if layer_scores is None else dict(zip(layout.layers, map(float, layer_scores.tolist()))),
-        cost=None if seq_len is None else cost.cost_table(model, seq_len),
+        cost=None if seq_len is None else cost.cost_table(model, seq_len, ffn=ffn),
         method=method,
         layer_method=layers,
         attention=None if attention is None else dict(zip(layout.layers, map(float, attention.tolist()))),
         objective=objective,
         samples=len(dataset),
         config=config,
+        **({} if neurons is None else _ffn_fields(layout, neurons, whole_ffn)),
     )
+
+
+def _neuron_scores(method: str, ctx: ScoreContext) -> list[torch.Tensor]:
+    """Per kept layer, one score per kept neuron, from the passes the head scores made."""
+    if method == "activation":
+        stats = activation_stats(ctx)
+    elif method == "random":
+        stats = {}
+    else:
+        stats = gradient_stats(ctx, weights=method == "taylor-weight")
+    return neuron_scores(method, ctx, stats)
+
+
+def _ffn_fields(layout, neurons: list[torch.Tensor], whole: torch.Tensor | None) -> dict:
+    return {
+        "ffn": {layer: [float(v) for v in s.tolist()] for layer, s in zip(layout.layers, neurons)},
+        "ffn_kept": {layer: layout.kept_neurons(layer) for layer in layout.layers},
+        "ffn_loss": None if whole is None else dict(zip(layout.layers, map(float, whole.tolist()))),
+        "num_ffn": list(layout.num_ffn),
+    }
 
 
 def scores_artifact(
@@ -121,6 +155,8 @@ def scores_artifact(
         layers=None if result.layers is None else {str(k): v for k, v in result.layers.items()},
         **({} if result.attention is None else {"attention": {str(k): v for k, v in result.attention.items()}}),
         samples=result.samples,
-        cost=cost.cost_table(model, max_length).to_dict(),
+        cost=cost.cost_table(model, max_length, ffn=result.ffn is not None).to_dict(),
     )
+    if result.ffn is not None:
+        artifact["ffn"] = ffn_block(result.num_ffn, result.ffn_kept, result.ffn, result.ffn_loss)
     return artifact

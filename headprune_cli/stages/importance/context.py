@@ -48,6 +48,7 @@ class ScoreContext:
     seed: int = 0
     progress: ProgressFactory = no_progress
     cache: dict = field(default_factory=dict)  # shared passes (gradient statistics) for `combined`
+    ffn: bool = False  # also gather FFN neuron statistics (`score --ffn`)
 
     @property
     def device(self) -> torch.device:

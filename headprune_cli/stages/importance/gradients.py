@@ -21,6 +21,8 @@ slower than a plain forward+backward.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from headprune_cli.model.arch import adapter_for
@@ -28,6 +30,7 @@ from headprune_cli.model.arch.base import is_conv1d
 from headprune_cli.stages.objectives import check_finite, embed, per_example_loss
 from headprune_cli.model.surgery import HeadGates
 from headprune_cli.stages.importance.context import ScoreContext, trainable_only
+from headprune_cli.stages.importance.neurons import NeuronTaps, down_modules
 
 
 def _o_modules(model) -> list:
@@ -59,29 +62,35 @@ def batch_losses(ctx: ScoreContext, batch: dict, start: int) -> torch.Tensor:
 def gradient_stats(ctx: ScoreContext, weights: bool = False) -> dict[str, list[torch.Tensor]]:
     """Sums over examples of |g|, g^2, per-token Taylor terms, and with `weights` dL/dW_o;
     cached on ctx. dL/dW_o only when asked (taylor-weight): its float64 sums are a copy of
-    every output projection at 4x the bf16 size, about a third of an LLM's checkpoint."""
+    every output projection at 4x the bf16 size, about a third of an LLM's checkpoint.
+    With `ctx.ffn`, the same statistics of every FFN neuron come from the same backward
+    (keys `ffn_abs`, `ffn_sq`, `ffn_taylor`, and `ffn_weight` for the down projections)."""
     cached = ctx.cache.get("gradients")
     if cached is not None and (not weights or "weight" in cached):
         return cached
     counts = ctx.head_counts()
     o_weights = [o.weight for o in _o_modules(ctx.model)] if weights else []
+    down_weights = [d.weight for d in down_modules(ctx.model)] if weights and ctx.ffn else []
+    taps = NeuronTaps(ctx) if ctx.ffn else None
     sums = {
         key: [torch.zeros(n, dtype=torch.float64, device=ctx.device) for n in counts]
         for key in ("abs", "sq", "taylor")
     }
     if weights:
         sums["weight"] = [torch.zeros_like(w, dtype=torch.float64) for w in o_weights]
+    if weights and ctx.ffn:
+        sums["ffn_weight"] = [torch.zeros_like(w, dtype=torch.float64) for w in down_weights]
     n = len(counts)
-    with trainable_only(ctx.model, o_weights):
+    with trainable_only(ctx.model, o_weights + down_weights):
         for number, start, batch in ctx.my_batches("scoring (gradients)"):
             size, seq = batch["input_ids"].shape
             # One gate per token: its gradient is the per-token Taylor term sum_d dL/do * o,
             # and summed over tokens it is the per-example gate gradient dL_i/dgate.
             gates = [torch.ones(size, seq, k, dtype=ctx.dtype, device=ctx.device, requires_grad=True) for k in counts]
-            with HeadGates(ctx.model, gates):
+            with HeadGates(ctx.model, gates), (taps.attached(batch["attention_mask"]) if taps else nullcontext()):
                 losses = batch_losses(ctx, batch, start)
             check_finite(losses, f"batch {number}")
-            grads = torch.autograd.grad(losses.sum(), gates + o_weights)
+            grads = torch.autograd.grad(losses.sum(), gates + o_weights + down_weights)  # the taps' hooks fire here
             for pos in range(n):
                 per_token = grads[pos].double().to(ctx.device)  # [B, T, H]; layers may sit on other devices
                 g = per_token.sum(1)  # [B, H]
@@ -90,9 +99,14 @@ def gradient_stats(ctx: ScoreContext, weights: bool = False) -> dict[str, list[t
                 sums["taylor"][pos] += per_token.abs().sum(dim=(0, 1))
                 if weights:
                     sums["weight"][pos] += grads[n + pos].double()
+                if down_weights:
+                    sums["ffn_weight"][pos] += grads[n + len(o_weights) + pos].double()
+    if taps is not None:
+        for key in ("abs", "sq", "taylor"):
+            sums[f"ffn_{key}"] = taps.sums[key]
     keys = tuple(sums)
     flat = ctx.reduce([t for key in keys for t in sums[key]])
-    ctx.cache["gradients"] = {key: flat[i * n : (i + 1) * n] for i, key in enumerate(keys)}
+    ctx.cache["gradients"] = {key: flat[i * n : (i + 1) * n] for i, key in enumerate(keys)}  # every key: one tensor per layer
     return ctx.cache["gradients"]
 
 

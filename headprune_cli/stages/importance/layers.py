@@ -95,6 +95,27 @@ def attention_loss(ctx: ScoreContext) -> torch.Tensor:
     return diffs / len(ctx.dataset)
 
 
+def ffn_loss(ctx: ScoreContext) -> torch.Tensor:
+    """Per layer: the exact loss change when ALL its FFN neurons are removed (gated to 0):
+    what puts neuron scores on the layers' loss scale, as attention_loss does for heads."""
+    from headprune_cli.model.surgery import NeuronGates
+
+    widths = [ctx.layout.ffn_width(layer) for layer in ctx.layout.layers]
+    diffs = torch.zeros(len(widths), dtype=torch.float64, device=ctx.device)
+    with torch.no_grad():
+        for number, _, batch in ctx.my_batches("scoring FFN blocks"):
+            out = embed(ctx.model, batch)
+            base = per_example_loss(out, batch, ctx.objective, out).double()
+            for pos in range(len(widths)):
+                gates = [torch.full((w,), 0.0 if i == pos else 1.0, dtype=ctx.dtype, device=ctx.device) for i, w in enumerate(widths)]
+                with NeuronGates(ctx.model, gates):
+                    removed = per_example_loss(embed(ctx.model, batch), batch, ctx.objective, out).double()
+                check_finite(removed, f"batch {number}")
+                diffs[pos] += (removed - base).sum()
+    (diffs,) = ctx.reduce([diffs])
+    return diffs / len(ctx.dataset)
+
+
 class LayerRefit:
     """Loss after removing the block AND a short refit, minus the loss before (ShortGPT's
     question asked the way recovery answers it; cf. Kim et al. 2024, Shortened LLaMA, whose

@@ -21,23 +21,27 @@ class Method:
     units: str  # "heads" or "layers"
     loss_scale: bool  # scores are measured loss changes (comparable across units)
     options: tuple[str, ...] = ()  # score options it takes besides the common ones
-    measures_attention: bool = False  # layer methods that also measure each layer's heads together
+    measures_attention: bool = False  # layer methods that also measure each layer's heads (and FFN) together
+    ffn: str | None = None  # it scores FFN neurons too (`score --ffn`); else why not
 
     def make(self, **settings):
         module, cls = self.scorer.split(":")
         return getattr(importlib.import_module(f"headprune_cli.stages.importance.{module}"), cls)(**settings)
 
 
+YES = ""  # Method.ffn for methods that score neurons
 _HEADS = [
-    Method("gradient", "gradients:Gradient", "heads", False, ("normalize",)),
-    Method("taylor", "gradients:Taylor", "heads", False),
-    Method("taylor-weight", "gradients:TaylorWeight", "heads", False),
-    Method("fisher", "gradients:Fisher", "heads", False),
-    Method("loo", "masked:LeaveOneOut", "heads", True),
-    Method("entropy", "masked:Entropy", "heads", False),
-    Method("combined", "baselines:Combined", "heads", False, ("weights",)),
-    Method("random", "baselines:Random", "heads", False),
-    Method("l0", "l0:L0", "heads", False),
+    Method("gradient", "gradients:Gradient", "heads", False, ("normalize",), ffn=YES),
+    Method("taylor", "gradients:Taylor", "heads", False, ffn=YES),
+    Method("taylor-weight", "gradients:TaylorWeight", "heads", False, ffn=YES),
+    Method("fisher", "gradients:Fisher", "heads", False, ffn=YES),
+    Method("activation", "activation:Activation", "heads", False, ffn=YES),
+    Method("loo", "masked:LeaveOneOut", "heads", True,
+           ffn="loo would run one forward pass per neuron (thousands per layer); score neurons with fisher or taylor, and layers with --layers --layer-method loo"),
+    Method("entropy", "masked:Entropy", "heads", False, ffn="entropy measures attention distributions, which FFN neurons do not have"),
+    Method("combined", "baselines:Combined", "heads", False, ("weights",), ffn="combined min-max-normalises per method, which puts neurons and heads on no common scale"),
+    Method("random", "baselines:Random", "heads", False, ffn=YES),
+    Method("l0", "l0:L0", "heads", False, ffn="l0 trains gates on heads only; use finetune --learn-gates, or fisher/taylor neuron scores"),
 ]
 _LAYERS = [
     Method("cosine", "layers:BlockInfluence", "layers", False),
@@ -59,6 +63,13 @@ def layer_method(name: str) -> Method:
     if name not in LAYER_METHODS:
         raise UsageError(f"unknown layer method {name!r}" + did_you_mean(name, LAYER_METHODS))
     return LAYER_METHODS[name]
+
+
+def check_ffn(method: str) -> None:
+    """Refuse `--ffn` for a method that cannot score neurons, saying why."""
+    entry = head_method(method)
+    if entry.ffn is None or entry.ffn != YES:
+        raise UsageError(f"--ffn: method {method!r} scores no FFN neurons: {entry.ffn or 'not supported'}")
 
 
 def loss_scale_layer_methods() -> tuple[str, ...]:
