@@ -26,6 +26,8 @@ from typer.core import TyperGroup
 
 from headprune_cli.errors import EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, HeadpruneError, Interrupted
 from headprune_cli.names import did_you_mean
+from headprune_cli.outputs import forget_claims
+from headprune_cli.watcher import watched
 
 # In pipeline order, which is also the order `headprune --help` lists them: command name ->
 # (module in this package, function). Modules load only when their command runs, so a
@@ -173,6 +175,7 @@ def _signals_interrupt():
 
 def main(argv: list[str] | None = None) -> int:
     _quiet_transformers()
+    forget_claims()
     try:
         with _signals_interrupt():
             result = app(args=argv, prog_name="headprune", standalone_mode=False)
@@ -204,8 +207,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> NoReturn:
-    """Console-script entry point (and `python -m headprune_cli`, under torchrun too)."""
-    exit_without_teardown(main())
+    """Console-script entry point (and `python -m headprune_cli`, under torchrun too).
+
+    The command runs in a child that this process watches (watcher.py): a memory-mapped
+    input truncated by another process kills a process by SIGBUS, which only a parent can
+    turn into one `Error:` line, exit 1 and removed temporaries."""
+    exit_without_teardown(watched(main))
 
 
 def exit_without_teardown(code: int) -> NoReturn:
