@@ -88,6 +88,11 @@ def _same_inode(path, fd: int) -> bool:
 
 
 # --- the sweep: temporaries whose writer is gone ---------------------------------------
+def forget_sweeps() -> None:
+    """Sweep again from the next command on (tests run many commands in one process)."""
+    _SWEPT.clear()
+
+
 def sweep(folder: Path, quiet: bool = False) -> list[Path]:
     """Remove temporaries of headprune's naming in `folder` that no live process holds
     locked; say so in one line on stderr (unless `quiet`). Once per folder per process."""

@@ -27,6 +27,7 @@ from typer.core import TyperGroup
 from headprune_cli.errors import EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, HeadpruneError, Interrupted
 from headprune_cli.names import did_you_mean
 from headprune_cli.outputs import forget_claims
+from headprune_cli.temps import forget_sweeps
 from headprune_cli.watcher import watched
 
 # In pipeline order, which is also the order `headprune --help` lists them: command name ->
@@ -176,6 +177,7 @@ def _signals_interrupt():
 def main(argv: list[str] | None = None) -> int:
     _quiet_transformers()
     forget_claims()
+    forget_sweeps()
     try:
         with _signals_interrupt():
             result = app(args=argv, prog_name="headprune", standalone_mode=False)
