@@ -183,7 +183,19 @@ def rename_noreplace(source: str | os.PathLike, target: str | os.PathLike) -> No
             raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target))
         os.rename(source, target)
         return
-    os.link(source, target)  # atomic, and fails when the name is taken
+    try:
+        os.link(source, target)  # atomic, and fails when the name is taken
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS):
+            raise
+        # A filesystem without hard links (FAT, some FUSE mounts): checked, then renamed,
+        # which leaves the instant between the two unguarded.
+        if os.path.lexists(target):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target)) from None
+        os.rename(source, target)
+        return
     os.unlink(source)
 
 

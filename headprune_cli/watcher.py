@@ -33,7 +33,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-_PAGE = 1 << 16
+_PAGE = 1 << 20  # anonymous: costs memory only where written
 _NOTES: dict | None = None  # in the watched child: what it has noted so far
 _SHARED: mmap.mmap | None = None
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -129,13 +129,16 @@ def _wait(child: int, waited: set) -> int:
 
 
 def _verdict(status: int, notes: dict) -> int:
+    from headprune_cli.temps import sweep
+
+    # The child is gone, so none of its temporaries is locked any more: whatever it could
+    # not remove (a second Ctrl-C during its cleanup, a signal) goes now. Another live
+    # writer's temporaries in the same folders stay locked, and stay.
+    for folder in notes.get("writes", []):
+        sweep(Path(folder), quiet=True)
     if os.WIFEXITED(status):
         return os.WEXITSTATUS(status)
     number = os.WTERMSIG(status)
-    from headprune_cli.temps import sweep
-
-    for folder in notes.get("writes", []):
-        sweep(Path(folder), quiet=True)
     name = signal.Signals(number).name if number in signal.Signals.__members__.values() else f"signal {number}"
     if number == signal.SIGBUS:
         print(f"Error: {_changed(notes)}; nothing was written", file=sys.stderr)
