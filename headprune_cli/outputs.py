@@ -151,9 +151,17 @@ def release_claim(path: str | os.PathLike) -> None:
     _CLAIMED.discard(os.path.realpath(path))
 
 
-def forget_claims() -> None:
-    """Start a command with no claims (tests run many commands in one process)."""
+@contextmanager
+def own_claims() -> Iterator[None]:
+    """A command starts with no claims and leaves none behind: tests run many commands in
+    one process, and `headprune run` runs its stages inside its own command."""
+    outer = set(_CLAIMED)
     _CLAIMED.clear()
+    try:
+        yield
+    finally:
+        _CLAIMED.clear()
+        _CLAIMED.update(outer)
 
 
 # --- file outputs ---------------------------------------------------------------------

@@ -26,7 +26,7 @@ from typer.core import TyperGroup
 
 from headprune_cli.errors import EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, HeadpruneError, Interrupted
 from headprune_cli.names import did_you_mean
-from headprune_cli.outputs import forget_claims
+from headprune_cli.outputs import own_claims
 from headprune_cli.temps import forget_sweeps
 from headprune_cli.watcher import watched
 
@@ -176,10 +176,9 @@ def _signals_interrupt():
 
 def main(argv: list[str] | None = None) -> int:
     _quiet_transformers()
-    forget_claims()
     forget_sweeps()
     try:
-        with _signals_interrupt():
+        with _signals_interrupt(), own_claims():
             result = app(args=argv, prog_name="headprune", standalone_mode=False)
     except Interrupted:
         return _fail("interrupted", EXIT_INTERRUPTED)

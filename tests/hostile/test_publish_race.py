@@ -10,6 +10,7 @@ it, so both have passed every check, and only the no-replace rename decides.
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -64,9 +65,9 @@ def one_winner(results, barrier: bool) -> int:
 
 @pytest.mark.parametrize("barrier", [False, True], ids=["as-they-come", "at-the-rename"])
 def test_two_selects_of_one_new_plan(work, barrier):
-    """20 rounds at the rename, 10 as they come (select starts without torch: about a second a round)."""
+    """20 rounds at the rename, 6 as they come (select starts without torch: about a second a round)."""
     ratios = ("0.25", "0.5")
-    for round_ in range(20 if barrier else 10):
+    for round_ in range(20 if barrier else 6):
         out = work / f"plan-{round_}.json"
         script = barrier_script(work, str(round_)) if barrier else None
         results = race(work, *[["select", "scores.json", "--ratio", r, "-o", out.name] for r in ratios], script=script)
@@ -76,7 +77,9 @@ def test_two_selects_of_one_new_plan(work, barrier):
 
 
 def test_two_prunes_of_one_new_checkpoint(work):
-    for round_ in range(2):
+    """One round: each process imports torch and transformers (seconds on 2 cores); the
+    rename it races through is the one select's 20 rounds exercise."""
+    for round_ in range(1):
         out = f"small-{round_}.safetensors"
         results = race(work, ["prune", "model.safetensors", "--plan", "plan.json", "-o", out],
                        ["prune", "model.safetensors", "--scores", "scores.json", "--ratio", "0.5", "-o", out], barrier_script(work, f"p{round_}"))
@@ -89,19 +92,30 @@ def test_two_prunes_of_one_new_checkpoint(work):
     assert leftovers(work) == []
 
 
-@pytest.mark.parametrize("command", ["export --hf", "report --plot"])
-def test_two_writers_of_one_new_folder(work, command):
-    """One round each (two model loads a round): report's --plot folder is claimed at its
-    mkdir, with no barrier needed, since both processes evaluate for seconds in between."""
-    for round_ in range(1):
-        folder = f"{command.split()[1][2:]}-{round_}"
-        if command == "export --hf":
-            args = [["export", "model.safetensors", "--hf", folder]] * 2
-        else:
-            args = [["report", "--model", "model.safetensors", "--baseline", "model.safetensors", "--data", "data.jsonl", "--repeats", "0", "--plot", folder]] * 2
-        one_winner(race(work, *args, script=barrier_script(work, f"{command[0]}{round_}")), barrier=True)
-        assert (work / folder).is_dir()
-    assert leftovers(work) == []
+def test_two_exports_of_one_new_folder(work):
+    """One round (two model loads): the folder built beside its target, renamed without replacing."""
+    results = race(work, *[["export", "model.safetensors", "--hf", "exported"]] * 2, script=barrier_script(work, "export"))
+    one_winner(results, barrier=True)
+    assert (work / "exported" / "config.json").is_file() and leftovers(work) == []
+
+
+@pytest.mark.parametrize("what", ["--plot folder", "out folder"])
+def test_a_new_folder_another_process_creates_first_is_not_shared(work, what):
+    """report --plot, sweep -o and run --out check their folder, work, then create it: a
+    folder that appeared in between (made by another process, marker and all) is refused,
+    and left as it is."""
+    from headprune_cli.errors import HeadpruneError
+    from headprune_cli.outputs import check_folder, make_folder, own_claims
+
+    folder = work / "plots"
+    with own_claims():
+        check_folder(folder, [work / "model.safetensors"], what)
+        make_folder(work / "other")  # another process wins the race to the same kind of folder...
+        os.rename(work / "other", folder)  # ... and its folder appears under this one's name
+        (folder / "head_map.png").write_bytes(b"the winner's plot")
+        with pytest.raises(HeadpruneError, match="now exists: another process created it"):
+            make_folder(folder)
+    assert (folder / "head_map.png").read_bytes() == b"the winner's plot"
 
 
 def test_force_still_replaces(work, cli):
