@@ -1,6 +1,7 @@
 """File I/O at the edges: atomic writes and hashes (what may be written: outputs.py).
 
-Every output goes to a temporary file in the destination folder, is fsynced, and is
+Every output goes to a temporary file in the destination folder (named and locked as
+temps.py says), is fsynced, and is
 renamed into place, so a crash or kill leaves the old file or none, never half a file.
 """
 
@@ -20,7 +21,7 @@ from typing import TypeVar
 
 from headprune_cli.errors import HeadpruneError
 from headprune_cli.outputs import check_output, check_parent  # noqa: F401  (the output rule lives there)
-from headprune_cli.temps import make_temp, publish  # noqa: F401  (temporaries and publishing live there)
+from headprune_cli.temps import make_temp, publish  # locked temporaries, no-replace publishing
 
 _CHUNK = 1 << 20
 T = TypeVar("T")
