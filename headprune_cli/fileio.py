@@ -1,8 +1,8 @@
 """File I/O at the edges: atomic writes and hashes (what may be written: outputs.py).
 
 Every output goes to a temporary file in the destination folder (named and locked as
-temps.py says), is fsynced, and is
-renamed into place, so a crash or kill leaves the old file or none, never half a file.
+temps.py says), is fsynced, and is renamed into place, so a crash or kill leaves the old
+file or none, never half a file.
 """
 
 from __future__ import annotations
