@@ -30,6 +30,7 @@ from torch import nn
 from headprune_cli.errors import DataError, shorten
 from headprune_cli.fileio import check_regular
 from headprune_cli.model.layout import info_of
+from headprune_cli.tokenizer_guard import encode_rows, probe
 
 TEXT_SUFFIXES = (".jsonl", ".json", ".csv")
 # Characters of text kept per token of --max-length before tokenizing: truncation keeps
@@ -159,8 +160,8 @@ def _read_rows(path: Path, samples: int | None) -> list[dict]:
     elif suffix == ".csv":
         rows = _csv(text, path, samples)
     else:
-        lines = [line.strip() for line in text.splitlines()]
-        rows = [{"text": line} for line in lines if line][:samples]
+        lines = [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1)]
+        rows = [Row({"text": line}, f"{path}:{n}") for n, line in lines if line][:samples]
     if not rows:
         raise DataError(f"{path}: no examples (the file is empty)")
     return rows
@@ -196,12 +197,20 @@ def _csv(text: str, path: Path, samples: int | None) -> list[dict]:
     return rows
 
 
-def _checked_row(row, where: str) -> dict:
+class Row(dict):
+    """One example as read, and where it was read (`file:line`), for errors about it."""
+
+    def __init__(self, fields: dict, where: str):
+        super().__init__(fields)
+        self.where = where
+
+
+def _checked_row(row, where: str) -> Row:
     if not isinstance(row, dict) or not isinstance(row.get("text"), str):
         raise DataError(f"{where}: expected an object with a string `text` field")
     if "text_pair" in row and not isinstance(row["text_pair"], str):
         raise DataError(f"{where}: `text_pair` must be a string")
-    return row
+    return Row(row, where)
 
 
 def tokenizer_of(model: nn.Module):
@@ -219,6 +228,7 @@ def tokenizer_of(model: nn.Module):
         backend = Tokenizer.from_str(info.tokenizer)
     except Exception as exc:  # the tokenizers library raises its own exception types
         raise DataError(f"the checkpoint's tokenizer cannot be read: {exc}") from None
+    probe(backend, info.loaded_from[0] if info.loaded_from else "the model")
     special = {k: v for k, v in info.tokenizer_config.items() if k in _SPECIAL and isinstance(v, str)}
     return PreTrainedTokenizerFast(tokenizer_object=backend, **special)
 
@@ -230,9 +240,11 @@ def _tokenize(rows: list[dict], model: nn.Module, max_length: int, path: Path) -
     pairs = [row["text_pair"][:cut] if "text_pair" in row else None for row in rows]
     if any(p is not None for p in pairs) and not all(p is not None for p in pairs):
         raise DataError(f"{path}: `text_pair` must be given on every row or on none")
-    encoded = tokenizer(
-        texts, pairs if pairs[0] is not None else None, truncation=True, max_length=max_length,
-        return_token_type_ids=True, return_attention_mask=False,
+    encoded = encode_rows(
+        lambda some, their_pairs: tokenizer(
+            some, their_pairs, truncation=True, max_length=max_length, return_token_type_ids=True, return_attention_mask=False,
+        ),
+        texts, pairs if pairs[0] is not None else None, [getattr(row, "where", f"{path}: row {i + 1}") for i, row in enumerate(rows)],
     )
     ids = encoded["input_ids"]
     empty = [i for i, seq in enumerate(ids) if not seq]

@@ -1,7 +1,8 @@
 """File I/O at the edges: atomic writes and hashes (what may be written: outputs.py).
 
-Every output goes to a temporary file in the destination folder, is fsynced, and is
-renamed into place, so a crash or kill leaves the old file or none, never half a file.
+Every output goes to a temporary file in the destination folder (named and locked as
+temps.py says), is fsynced, and is renamed into place, so a crash or kill leaves the old
+file or none, never half a file.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import os
 import re
 import stat
 import sys
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from headprune_cli.errors import HeadpruneError
 from headprune_cli.outputs import check_output, check_parent  # noqa: F401  (the output rule lives there)
+from headprune_cli.temps import make_temp, publish  # locked temporaries, no-replace publishing
 
 _CHUNK = 1 << 20
 T = TypeVar("T")
@@ -117,16 +118,19 @@ def sha256_bytes(data: bytes) -> str:
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], T]) -> T:
     """Run `write(tmp_path)`, fsync, then rename over `path`; clean up on any failure.
-    Returns what `write` returned."""
+    Returns what `write` returned.
+
+    An output that did not exist when the command checked it (and had no --force) is
+    published without replacing: when another process made it meanwhile, this one fails
+    and leaves that file alone (see outputs.claim_new)."""
     out = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
+    tmp, lock = make_temp(out)
     try:
         result = write(tmp)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual mode
-        os.replace(tmp, out)
+        os.chmod(tmp, 0o666 & ~_umask())  # temporaries are made 0600; outputs get the usual mode
+        publish(tmp, out)
         return result
     except BaseException as exc:
         _remove_quietly(tmp)
@@ -134,6 +138,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], T]) -> T:
         if error is not None:  # disk full, file too large, read-only: the user's problem, one line
             raise HeadpruneError(f"could not write {out}: {error.strerror or error}") from exc
         raise
+    finally:
+        os.close(lock)  # the flock goes with it: from now on the sweep may take what is left
 
 
 def os_error_in(exc: BaseException) -> OSError | None:

@@ -132,6 +132,38 @@ def _same_file(a, b) -> bool:
         return False
 
 
+# --- new outputs: published without replacing -----------------------------------------
+# Outputs that did not exist when the command checked them, without --force: another
+# process making one meanwhile (two `prune -o x` at once) must not be overwritten, so they
+# are published with a rename that refuses to replace (temps.publish, make_folder).
+_CLAIMED: set[str] = set()
+
+
+def claim_new(path: str | os.PathLike) -> None:
+    _CLAIMED.add(os.path.realpath(path))
+
+
+def is_claimed(path: str | os.PathLike) -> bool:
+    return os.path.realpath(path) in _CLAIMED
+
+
+def release_claim(path: str | os.PathLike) -> None:
+    _CLAIMED.discard(os.path.realpath(path))
+
+
+@contextmanager
+def own_claims() -> Iterator[None]:
+    """A command starts with no claims and leaves none behind: tests run many commands in
+    one process, and `headprune run` runs its stages inside its own command."""
+    outer = set(_CLAIMED)
+    _CLAIMED.clear()
+    try:
+        yield
+    finally:
+        _CLAIMED.clear()
+        _CLAIMED.update(outer)
+
+
 # --- file outputs ---------------------------------------------------------------------
 def check_output(path: str | os.PathLike, force: bool = False, inputs: Iterable[str | os.PathLike | None] = ()) -> Path:
     """A file output: not an input (see the module doc), replaced only with --force."""
@@ -146,7 +178,15 @@ def check_output(path: str | os.PathLike, force: bool = False, inputs: Iterable[
     if out.is_file() and (what := _not_ours(out)):
         raise UsageError(f"{out} is {what} headprune did not write; --force replaces only headprune's outputs (choose another path)")
     check_parent(out)
+    _claim_unless_forced(out, force)
     return out
+
+
+def _claim_unless_forced(out: Path, force: bool) -> None:
+    if force:
+        release_claim(out)
+    elif not os.path.lexists(out):
+        claim_new(out)
 
 
 def check_parent(out: Path) -> None:
@@ -199,10 +239,14 @@ def owned(folder: str | os.PathLike) -> bool:
     return any((path / m).is_file() for m in MARKERS) or not any(path.iterdir())
 
 
-def check_folder(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (), what: str = "output folder") -> Path:
+def check_folder(
+    path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (), what: str = "output folder", force: bool = False,
+) -> Path:
     """A folder headprune will write into (or replace): new, empty, or made by headprune.
 
-    Nothing is created here, so a refusal later in the command leaves no empty folder."""
+    Nothing is created here, so a refusal later in the command leaves no empty folder.
+    A folder that does not exist yet is claimed (without `force`): when another process
+    creates it before this one does, this one fails instead of sharing it."""
     out = Path(path)
     refuse_overlap(out, inputs)
     if os.path.lexists(out) and not out.is_dir():
@@ -213,12 +257,21 @@ def check_folder(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | N
         parent = _existing_ancestor(out)
         if not os.access(parent, os.W_OK):
             raise HeadpruneError(f"cannot create {what} {out}: {parent} is not writable")
+    _claim_unless_forced(out, force)
     return out
 
 
 def make_folder(path: str | os.PathLike) -> Path:
     """Create (or adopt, when empty) a folder and mark it as headprune's."""
     out = Path(path)
+    if is_claimed(out):
+        try:
+            out.mkdir(parents=True)
+        except FileExistsError:
+            raise HeadpruneError(
+                f"{out} now exists: another process created it while this one ran; it was left as it is (choose another folder)"
+            ) from None
+        release_claim(out)
     if out.is_dir() and not owned(out):
         raise UsageError(f"{out} holds files headprune did not write; refusing to touch it")
     out.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,9 @@ from typer.core import TyperGroup
 
 from headprune_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, Interrupted, report
 from headprune_cli.names import did_you_mean
+from headprune_cli.outputs import own_claims
+from headprune_cli.temps import forget_sweeps
+from headprune_cli.watcher import watched
 
 # In pipeline order, which is also the order `headprune --help` lists them: command name ->
 # (module in this package, function). Modules load only when their command runs, so a
@@ -166,8 +169,9 @@ def _signals_interrupt():
 
 def main(argv: list[str] | None = None) -> int:
     _quiet_transformers()
+    forget_sweeps()
     try:
-        with _signals_interrupt():
+        with _signals_interrupt(), own_claims():
             result = app(args=argv, prog_name="headprune", standalone_mode=False)
     except Interrupted:
         return _fail("interrupted", EXIT_INTERRUPTED)
@@ -189,8 +193,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> NoReturn:
-    """Console-script entry point (and `python -m headprune_cli`, under torchrun too)."""
-    exit_without_teardown(main())
+    """Console-script entry point (and `python -m headprune_cli`, under torchrun too).
+
+    The command runs in a child that this process watches (watcher.py): a memory-mapped
+    input truncated by another process kills a process by SIGBUS, which only a parent can
+    turn into one `Error:` line, exit 1 and removed temporaries."""
+    exit_without_teardown(watched(main))
 
 
 def exit_without_teardown(code: int) -> NoReturn:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -25,7 +24,8 @@ from headprune_cli.model.checkpoint import FOLDER_FORMAT, FOLDER_INFO, FORMAT_VE
 from headprune_cli.model.tensorfile import DEFAULT_MAX_SHARD, Spec, parse_size, write_folder_weights
 from headprune_cli.errors import HeadpruneError, UsageError
 from headprune_cli.fileio import remember_sha256
-from headprune_cli.outputs import check_folder, check_parent
+from headprune_cli.outputs import check_folder, check_parent, is_claimed
+from headprune_cli.temps import make_temp_folder, publish
 from headprune_cli.model.hf_config import folder_config
 from headprune_cli.model.layout import ModelInfo, info_of
 from headprune_cli.model.onnx_export import OnnxExport, example_inputs, export_onnx, require_onnx  # noqa: F401 (re-exported)
@@ -51,9 +51,8 @@ def export_hf(
         with_onnx = is_sentence_transformer(info)
     if with_onnx:
         require_onnx()  # before the weights are written
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    tmp, lock = make_temp_folder(out)
     try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a model folder is for sharing
         weights = _write_folder(model, tmp, model_specs(model) if specs is None else specs, max_bytes)
         _write_serving_files(model, tmp, with_onnx)
         _replace_folder(tmp, out)
@@ -65,12 +64,14 @@ def export_hf(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(lock)
     return out
 
 
 def check_folder_output(folder: str | os.PathLike, force: bool, inputs=()) -> Path:
     """Refuse an output folder that overlaps an input, exists without --force, or is not ours to replace."""
-    out = check_folder(folder, inputs, "--hf folder")
+    out = check_folder(folder, inputs, "--hf folder", force)
     if os.path.lexists(out) and not force:
         raise UsageError(f"{out} exists; pass --force to overwrite it")
     check_parent(out)
@@ -130,8 +131,8 @@ def _write_json(path: Path, value: dict) -> None:
 
 
 def _replace_folder(tmp: Path, out: Path) -> None:
-    if not out.exists():
-        os.replace(tmp, out)
+    if is_claimed(out) or not os.path.lexists(out):
+        publish(tmp, out)  # a new folder: never over one another process made meanwhile
         return
     old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
     os.replace(out, old)

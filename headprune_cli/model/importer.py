@@ -10,6 +10,7 @@ from torch import nn
 from headprune_cli.model.arch import adapter_for_model_type
 from headprune_cli.errors import CheckpointError, HeadpruneError, first_line
 from headprune_cli.model.layout import info_of
+from headprune_cli.watcher import note_read
 
 # Tokenizer settings worth carrying; tokenizer.json holds the vocabulary and rules.
 _TOKENIZER_KEYS = (
@@ -23,8 +24,11 @@ def import_folder(folder: str | Path) -> nn.Module:
     config = _read_json(folder / "config.json", required=True)
     model_type = config.get("model_type")
     adapter_for_model_type(str(model_type))  # refuse an unsupported family before loading weights
-    if not list(folder.glob("*.safetensors")):
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
         raise CheckpointError(f"{folder}: no *.safetensors weights (pickled weights are never loaded)")
+    for path in weights:  # transformers memory-maps them: see watcher.py for one truncated meanwhile
+        note_read(path)
     model = _from_pretrained(folder, config)
     info = info_of(model)
     info.tokenizer = _read_text(folder / "tokenizer.json")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from torch import nn
 from headprune_cli.errors import HeadpruneError, NumericalError, UsageError, first_line
 from headprune_cli.model.layout import info_of
 from headprune_cli.outputs import check_output
+from headprune_cli.temps import make_temp_folder, publish
 from headprune_cli.stages.report.latency import max_sequence
 
 ONNX_ATOL = 1e-4  # largest |onnxruntime - pytorch| accepted for an fp32 model
@@ -106,7 +106,7 @@ def export_onnx(
     else:
         spec = _plain_spec(model, seq_len)
     result = OnnxExport(str(out), spec.names, spec.outputs, opset, 0.0, data.name if external else None)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    tmp, lock = make_temp_folder(out)
     try:
         graph = tmp / out.name
         _trace(spec, graph, opset)
@@ -120,6 +120,7 @@ def export_onnx(
         raise HeadpruneError(f"could not write {out}: {exc.strerror or exc}") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        os.close(lock)
     return result
 
 
@@ -261,8 +262,8 @@ def _move_into_place(graph: Path, out: Path, data_tmp: Path | None, data: Path) 
                 os.fsync(handle.fileno())
             os.chmod(path, 0o644)
     if data_tmp is not None:  # the data first: a graph never points at a missing file
-        os.replace(data_tmp, data)
-    os.replace(graph, out)
+        publish(data_tmp, data)
+    publish(graph, out)  # never over a new output another process made meanwhile
 
 
 def require_onnx() -> None:

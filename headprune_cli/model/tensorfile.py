@@ -29,6 +29,7 @@ import torch
 
 from headprune_cli.errors import CheckpointError, UsageError, first_line
 from headprune_cli.fileio import start_writeback
+from headprune_cli.watcher import note_read
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit; refuse before parsing
 INDEX_NAME = "model.safetensors.index.json"
@@ -58,6 +59,7 @@ class Entry:
 # --- reading ------------------------------------------------------------------------------
 def read_header(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Entry]]:
     """(string metadata, tensor entries) of one safetensors file, checked against its size."""
+    note_read(path)  # its tensors are memory-mapped later: see watcher.py for a file truncated meanwhile
     size = os.path.getsize(path)
     with open(path, "rb") as handle:
         head = handle.read(8)
@@ -135,7 +137,16 @@ def read_tensor(entry: Entry) -> torch.Tensor:
     BENCHMARKS §8)."""
     if not entry.nbytes:
         return torch.empty(entry.shape, dtype=entry.dtype)
-    mapped = numpy.memmap(entry.path, dtype=numpy.uint8, mode="c", offset=entry.start, shape=(entry.nbytes,))
+    # A file cut short since its header was read: refused here, before the mapping. One
+    # cut while its pages are read kills the process by SIGBUS, which watcher.py reports.
+    end = entry.start + entry.nbytes
+    try:
+        size = os.path.getsize(entry.path)
+        if size < end:
+            raise CheckpointError(f"{entry.path} changed while headprune read it (truncated to {size} bytes; tensor {entry.name!r} ends at {end})")
+        mapped = numpy.memmap(entry.path, dtype=numpy.uint8, mode="c", offset=entry.start, shape=(entry.nbytes,))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{entry.path} changed while headprune read it ({first_line(exc)})") from None
     return torch.from_numpy(mapped).view(entry.dtype).reshape(entry.shape)
 
 
