@@ -188,8 +188,16 @@ def head_map(baseline: ModelInfo, pruned: ModelInfo, scores=None) -> list[dict]:
             "removed": [h for h in before if h not in after],
             "layer_removed": layer not in new_kept and bool(before),
             "scores": layer_scores,
+            **_ffn_row(pruned.layout, layer, layer in new_kept),
         })
     return rows
+
+
+def _ffn_row(layout, layer: int, kept: bool) -> dict:
+    """The layer's FFN width, for a model whose FFN was cut (reports of head-only cuts keep their bytes)."""
+    if not layout.ffn or not kept:
+        return {}
+    return {"ffn": {"kept": layout.ffn_width(layer), "of": layout.num_ffn[layer]}}
 
 
 def check_scores(scores, pruned: ModelInfo, name: str) -> None:

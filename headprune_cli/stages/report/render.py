@@ -87,10 +87,12 @@ def markdown(report: dict) -> str:
     ))
     if cost.get("decode"):
         lines.append(serving_summary(report))
-    lines += ["", "<details><summary>Head map (original indices)</summary>", "", "| layer | kept | removed |", "|---:|---|---|"]
+    widths = any(row.get("ffn") for row in report["head_map"])
+    lines += ["", "<details><summary>Head map (original indices)</summary>", "",
+              "| layer | kept | removed |" + (" FFN width |" if widths else ""), "|---:|---|---|" + ("---:|" if widths else "")]
     for row in report["head_map"]:
         kept = "layer removed" if row["layer_removed"] else _heads(row["kept"])
-        lines.append(f"| {row['layer']} | {kept} | {_heads(row['removed'])} |")
+        lines.append(f"| {row['layer']} | {kept} | {_heads(row['removed'])} |" + (f" {_width(row)} |" if widths else ""))
     lines += ["", "</details>", ""]
     lines.append(f"Baseline `{b['path']}` ({b['sha256'][:12]}), pruned `{p['path']}` ({p['sha256'][:12]}); {report['lineage']['how']}.")
     return "\n".join(lines) + "\n"
@@ -174,9 +176,18 @@ def terminal(report: dict, console) -> None:
     table.add_column("layer", justify="right")
     table.add_column("kept")
     table.add_column("removed", style="red")
+    widths = any(row.get("ffn") for row in report["head_map"])
+    if widths:
+        table.add_column("FFN width", justify="right")
     for row in report["head_map"]:
-        table.add_row(str(row["layer"]), "layer removed" if row["layer_removed"] else _heads(row["kept"]), _heads(row["removed"]))
+        cells = [str(row["layer"]), "layer removed" if row["layer_removed"] else _heads(row["kept"]), _heads(row["removed"])]
+        table.add_row(*cells, *([_width(row)] if widths else []))
     console.print(table)
+
+
+def _width(row: dict) -> str:
+    """FFN neurons kept of the original width ('-' for a dropped layer, the full width when uncut)."""
+    return f"{row['ffn']['kept']}/{row['ffn']['of']}" if row.get("ffn") else ("–" if row["layer_removed"] else "full")
 
 
 # --- plots --------------------------------------------------------------------------

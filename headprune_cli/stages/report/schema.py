@@ -134,6 +134,7 @@ class HeadMapRow(_Strict):
     removed: list[int]
     layer_removed: bool
     scores: dict[int, float] | None
+    ffn: dict[str, int] | None = None  # {"kept", "of"}: FFN neurons kept of the original width, when the FFN was cut
 
 
 class Lineage(_Strict):
