@@ -35,6 +35,9 @@ class SweepSettings:
     max_length: int = 128
     samples: int | None = None
     seed: int = 0
+    targets: list[float] = field(default_factory=list)  # FLOPs fractions: a budget sweep (sweep_budget.py) instead of ratios
+    routes: list[str] = field(default_factory=list)
+    repeats: int = 0  # timed runs per model for the measured speedup (budget sweep); 0 skips
 
 
 def check_options(opts: SweepSettings) -> None:
@@ -50,6 +53,9 @@ def check_options(opts: SweepSettings) -> None:
     bad = [r for r in opts.ratios if not 0 < r < 1]
     if bad:
         raise UsageError(f"--ratios must lie strictly between 0 and 1 (got {bad[0]:g})")
+    bad = [t for t in opts.targets if not 0 < t <= 1]
+    if bad:
+        raise UsageError(f"--target-flops must lie in (0, 1] (got {bad[0]:g})")
 
 
 def run_sweep(model: nn.Module, calib, eval_data, opts: SweepSettings, progress: Callable[[str], None] = lambda _: None) -> dict:
@@ -153,4 +159,9 @@ def curves(result: dict) -> dict[str, list[tuple[float, float]]]:
 
 
 def options_dict(opts: SweepSettings) -> dict:
-    return asdict(opts)
+    """The settings as the artifact records them: a ratio sweep's keys, or a budget sweep's."""
+    out = asdict(opts)
+    budget = ("targets", "routes", "repeats")
+    for key in (("ratios",) if opts.targets else budget):
+        del out[key]
+    return out

@@ -8,6 +8,7 @@ from typing import Optional
 from headprune_cli.device import DEVICE_HELP, DTYPE_HELP
 from headprune_cli.outputs import check_folder, check_output, make_folder
 from headprune_cli.stages.sweep import DEFAULT_RATIOS, SweepSettings, check_options
+from headprune_cli.stages.sweep_budget import ROUTES, check_routes
 from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, option
 
 FILES = {"json": "sweep.json", "md": "sweep.md", "png": "curve.png"}
@@ -19,6 +20,9 @@ class SweepOptions(Options):
     eval_data: Path = option(..., "Evaluation data for the quality curve.")
     methods: str = option("taylor,gradient,random", "Comma-separated importance methods, e.g. taylor,gradient,random.")
     ratios: str = option(",".join(f"{r:g}" for r in DEFAULT_RATIOS), "Comma-separated fractions of heads to remove.")
+    target_flops: Optional[str] = option(None, "Comma-separated fractions of the FLOPs to keep (e.g. 0.8,0.6,0.5): sweep FLOPs budgets per --routes instead of head ratios.")
+    routes: str = option(",".join(ROUTES), "With --target-flops: what a budget may remove, comma-separated: heads, heads+ffn, heads+ffn+layers.")
+    repeats: int = option(5, "With --target-flops: timed runs per model for the measured speedup (0 skips).", ge=0)
     compensate: str = option("none", "none | bias | lstsq (closed-form, on --data).")
     max_drop: float = option(1.0, "Budget: largest allowed drop of the main metric (points, or perplexity).", ge=0)
     batch_size: int = option(16, "", ge=1)
@@ -31,12 +35,17 @@ class SweepOptions(Options):
     dtype: str = option("auto", DTYPE_HELP)
 
     def settings(self) -> SweepSettings:
+        budget = self.target_flops is not None
         settings = SweepSettings(
             methods=comma_list(self.methods, str, "--methods"), ratios=comma_list(self.ratios, float, "--ratios"),
             compensate=self.compensate, max_drop=self.max_drop, batch_size=self.batch_size,
             max_length=self.max_length, samples=self.samples, seed=self.seed,
+            targets=comma_list(self.target_flops, float, "--target-flops") if budget else [],
+            routes=comma_list(self.routes, str, "--routes") if budget else [], repeats=self.repeats if budget else 0,
         )
         check_options(settings)
+        if budget:
+            check_routes(settings.routes, settings.methods)
         return settings
 
 
@@ -45,8 +54,8 @@ def run(opts: SweepOptions, ctx: Context) -> Result:
     from headprune_cli.device import check as check_device, place
     from headprune_cli.model.checkpoint import load
     from headprune_cli.schema import write_artifact
-    from headprune_cli.stages.report import render
-    from headprune_cli.stages.sweep import curves, markdown, run_sweep
+    from headprune_cli.stages.sweep import run_sweep
+    from headprune_cli.stages.sweep_budget import run_budget_sweep
 
     settings = opts.settings()
     check_device(opts.device, opts.dtype)
@@ -55,20 +64,42 @@ def run(opts: SweepOptions, ctx: Context) -> Result:
     place(model, opts.device, opts.dtype)
     calib = read_data(opts.data, model, max_length=opts.max_length, samples=opts.samples)
     evaluation = read_data(opts.eval_data, model, max_length=opts.max_length)
-    payload = run_sweep(model, calib, evaluation, settings, progress=lambda m: ctx.print(f"[dim]{m}[/]", highlight=False))
+    sweep = run_budget_sweep if settings.targets else run_sweep
+    payload = sweep(model, calib, evaluation, settings, progress=lambda m: ctx.print(f"[dim]{m}[/]", highlight=False))
     artifact = _artifact(model, opts, settings, payload)
     if opts.output is None:
         write_artifact(artifact, None)
     else:
         make_folder(opts.output)  # only now: a refused or failed sweep leaves no empty folder
         write_artifact(artifact, outputs["json"])
-        render.write_text(outputs["md"], markdown(payload))
-        main = payload["main_metric"]
-        render.curve_png(curves(payload), main["name"], outputs["png"], _budget_line(main, opts.max_drop))
+        _write_views(payload, outputs, opts.max_drop)
         ctx.print(f"wrote {outputs['json']}, {outputs['md']}, {outputs['png']}")
+    _tell(payload, ctx)
+    return Result([str(opts.output)] if opts.output is not None else [], value=payload)
+
+
+def _write_views(payload: dict, outputs: dict, max_drop: float) -> None:
+    from headprune_cli.stages import sweep_budget
+    from headprune_cli.stages.report import render
+    from headprune_cli.stages.sweep import curves, markdown
+
+    main = payload["main_metric"]
+    line = _budget_line(main, max_drop)
+    if payload.get("budget"):
+        render.write_text(outputs["md"], sweep_budget.markdown(payload))
+        render.budget_curves_png(sweep_budget.curves(payload), main["name"], outputs["png"], line)
+    else:
+        render.write_text(outputs["md"], markdown(payload))
+        render.curve_png(curves(payload), main["name"], outputs["png"], line)
+
+
+def _tell(payload: dict, ctx: Context) -> None:
+    if payload.get("budget"):
+        for route, best in payload["budget"]["best"].items():
+            ctx.print(f"{route}: " + (f"fewest FLOPs kept within budget {best['flops_kept']:.1%} (drop {best['drop']:+.3g})" if best else "no target within budget"), highlight=False)
+        return
     for method, best in payload["best"].items():
         ctx.print(f"{method}: " + (f"largest ratio within budget {best['ratio']:g} (drop {best['drop']:+.3g})" if best else "no ratio within budget"), highlight=False)
-    return Result([str(opts.output)] if opts.output is not None else [], value=payload)
 
 
 def _artifact(model, opts: SweepOptions, settings: SweepSettings, payload: dict) -> dict:

@@ -5,6 +5,7 @@ neurons and layers that predicts the cut model's cost exactly."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,3 +175,27 @@ def test_score_select_prune_pipe_cuts_heads_and_neurons(tmp_path, cli):
     plan_data = json.loads(plan.out)
     assert facts["params"] == plan_data["predicted"]["after"]["params"]
     assert facts["ffn"] == {str(l): 48 - len(plan_data["remove_ffn"].get(str(l), [])) for l in range(3)}
+
+
+def test_gradient_with_neurons_needs_unnormalised_scores(tmp_path):
+    model, data, _ = _setup(tmp_path, "reference", "jsonl")
+    with pytest.raises(Exception, match="--no-normalize"):
+        score_model(model, data, "gradient", ffn=True)
+    assert score_model(model, data, "gradient", ffn=True, normalize=False).ffn
+
+
+def test_a_budget_sweep_gives_one_curve_per_route(tmp_path, cli, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
+    demo = Path(__file__).resolve().parents[2] / "examples" / "demo"
+    out = tmp_path / "sweep"
+    result = cli("sweep", demo / "model.safetensors", "--data", demo / "calib.jsonl", "--eval-data", demo / "dev.jsonl",
+                 "--methods", "fisher", "--target-flops", "0.7,0.4", "--repeats", "0", "--samples", "32", "-o", out)
+    assert result.code == 0, result.err
+    data = json.loads((out / "sweep.json").read_text())
+    rows = data["budget"]["rows"]
+    assert data["rows"] == [] and {r["route"] for r in rows} == {"heads", "heads+ffn", "heads+ffn+layers"}
+    assert not any(r["route"] == "heads" and r["target_flops"] == 0.4 for r in rows)  # beyond what heads alone remove
+    for r in rows:
+        assert r["flops_kept"] <= r["target_flops"] * (1 + 1e-9) and r["measured_speedup"] is None
+    assert "targets" in data["config"] and "ratios" not in data["config"]
+    assert (out / "curve.png").read_bytes()[:4] == b"\x89PNG" and "| heads+ffn |" in (out / "sweep.md").read_text()

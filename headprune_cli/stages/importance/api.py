@@ -62,6 +62,8 @@ def score_model(
     scorer = make_scorer(method, normalize=normalize, weights=weights)
     if ffn:
         check_ffn(method)
+        if method == "gradient" and normalize:
+            raise UsageError("--ffn with gradient needs --no-normalize: per-layer normalisation would put heads and neurons on different scales")
     layer_entry = layer_method(layers) if layers else None
     torch.manual_seed(seed)
     ctx = ScoreContext(model, dataset, objective, batch_size, seed, progress, ffn=ffn)

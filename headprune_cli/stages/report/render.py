@@ -256,5 +256,26 @@ def curve_png(curves: dict[str, list[tuple[float, float]]], metric: str, path: s
     _save_png(figure, path)
 
 
+def budget_curves_png(curves: dict[str, dict[str, list[tuple[float, float]]]], metric: str, path: str | Path, budget: float | None = None) -> None:
+    """Quality against FLOPs kept and against measured speedup, one line per route (sweep --target-flops)."""
+    panels = [("flops", "FLOPs kept (%)", 100.0)] + ([("speedup", "measured speedup (x)", 1.0)] if curves["speedup"] else [])
+    figure = _figure(6.0 * len(panels), 4.0)
+    for i, (key, label, scale) in enumerate(panels, start=1):
+        ax = figure.add_subplot(1, len(panels), i)
+        for route, points in sorted(curves[key].items()):
+            xs, ys = zip(*sorted(points))
+            ax.plot([x * scale for x in xs], ys, marker="o", label=route)
+        if budget is not None:
+            ax.axhline(budget, color="grey", linestyle="--", linewidth=1, label="budget")
+        if key == "flops":
+            ax.invert_xaxis()  # left to right: smaller models
+        ax.set_xlabel(label)
+        ax.set_ylabel(metric)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    figure.suptitle(f"{metric} per route (no finetuning)", fontsize=10)
+    _save_png(figure, path)
+
+
 def write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())

@@ -198,6 +198,38 @@ class SweepMain(_Strict):
     unit: str
 
 
+class BudgetRow(_Strict):
+    method: str
+    route: str
+    target_flops: float
+    metrics: list[Metric]
+    main: float
+    drop: float
+    rel_drop: float
+    params: int
+    flops_per_token: float
+    flops_kept: float
+    predicted_speedup: float
+    measured_speedup: float | None
+    within_budget: bool
+
+
+class BudgetBest(_Strict):
+    method: str
+    target_flops: float
+    flops_kept: float
+    main: float
+    drop: float
+    predicted_speedup: float
+    measured_speedup: float | None
+
+
+class BudgetSweep(_Strict):
+    routes: list[str]
+    rows: list[BudgetRow]
+    best: dict[str, BudgetBest | None]  # route -> fewest FLOPs kept within the budget
+
+
 class Sweep(Envelope):
     kind: Literal["sweep"]
     task: str
@@ -208,6 +240,7 @@ class Sweep(Envelope):
     max_drop: float
     rows: list[SweepRow]
     best: dict[str, SweepBest | None]  # method -> largest ratio within the budget
+    budget: BudgetSweep | None = None  # `sweep --target-flops`: rows per route instead
 
 
 register_kind("report", Report)
