@@ -10,7 +10,7 @@ process and reads that process's peak RSS (wait4's ru_maxrss) and wall time:
                 compensation), export --hf, and `headprune run` of prune + export (one
                 process: torch and transformers start once)
 
-Memory is reported as a ratio of the checkpoint's size (DESIGN targets: load and score
+Memory is reported as a ratio of the checkpoint's size (targets: load and score
 <= 1.3, prune and export <= 0.5, inspect <= 0.25) and prune+export wall time (as two
 commands, and as one run) against from_pretrained+save_pretrained (target <= 2x), all
 measured side by side in one run.

@@ -1,12 +1,12 @@
-"""Bad input across every command: 103 cases (CASES, then HOSTILE for issue 12).
+"""Bad input across every command: 103 cases (CASES, then HOSTILE: files built to hurt).
 
 Each case runs one `headprune` command in a fresh copy of a small workspace (the bundled
-example model, its data, a scores and a plan artifact) and checks the contract of issue
-8: one `Error: ...` line on stderr, the documented exit code (1 error, 2 usage), no
+example model, its data, a scores and a plan artifact) and checks the bad-input
+contract: one `Error: ...` line on stderr, the documented exit code (1 error, 2 usage), no
 traceback, nothing on stdout, and every file in the folder exactly as it was. The checks
 live in tests.support.assert_refused: a crash (exit 70, `Internal error: ...`) never passes a
 case, even when its message happens to contain the case's fragment.
-File safety (issue 12), in its own block at the end: 22 file-safety cases.
+File safety, in its own block at the end: 22 cases where an output would destroy a file.
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def run_case(case: Case, workspace: Path, tmp_path: Path, cli):
     return result
 
 
-# --- hostile input (issue 12, items 4-8, 10-13): paths, header, data, YAML, artifacts ------
+# --- hostile input: paths, header, data, YAML, artifacts ------------------------------------
 def _meta(change: Callable[[dict], None], source: str = M, name: str = "bad.safetensors") -> Callable[[Path], None]:
     """A copy of a checkpoint with its headprune metadata (a dict of parsed JSON) edited."""
 
@@ -253,7 +253,7 @@ PAGEMAP = "/proc/self/pagemap"  # a "regular" file that reads without end
 O = "o.safetensors"
 ids = torch.ones(3, 5, dtype=torch.long)
 HOSTILE = [
-    # --- item 10/5: layouts and configs checked before anything is built -----------------
+    # --- layouts and configs checked before anything is built -----------------
     Case("layout layer index a string", lambda f: ["inspect", f / "bad.safetensors"], 1, "positive integers", _meta(_layout("layers", lambda v: [str(i) for i in v]))),
     Case("layout layer index a float", lambda f: ["score", f / "bad.safetensors", "--data", f / "data.jsonl"], 1, "positive integers", _meta(_layout("layers", lambda v: [float(i) for i in v]))),
     Case("layout head count a string", lambda f: ["inspect", f / "bad.safetensors"], 1, "positive integers", _meta(_layout("num_heads", lambda v: [str(i) for i in v]))),
@@ -271,7 +271,7 @@ HOSTILE = [
          "vocab_size=2000000", _meta(_config(vocab_size=2_000_000))),
     Case("config position table differs", lambda f: ["sweep", f / "bad.safetensors", "--data", f / "data.jsonl", "--eval-data", f / "data.jsonl"], 1, "position table",
          _meta(_config(max_position=1 << 20))),
-    # --- item 4: paths from provenance and plans are regular files only -------------------
+    # --- paths from provenance and plans are regular files only -------------------
     Case("baseline auto names /proc/self/pagemap", lambda f: ["report", "--model", f / "bad.safetensors", "--data", f / "data.jsonl"], 1, "special filesystem",
          _meta(lambda m: m["headprune.provenance"].update(root_path=PAGEMAP), source="other.safetensors")),
     Case("teacher auto names /proc/self/pagemap", lambda f: ["finetune", f / "bad.safetensors", "--data", f / "data.jsonl", "--teacher", "auto", "--steps", "1", "-o", f / O], 1,
@@ -283,7 +283,7 @@ HOSTILE = [
     Case("data under /proc", lambda f: ["score", f / M, "--data", "/proc/self/status"], 1, "special filesystem"),
     Case("data is a folder", lambda f: ["iterate", f / M, "--data", f / "texts", "--eval-data", f / "data.jsonl", "-o", f / O], 1, "a folder",
          lambda f: (f / "texts").mkdir()),
-    # --- items 6 and 10: data ---------------------------------------------------------------
+    # --- data ---------------------------------------------------------------
     Case("label a superscript digit", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "unknown label name", _write("bad.jsonl", '{"text": "a X b", "label": "\u00b2"}\n')),
     Case("label 10**30", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "not a class index", _write("bad.jsonl", '{"text": "a X b", "label": 1000000000000000000000000000000}\n')),
     Case("label 10**30 in a CSV", lambda f: ["finetune", f / M, "--data", f / "bad.csv", "--steps", "1", "-o", f / O], 1, "unknown label name",
@@ -297,7 +297,7 @@ HOSTILE = [
          _tensors(input_ids=ids, attention_mask=torch.zeros_like(ids), labels=torch.zeros(3, dtype=torch.long))),
     Case("tokenized set mask of 2s", lambda f: ["score", f / M, "--data", f / "bad.safetensors"], 1, "only 0 and 1",
          _tensors(input_ids=ids, attention_mask=2 * torch.ones_like(ids), labels=torch.zeros(3, dtype=torch.long))),
-    # --- item 13 and 10: artifacts whose keys alias or repeat ---------------------------------
+    # --- artifacts whose keys alias or repeat ---------------------------------
     Case("scores keys 0 and 00", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "plain digits",
          _edit_json("scores.json", lambda d: d["heads"]["0"].update({"00": 9.0}))),
     Case("scores layer key in Arabic-Indic digits", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "plain digits",
@@ -314,7 +314,7 @@ HOSTILE = [
          _edit_json("plan.json", lambda d: d.update(remove_layers=[0, 0]))),
     Case("plan layer key 01", lambda f: ["prune", f / M, "--plan", f / "edited.json", "-o", f / O], 1, "plain digits",
          _edit_json("plan.json", lambda d: d.update(remove_heads={"01": [1]}))),
-    # --- items 7, 8 and 10: YAML, checked whole before any stage runs ---------------------------
+    # --- YAML, checked whole before any stage runs ---------------------------
     Case("YAML alias bomb", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "aliases",
          _write("bad.yaml", "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nmodel: *b\nstages: [{command: score}]\n")),
     Case("YAML duplicate key", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "appears twice", _yaml("stages:\n  - command: score\n    method: taylor\n    method: random\n")),
@@ -332,7 +332,7 @@ HOSTILE = [
     Case("YAML data under /proc", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "special filesystem",
          lambda f: (f / "bad.yaml").write_text(f"model: {f / M}\ndata: /proc/self/status\nstages: [{{command: score}}]\n")),
     Case("run into a read-only folder", lambda f: ["run", f / "bad.yaml", "--out", "/proc/sys/headprune-out"], 2, "not writable", _yaml("stages: [{command: score}]\n")),
-    # --- item 12: import refuses what it could not read back -------------------------------------
+    # --- import refuses what it could not read back -------------------------------------
     Case("import negative head count", lambda f: ["import", f / "hf", "-o", f / O], 1, "num_attention_heads=-4", _hf_folder(num_attention_heads=-4)),
     Case("import negative layer count", lambda f: ["import", f / "hf", "-o", f / O], 1, "num_hidden_layers=-3", _hf_folder(num_hidden_layers=-3)),
 ]
@@ -367,7 +367,7 @@ def test_case_count_matches_docstring():
     assert f"{len(CASES) + len(HOSTILE) + 1} cases" in __doc__
 
 
-# --- file safety (issue 12 items 1-3, 15): --force replaces earlier outputs, never inputs ---
+# --- file safety: --force replaces earlier outputs, never inputs ---------------------------
 # A separate block (and test) so that other cases can grow the list above independently.
 # `other.safetensors` descends from `model.safetensors`: its provenance names it as parent
 # and root, so `--teacher auto` and `--baseline auto` read it without it being named.
@@ -397,12 +397,12 @@ def _run_config(stage: dict, out: str = "out", extra: dict | None = None) -> Cal
 
 FT = ["--data", "data.jsonl", "--steps", "1"]
 SAFETY_CASES = [
-    # item 1: a state folder is deleted after training, so it must be one headprune made
+    # a state folder is deleted after training, so it must be one headprune made
     Case("finetune --state-dir the working folder", lambda f: ["finetune", f / M, *_in(f, FT), "-o", f / "o.safetensors", "--state-dir", f], 2, "contains the input"),
     Case("finetune --state-dir a user's folder", lambda f: ["finetune", f / M, *_in(f, FT), "-o", f / "o.safetensors", "--state-dir", f / "mine"], 2, "did not write", _user_folder),
     Case("finetune --state-dir holding the output", lambda f: ["finetune", f / M, *_in(f, FT), "-o", f / "st" / "o.safetensors", "--state-dir", f / "st"], 2, "overlap",
          lambda f: (f / "st").mkdir()),
-    # item 3: inputs reached through provenance, and inside an input folder
+    # inputs reached through provenance, and inside an input folder
     Case("finetune --teacher auto onto the root", lambda f: ["finetune", f / "other.safetensors", *_in(f, FT), "--teacher", "auto", "-o", f / M, "--force"], 2, "also an input"),
     Case("iterate -o its teacher", lambda f: ["iterate", f / M, "--data", f / "data.jsonl", "--eval-data", f / "data.jsonl", "--teacher", f / "other.safetensors",
                                               "-o", f / "other.safetensors", "--force"], 2, "also an input"),
@@ -414,13 +414,13 @@ SAFETY_CASES = [
     Case("score -o the parent checkpoint", lambda f: ["score", f / "other.safetensors", "--data", f / "data.jsonl", "-o", f / M, "--force"], 2, "also an input"),
     Case("output through a symlink to an input", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "-o", f / "alias.json", "--force"], 2, "also an input",
          lambda f: (f / "alias.json").symlink_to(f / "scores.json")),
-    # item 15 and folder outputs: never fill or replace a folder headprune did not make
+    # folder outputs: never fill or replace a folder headprune did not make
     Case("dangling symlink output without --force", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "-o", f / "link.json"], 2, "symlink", _dangling_link),
     Case("report --plot a user's folder", lambda f: ["report", "--model", f / "other.safetensors", "--data", f / "data.jsonl", "--plot", f / "mine", "--force"], 2, "did not write", _user_folder),
     Case("sweep -o the working folder", lambda f: ["sweep", f / M, "--data", f / "data.jsonl", "--eval-data", f / "data.jsonl", "--methods", "random", "--ratios", "0.5",
                                                    "-o", f, "--force"], 2, "contains the input"),
     Case("export --hf a user's folder", lambda f: ["export", f / M, "--hf", f / "mine", "--force"], 2, "did not write", _user_folder),
-    # item 2: a run writes only inside its out folder, and never into a user's folder
+    # a run writes only inside its out folder, and never into a user's folder
     Case("run stage name ../escaped", lambda f: ["run", f / "run.yaml"], 2, "plain file name", _run_config({"name": "../escaped"})),
     Case("run stage name an absolute path", lambda f: ["run", f / "run.yaml"], 2, "plain file name", lambda f: _run_config({"name": str(f / "abs")})(f)),
     Case("run stage name run-state", lambda f: ["run", f / "run.yaml"], 2, "not a file of its own", _run_config({"name": "run-state"})),

@@ -1,4 +1,5 @@
-"""headprune never destroys a user's files (issue 12: items 1, 2, 14, 15, 16).
+"""headprune never destroys a user's files: state folders it deletes, where a run writes, empty
+folders after a refusal, one run per out folder, and signals during a write.
 
 The rule (headprune_cli/outputs.py): it deletes or fills only folders it made (they carry
 a marker), no output may resolve to anything the command reads, and `--force` replaces
@@ -55,7 +56,7 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-# --- item 1: a training-state folder is deleted after success, so it must be ours -------
+# --- a training-state folder is deleted after success, so it must be ours -------
 def test_state_dir_dot_keeps_the_working_directory(work, cli):
     before = snapshot(work)
     result = cli("finetune", "model.safetensors", "--data", "data.jsonl", "--steps", "1", "-o", "ft.safetensors", "--state-dir", ".")
@@ -85,7 +86,7 @@ def test_only_a_state_folder_headprune_made_is_removed(work, cli):
     assert not (work / "st").exists()
 
 
-# --- item 2: run writes only inside `out`, stage names are plain names ------------------
+# --- run writes only inside `out`, stage names are plain names ------------------
 @pytest.mark.parametrize("name", ["../escaped", "../model", "ABSOLUTE", "a/b", ".hidden", " "])
 def test_stage_name_is_a_plain_file_name(work, cli, name):
     name = str(work / "abs") if name == "ABSOLUTE" else name
@@ -110,7 +111,7 @@ def test_dollar_in_a_file_name_is_not_a_variable(work, monkeypatch):
     assert "a$b.jsonl" in pipeline.stages[0].argv
 
 
-# --- item 15: a refused or failed command leaves no empty folder ------------------------
+# --- a refused or failed command leaves no empty folder ------------------------
 @pytest.mark.parametrize("args", [
     ["report", "--model", "child.safetensors", "--data", "data.jsonl", "--min-speedup", "1", "--repeats", "0", "--plot", "plots"],
     ["report", "--model", "child.safetensors", "--data", "missing.jsonl", "--plot", "plots"],
@@ -128,7 +129,7 @@ def test_plot_folder_is_made_and_marked(work, cli):
     assert (work / "plots" / "head_map.png").is_file() and (work / "plots" / MARKER).is_file()
 
 
-# --- item 16: one run per out folder ----------------------------------------------------
+# --- one run per out folder ----------------------------------------------------
 def test_second_run_on_a_locked_out_folder_is_refused(work):
     config = _config(work, [{"command": "score", "method": "random"}])
     command = [sys.executable, "-m", "headprune_cli", "run", str(config)]
@@ -142,7 +143,7 @@ def test_second_run_on_a_locked_out_folder_is_refused(work):
     assert (work / "out" / "scores.json").is_file()
 
 
-# --- item 14: SIGTERM / SIGINT during a write --------------------------------------------
+# --- SIGTERM / SIGINT during a write --------------------------------------------
 SLOW_WRITE = textwrap.dedent("""
     import sys, time
     import headprune_cli.model.checkpoint as checkpoint

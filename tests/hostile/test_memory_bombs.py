@@ -1,5 +1,6 @@
-"""Memory bombs (issue 12, items 5-7) run as real `headprune` processes under an
-address-space limit: each must end with its clear one-line answer inside the limit,
+"""Memory bombs (a header declaring 30,000 layers, a config declaring a huge MLP and
+vocabulary, a 50 MB data line, a YAML alias bomb) run as real `headprune` processes under
+an address-space limit: each must end with its clear one-line answer inside the limit,
 where today's main runs out of memory, aborts in the tokenizer, or prints gigabytes.
 
 The limit is 3 GiB of address space (RLIMIT_AS): importing torch and transformers and

@@ -1,4 +1,4 @@
-"""Issue 12 defects that need more than one bad file: tampered training state, a full
+"""Hostile-input defects that need more than one bad file: tampered training state, a full
 disk reported by safetensors' own writer, a file-size limit, a perplexity that overflows,
 the demo model's 64 positions, and a run fingerprint that must not walk folders.
 (The single-file cases are in tests/hostile/test_bad_input_matrix.py's HOSTILE list.)
@@ -31,7 +31,7 @@ def _data(rows: int = 24, seq: int = 8) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids[:, 0] % 2}
 
 
-# --- item 10: tampered resume state is refused, never trained from ----------------------
+# --- tampered resume state is refused, never trained from ----------------------
 @pytest.mark.parametrize(
     "tamper, message",
     [
@@ -57,7 +57,7 @@ def test_tampered_resume_state_is_refused(tmp_path, tamper, message):
         finetune(TINY["reference"](), data, FinetuneConfig(**cfg, state_dir=folder, resume=True))
 
 
-# --- item 10: a write that fails in the OS is one line, and leaves nothing ------------------
+# --- a write that fails in the OS is one line, and leaves nothing ------------------
 @pytest.fixture
 def demo(tmp_path: Path, cli) -> Path:
     shutil.copy(DEMO / "model.safetensors", tmp_path / "model.safetensors")
@@ -98,7 +98,7 @@ def test_file_size_limit_is_one_line(demo: Path):
     assert snapshot(demo) == before
 
 
-# --- item 11: score's default --max-length fits the model's 64 positions ----------------------
+# --- score's default --max-length fits the model's 64 positions ----------------------
 def test_score_clamps_max_length_to_the_position_table(demo: Path, cli):
     (demo / "long.jsonl").write_text(json.dumps({"text": " ".join(["X a b Y"] * 60), "label": 1}) + "\n")
     result = cli("score", demo / "model.safetensors", "--data", demo / "long.jsonl", "-o", demo / "long.json")
@@ -106,7 +106,7 @@ def test_score_clamps_max_length_to_the_position_table(demo: Path, cli):
     assert json.loads((demo / "long.json").read_text())["config"]["max_length"] == 64
 
 
-# --- item 10: a perplexity that overflows fails the gate (exit 3), reports written ------------
+# --- a perplexity that overflows fails the gate (exit 3), reports written ------------
 def test_perplexity_overflow_is_a_gate_failure(tmp_path: Path, cli):
     base = TINY["llama"]()
     save(base, tmp_path / "base.safetensors")
@@ -126,7 +126,7 @@ def test_perplexity_overflow_is_a_gate_failure(tmp_path: Path, cli):
     assert (tmp_path / "r.md").is_file()
 
 
-# --- item 8: the rerun fingerprint hashes input files, never a folder an option names --------
+# --- the rerun fingerprint hashes input files, never a folder an option names --------
 def test_fingerprint_does_not_walk_a_folder_named_by_an_option(tmp_path: Path):
     from headprune_cli.pipeline.execute import stage_fingerprint
     from headprune_cli.pipeline.prepare import Stage

@@ -1,4 +1,4 @@
-"""Reliability of the readers and writers (issue 8): kills, fuzzed metadata and artifacts."""
+"""Reliability of the readers and writers: kills mid-write, fuzzed metadata and artifacts."""
 
 import hashlib
 import json

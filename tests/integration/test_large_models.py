@@ -1,4 +1,5 @@
-"""LLM-scale loading and streaming, shown on tiny configs (DESIGN "The checkpoint", invariant 9).
+"""LLM-scale loading and streaming, shown on tiny configs: a checkpoint is read tensor by tensor,
+never whole, and what is loaded, pruned and written back matches the in-memory path.
 
 Memory and time at 1.1 B parameters are measured by scripts/benchmarks/large.py, not here.
 """

@@ -1,4 +1,4 @@
-"""Invariant 1 and 3 on every family: gating == removal, save/load exact, layer drops."""
+"""On every family: gating equals removal, save/load is exact, layer drops."""
 
 import pytest
 import torch

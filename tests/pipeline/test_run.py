@@ -206,7 +206,7 @@ def test_env_vars_in_paths(workdir, monkeypatch):
 
 
 def test_out_folder_with_foreign_files_is_refused(workdir):
-    """Even `run --force` never writes into a folder headprune did not make (issue 12)."""
+    """Even `run --force` never writes into a folder headprune did not make: it may hold a user's files."""
     (workdir / "out").mkdir()
     (workdir / "out" / "precious.txt").write_text("keep")
     with pytest.raises(ConfigError, match="holds files headprune did not write"):

@@ -1,4 +1,4 @@
-"""headprune score: correctness of the methods (invariant 2) and the CLI contract."""
+"""headprune score: each method computes what it claims (checked against an independent computation) and the CLI contract."""
 
 from __future__ import annotations
 
