@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import transformers as T
 from torch import nn
 
-from headprune_cli.model.arch import ReferenceConfig, ReferenceEncoder
+from headprune_cli.model.arch import ReferenceConfig, ReferenceEncoder, adapter_for
 from headprune_cli.model.surgery import apply_plan
 
 VOCAB = 60
@@ -40,14 +42,18 @@ TINY = {
 CAUSAL = ("gpt2", "llama", "llama-gqa", "mistral", "qwen2", "qwen3")
 
 
+@functools.cache
+def _example_model(name: str):
+    """One tiny `name` model to ask for inputs; built without moving the global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        return TINY[name]()
+
+
 def model_inputs(name: str, batch: int = 2, seq: int = 7) -> dict:
-    gen = torch.Generator().manual_seed(1)
-    if name == "vit":
-        return {"pixel_values": torch.randn(batch, 3, 16, 16, generator=gen)}
-    ids = torch.randint(2, VOCAB, (batch, seq), generator=gen)
-    mask = torch.ones_like(ids)
-    mask[0, -2:] = 0  # padding in one row exercises the attention mask
-    return {"input_ids": ids, "attention_mask": mask}
+    """The family adapter's example inputs for the tiny `name` models: token ids from 2 up
+    (below them: padding and special tokens), and padding in one row so the mask path runs."""
+    model = _example_model(name)
+    return adapter_for(model).example_inputs(model, batch, seq, seed=1, first_token=2, pad_first_row=True)
 
 
 def model_output(model, inputs: dict) -> torch.Tensor:
