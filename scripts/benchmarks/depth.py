@@ -10,7 +10,8 @@ Latency of every pruned model and the baseline is measured interleaved in one lo
 Two tables (markdown on stdout, and --out FILE):
 - layer importance: which layers each layer method drops (2 of 6), accuracy before and
   after recovery; the same on a second model (--second: another checkpoint of the task,
-  e.g. `make_debian_task.py --seed 1`; and the bundled examples/demo model, 1 of 4 layers);
+  e.g. `scripts/tools/make_debian_task.py --seed 1`; and the bundled examples/demo model,
+  1 of 4 layers);
 - the trade-off: accuracy drop vs measured speedup for heads-only (`budget`), layers-only
   (`--drop-layers N`) and `joint` (`--target-flops F`), before and after recovery.
 
@@ -166,7 +167,7 @@ def markdown_curve(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    from make_debian_task import MAX_LENGTH, default_cache
+    from scripts.tools.make_debian_task import MAX_LENGTH, default_cache
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=default_cache())

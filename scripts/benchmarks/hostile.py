@@ -1,5 +1,6 @@
 """What each hostile input of tests/support/hostile_files.py costs: exit code, peak memory
-and wall time of the `headprune` process that receives it, for one or more source trees side by side.
+and wall time of the `headprune` process that receives it, for one or more source trees
+side by side.
 
     python -m scripts.benchmarks.hostile                          # this tree
     python -m scripts.benchmarks.hostile --tree /path/to/main     # and another checkout, same run

@@ -1,5 +1,6 @@
 """Apply each hand-made mutation of a policy path (gates, budgets, refusals) to a scratch
-copy of the tree and run the test that must catch it; prints one line per mutation (CAUGHT when the test fails).
+copy of the tree and run the test that must catch it; prints one line per mutation
+(CAUGHT when the test fails).
 
 Not part of CI (minutes per mutation). TESTING.md records a run.
 
