@@ -141,12 +141,9 @@ def read_data(
 
 def position_limit(model: nn.Module) -> int | None:
     """The most tokens the model can take (its position table), when its config says."""
-    config = info_of(model).config
-    for key in ("max_position_embeddings", "n_positions", "max_position"):
-        value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
+    from headprune_cli.model.arch import adapter_for
+
+    return adapter_for(model).max_positions(model)
 
 
 def _read_rows(path: Path, samples: int | None) -> list[dict]:

@@ -14,8 +14,7 @@ from headprune_cli import save
 from headprune_cli.device import check_map, device_map_for, model_bytes, place, resolve_device, resolve_dtype, restore
 from headprune_cli.errors import UsageError
 from headprune_cli.pipeline.prepare import prepare
-from tests.conftest import TINY
-from tests.tiny_data import give_tokenizer, write_text
+from tests.support import TINY, give_tokenizer, write_text
 
 CUDA = torch.device("cuda", 0) if torch.cuda.is_available() else None
 

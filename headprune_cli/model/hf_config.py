@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from headprune_cli.model.arch import adapter_for_family
 from headprune_cli.model.layout import ModelInfo
 
 PLAIN_WEIGHTS = "model.safetensors"  # what from_pretrained loads
 HIDDEN_WEIGHTS = "headprune.safetensors"  # what from_pretrained never finds
-EXPLICIT_HEAD_DIM = ("llama",)  # families whose config states head_dim
 _FAMILY_NAMES = {"bert": "BERT", "distilbert": "DistilBERT", "gpt2": "GPT-2", "vit": "ViT"}
 FFN_WIDTH_KEY = {"distilbert": "hidden_dim", "gpt2": "n_inner"}  # the rest: intermediate_size
 
@@ -50,7 +50,7 @@ def folder_config(info: ModelInfo) -> FolderConfig:
     """config.json and the weights' file name for a model with this info."""
     config = _config_with_layers(info)
     reason = _not_expressible(info)
-    uniform_helps = info.family in EXPLICIT_HEAD_DIM
+    uniform_helps = _states_head_dim(info)
     if not reason:
         reason = _ffn_not_expressible(info)
         uniform_helps = bool(reason)  # one FFN width for all layers is what every config states
@@ -89,6 +89,10 @@ def _last_line(exc: Exception) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
+def _states_head_dim(info: ModelInfo) -> bool:
+    """Whether the family's transformers config takes head_dim, so it can state pruned head counts."""
+    return adapter_for_family(info.family).explicit_head_dim
+
 
 def _not_expressible(info: ModelInfo) -> str:
     layout = info.layout
@@ -96,7 +100,7 @@ def _not_expressible(info: ModelInfo) -> str:
         return "the reference encoder is headprune's own class, which transformers does not know"
     if not _heads_removed(info):
         return ""
-    if info.family not in EXPLICIT_HEAD_DIM:
+    if not _states_head_dim(info):
         name = _FAMILY_NAMES.get(info.family, info.family)
         return f"{name} derives its head size from hidden_size / heads, so no transformers config can state pruned heads"
     shapes = {(len(q), len(kv)) for q, kv in zip(layout.heads, layout.kv_heads)}

@@ -31,14 +31,13 @@ import torch
 from torch import nn
 
 from headprune_cli.errors import HeadpruneError, NumericalError, UsageError, first_line
+from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
 from headprune_cli.outputs import check_output
 from headprune_cli.temps import make_temp_folder, publish
-from headprune_cli.stages.report.latency import max_sequence
 
 ONNX_ATOL = 1e-4  # largest |onnxruntime - pytorch| accepted for an fp32 model
 MAX_ONNX_BYTES = 2 * 1024**3  # protobuf's limit for a single-file model; from here on, external data
-CACHE_FAMILIES = ("llama", "gpt2")  # causal LMs exported with past key/values
 
 
 @dataclass
@@ -94,7 +93,7 @@ def export_onnx(
     require_onnx()
     model.eval()
     info = info_of(model)
-    if info.task == "causal-lm" and info.family not in CACHE_FAMILIES:
+    if info.task == "causal-lm" and not adapter_for(model).keeps_kv_cache:
         raise UsageError(f"ONNX export of {info.family} causal LMs is not supported (supported: LLaMA, Mistral, Qwen2, Qwen3, GPT-2)")
     external = _weight_bytes(model) >= MAX_ONNX_BYTES
     out = Path(path)
@@ -185,35 +184,21 @@ def decoder_inputs(model: nn.Module, batch: int, seq_len: int, past: int, seed: 
         mask[0, :1] = 0
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
     dtype = next(model.parameters()).dtype
+    head_dim = adapter_for(model).head_dim(model)
     cache = []
     for layer in info_of(model).layout.kv_heads:
-        shape = (batch, len(layer), past, _head_dim(model))
+        shape = (batch, len(layer), past, head_dim)
         cache += [torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype)]
     return (ids, mask, positions, *cache)
 
 
-def _head_dim(model: nn.Module) -> int:
-    from headprune_cli.model.arch import adapter_for
-
-    adapter = adapter_for(model)
-    return adapter.attention(adapter.layer_list(model)[0]).head_dim
-
-
 def example_inputs(model: nn.Module, batch: int, seq_len: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random inputs of the model's kind; one row padded so the mask path gets traced."""
-    gen = torch.Generator().manual_seed(seed)
-    config = model.config
-    if info_of(model).family == "vit":
-        size = config.image_size
-        return {"pixel_values": torch.randn(batch, config.num_channels, size, size, generator=gen)}
-    limit = max_sequence(model)
-    if limit is not None and seq_len > limit:
+    adapter = adapter_for(model)
+    limit = adapter.max_positions(model)
+    if limit is not None and seq_len > limit:  # None for ViT: its length comes from the image size
         raise UsageError(f"--seq-len {seq_len} exceeds the model's {limit} positions")
-    ids = torch.randint(0, config.vocab_size, (batch, seq_len), generator=gen)
-    mask = torch.ones_like(ids)
-    if seq_len > 2:
-        mask[0, -2:] = 0
-    return {"input_ids": ids, "attention_mask": mask}
+    return adapter.example_inputs(model, batch, seq_len, seed=seed, pad_first_row=True)
 
 
 def _trace(spec: _Spec, path: Path, opset: int) -> None:

@@ -2,7 +2,8 @@
 
 All public functions speak in original layer/head/neuron indices (see layout.py). Gating is
 the soft, reversible form used for scoring and as the reference that physical removal
-must reproduce exactly (DESIGN invariant 1).
+must reproduce exactly: a gated model and the same model with those heads removed give
+the same outputs.
 """
 
 from __future__ import annotations

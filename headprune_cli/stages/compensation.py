@@ -1,7 +1,7 @@
 """Retraining-free compensation: win back quality in seconds, closed form, layer by layer.
 
 Runs on the model *before* the cut, with the plan's heads gated to 0 (gating equals
-removal, DESIGN invariant 1), and rewrites only the kept columns and bias of each pruned
+removal exactly), and rewrites only the kept columns and bias of each pruned
 layer's output projection; `surgery.apply_plan` then cuts the removed columns away.
 
 For pruned layer l, in order, on calibration tokens (padding left out):

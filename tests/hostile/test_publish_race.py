@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import finished, headprune, leftovers
+from tests.support import finished, headprune, leftovers
 
 BARRIER = textwrap.dedent("""
     import os, sys, time

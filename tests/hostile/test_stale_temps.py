@@ -14,8 +14,8 @@ from pathlib import Path
 
 from headprune_cli.temps import TEMP_PATTERN
 
-from ..conftest import snapshot
-from .conftest import finished, headprune
+from tests.support import snapshot
+from tests.support import finished, headprune
 
 SLOW_WRITE = textwrap.dedent("""
     import os, sys, time

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import transformers as T
 
-from ..conftest import snapshot
-from .conftest import assert_one_error, finished, headprune, leftovers
+from tests.support import snapshot
+from tests.support import assert_one_error, finished, headprune, leftovers
 
 HOOK = textwrap.dedent("""
     import os, sys

@@ -14,9 +14,9 @@ from headprune_cli.model.describe import describe
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
 
-from ..conftest import TINY
-from ..test_surgery import plan_for
-from .test_ffn_surgery import ffn_plan
+from tests.support import TINY
+from tests.support import plan_for
+from tests.support import ffn_plan
 
 SEQ = 16
 

@@ -16,9 +16,9 @@ from headprune_cli.model.layout import Layout, from_ranges, info_of, to_ranges
 from headprune_cli.model.streaming import prune_file
 from headprune_cli.model.surgery import apply_plan
 
-from ..conftest import TINY, model_inputs, model_output
-from ..test_large_models import _plan
-from .test_ffn_surgery import ffn_plan
+from tests.support import TINY, model_inputs, model_output
+from tests.support import gqa_plan as _plan
+from tests.support import ffn_plan
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
@@ -126,7 +126,7 @@ def test_a_checkpoint_from_before_ffn_pruning_reads_as_full_widths(tmp_path):
 
 
 def test_the_command_line_refuses_a_bad_ffn_layout_in_one_line(tmp_path, cli):
-    from ..conftest import assert_refused
+    from tests.support import assert_refused
 
     save(apply_plan(TINY["bert"](), {}, [], {0: [1]}), tmp_path / "m.safetensors")
     _rewrite_layout(tmp_path / "m.safetensors", tmp_path / "bad.safetensors", lambda d: d["ffn"]["kept"].update({"0": [[5, 2]]}))

@@ -12,20 +12,9 @@ from headprune_cli.model.ffn import removal_ffn_gates
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, NeuronGates, apply_plan, removal_gates, skip_layers
 
-from ..conftest import TINY, model_inputs, model_output
-from ..test_surgery import plan_for
+from tests.support import TINY, ffn_plan, model_inputs, model_output, plan_for, width_of
 
 WIDTH = 48  # every TINY model's FFN width, but GPT-2's (4 x 32)
-
-
-def width_of(family: str) -> int:
-    return 128 if family == "gpt2" else WIDTH
-
-
-def ffn_plan(family: str) -> dict[int, list[int]]:
-    """Uneven cuts: layer 0 loses a scattered third, layer 2 a block and the last neuron."""
-    w = width_of(family)
-    return {0: list(range(1, w, 3)), 2: [*range(5, 17), w - 1]}
 
 
 def gated_output(model, inputs, remove_heads, remove_ffn, drop=()):

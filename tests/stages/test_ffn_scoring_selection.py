@@ -22,8 +22,8 @@ from headprune_cli.stages.importance.context import ScoreContext
 from headprune_cli.stages.importance.gradients import batch_losses
 from headprune_cli.stages.scores import ScoreTable
 from headprune_cli.stages.selection import Constraints, select
-from tests.conftest import TINY, assert_refused
-from tests.tiny_data import give_tokenizer, write_jsonl, write_text
+from tests.support import TINY, assert_refused
+from tests.support import give_tokenizer, write_jsonl, write_text
 
 FAMILIES = [("reference", "jsonl"), ("bert", "jsonl"), ("gpt2", "text"), ("llama-gqa", "text"), ("distilbert", "jsonl")]
 

@@ -11,7 +11,7 @@ from headprune_cli.stages.scores import ScoreTable
 from headprune_cli.stages.search import search
 from headprune_cli.stages.selection import Constraints, select
 
-from tests.conftest import assert_refused
+from tests.support import assert_refused
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo"

@@ -24,7 +24,7 @@ from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
 from headprune_cli.stages.report import stage as report_stage
 from headprune_cli.stages.unit import Context
 
-from ..conftest import TINY, VOCAB
+from tests.support import TINY, VOCAB
 
 FAST_REPORT = {"seq_len": 8, "repeats": 1, "warmup": 0, "batch_size": 8}
 

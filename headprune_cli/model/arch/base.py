@@ -1,7 +1,9 @@
 """The one model view everything else sits on.
 
 An adapter knows, for one model family, where the attention blocks are and which
-attributes its forward reads. Everything generic (gating, head removal, layer removal,
+attributes its forward reads, and answers what the rest of headprune would otherwise ask
+the family name: example inputs for (batch, seq_len), the positions a forward covers, the
+head size, whether its causal LMs keep a KV cache and whether its config states head_dim. Everything generic (gating, head removal, layer removal,
 cost counting) is written once, here and in `surgery.py`, against that view.
 """
 
@@ -107,6 +109,8 @@ class Adapter:
     model_types: tuple[str, ...] = ()  # Hugging Face `config.model_type` values served
 
     layers_path: str = ""  # dotted path of the block list, from the base model
+    keeps_kv_cache: bool = False  # its causal LMs decode with past keys/values (ONNX export writes them)
+    explicit_head_dim: bool = False  # its transformers config states head_dim, so it can state pruned head counts
 
     # --- locating -------------------------------------------------------------
     def base_model(self, model: nn.Module) -> nn.Module:
@@ -178,10 +182,52 @@ class Adapter:
             if hasattr(layer, "layer_idx"):
                 layer.layer_idx = new_index
 
+    # --- family facts -------------------------------------------------------------
+    def head_dim(self, model: nn.Module) -> int:
+        """Features per head; every layer has the same (pruning removes heads, never narrows one)."""
+        return self.attention(self.layer_list(model)[0]).head_dim
+
+    def max_positions(self, model: nn.Module) -> int | None:
+        """The most tokens the model can take (its position table), when its config says."""
+        config = _config(model)
+        for key in ("max_position_embeddings", "n_positions", "max_position"):
+            value = config.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
+    def sequence_length(self, model: nn.Module, seq_len: int) -> int:
+        """The positions a forward pass runs over when `seq_len` tokens are asked for."""
+        return seq_len
+
+    def example_inputs(
+        self, model: nn.Module, batch: int, seq_len: int, *, seed: int = 0, first_token: int = 0, pad_first_row: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """Random inputs of the family's kind for `batch` rows of `seq_len` tokens.
+
+        Token ids are drawn from [first_token, vocab) (capped below the vocabulary size);
+        with `pad_first_row` the first row's last two positions are padding (when there are
+        more than two), so the attention mask's path runs too.
+        """
+        gen = torch.Generator().manual_seed(seed)
+        vocab = int(_config(model).get("vocab_size", 2))
+        ids = torch.randint(min(first_token, vocab - 1), vocab, (batch, seq_len), generator=gen)
+        mask = torch.ones_like(ids)
+        if pad_first_row and seq_len > 2:
+            mask[0, -2:] = 0
+        return {"input_ids": ids, "attention_mask": mask}
+
     # --- construction -----------------------------------------------------------
     def build(self, config: dict, architecture: str, options: dict | None = None) -> nn.Module:
         """Build an unpruned model of the stored architecture from its config."""
         return build_transformers_model(config, architecture, self.model_types, options or {})
+
+
+def _config(model: nn.Module) -> dict:
+    """The model's config as headprune stores it (imported here: layout imports this package)."""
+    from headprune_cli.model.layout import info_of
+
+    return info_of(model).config
 
 
 BUILD_OPTIONS = {"add_pooling_layer": bool}  # the only constructor options a checkpoint may set

@@ -11,6 +11,7 @@ class GPT2Adapter(Adapter):
     family = "gpt2"
     model_types = ("gpt2",)
     layers_path = "h"
+    keeps_kv_cache = True
 
     def attention(self, layer: nn.Module) -> AttentionView:
         attn = layer.attn

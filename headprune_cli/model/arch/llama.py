@@ -9,6 +9,8 @@ class LlamaAdapter(Adapter):
     family = "llama"
     model_types = ("llama", "mistral", "qwen2", "qwen3")
     layers_path = "layers"
+    keeps_kv_cache = True
+    explicit_head_dim = True  # LLaMA, Mistral and Qwen configs take head_dim
 
     def attention(self, layer: nn.Module) -> AttentionView:
         attn = layer.self_attn

@@ -3,7 +3,8 @@
 One optimizer step consumes `grad_accum` micro-batches of `batch_size` rows. The batch
 size is global: under torchrun each of N processes takes every N-th row of each
 micro-batch, and losses are divided by the global row/token count, so N processes
-compute the same update as one (DESIGN: same command, same result).
+compute the same update as one: the same command gives the same weights whatever the
+process count.
 
 Data order is a pure function of (seed, epoch) and the step number, and the training
 state (weights, AdamW moments, RNG, step, best-so-far) is saved to a safetensors + JSON

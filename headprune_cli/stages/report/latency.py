@@ -25,6 +25,7 @@ from torch import nn
 
 from headprune_cli.errors import UsageError
 from headprune_cli.device import input_device
+from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
 
 
@@ -58,9 +59,7 @@ def summarize(samples_ms: list[float]) -> Latency:
 
 
 def max_sequence(model: nn.Module) -> int | None:
-    from headprune_cli.data import position_limit
-
-    return position_limit(model)
+    return adapter_for(model).max_positions(model)
 
 
 def synthetic_inputs(model: nn.Module, batch: int, seq_len: int, seed: int = 0) -> tuple[dict, int]:
@@ -69,19 +68,12 @@ def synthetic_inputs(model: nn.Module, batch: int, seq_len: int, seed: int = 0) 
     Returns the inputs and the sequence length actually used: a ViT's length is fixed
     by its image size (patches + [CLS]), whatever was asked.
     """
-    config = info_of(model).config
-    gen = torch.Generator().manual_seed(seed)
-    dtype = next(model.parameters()).dtype
-    if config.get("model_type") == "vit":
-        size, patch, channels = config.get("image_size", 224), config.get("patch_size", 16), config.get("num_channels", 3)
-        pixels = torch.randn(batch, channels, size, size, generator=gen).to(dtype)
-        return {"pixel_values": pixels}, (size // patch) ** 2 + 1
-    limit = max_sequence(model)
+    adapter = adapter_for(model)
+    limit = adapter.max_positions(model)  # None for ViT: its length comes from the image size
     if limit is not None and seq_len > limit:
         raise UsageError(f"--seq-len {seq_len} exceeds the model's maximum of {limit} positions")
-    vocab = int(config.get("vocab_size", 2))
-    ids = torch.randint(min(3, vocab - 1), vocab, (batch, seq_len), generator=gen)
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    inputs = adapter.example_inputs(model, batch, seq_len, seed=seed, first_token=3)
+    seq_len = adapter.sequence_length(model, seq_len)
     if info_of(model).task == "causal-lm":
         inputs["use_cache"] = False  # a KV cache is not part of a single forward's cost
     return inputs, seq_len

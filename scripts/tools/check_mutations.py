@@ -1,0 +1,91 @@
+"""Apply each hand-made mutation of a policy path (gates, budgets, refusals) to a scratch
+copy of the tree and run the test that must catch it; prints one line per mutation
+(CAUGHT when the test fails).
+
+Not part of CI (minutes per mutation). TESTING.md records a run.
+
+    python scripts/tools/check_mutations.py                 # all
+    python scripts/tools/check_mutations.py max-drop sgd    # some, by name
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# name: (file, original text, mutated text, the test that must fail)
+MUTATIONS = {
+    "max-drop <= to <": (
+        "headprune_cli/stages/report/build.py", "main.drop <= max_drop))", "main.drop < max_drop))",
+        "tests/stages/report/test_policy.py::test_max_drop_passes_at_the_threshold_and_fails_one_ulp_below"),
+    "max-rel-drop <= to <": (
+        "headprune_cli/stages/report/build.py", "main.rel_drop <= max_rel_drop))", "main.rel_drop < max_rel_drop))",
+        "tests/stages/report/test_policy.py::test_max_rel_drop_passes_at_the_threshold_and_fails_one_ulp_below"),
+    "min-speedup >= to >": (
+        "headprune_cli/stages/report/build.py", "speedup >= min_speedup))", "speedup > min_speedup))",
+        "tests/stages/report/test_policy.py::test_min_speedup_passes_at_the_threshold_and_fails_one_ulp_above"),
+    "finetune returns the last epoch": (
+        "headprune_cli/stages/finetune/train.py", "        if self.best is not None:\n            self.model.load_state_dict(self.best)",
+        "        pass", "tests/stages/finetune/test_training.py::test_the_returned_weights_are_the_best_epochs"),
+    "torchrun gradients halved": (
+        "headprune_cli/stages/finetune/train.py", "(loss_sum * self.ctx.world / grand).backward()", "(loss_sum / grand).backward()",
+        "tests/stages/finetune/test_command.py::test_torchrun_sgd_updates_match_one_process_far_below_the_update_size"),
+    "target-flops budgets params": (
+        "headprune_cli/stages/selection.py", 'key = "params" if target_params is not None else "flops_per_token"\n    fraction',
+        'key = "params"\n    fraction', "tests/stages/selection/test_budget.py::test_target_flops_budgets_flops_and_target_params_budgets_params"),
+    "baseline auto skips sha256": (
+        "headprune_cli/stages/report/build.py", "    if sha256_file(path) != root:", "    if False:",
+        "tests/stages/report/test_policy.py::test_baseline_auto_refuses_a_root_whose_bytes_changed"),
+    "sweep skips compensation": (
+        "headprune_cli/stages/sweep.py", 'if opts.compensate != "none":', "if False:",
+        "tests/stages/test_sweep.py::test_sweep_compensation_changes_the_result_to_what_compensating_by_hand_gives"),
+    "protect validation removed": (
+        "headprune_cli/stages/selection.py",
+        "    for layer, head in c.protect:\n        if head not in table.heads.get(layer, {}):",
+        "    for layer, head in ():\n        if head not in table.heads.get(layer, {}):",
+        "tests/stages/selection/test_select.py::test_select_bad_input_is_one_error_line_and_writes_nothing"),
+    "a crash passes for a refusal": (
+        "headprune_cli/cli/app.py", "        return _internal(exc)", "        return _fail(str(exc), EXIT_ERROR)",
+        "tests/cli/test_error_mapping.py::test_bug_is_an_internal_error_not_a_refusal"),
+}
+
+
+def check(name: str) -> str:
+    path, old, new, test = MUTATIONS[name]
+    with tempfile.TemporaryDirectory(prefix="hp-mutation-") as tmp:
+        files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+        for f in files:
+            if (ROOT / f).is_file():
+                (Path(tmp) / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / f, Path(tmp) / f)
+        target = Path(tmp) / path
+        source = target.read_text()
+        if source.count(old) < 1:
+            return f"STALE   {name}: the original text is no longer in {path}"
+        target.write_text(source.replace(old, new, 1))
+        env = {**os.environ, "PYTHONPATH": tmp, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        start = time.monotonic()
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test], cwd=tmp, env=env, capture_output=True, text=True)
+        took = time.monotonic() - start
+        verdict = "CAUGHT " if run.returncode == 1 else "MISSED " if run.returncode == 0 else f"ERROR{run.returncode} "
+        return f"{verdict} {name}: {test} ({took:.0f} s)"
+
+
+def main() -> int:
+    names = [n for n in MUTATIONS if not sys.argv[1:] or any(a in n for a in sys.argv[1:])]
+    results = []
+    for n in names:
+        results.append(check(n))
+        print(results[-1], flush=True)
+    return 0 if all(r.startswith("CAUGHT") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

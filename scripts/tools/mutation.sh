@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Mutation testing (mutmut) of the modules whose bugs the other tests might not see.
+# Not run in CI: it is slow. Each module is mutated in its own scratch copy of the tree
+# and checked against a fast subset of the tests (the ones that exercise it), at low
+# priority. Prints the surviving-mutant count per module; TESTING.md records the runs.
+#
+#   pip install -e '.[dev]'               # mutmut
+#   scripts/tools/mutation.sh                   # every module below
+#   scripts/tools/mutation.sh selection fileio  # some of them
+#   MUTATION_MAX_CHILDREN=2 MUTATION_WORK=/tmp/mut scripts/tools/mutation.sh surgery
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+WORK=${MUTATION_WORK:-/tmp/headprune-mutation}
+CHILDREN=${MUTATION_MAX_CHILDREN:-2}
+
+# name | file to mutate | mutant-name pattern (mutmut run "..."), * = all | the tests that judge it
+declare -A FILE PATTERN TESTS
+FILE[selection]=headprune_cli/stages/selection.py; PATTERN[selection]='*'
+TESTS[selection]='tests/stages/selection/test_select.py tests/stages/selection/test_budget.py tests/stages/selection/test_joint.py tests/stages/selection/test_uniform.py'
+FILE[surgery]=headprune_cli/model/surgery.py; PATTERN[surgery]='*'
+TESTS[surgery]='tests/model/test_surgery.py tests/stages/importance/test_score.py'  # HeadGates (in surgery.py) is checked by scoring's gradient tests
+FILE[gates]=headprune_cli/stages/report/build.py; PATTERN[gates]='headprune_cli.stages.report.build.x_gates* headprune_cli.stages.report.build.x_verdict* headprune_cli.stages.report.build.x_resolve_baseline* headprune_cli.stages.report.build.x_main_metric*'
+TESTS[gates]='tests/stages/report/test_policy.py'
+FILE[checkpoint]=headprune_cli/model/checkpoint.py; PATTERN[checkpoint]='*'
+TESTS[checkpoint]='tests/model/test_import_inspect.py tests/hostile/test_robustness.py tests/integration/test_large_models.py tests/stages/test_prune.py tests/model/test_surgery.py tests/model/test_export.py'
+FILE[fileio]=headprune_cli/fileio.py; PATTERN[fileio]='*'
+TESTS[fileio]='tests/test_fileio.py tests/hostile/test_robustness.py tests/hostile/test_file_safety.py tests/hostile/test_bad_input_matrix.py tests/hostile/test_regressions.py'
+
+# Tests that run `python -m headprune_cli` in another working folder: mutmut's trampolines
+# there look for mutmut's configuration in that folder and fail, whatever the mutant; the
+# torchrun test, which starts two more interpreters per mutant; and the shell pipe, whose
+# `headprune` console script imports the installed (unmutated) package: it judges no mutant
+# and took 19 of the 51 s that checkpoint's tests take.
+DESELECT='"-k", "not locked_out and not signal_during_a_write and not sigkill_while_writing and not torchrun and not score_select_prune_pipe", '
+
+modules=("$@")
+[ ${#modules[@]} -eq 0 ] && modules=(selection surgery gates checkpoint fileio)
+
+for name in "${modules[@]}"; do
+  [ -n "${FILE[$name]:-}" ] || { echo "unknown module $name (known: ${!FILE[*]})" >&2; exit 2; }
+  dir="$WORK/$name"
+  rm -rf "$dir" && mkdir -p "$dir"
+  (cd "$ROOT" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$dir")
+  tests=""
+  for t in ${TESTS[$name]}; do [ -f "$dir/$t" ] && tests="$tests\"$t\", "; done
+  cat >> "$dir/pyproject.toml" <<CONF
+
+[tool.mutmut]
+source_paths = ["headprune_cli"]
+only_mutate = ["${FILE[$name]}"]
+pytest_add_cli_args_test_selection = [${tests}]
+pytest_add_cli_args = [${DESELECT}"-p", "no:cacheprovider", "-x", "-q"]
+process_isolation = "forkserver"
+use_git_change_detection = false
+also_copy = ["examples", "configs", "scripts", "README.md", "BENCHMARKS.md", "TESTING.md"]  # what tests read besides code
+CONF
+  set -f; patterns=${PATTERN[$name]}; [ "$patterns" = "*" ] && patterns=""; set +f
+  start=$(date +%s)
+  # PYTHONPATH would put the unmutated tree ahead of mutmut's copy: clear it.
+  set -f
+  (cd "$dir" && env -u PYTHONPATH HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 \
+      nice -n "${MUTATION_NICE:-10}" mutmut run --max-children "$CHILDREN" $patterns > "$WORK/$name.log" 2>&1) || true
+  set +f
+  (cd "$dir" && mutmut results --all true > "$WORK/$name.results" 2>&1) || true
+  total=$(grep ': ' "$WORK/$name.results" | grep -vc 'not checked' || true)
+  survived=$(grep -c ': survived' "$WORK/$name.results" || true)
+  echo "$name ${FILE[$name]}: $survived survived of $total mutants ($(( $(date +%s) - start )) s); list: $WORK/$name.results"
+done

@@ -1,0 +1,445 @@
+"""Bad input across every command: 103 cases (CASES, then HOSTILE: files built to hurt).
+
+Each case runs one `headprune` command in a fresh copy of a small workspace (the bundled
+example model, its data, a scores and a plan artifact) and checks the bad-input
+contract: one `Error: ...` line on stderr, the documented exit code (1 error, 2 usage), no
+traceback, nothing on stdout, and every file in the folder exactly as it was. The checks
+live in tests.support.assert_refused: a crash (exit 70, `Internal error: ...`) never passes a
+case, even when its message happens to contain the case's fragment.
+File safety, in its own block at the end: 22 cases where an output would destroy a file.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from headprune_cli import load, save
+from headprune_cli.model.surgery import apply_plan
+
+from tests.support import ROOT, TINY, assert_refused, snapshot
+
+DEMO = ROOT / "examples" / "demo"
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """model.safetensors, data files, scores.json and plan.json made by the real commands."""
+    from headprune_cli.cli import main
+
+    base = tmp_path_factory.mktemp("ws")
+    shutil.copy(DEMO / "model.safetensors", base / "model.safetensors")
+    rows = (DEMO / "dev.jsonl").read_text().splitlines()[:24]
+    (base / "data.jsonl").write_text("\n".join(rows) + "\n")
+    (base / "text.txt").write_text("\n".join(json.loads(r)["text"] for r in rows) + "\n")
+    assert main(["score", str(base / "model.safetensors"), "--data", str(base / "data.jsonl"), "--method", "taylor", "-o", str(base / "scores.json")]) == 0
+    assert main(["select", str(base / "scores.json"), "--ratio", "0.25", "-o", str(base / "plan.json")]) == 0
+    other = load(base / "model.safetensors")
+    apply_plan(other, {0: [0]}, [])
+    save(other, base / "other.safetensors")
+    return base
+
+
+@dataclass
+class Case:
+    name: str
+    args: Callable[[Path], list]  # the command line, given the case's folder
+    code: int
+    message: str  # a piece of the one error line
+    prepare: Callable[[Path], None] | None = None
+    stdin: str | None = None
+
+
+def _rewrite_tensors(folder: Path, change: Callable[[dict], None], name: str = "bad.safetensors") -> None:
+    tensors = load_file(str(folder / "model.safetensors"))
+    with open(folder / "model.safetensors", "rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        metadata = json.loads(handle.read(length))["__metadata__"]
+    change(tensors)
+    save_file(tensors, str(folder / name), metadata=metadata)
+
+
+def _first_tensor(tensors: dict) -> str:
+    return sorted(k for k in tensors if k.endswith("weight"))[0]
+
+
+def _edit_json(name: str, change: Callable[[dict], None], out: str = "edited.json") -> Callable[[Path], None]:
+    def prepare(folder: Path) -> None:
+        data = json.loads((folder / name).read_text())
+        change(data)
+        (folder / out).write_text(json.dumps(data))
+
+    return prepare
+
+
+def _write(name: str, content: str | bytes) -> Callable[[Path], None]:
+    def prepare(folder: Path) -> None:
+        path = folder / name
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+
+    return prepare
+
+
+def _nan_score(data: dict) -> None:
+    layer = next(iter(data["heads"]))
+    head = next(iter(data["heads"][layer]))
+    data["heads"][layer][head] = float("nan")
+
+
+def _corrupt_truncate(folder: Path) -> None:
+    raw = (folder / "model.safetensors").read_bytes()
+    (folder / "bad.safetensors").write_bytes(raw[: len(raw) - 1000])
+
+
+M = "model.safetensors"
+CASES = [
+    # --- checkpoints -----------------------------------------------------------------------
+    Case("truncated checkpoint", lambda f: ["inspect", f / "bad.safetensors"], 1, "truncated", _corrupt_truncate),
+    Case("corrupt bytes", lambda f: ["inspect", f / "bad.safetensors"], 1, "corrupt safetensors", _write("bad.safetensors", b"\x00" * 64)),
+    Case("empty checkpoint", lambda f: ["score", f / "bad.safetensors", "--data", f / "data.jsonl"], 1, "too short", _write("bad.safetensors", b"")),
+    Case("wrong dtype", lambda f: ["inspect", f / "bad.safetensors"], 1, "dtype",
+         lambda f: _rewrite_tensors(f, lambda t: t.update({_first_tensor(t): t[_first_tensor(t)].double()}))),
+    Case("wrong shape", lambda f: ["inspect", f / "bad.safetensors"], 1, "shape",
+         lambda f: _rewrite_tensors(f, lambda t: t.update({_first_tensor(t): t[_first_tensor(t)][:1]}))),
+    Case("missing tensor", lambda f: ["inspect", f / "bad.safetensors"], 1, "missing",
+         lambda f: _rewrite_tensors(f, lambda t: t.pop(_first_tensor(t)))),
+    Case("NaN weight", lambda f: ["score", f / "bad.safetensors", "--data", f / "data.jsonl"], 1, "NaN",
+         lambda f: _rewrite_tensors(f, lambda t: t[_first_tensor(t)].fill_(float("nan")))),
+    Case("plain safetensors", lambda f: ["inspect", f / "bad.safetensors"], 1, "without headprune metadata",
+         lambda f: save_file({"w": torch.zeros(2)}, str(f / "bad.safetensors"))),
+    Case("checkpoint is a folder", lambda f: ["score", f, "--data", f / "data.jsonl"], 1, "a folder, not a checkpoint"),
+    Case("missing checkpoint", lambda f: ["prune", f / "nope.safetensors", "--plan", f / "plan.json", "-o", f / "o.safetensors"], 1, "nope.safetensors"),
+    Case("import folder without config", lambda f: ["import", f / "empty", "-o", f / "o.safetensors"], 1, "no config.json",
+         lambda f: (f / "empty").mkdir()),
+    # --- JSON artifacts ----------------------------------------------------------------------
+    Case("plan where scores expected", lambda f: ["select", f / "plan.json", "--ratio", "0.5"], 1, "expected a scores artifact"),
+    Case("scores of a newer version", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "schema_version",
+         _edit_json("scores.json", lambda d: d.update(schema_version=99))),
+    Case("NaN in scores", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "NaN", _edit_json("scores.json", _nan_score)),
+    Case("scores not JSON", lambda f: ["select", f / "bad.json", "--ratio", "0.5"], 1, "not valid JSON", _write("bad.json", "{not json")),
+    Case("empty stdin", lambda f: ["select", "--ratio", "0.5"], 1, "not valid JSON", stdin=""),
+    Case("report JSON as plan", lambda f: ["prune", f / M, "--plan", f / "scores.json", "-o", f / "o.safetensors"], 1, "expected a plan"),
+    Case("plan for another model", lambda f: ["prune", f / "other.safetensors", "--plan", f / "plan.json", "-o", f / "o.safetensors"], 1, "another model"),
+    Case("plan head out of range", lambda f: ["prune", f / M, "--plan", f / "edited.json", "-o", f / "o.safetensors"], 1, "out of range",
+         _edit_json("plan.json", lambda d: d.update(remove_heads={"0": [99]}))),
+    Case("plan empties a layer", lambda f: ["prune", f / M, "--plan", f / "edited.json", "-o", f / "o.safetensors"], 1, "every head",
+         _edit_json("plan.json", lambda d: d.update(remove_heads={"0": [0, 1, 2, 3]}, remove_layers=[]))),
+    Case("scores head index not an int", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "invalid scores",
+         _edit_json("scores.json", lambda d: d["heads"].update({"x": {}}))),
+    Case("unknown artifact kind on stdin", lambda f: ["prune", f / M, "-o", f / "o.safetensors"], 1, "kind", stdin='{"kind": "banana", "schema_version": 1}'),
+    Case("scores for report of wrong kind", lambda f: ["report", "--model", f / M, "--baseline", f / M, "--data", f / "data.jsonl", "--scores", f / "plan.json"], 1, "scores"),
+    # --- options ---------------------------------------------------------------------------
+    Case("ratio above 1", lambda f: ["select", f / "scores.json", "--ratio", "1.5"], 2, "ratio"),
+    Case("ratio below 0", lambda f: ["select", f / "scores.json", "--ratio", "-0.1"], 2, "ratio"),
+    Case("min-heads above head count", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "--min-heads", "9"], 2, "min-heads"),
+    Case("impossible multiple-of", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "--multiple-of", "5"], 2, "multiple-of"),
+    Case("unknown strategy", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "--strategy", "globl"], 2, "did you mean"),
+    Case("unknown method", lambda f: ["score", f / M, "--data", f / "data.jsonl", "--method", "taylr"], 2, "did you mean"),
+    Case("samples zero", lambda f: ["score", f / M, "--data", f / "data.jsonl", "--samples", "0"], 2, "samples"),
+    Case("unknown option", lambda f: ["score", f / M, "--data", f / "data.jsonl", "--bogus"], 2, "No such option"),
+    Case("missing required option", lambda f: ["prune", f / M, "--plan", f / "plan.json"], 2, "Missing option"),
+    Case("zero finetune steps", lambda f: ["finetune", f / M, "--data", f / "data.jsonl", "--steps", "0", "-o", f / "o.safetensors"], 2, "steps"),
+    Case("negative gate", lambda f: ["report", "--model", f / M, "--baseline", f / M, "--data", f / "data.jsonl", "--max-drop", "-1"], 2, "max-drop"),
+    Case("unknown command", lambda f: ["scroe"], 2, "No such command"),
+    Case("compensate without data", lambda f: ["prune", f / M, "--plan", f / "plan.json", "--compensate", "lstsq", "-o", f / "o.safetensors"], 2, "--data"),
+    # --- data ------------------------------------------------------------------------------
+    Case("empty data", lambda f: ["score", f / M, "--data", f / "empty.jsonl"], 1, "empty", _write("empty.jsonl", "")),
+    Case("malformed JSONL", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "bad.jsonl", _write("bad.jsonl", '{"text": "a b", "label": 0}\n{oops\n')),
+    Case("label out of range", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "label", _write("bad.jsonl", '{"text": "a X b Y c", "label": 17}\n')),
+    Case("missing label", lambda f: ["score", f / M, "--data", f / "text.txt", "--objective", "classification"], 1, "label"),
+    Case("unknown label name", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "label", _write("bad.jsonl", '{"text": "a X b Y c", "label": "zebra"}\n')),
+    Case("missing data file", lambda f: ["score", f / M, "--data", f / "nope.jsonl"], 1, "nope.jsonl"),
+    Case("eval labels the model does not know", lambda f: ["finetune", f / M, "--data", f / "data.jsonl", "--eval-data", f / "bad.jsonl", "--steps", "1", "-o", f / "o.safetensors"], 1, "label",
+         _write("bad.jsonl", '{"text": "a X b Y c", "label": 9}\n')),
+    Case("report on unlabelled data for a classifier", lambda f: ["report", "--model", f / M, "--baseline", f / M, "--data", f / "text.txt"], 1, "label"),
+    # --- outputs ---------------------------------------------------------------------------
+    Case("output equals input", lambda f: ["prune", f / M, "--plan", f / "plan.json", "-o", f / M, "--force"], 2, "also an input"),
+    Case("output exists", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "-o", f / "plan.json"], 2, "--force"),
+    Case("output folder missing", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "-o", f / "no" / "plan.json"], 2, "does not exist"),
+    Case("output under a file", lambda f: ["prune", f / M, "--plan", f / "plan.json", "-o", f / "data.jsonl" / "o.safetensors"], 2, "does not exist"),
+    Case("finetune output equals input", lambda f: ["finetune", f / M, "--data", f / "data.jsonl", "--steps", "1", "-o", f / M, "--force"], 2, "also an input"),
+    Case("export onto existing file", lambda f: ["export", f / M, "--onnx", f / "data.jsonl"], 2, "--force"),
+    # --- YAML --------------------------------------------------------------------------------
+    Case("bad YAML", lambda f: ["run", f / "bad.yaml"], 2, "YAML", _write("bad.yaml", "stages: [score\n  - :")),
+    Case("YAML key typo", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "did you mean",
+         lambda f: (f / "bad.yaml").write_text(f"model: {f / M}\ndata: {f / 'data.jsonl'}\nstages:\n  - command: score\n    methd: taylor\n")),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input(case: Case, workspace: Path, tmp_path: Path, cli):
+    run_case(case, workspace, tmp_path, cli)
+
+
+def run_case(case: Case, workspace: Path, tmp_path: Path, cli):
+    folder = tmp_path / "ws"
+    shutil.copytree(workspace, folder)
+    if case.prepare:
+        case.prepare(folder)
+    before = snapshot(folder)
+    result = cli(*case.args(folder), stdin=case.stdin)
+    assert_refused(result, case.code, case.message)
+    assert snapshot(folder) == before
+    return result
+
+
+# --- hostile input: paths, header, data, YAML, artifacts ------------------------------------
+def _meta(change: Callable[[dict], None], source: str = M, name: str = "bad.safetensors") -> Callable[[Path], None]:
+    """A copy of a checkpoint with its headprune metadata (a dict of parsed JSON) edited."""
+
+    def prepare(folder: Path) -> None:
+        raw = (folder / source).read_bytes()
+        length = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8 : 8 + length])
+        meta = {k: json.loads(v) if k.split(".")[1] in _JSON_META else v for k, v in header["__metadata__"].items()}
+        change(meta)
+        header["__metadata__"] = {k: v if isinstance(v, RawJson) or k.split(".")[1] not in _JSON_META else json.dumps(v) for k, v in meta.items()}
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        (folder / name).write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length :])
+
+    return prepare
+
+
+class RawJson(str):
+    """Metadata text written as given (JSON that json.dumps would never produce)."""
+
+
+_JSON_META = ("config", "layout", "provenance", "tokenizer_config", "pooling", "build_options")
+
+
+def _layout(key: str, value) -> Callable[[dict], None]:
+    return lambda m: m["headprune.layout"].update({key: value(m["headprune.layout"][key]) if callable(value) else value})
+
+
+def _config(**values) -> Callable[[dict], None]:
+    return lambda m: m["headprune.config"].update(values)
+
+
+def _tensors(**tensors) -> Callable[[Path], None]:
+    return lambda f: save_file(tensors, str(f / "bad.safetensors"))
+
+
+def _yaml(body: str) -> Callable[[Path], None]:
+    def prepare(folder: Path) -> None:
+        (folder / "bad.yaml").write_text(f"model: {folder / M}\ndata: {folder / 'data.jsonl'}\n" + body)
+
+    return prepare
+
+
+def _fifo(name: str) -> Callable[[Path], None]:
+    return lambda f: os.mkfifo(f / name)
+
+
+def _hf_folder(**config) -> Callable[[Path], None]:
+    def prepare(folder: Path) -> None:
+        TINY["bert"]().save_pretrained(folder / "hf")
+        data = json.loads((folder / "hf" / "config.json").read_text())
+        (folder / "hf" / "config.json").write_text(json.dumps({**data, **config}))
+
+    return prepare
+
+
+PAGEMAP = "/proc/self/pagemap"  # a "regular" file that reads without end
+O = "o.safetensors"
+ids = torch.ones(3, 5, dtype=torch.long)
+HOSTILE = [
+    # --- layouts and configs checked before anything is built -----------------
+    Case("layout layer index a string", lambda f: ["inspect", f / "bad.safetensors"], 1, "positive integers", _meta(_layout("layers", lambda v: [str(i) for i in v]))),
+    Case("layout layer index a float", lambda f: ["score", f / "bad.safetensors", "--data", f / "data.jsonl"], 1, "positive integers", _meta(_layout("layers", lambda v: [float(i) for i in v]))),
+    Case("layout head count a string", lambda f: ["inspect", f / "bad.safetensors"], 1, "positive integers", _meta(_layout("num_heads", lambda v: [str(i) for i in v]))),
+    Case("layout kv head count 0", lambda f: ["inspect", f / "bad.safetensors"], 1, "positive integers", _meta(_layout("num_kv_heads", lambda v: [0 for _ in v]))),
+    Case("layout head index a float", lambda f: ["export", f / "bad.safetensors", "--hf", f / "exported"], 1, "layout",
+         _meta(_layout("heads", lambda v: [[float(h) for h in hs] for hs in v]))),
+    Case("config declares 30000 layers", lambda f: ["inspect", f / "bad.safetensors"], 1, "1 to 1024 layers", _meta(_config(heads_per_layer=[4] * 30000))),
+    Case("config hidden size negative", lambda f: ["inspect", f / "bad.safetensors"], 1, "hidden_size=-64", _meta(_config(hidden_size=-64))),
+    Case("config vocab size a string", lambda f: ["report", "--model", f / "bad.safetensors", "--baseline", f / M, "--data", f / "data.jsonl"], 1, "vocab_size", _meta(_config(vocab_size="64"))),
+    Case("config with a 5000-digit integer", lambda f: ["inspect", f / "bad.safetensors"], 1, "not valid JSON",
+         _meta(lambda m: m.update({"headprune.config": RawJson(json.dumps(m["headprune.config"]).replace('"vocab_size": 16', '"vocab_size": ' + "9" * 5000))}))),
+    Case("config and layout disagree on heads", lambda f: ["inspect", f / "bad.safetensors"], 1, "head counts differ", _meta(_config(heads_per_layer=[2, 2, 2, 2]))),
+    Case("config MLP wider than its tensors", lambda f: ["score", f / "bad.safetensors", "--data", f / "data.jsonl"], 1, "matches no stored tensor", _meta(_config(intermediate_size=400000))),
+    Case("config vocabulary of 2M over a 64-row table", lambda f: ["finetune", f / "bad.safetensors", "--data", f / "data.jsonl", "--steps", "1", "-o", f / O], 1,
+         "vocab_size=2000000", _meta(_config(vocab_size=2_000_000))),
+    Case("config position table differs", lambda f: ["sweep", f / "bad.safetensors", "--data", f / "data.jsonl", "--eval-data", f / "data.jsonl"], 1, "position table",
+         _meta(_config(max_position=1 << 20))),
+    # --- paths from provenance and plans are regular files only -------------------
+    Case("baseline auto names /proc/self/pagemap", lambda f: ["report", "--model", f / "bad.safetensors", "--data", f / "data.jsonl"], 1, "special filesystem",
+         _meta(lambda m: m["headprune.provenance"].update(root_path=PAGEMAP), source="other.safetensors")),
+    Case("teacher auto names /proc/self/pagemap", lambda f: ["finetune", f / "bad.safetensors", "--data", f / "data.jsonl", "--teacher", "auto", "--steps", "1", "-o", f / O], 1,
+         "special filesystem", _meta(lambda m: m["headprune.provenance"].update(root_path=PAGEMAP), source="other.safetensors")),
+    Case("plan names /proc/self/pagemap as its model", lambda f: ["prune", "--plan", f / "edited.json", "-o", f / O], 1, "special filesystem",
+         _edit_json("plan.json", lambda d: [r.update(path=PAGEMAP) for r in d["inputs"] if r["role"] == "model"])),
+    Case("scores file is a FIFO", lambda f: ["select", f / "pipe.json", "--ratio", "0.5"], 1, "pipe", _fifo("pipe.json")),
+    Case("data file is a FIFO", lambda f: ["score", f / M, "--data", f / "pipe.jsonl"], 1, "pipe", _fifo("pipe.jsonl")),
+    Case("data under /proc", lambda f: ["score", f / M, "--data", "/proc/self/status"], 1, "special filesystem"),
+    Case("data is a folder", lambda f: ["iterate", f / M, "--data", f / "texts", "--eval-data", f / "data.jsonl", "-o", f / O], 1, "a folder",
+         lambda f: (f / "texts").mkdir()),
+    # --- data ---------------------------------------------------------------
+    Case("label a superscript digit", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "unknown label name", _write("bad.jsonl", '{"text": "a X b", "label": "\u00b2"}\n')),
+    Case("label 10**30", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "not a class index", _write("bad.jsonl", '{"text": "a X b", "label": 1000000000000000000000000000000}\n')),
+    Case("label 10**30 in a CSV", lambda f: ["finetune", f / M, "--data", f / "bad.csv", "--steps", "1", "-o", f / O], 1, "unknown label name",
+         _write("bad.csv", "text,label\na X b,1000000000000000000000000000000\n")),
+    Case("label a float", lambda f: ["report", "--model", f / M, "--baseline", f / M, "--data", f / "bad.jsonl"], 1, "not an int", _write("bad.jsonl", '{"text": "a X b", "label": 1.5}\n')),
+    Case("label of 5000 digits", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "not valid JSON", _write("bad.jsonl", '{"text": "a X b", "label": ' + "9" * 5000 + "}\n")),
+    Case("data row nested 100000 deep", lambda f: ["score", f / M, "--data", f / "bad.jsonl"], 1, "not valid JSON", _write("bad.jsonl", "[" * 100_000 + "]" * 100_000 + "\n")),
+    Case("tokenized set without columns", lambda f: ["score", f / M, "--data", f / "bad.safetensors"], 1, "no columns",
+         _tensors(input_ids=torch.zeros(3, 0, dtype=torch.long), labels=torch.zeros(3, dtype=torch.long))),
+    Case("tokenized set all padding", lambda f: ["score", f / M, "--data", f / "bad.safetensors"], 1, "no tokens",
+         _tensors(input_ids=ids, attention_mask=torch.zeros_like(ids), labels=torch.zeros(3, dtype=torch.long))),
+    Case("tokenized set mask of 2s", lambda f: ["score", f / M, "--data", f / "bad.safetensors"], 1, "only 0 and 1",
+         _tensors(input_ids=ids, attention_mask=2 * torch.ones_like(ids), labels=torch.zeros(3, dtype=torch.long))),
+    # --- artifacts whose keys alias or repeat ---------------------------------
+    Case("scores keys 0 and 00", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "plain digits",
+         _edit_json("scores.json", lambda d: d["heads"]["0"].update({"00": 9.0}))),
+    Case("scores layer key in Arabic-Indic digits", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "plain digits",
+         _edit_json("scores.json", lambda d: d["heads"].update({"\u0661": d["heads"].pop("1")}))),
+    Case("scores with a duplicate JSON key", lambda f: ["select", f / "bad.json", "--ratio", "0.5"], 1, "appears twice",
+         lambda f: (f / "bad.json").write_text((f / "scores.json").read_text().replace('"method"', '"method": "x", "method"', 1))),
+    Case("scores num_kv_heads 0", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "key/value heads",
+         _edit_json("scores.json", lambda d: d.update(num_kv_heads=[0] * len(d["num_kv_heads"])))),
+    Case("scores keep a head twice", lambda f: ["select", f / "edited.json", "--ratio", "0.5"], 1, "listed twice",
+         _edit_json("scores.json", lambda d: d["kept"]["0"].append(d["kept"]["0"][0]))),
+    Case("plan lists a head twice", lambda f: ["prune", f / M, "--plan", f / "edited.json", "-o", f / O], 1, "listed twice",
+         _edit_json("plan.json", lambda d: d.update(remove_heads={"0": [1, 1]}))),
+    Case("plan lists a layer twice", lambda f: ["prune", f / M, "--plan", f / "edited.json", "-o", f / O], 1, "listed twice",
+         _edit_json("plan.json", lambda d: d.update(remove_layers=[0, 0]))),
+    Case("plan layer key 01", lambda f: ["prune", f / M, "--plan", f / "edited.json", "-o", f / O], 1, "plain digits",
+         _edit_json("plan.json", lambda d: d.update(remove_heads={"01": [1]}))),
+    # --- YAML, checked whole before any stage runs ---------------------------
+    Case("YAML alias bomb", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "aliases",
+         _write("bad.yaml", "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nmodel: *b\nstages: [{command: score}]\n")),
+    Case("YAML duplicate key", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "appears twice", _yaml("stages:\n  - command: score\n    method: taylor\n    method: random\n")),
+    Case("YAML 5000-digit integer", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "digits", _yaml("seed: " + "7" * 5000 + "\nstages: [{command: score}]\n")),
+    Case("YAML protect names a folder", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "LAYER:HEAD",
+         _yaml("stages:\n  - command: score\n  - command: select\n    ratio: 0.25\n    protect: /usr\n")),
+    Case("YAML NaN ratio", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "ratio", _yaml("stages:\n  - command: score\n  - command: select\n    ratio: .nan\n")),
+    Case("YAML unset variable in a stage", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "HEADPRUNE_SURELY_UNSET",
+         _yaml("stages:\n  - command: score\n    method: ${HEADPRUNE_SURELY_UNSET}\n")),
+    Case("YAML unknown method in the first stage", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "did you mean", _yaml("stages:\n  - command: score\n    method: taylr\n")),
+    Case("YAML falling schedule", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "schedule",
+         _yaml("stages:\n  - command: iterate\n    schedule: 0.5,0.2\n")),
+    Case("YAML 100 KB value is quoted short", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "...",
+         _yaml("stages:\n  - command: score\n    batch_size: " + "x" * 100_000 + "\n")),
+    Case("YAML data under /proc", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "special filesystem",
+         lambda f: (f / "bad.yaml").write_text(f"model: {f / M}\ndata: /proc/self/status\nstages: [{{command: score}}]\n")),
+    Case("run into a read-only folder", lambda f: ["run", f / "bad.yaml", "--out", "/proc/sys/headprune-out"], 2, "not writable", _yaml("stages: [{command: score}]\n")),
+    # --- import refuses what it could not read back -------------------------------------
+    Case("import negative head count", lambda f: ["import", f / "hf", "-o", f / O], 1, "num_attention_heads=-4", _hf_folder(num_attention_heads=-4)),
+    Case("import negative layer count", lambda f: ["import", f / "hf", "-o", f / O], 1, "num_hidden_layers=-3", _hf_folder(num_hidden_layers=-3)),
+]
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=[c.name for c in HOSTILE])
+def test_hostile_input(case: Case, workspace: Path, tmp_path: Path, cli):
+    """As test_bad_input, and the one line quotes at most a few hundred characters."""
+    result = run_case(case, workspace, tmp_path, cli)
+    assert len(result.err) < 600, result.err[:600]
+
+
+def test_disk_full_leaves_nothing_behind(workspace: Path, tmp_path: Path, cli, monkeypatch):
+    """ENOSPC in the middle of writing a checkpoint: one line, exit 1, no partial file."""
+    import headprune_cli.model.checkpoint as checkpoint
+
+    folder = tmp_path / "ws"
+    shutil.copytree(workspace, folder)
+    before = snapshot(folder)
+
+    def full_disk(path, specs, metadata):
+        Path(path).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "write_file", full_disk)
+    result = cli("prune", folder / M, "--plan", folder / "plan.json", "-o", folder / "small.safetensors")
+    assert_refused(result, 1, "No space left on device")
+    assert snapshot(folder) == before
+
+
+def test_case_count_matches_docstring():
+    assert f"{len(CASES) + len(HOSTILE) + 1} cases" in __doc__
+
+
+# --- file safety: --force replaces earlier outputs, never inputs ---------------------------
+# A separate block (and test) so that other cases can grow the list above independently.
+# `other.safetensors` descends from `model.safetensors`: its provenance names it as parent
+# and root, so `--teacher auto` and `--baseline auto` read it without it being named.
+def _export_folder(folder: Path) -> None:
+    from headprune_cli.model.export import export_hf
+
+    export_hf(load(folder / M), folder / "exported")
+
+
+def _dangling_link(folder: Path) -> None:
+    (folder / "link.json").symlink_to(folder / "missing.json")
+
+
+def _user_folder(folder: Path) -> None:
+    (folder / "mine").mkdir()
+    (folder / "mine" / "notes.txt").write_text("keep me")
+
+
+def _run_config(stage: dict, out: str = "out", extra: dict | None = None) -> Callable[[Path], None]:
+    def prepare(folder: Path) -> None:
+        stages = [{"command": "score", "method": "random", **stage}] + ([extra] if extra else [])
+        config = {"model": str(folder / M), "data": str(folder / "data.jsonl"), "out": str(folder / out), "stages": stages}
+        (folder / "run.yaml").write_text(json.dumps(config))  # JSON is YAML
+
+    return prepare
+
+
+FT = ["--data", "data.jsonl", "--steps", "1"]
+SAFETY_CASES = [
+    # a state folder is deleted after training, so it must be one headprune made
+    Case("finetune --state-dir the working folder", lambda f: ["finetune", f / M, *_in(f, FT), "-o", f / "o.safetensors", "--state-dir", f], 2, "contains the input"),
+    Case("finetune --state-dir a user's folder", lambda f: ["finetune", f / M, *_in(f, FT), "-o", f / "o.safetensors", "--state-dir", f / "mine"], 2, "did not write", _user_folder),
+    Case("finetune --state-dir holding the output", lambda f: ["finetune", f / M, *_in(f, FT), "-o", f / "st" / "o.safetensors", "--state-dir", f / "st"], 2, "overlap",
+         lambda f: (f / "st").mkdir()),
+    # inputs reached through provenance, and inside an input folder
+    Case("finetune --teacher auto onto the root", lambda f: ["finetune", f / "other.safetensors", *_in(f, FT), "--teacher", "auto", "-o", f / M, "--force"], 2, "also an input"),
+    Case("iterate -o its teacher", lambda f: ["iterate", f / M, "--data", f / "data.jsonl", "--eval-data", f / "data.jsonl", "--teacher", f / "other.safetensors",
+                                              "-o", f / "other.safetensors", "--force"], 2, "also an input"),
+    Case("report --json onto the auto baseline", lambda f: ["report", "--model", f / "other.safetensors", "--data", f / "data.jsonl", "--json", f / M, "--force"], 2, "also an input"),
+    Case("report --markdown onto the auto baseline", lambda f: ["report", "--model", f / "other.safetensors", "--data", f / "data.jsonl", "--markdown", f / M, "--force"], 2, "also an input"),
+    Case("import -o inside the input folder", lambda f: ["import", f / "exported", "-o", f / "exported" / "model.safetensors", "--force"], 2, "inside the input folder", _export_folder),
+    Case("select -o the model its scores name", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "-o", f / M, "--force"], 2, "also an input"),
+    Case("prune -o the scores its plan names", lambda f: ["prune", f / M, "--plan", f / "plan.json", "-o", f / "scores.json", "--force"], 2, "also an input"),
+    Case("score -o the parent checkpoint", lambda f: ["score", f / "other.safetensors", "--data", f / "data.jsonl", "-o", f / M, "--force"], 2, "also an input"),
+    Case("output through a symlink to an input", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "-o", f / "alias.json", "--force"], 2, "also an input",
+         lambda f: (f / "alias.json").symlink_to(f / "scores.json")),
+    # folder outputs: never fill or replace a folder headprune did not make
+    Case("dangling symlink output without --force", lambda f: ["select", f / "scores.json", "--ratio", "0.5", "-o", f / "link.json"], 2, "symlink", _dangling_link),
+    Case("report --plot a user's folder", lambda f: ["report", "--model", f / "other.safetensors", "--data", f / "data.jsonl", "--plot", f / "mine", "--force"], 2, "did not write", _user_folder),
+    Case("sweep -o the working folder", lambda f: ["sweep", f / M, "--data", f / "data.jsonl", "--eval-data", f / "data.jsonl", "--methods", "random", "--ratios", "0.5",
+                                                   "-o", f, "--force"], 2, "contains the input"),
+    Case("export --hf a user's folder", lambda f: ["export", f / M, "--hf", f / "mine", "--force"], 2, "did not write", _user_folder),
+    # a run writes only inside its out folder, and never into a user's folder
+    Case("run stage name ../escaped", lambda f: ["run", f / "run.yaml"], 2, "plain file name", _run_config({"name": "../escaped"})),
+    Case("run stage name an absolute path", lambda f: ["run", f / "run.yaml"], 2, "plain file name", lambda f: _run_config({"name": str(f / "abs")})(f)),
+    Case("run stage name run-state", lambda f: ["run", f / "run.yaml"], 2, "not a file of its own", _run_config({"name": "run-state"})),
+    Case("run --force into the working folder", lambda f: ["run", f / "run.yaml", "--force"], 2, "contains the input", _run_config({}, out=".")),
+    Case("run --force into a user's folder", lambda f: ["run", f / "run.yaml", "--force"], 2, "did not write",
+         lambda f: (_user_folder(f), _run_config({}, out="mine")(f))),
+    Case("run stage names that write one file", lambda f: ["run", f / "run.yaml"], 2, "as stage", _run_config({}, extra={"command": "select", "name": "scores", "ratio": 0.5})),
+]
+
+
+def _in(folder: Path, args: list[str]) -> list:
+    """Relative data names in an argument list, made paths inside the case's folder."""
+    return [folder / a if a.endswith(".jsonl") else a for a in args]
+
+
+@pytest.mark.parametrize("case", SAFETY_CASES, ids=[c.name for c in SAFETY_CASES])
+def test_file_safety_bad_input(case: Case, workspace: Path, tmp_path: Path, cli):
+    test_bad_input(case, workspace, tmp_path, cli)
+
+
+def test_file_safety_count_matches_docstring():
+    assert f"{len(SAFETY_CASES)} file-safety cases" in __doc__
