@@ -42,6 +42,11 @@ class NeuronChain:
     def loss(self, i: int) -> float:
         return sum(s for s, _ in self.order[: self.allowed[i]])
 
+    def step(self, i: int) -> tuple[float, int]:
+        """(mean score per neuron, neurons) of going from allowed[i] to allowed[i + 1]."""
+        units = self.order[self.allowed[i] : self.allowed[i + 1]]
+        return sum(s for s, _ in units) / len(units), len(units)
+
 
 def neuron_chain(layer: int, scores: list[float], kept: list[int], min_ffn: int, multiple_of: int) -> NeuronChain:
     width = len(kept)

@@ -8,14 +8,17 @@ skipped, on a held-out part of the calibration data.
 
 Search space: how many heads (KV groups for grouped-query layers) each layer keeps, as a
 prefix of its chain (selection.py: which heads a layer loses still follows its scores,
-and every allowed prefix respects --min-heads, --multiple-of and --protect), and, under
-a FLOPs/params budget, which layers are dropped.
+and every allowed prefix respects --min-heads, --multiple-of and --protect), with
+neuron scores (`score --ffn`) how many FFN neurons it keeps (a prefix of its neuron
+chain, in steps of --ffn-multiple-of), and, under a FLOPs/params budget, which layers are
+dropped.
 
-Moves from the current best: move one step of removal from one layer to another (the
-budget is unchanged: same heads removed, and under a cost budget the cost must still
-fit), or, under a cost budget, drop a layer and give head steps back (the most important
-first) while the budget still fits, or restore a dropped layer and take the cheapest head
-steps until it fits again. First improvement is taken (hill climbing); neighbours are
+Moves from the current best: move one step of removal from one layer to another, between
+chains of the same kind (the budget is unchanged: same heads removed, and under a cost
+budget the cost must still fit); under a cost budget also trade one kind for the other
+(give a step back in one chain, then take the cheapest steps of the other kind until the
+budget fits), drop a layer and give steps back (the most important first) while the
+budget still fits, or restore a dropped layer and take the cheapest steps until it fits. First improvement is taken (hill climbing); neighbours are
 tried in a seeded random order; it stops at a local optimum or after `evaluations`
 measured candidates. Local search rather than an evolutionary one: the greedy start is
 already good, every move keeps the candidate inside the budget, and one evaluation costs a
@@ -27,13 +30,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
 from headprune_cli.errors import UsageError
 from headprune_cli.model.cost_table import predict
-from headprune_cli.stages import joint
+from headprune_cli.stages import ffn_select, joint
+from headprune_cli.stages.ffn_select import NeuronChain
 from headprune_cli.stages.scores import ScoreTable
 from headprune_cli.stages.selection import Constraints, Selection, _chain, select
 
@@ -70,12 +75,14 @@ class MaskedLoss:
         with torch.no_grad():  # fidelity compares with the unpruned model's own outputs
             self.references = [embed(model, b) for b in self.batches]
 
-    def __call__(self, remove_heads: dict[int, list[int]], remove_layers: list[int]) -> float:
-        from headprune_cli.model.surgery import HeadGates, removal_gates, skip_layers
+    def __call__(self, remove_heads: dict[int, list[int]], remove_layers: list[int], remove_ffn: dict[int, list[int]] | None = None) -> float:
+        from headprune_cli.model.ffn import removal_ffn_gates
+        from headprune_cli.model.surgery import HeadGates, NeuronGates, removal_gates, skip_layers
         from headprune_cli.stages.objectives import check_finite, embed, per_example_loss
 
         total = 0.0
-        with torch.no_grad(), HeadGates(self.model, removal_gates(self.model, remove_heads)), skip_layers(self.model, remove_layers):
+        neurons = NeuronGates(self.model, removal_ffn_gates(self.model, remove_ffn)) if remove_ffn else nullcontext()
+        with torch.no_grad(), HeadGates(self.model, removal_gates(self.model, remove_heads)), neurons, skip_layers(self.model, remove_layers):
             for number, (batch, reference) in enumerate(zip(self.batches, self.references)):
                 losses = per_example_loss(embed(self.model, batch), batch, self.objective, reference).double()
                 check_finite(losses, f"held-out batch {number}")
@@ -91,10 +98,21 @@ class _Space:
     fits: Callable[[State], bool]
     layers_move: bool  # whether candidates may drop or restore layers
 
-    def removal(self, state: State) -> tuple[dict[int, list[int]], list[int]]:
+    def layers(self) -> list[int]:
+        return sorted({ch.layer for ch in self.chains})
+
+    def removal(self, state: State) -> tuple[dict[int, list[int]], list[int], dict[int, list[int]]]:
+        """(remove_heads, remove_layers, remove_ffn) of a state."""
         index, dropped = state
-        heads = {ch.layer: ch.heads_removed(ch.allowed[i]) for ch, i in zip(self.chains, index) if ch.layer not in dropped}
-        return {k: v for k, v in heads.items() if v}, sorted(dropped)
+        heads, ffn = {}, {}
+        for ch, i in zip(self.chains, index):
+            if ch.layer in dropped:
+                continue
+            if isinstance(ch, NeuronChain):
+                ffn[ch.layer] = ch.removed(i)
+            else:
+                heads[ch.layer] = ch.heads_removed(ch.allowed[i])
+        return {k: v for k, v in heads.items() if v}, sorted(dropped), {k: v for k, v in ffn.items() if v}
 
 
 def search(
@@ -117,7 +135,7 @@ def search(
     start = select(table, None, ratio=ratio, target_params=target_params, target_flops=target_flops, constraints=constraints)
     space = _space(table, start, ratio, target_params, target_flops, constraints)
     current = _state_of(space, start)
-    best_loss = loss(*space.removal(current))
+    best_loss = _measure(loss, space, current)
     result = SearchResult(start, best_loss, best_loss, 1, 0, [best_loss])
     on_evaluation(1, best_loss)
     rng, seen = random.Random(seed), {current}
@@ -127,7 +145,7 @@ def search(
             if candidate in seen or not space.fits(candidate):
                 continue
             seen.add(candidate)
-            value = loss(*space.removal(candidate))
+            value = _measure(loss, space, candidate)
             result.evaluations += 1
             if value < best_loss:
                 current, best_loss, improved = candidate, value, True
@@ -143,9 +161,17 @@ def search(
     return result
 
 
+def _measure(loss, space: _Space, state: State) -> float:
+    remove_heads, remove_layers, remove_ffn = space.removal(state)
+    return loss(remove_heads, remove_layers, remove_ffn) if remove_ffn else loss(remove_heads, remove_layers)
+
+
 def _space(table, start: Selection, ratio, target_params, target_flops, c: Constraints) -> _Space:
-    scored = joint.on_one_scale(table) if start.strategy == "joint" else table  # the chains the start was chosen on
-    chains = [_chain(scored, layer, c) for layer in sorted(table.heads)]
+    scored = (ffn_select.on_one_scale(table) if table.ffn else joint.on_one_scale(table)) if start.strategy == "joint" else table
+    chains = [_chain(scored, layer, c) for layer in sorted(table.heads)]  # the chains the start was chosen on
+    if table.ffn and ratio is None:  # --ratio keeps meaning heads; a cost budget searches FFN widths too
+        chains += [ffn_select.neuron_chain(layer, scored.ffn[layer], table.ffn_kept[layer], c.min_ffn or c.ffn_multiple_of, c.ffn_multiple_of)
+                   for layer in sorted(table.heads) if layer in scored.ffn]
     protected = {layer for layer, _ in c.protect}
     droppable = [layer for layer in sorted(table.heads) if layer not in protected]
     if ratio is not None:  # the same number of heads removed as the greedy plan
@@ -157,10 +183,11 @@ def _space(table, start: Selection, ratio, target_params, target_flops, c: Const
     else:  # the predicted cost within the budget
         key = "params" if target_params is not None else "flops_per_token"
         limit = (target_params if target_params is not None else target_flops) * predict(table.cost, table.kept())[key]
-        space = _Space(scored, chains, droppable, fits=None, layers_move=bool(droppable) and len(chains) > 1)
+        space = _Space(scored, chains, droppable, fits=None, layers_move=bool(droppable) and len(table.heads) > 1)
 
         def fits(state: State) -> bool:
-            return predict(table.cost, table.kept(), *space.removal(state))[key] <= limit * (1 + 1e-12)
+            remove_heads, remove_layers, remove_ffn = space.removal(state)
+            return predict(table.cost, table.kept(), remove_heads, remove_layers, remove_ffn)[key] <= limit * (1 + 1e-12)
     space.fits = fits
     return space
 
@@ -169,9 +196,14 @@ def _state_of(space: _Space, selection: Selection) -> State:
     """The chain positions of a selection (a layer's removed heads are a prefix of its chain)."""
     index = []
     for ch in space.chains:
-        removed = sorted(selection.remove_heads.get(ch.layer, []))
-        matches = [i for i, p in enumerate(ch.allowed) if ch.heads_removed(p) == removed]
-        index.append(matches[0] if matches else min(range(len(ch.allowed)), key=lambda i: abs(len(ch.heads_removed(ch.allowed[i])) - len(removed))))
+        if isinstance(ch, NeuronChain):
+            removed = sorted(selection.remove_ffn.get(ch.layer, []))
+            options = [ch.removed(i) for i in range(len(ch.allowed))]
+        else:
+            removed = sorted(selection.remove_heads.get(ch.layer, []))
+            options = [ch.heads_removed(p) for p in ch.allowed]
+        matches = [i for i, cut in enumerate(options) if cut == removed]
+        index.append(matches[0] if matches else min(range(len(options)), key=lambda i: abs(len(options[i]) - len(removed))))
     return tuple(index), frozenset(selection.remove_layers)
 
 
@@ -179,13 +211,21 @@ def _neighbours(space: _Space, state: State, rng: random.Random) -> list[State]:
     index, dropped = state
     kept = [pos for pos, ch in enumerate(space.chains) if ch.layer not in dropped]
     moves = [(_shifted(index, a, b), dropped) for a in kept for b in kept
-             if a != b and index[a] > 0 and index[b] + 1 < len(space.chains[b].allowed)]
+             if a != b and type(space.chains[a]) is type(space.chains[b]) and index[a] > 0 and index[b] + 1 < len(space.chains[b].allowed)]
+    if space.layers_move or any(isinstance(ch, NeuronChain) for ch in space.chains):
+        for a in kept:  # trade: one step back in chain a, then the other kind's cheapest steps until it fits
+            if index[a] > 0:
+                back = tuple(v - 1 if i == a else v for i, v in enumerate(index))
+                other = [p for p in kept if type(space.chains[p]) is not type(space.chains[a])]
+                if other:
+                    moves.append(_take_until_fits(space, (back, dropped), only=other))
     if space.layers_move:
-        for pos, ch in enumerate(space.chains):
-            if ch.layer in dropped:
-                moves.append(_take_until_fits(space, (_reset(index, pos), dropped - {ch.layer})))
-            elif ch.layer in space.droppable and len(dropped) + 1 < len(space.chains):
-                moves.append(_give_back_while_fits(space, (index, dropped | {ch.layer})))
+        for layer in space.layers():
+            if layer in dropped:
+                restored = tuple(0 if ch.layer == layer else v for ch, v in zip(space.chains, index))
+                moves.append(_take_until_fits(space, (restored, dropped - {layer})))
+            elif layer in space.droppable and len(dropped) + 1 < len(space.layers()):
+                moves.append(_give_back_while_fits(space, (index, dropped | {layer})))
     rng.shuffle(moves)
     return [m for m in moves if m is not None]
 
@@ -198,15 +238,11 @@ def _shifted(index: tuple[int, ...], give: int, take: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _reset(index: tuple[int, ...], pos: int) -> tuple[int, ...]:
-    return tuple(0 if i == pos else v for i, v in enumerate(index))
-
-
-def _step_scores(space: _Space, index: tuple[int, ...], dropped, forward: bool) -> list[tuple[float, int]]:
-    """(mean score per head, chain position) of each layer's next (or last) step."""
+def _step_scores(space: _Space, index: tuple[int, ...], dropped, forward: bool, only=None) -> list[tuple[float, int]]:
+    """(mean score per unit, chain position) of each kept chain's next (or last) step."""
     out = []
     for pos, ch in enumerate(space.chains):
-        if ch.layer in dropped:
+        if ch.layer in dropped or (only is not None and pos not in only):
             continue
         i = index[pos]
         if forward and i + 1 < len(ch.allowed):
@@ -216,11 +252,11 @@ def _step_scores(space: _Space, index: tuple[int, ...], dropped, forward: bool) 
     return out
 
 
-def _take_until_fits(space: _Space, state: State) -> State | None:
-    """Take the cheapest head steps (lowest mean score) until the budget fits."""
+def _take_until_fits(space: _Space, state: State, only=None) -> State | None:
+    """Take the cheapest steps (lowest mean score; of the chains `only`, if given) until the budget fits."""
     index, dropped = list(state[0]), state[1]
     while not space.fits((tuple(index), dropped)):
-        steps = _step_scores(space, tuple(index), dropped, forward=True)
+        steps = _step_scores(space, tuple(index), dropped, forward=True, only=only)
         if not steps:
             return None
         index[min(steps)[1]] += 1
@@ -243,9 +279,10 @@ def _give_back_while_fits(space: _Space, state: State) -> State | None:
 
 
 def _selection(space: _Space, state: State) -> Selection:
-    remove_heads, remove_layers = space.removal(state)
-    selection = Selection("search", remove_heads, remove_layers)
+    remove_heads, remove_layers, remove_ffn = space.removal(state)
+    selection = Selection("search", remove_heads, remove_layers, remove_ffn=remove_ffn)
     if space.table.cost is not None:
         kept = space.table.kept()
-        selection.predicted = {"before": predict(space.table.cost, kept), "after": predict(space.table.cost, kept, remove_heads, remove_layers)}
+        selection.predicted = {"before": predict(space.table.cost, kept),
+                               "after": predict(space.table.cost, kept, remove_heads, remove_layers, remove_ffn)}
     return selection

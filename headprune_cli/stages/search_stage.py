@@ -33,6 +33,7 @@ class SearchOptions(ConstraintOptions):
     holdout: float = option(0.5, "Fraction of --data held out to judge candidates.", ge=0.05, le=0.95)
     method: str = option("taylor", f"Importance method of the greedy start: {', '.join(HEAD_METHODS)}.", "--method", "-m")
     layers: bool = option(False, "Score layers too, so that a FLOPs/params budget may drop layers.")
+    ffn: bool = option(False, "Score FFN neurons too, so that a FLOPs/params budget searches FFN widths as well (use --method fisher or taylor).")
     layer_method: Optional[str] = option(None, LAYER_METHOD_HELP)
     objective: Optional[str] = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
     samples: Optional[int] = option(None, "Use the first N examples of --data.", ge=1)
@@ -72,7 +73,7 @@ def run(opts: SearchOptions, ctx: Context) -> Result:
     max_length = min(opts.max_length, position_limit(model) or opts.max_length)
     dataset = read_data(opts.data, model, max_length=max_length, samples=opts.samples, seed=opts.seed, need_labels=needs_labels(objective))
     scoring, held_out = _split(dataset, opts.holdout, opts.data)
-    if not opts.layers:
+    if not opts.layers and not opts.ffn:
         _check_reachable(model, opts, max_length)
     table = _score(model, scoring, objective, opts, max_length)
     result = _search(model, table, held_out, objective, opts, ctx)
@@ -81,7 +82,7 @@ def run(opts: SearchOptions, ctx: Context) -> Result:
     ctx.print(
         f"search ({result.evaluations} candidates measured, {result.improvements} improvements): held-out loss "
         f"{result.start_loss:.5f} (greedy) -> {result.best_loss:.5f}; removes {sum(len(v) for v in result.selection.remove_heads.values())} heads, "
-        f"{len(result.selection.remove_layers)} layers", highlight=False,
+        f"{sum(len(v) for v in result.selection.remove_ffn.values())} FFN neurons, {len(result.selection.remove_layers)} layers", highlight=False,
     )
     return Result([str(opts.output)] if opts.output is not None else [], value=plan)
 
@@ -122,7 +123,8 @@ def _score(model, scoring, objective: str, opts: SearchOptions, max_length: int)
     from headprune_cli.stages.importance.registry import DEFAULT_LAYER_METHOD
 
     layers = (opts.layer_method or DEFAULT_LAYER_METHOD) if opts.layers else None
-    return score_model(model, scoring, opts.method, objective, batch_size=opts.batch_size, seed=opts.seed, layers=layers, seq_len=max_length)
+    return score_model(model, scoring, opts.method, objective, batch_size=opts.batch_size, seed=opts.seed, layers=layers,
+                       seq_len=max_length, ffn=opts.ffn, normalize=not opts.ffn)
 
 
 def _search(model, table, held_out, objective: str, opts: SearchOptions, ctx: Context):
@@ -153,9 +155,10 @@ def _plan(model, opts: SearchOptions, result, max_length: int) -> dict:
         "strategy": "search", "ratio": opts.ratio, "target_params": opts.target_params, "target_flops": opts.target_flops,
         "method": opts.method, "layers": opts.layers, "layer_method": opts.layer_method, "evaluations": opts.evaluations,
         "holdout": opts.holdout, "samples": opts.samples, "max_length": max_length, "seed": opts.seed,
-        **opts.constraints().to_dict(),
+        **({"ffn": True} if opts.ffn else {}), **opts.constraints().to_dict(ffn=opts.ffn),
     }
-    return plan_artifact(result.selection, opts.constraints(), inputs, list(info.layout.num_heads), config, search=result.summary())
+    num_ffn = list(info.layout.num_ffn) if opts.ffn else None
+    return plan_artifact(result.selection, opts.constraints(), inputs, list(info.layout.num_heads), config, num_ffn=num_ffn, search=result.summary())
 
 
 STAGE = Stage(

@@ -139,3 +139,25 @@ def test_search_runs_as_a_pipeline_stage(cli, tmp_path):
     assert result.code == 0, result.err
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert plan["strategy"] == "search" and (tmp_path / "out" / "pruned.safetensors").is_file()
+
+
+def test_search_with_ffn_neurons_measures_its_plan_and_keeps_the_widths_aligned(cli, tmp_path):
+    import headprune_cli
+    from headprune_cli.data import read_data
+    from headprune_cli.stages.search import MaskedLoss
+
+    out = tmp_path / "plan.json"
+    result = cli("search", DEMO / "model.safetensors", "--data", DEMO / "calib.jsonl", "--target-flops", "0.4", "--ffn",
+                 "--method", "fisher", "--evaluations", "15", "-o", out)
+    assert result.code == 0, result.err
+    plan = json.loads(out.read_text())
+    assert plan["remove_ffn"] and plan["num_ffn"] == [128] * 4
+    for neurons in plan["remove_ffn"].values():
+        assert (128 - len(neurons)) % 8 == 0 and 128 - len(neurons) >= 8
+    model = headprune_cli.load(DEMO / "model.safetensors")
+    data = read_data(DEMO / "calib.jsonl", model, max_length=64)
+    half = len(data) - round(len(data) * 0.5)
+    loss = MaskedLoss(model, data.select(half, len(data)), "classification", 32)
+    measured = loss({int(k): v for k, v in plan["remove_heads"].items()}, plan["remove_layers"], {int(k): v for k, v in plan["remove_ffn"].items()})
+    assert measured == pytest.approx(plan["search"]["best_loss"], rel=1e-9) and plan["search"]["best_loss"] <= plan["search"]["start_loss"]
+    assert cli("prune", "--plan", out, "-o", tmp_path / "small.safetensors").code == 0
