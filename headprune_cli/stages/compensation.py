@@ -56,7 +56,7 @@ from headprune_cli.names import did_you_mean
 from headprune_cli.stages.compensation_solve import (  # noqa: F401  (the solvers' home; re-exported for tests)
     _kept_weights, _solve_bias, _solve_diag, _solve_lstsq, _Stats, _weights, _write,
 )
-from headprune_cli.stages.compensation_streams import _Streams
+from headprune_cli.stages.compensation_streams import _Original, _Streams
 
 METHODS = ("none", "bias", "lstsq")
 FFN_FITS = ("full", "diag")  # lstsq on the down projection: every kept column, or one scale each
@@ -139,8 +139,9 @@ def compensate(
         for pos in range(last + 1):
             layer = layout.layers[pos]
             here = [f for f in fits if f.layer == layer]
+            rewritten: list[_Original] = []
             for k, fit in enumerate(here):
-                _fit_projection(streams, pos, fit, method, ridge, ffn_fit, result, advance_full=k == len(here) - 1)
+                _fit_projection(streams, pos, fit, method, ridge, ffn_fit, result, rewritten, advance_full=k == len(here) - 1)
                 done += 1
                 if progress:
                     progress(done, len(fits))
@@ -174,12 +175,13 @@ def _planned_fits(model: nn.Module, remove_heads, remove_layers: list[int], remo
 
 
 def _fit_projection(streams: _Streams, pos: int, fit: _Fit, method: str, ridge: float, ffn_fit: str,
-                    result: CompensationResult, advance_full: bool) -> None:
-    """Solve for the kept columns of one projection of block `pos` and write them in place."""
+                    result: CompensationResult, rewritten: list[_Original], advance_full: bool) -> None:
+    """Solve for the kept columns of one projection of block `pos` and write them in place
+    (its original weights join `rewritten`, for the unpruned run of the block's next fit)."""
     ffn = fit.part == "ffn"
     o = _projection(adapter_for(streams.model), streams.blocks[pos], fit)
     has_bias = o.bias is not None
-    stats = streams.statistics(pos, o, fit.kept, has_bias, advance_full=advance_full)
+    stats = streams.statistics(pos, o, fit.kept, has_bias, advance_full=advance_full, rewritten=rewritten)
     result.tokens = int(stats.n)
     w0 = _kept_weights(o, fit.kept)
     if method == "bias":
@@ -190,6 +192,8 @@ def _fit_projection(streams: _Streams, pos: int, fit: _Fit, method: str, ridge: 
         solved = _solve_lstsq(stats, w0, ridge, has_bias)
     (result.ffn_error_before if ffn else result.error_before)[fit.layer] = stats.error(w0)
     (result.ffn_error_after if ffn else result.error_after)[fit.layer] = stats.error(solved)
+    if not advance_full:
+        rewritten.append(_Original.of(o))
     _write(o, fit.kept, solved, has_bias)
     (result.ffn_layers if ffn else result.layers).append(fit.layer)
 

@@ -10,6 +10,7 @@ arguments, so only the current block's hidden states are ever held.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -83,20 +84,24 @@ class _Streams:
             if pruned:
                 self.pruned[i] = self._run_pruned(pos, i)
 
-    def statistics(self, pos: int, o: nn.Module, cols: torch.Tensor, has_bias: bool, advance_full: bool = True) -> _Stats:
+    def statistics(self, pos: int, o: nn.Module, cols: torch.Tensor, has_bias: bool, advance_full: bool = True,
+                   rewritten: list[_Original] = ()) -> _Stats:
         """Sum [X 1]^T [X 1], [X 1]^T Y, |Y|^2 for projection `o` of block `pos`: X = the
         kept input features `cols` in the pruned stream, Y = `o`'s output in the unpruned one.
 
         With `advance_full` the unpruned stream moves on through the block; without it
-        (another projection of the same block is fitted next) its run stops at `o`."""
+        (another projection of the same block is fitted next) its run stops at `o`.
+        `rewritten`: projections of this block already compensated, whose original weights
+        the unpruned run must see."""
         stats = None
         w_full, b_full = (t.double() if t is not None else None for t in _weights(o))
         for i, calls in enumerate(self.calls):
             with _Captured(o) as seen:
-                if advance_full:
-                    self.full[i] = calls[pos].run(self.blocks[pos], self.full[i])
-                else:
-                    seen.run_until(lambda: calls[pos].run(self.blocks[pos], self.full[i]))
+                with _originals(rewritten):
+                    if advance_full:
+                        self.full[i] = calls[pos].run(self.blocks[pos], self.full[i])
+                    else:
+                        seen.run_until(lambda: calls[pos].run(self.blocks[pos], self.full[i]))
                 x_full = _real_tokens(seen.x, self.masks[i])
                 self._run_pruned(pos, i)  # only the projection's input is needed here
                 x_kept = _real_tokens(seen.x, self.masks[i])[:, cols.to(seen.x.device)]
@@ -108,6 +113,41 @@ class _Streams:
         if not torch.isfinite(stats[0]).all() or not torch.isfinite(stats[1]).all():
             raise NumericalError("calibration activations contain NaN or inf")
         return _Stats(*stats, has_bias=has_bias)
+
+
+@dataclass
+class _Original:
+    """A projection's weights as they were before compensation rewrote them."""
+
+    module: nn.Module
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    @classmethod
+    def of(cls, module: nn.Module) -> "_Original":
+        bias = module.bias.detach().clone() if module.bias is not None else None
+        return cls(module, module.weight.detach().clone(), bias)
+
+
+@contextmanager
+def _originals(saved: list[_Original]):
+    """Put the original weights back for a while: the unpruned stream must not see a
+    projection of its block that was rewritten a moment ago."""
+    now = [_Original.of(s.module) for s in saved]
+    for s in saved:
+        _copy_in(s)
+    try:
+        yield
+    finally:
+        for s in now:
+            _copy_in(s)
+
+
+def _copy_in(saved: _Original) -> None:
+    with torch.no_grad():
+        saved.module.weight.copy_(saved.weight)
+        if saved.bias is not None:
+            saved.module.bias.copy_(saved.bias)
 
 
 def _record_calls(model: nn.Module, blocks, batch: dict, last: int) -> tuple[torch.Tensor, list[_Call]]:
