@@ -261,3 +261,12 @@ def test_heads_and_ffn_of_every_layer_take_one_pass_over_the_depth(layers):
     # the new weights (the unpruned run that gives the heads' Y stops at the output projection).
     assert counts["block"] == (layers - 1 + 4 * layers) * len(data)
     assert counts["model"] == len(data)
+
+
+def test_a_bfloat16_model_is_gated_and_refit_in_its_own_dtype():
+    model = TINY["llama-gqa"]().to(torch.bfloat16)
+    remove_ffn = half_of_every_ffn(model)
+    result = compensate(model, HEADS["llama-gqa"], [], calibration("llama-gqa"), remove_ffn=remove_ffn)
+    assert result.ffn_layers == [0, 1, 2]
+    assert all(result.ffn_error_after[l] < result.ffn_error_before[l] for l in result.ffn_layers)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
