@@ -270,3 +270,34 @@ def test_a_bfloat16_model_is_gated_and_refit_in_its_own_dtype():
     assert result.ffn_layers == [0, 1, 2]
     assert all(result.ffn_error_after[l] < result.ffn_error_before[l] for l in result.ffn_layers)
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+
+
+def test_a_second_cut_of_an_already_cut_ffn_speaks_in_original_neuron_indices():
+    model = TINY["gpt2"]()
+    first = {0: list(range(0, 128, 4)), 2: list(range(64))}  # original indices
+    apply_plan(model, {}, [], remove_ffn=first)
+    second = {0: [1, 2, 5, 126], 2: [64, 100, 127]}  # original indices still kept after the first cut
+    result = compensate(model, {}, [], calibration("gpt2"), remove_ffn=second)
+    assert result.ffn_layers == [0, 2]
+    assert all(result.ffn_error_after[l] < result.ffn_error_before[l] for l in result.ffn_layers)
+    inputs = model_inputs("gpt2")
+    with torch.no_grad(), NeuronGates(model, removal_ffn_gates(model, second)):
+        gated = model_output(model, inputs)
+    apply_plan(model, {}, [], remove_ffn=second)
+    torch.testing.assert_close(model_output(model, inputs), gated, rtol=1e-4, atol=1e-5)
+    layout = info_of(model).layout
+    assert layout.kept_neurons(2) == [n for n in range(64, 128) if n not in (64, 100, 127)]
+
+
+def test_a_bad_remove_ffn_is_refused_before_any_compute():
+    from headprune_cli.errors import PlanError
+
+    model = TINY["bert"]()
+    calls = []
+    hook = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    with pytest.raises(PlanError, match="not in the model"):
+        compensate(model, {0: [1]}, [], calibration("bert"), remove_ffn={1: [48]})
+    with pytest.raises(PlanError, match="also in remove_layers"):
+        compensate(model, {0: [1]}, [1], calibration("bert"), remove_ffn={1: [3]})
+    hook.remove()
+    assert calls == []
