@@ -130,32 +130,46 @@ def compensate(
         fits = [f for f in fits if not _skipped_for_bias(f, _projection(adapter, blocks[layout.position(f.layer)], f), result)]
     if not fits:
         return result
-    last = layout.position(fits[-1].layer)
+    streams = _streams_for(model, fits, remove_heads, remove_ffn)
+    neuron_gates = NeuronGates(model, streams.ffn_gates) if streams.ffn_gates else nullcontext()
+    with torch.no_grad(), HeadGates(model, streams.head_gates), neuron_gates:
+        streams.record(batches)
+        _fit_in_order(streams, fits, set(remove_layers), method, ridge, ffn_fit, result, progress)
+    return result
+
+
+def _streams_for(model: nn.Module, fits: list[_Fit], remove_heads, remove_ffn) -> _Streams:
+    """The two streams, with the plan's gates in each projection's device and dtype; they run
+    as far as the last block with a fit."""
+    layout = info_of(model).layout
+    adapter = adapter_for(model)
+    blocks = adapter.layer_list(model)
     head_removal = [_like(g, adapter.attention(b).o) for g, b in zip(removal_gates(model, remove_heads), blocks)]
     ffn_removal = None
     if any(f.part == "ffn" for f in fits):  # remove_ffn is valid here: ffn_cuts checked it
         removed = {int(k): [int(n) for n in v] for k, v in remove_ffn.items()}
         ffn_removal = [_like(g, adapter.ffn(b).down) for g, b in zip(removal_ffn_gates(model, removed), blocks)]
-    streams = _Streams(model, blocks, last, head_removal, ffn_removal)
-    drop = set(remove_layers)
-    neuron_gates = NeuronGates(model, streams.ffn_gates) if ffn_removal else nullcontext()
+    return _Streams(model, blocks, layout.position(fits[-1].layer), head_removal, ffn_removal)
+
+
+def _fit_in_order(streams: _Streams, fits: list[_Fit], drop: set[int], method: str, ridge: float, ffn_fit: str,
+                  result: CompensationResult, progress) -> None:
+    """One pass over the depth: each block's fits (heads, then FFN), then both streams move on."""
+    layout = info_of(streams.model).layout
     done = 0
-    with torch.no_grad(), HeadGates(model, streams.head_gates), neuron_gates:
-        streams.record(batches)
-        for pos in range(last + 1):
-            layer = layout.layers[pos]
-            here = [f for f in fits if f.layer == layer]
-            rewritten: list[_Original] = []
-            for k, fit in enumerate(here):
-                _fit_projection(streams, pos, fit, method, ridge, ffn_fit, result, rewritten, advance_full=k == len(here) - 1)
-                done += 1
-                if progress:
-                    progress(done, len(fits))
-            if here:
-                streams.advance(pos, full=False)  # the pruned stream, through the new weights
-            else:
-                streams.advance(pos, pruned=layer not in drop)
-    return result
+    for pos in range(streams.last + 1):
+        layer = layout.layers[pos]
+        here = [f for f in fits if f.layer == layer]
+        rewritten: list[_Original] = []
+        for k, fit in enumerate(here):
+            _fit_projection(streams, pos, fit, method, ridge, ffn_fit, result, rewritten, advance_full=k == len(here) - 1)
+            done += 1
+            if progress:
+                progress(done, len(fits))
+        if here:
+            streams.advance(pos, full=False)  # the pruned stream, through the new weights
+        else:
+            streams.advance(pos, pruned=layer not in drop)
 
 
 def _planned_fits(model: nn.Module, remove_heads, remove_layers: list[int], remove_ffn) -> list[_Fit]:
