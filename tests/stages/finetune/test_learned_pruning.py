@@ -165,7 +165,25 @@ def test_bad_input_is_refused_and_nothing_is_written(cli, tmp_path):
         "outside (0, 1]": ["--learn-gates", "--target-params", "0"],
         "--min-heads 4 is above the 3 heads": ["--learn-gates", "--ratio", "0.5", "--min-heads", "4"],
         "not both": ["--learn-gates", "--ratio", "0.5", "--head-dropout", "0.1"],
+        "overlap": ["--learn-gates", "--ratio", "0.5", "--gates-out", out],
+        "is also an input": ["--learn-gates", "--ratio", "0.5", "--gates-out", data],
     }
     for message, extra in cases.items():
         assert_refused(cli("finetune", ckpt, "--data", data, "--steps", "2", "-o", out, *extra), 2, message)
         assert snapshot(tmp_path) == before
+
+
+def test_the_closing_keeps_the_constraints_select_keeps(cli, tmp_path):
+    from headprune_cli.stages.selection import Constraints
+
+    ckpt, data = root(tmp_path, "reference")
+    out, gates = tmp_path / "small.safetensors", tmp_path / "gates.json"
+    flags = ["--uniform", "--min-heads", "2", "--protect", "1:2"]
+    res = cli("finetune", ckpt, "--data", data, "--learn-gates", "--ratio", "0.5", "--steps", "6", "-o", out, "--gates-out", gates, *flags)
+    assert res.code == 0, res.err
+    scores = parse_artifact(gates.read_text(), str(gates), ("scores",))
+    constraints = Constraints(min_heads=2, protect=((1, 2),), uniform=True)
+    expected = select(ScoreTable.from_scores(scores), ratio=0.5, constraints=constraints)
+    small = load(out)
+    assert removed_heads(load(ckpt), small) == expected.remove_heads
+    assert [len(h) for h in small.headprune.layout.heads] == [2, 2, 2] and 2 in small.headprune.layout.heads[1]
