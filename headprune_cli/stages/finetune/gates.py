@@ -25,9 +25,12 @@ removed, from the cost table (cost is linear in query heads and KV heads per lay
 E[cost] = cost now - sum over units of (price of its query heads + its KV head) *
 P(closed)). The target t rises linearly from 0 to the final target over the first
 `warmup` share of the steps, so the model adapts while heads fade out. The gates and the
-multipliers have their own Adam optimizers at a constant rate. Afterwards `table()` gives
-the open probabilities as scores, and the caller closes the gates with `select`, so the
-budget is met exactly as `select` meets it. Protected heads' units are never gated.
+multipliers have their own Adam optimizers at constant rates (the multipliers' a third
+of the gates'). For the last `closed_share` of the steps the gates are closed: `table()`
+gives the open probabilities as scores, the caller's `close` (select with the run's
+amount and constraints) chooses the heads, and the model trains with exactly those heads,
+0 or 1, no noise, so it recovers from the closing before it is cut; the budget is met
+exactly as `select` meets it. Protected heads' units are never gated.
 
 Gate noise and dropout masks come from generators seeded by (seed, step, micro-batch),
 so runs are deterministic and independent of the global RNG.

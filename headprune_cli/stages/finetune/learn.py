@@ -6,7 +6,8 @@ the expected sparsity to the target). Afterwards the gates close deterministical
 open probabilities become a ScoreTable (method `learned`) and `select` chooses from it
 with the same amount and constraints (--min-heads, --multiple-of, --protect, --uniform)
 that `headprune select` would apply, so the kept-head count is exactly what `select`
-gives; then `cut` removes the closed heads physically. The same ScoreTable is what
+gives. The last steps train with the gates closed (--closed-share); then `cut` removes the
+closed heads physically. The same ScoreTable is what
 `--gates-out` writes, as a scores artifact that `headprune select` reads back.
 """
 

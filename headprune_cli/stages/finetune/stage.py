@@ -155,7 +155,7 @@ def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context
                          max_length=opts.max_length, objective=default_objective(model), samples=len(train), config=config)
     state = gates.last
     removed = sum(len(v) for v in closed.selection.remove_heads.values())
-    ctx.print(f"learned gates: expected share removed {state.get('expected_sparsity', 0.0):.3f} (target {gates.budget.removed:.3f}); "
+    ctx.print(f"learned gates: expected share removed {state.get('expected_sparsity', 0.0):.3f} when they closed (target {gates.budget.removed:.3f}); "
               f"closed {removed} of {sum(len(h) for h in gates.heads)} heads")
     cut(model, closed.selection)
     return closed
