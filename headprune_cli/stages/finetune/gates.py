@@ -101,7 +101,7 @@ class LearnedGates:
     restores_best = False  # the weights and gates of an earlier epoch belong together; keep the last
 
     def __init__(self, model: nn.Module, budget: Budget, close: Callable[[ScoreTable], object], seed: int, *,
-                 lr: float = 0.3, init: float = 3.0, warmup: float = 0.5, closed_share: float = 0.25,
+                 lr: float = 0.3, init: float = 3.0, warmup: float = 0.2, closed_share: float = 0.6,
                  protect: tuple[tuple[int, int], ...] = ()):
         """`close(table) -> Selection` closes the gates: `select` with the run's amount and constraints."""
         from headprune_cli.model.cost import cost_table
