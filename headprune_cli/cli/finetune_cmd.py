@@ -20,5 +20,13 @@ def finetune_command(opts: stage.FinetuneOptions):
       headprune finetune small.safetensors --data train.jsonl --teacher auto --kd-weight 0.5 -o small-kd.safetensors
 
       torchrun --nproc-per-node 2 -m headprune_cli finetune small.safetensors --data train.jsonl --steps 500 -o out.safetensors
+
+    Learned pruning (--learn-gates with --ratio, --target-params or --target-flops): hard-concrete gates on the heads (whole KV groups for GQA models) train with the model; a Lagrangian drives the expected share removed to the target (rising from 0 over --target-warmup of the steps); the gates then close as `headprune select` would choose from their open probabilities (with --min-heads, --multiple-of, --protect, --uniform), the last --closed-share of the steps trains the model with them closed, and the output is the physically cut model. --gates-out writes the open probabilities as scores (method `learned`). --teacher auto on an unpruned model distils from the model itself. Not resumable, one process.
+
+    --head-dropout P zeroes each head's output with probability P per example while training (not rescaled: the condition a pruned model runs in), so the model becomes robust to removal.
+
+      headprune finetune model.safetensors --data train.jsonl --learn-gates --ratio 0.5 --teacher auto --gates-out gates.json -o small.safetensors
+
+      headprune finetune model.safetensors --data train.jsonl --head-dropout 0.2 -o robust.safetensors
     """
     return stage.run(opts, context())

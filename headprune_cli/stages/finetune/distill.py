@@ -21,8 +21,10 @@ from headprune_cli.fileio import sha256_file
 from headprune_cli.model.layout import info_of
 
 
-def resolve_teacher(spec: str | None, checkpoint: str | os.PathLike) -> Path | None:
-    """The teacher file for `--teacher`: a path, or `auto` = the checkpoint's root model."""
+def resolve_teacher(spec: str | None, checkpoint: str | os.PathLike, root_teaches_itself: bool = False) -> Path | None:
+    """The teacher file for `--teacher`: a path, or `auto` = the checkpoint's root model.
+    With `root_teaches_itself` (learned pruning starts from the unpruned model), `auto` on
+    a root model is the checkpoint itself."""
     if spec is None:
         return None
     if spec != "auto":
@@ -30,6 +32,8 @@ def resolve_teacher(spec: str | None, checkpoint: str | os.PathLike) -> Path | N
     from headprune_cli.model.checkpoint import read_info
 
     prov = read_info(checkpoint).provenance
+    if not prov.get("root") and root_teaches_itself:
+        return Path(checkpoint)
     if not prov.get("root"):
         raise UsageError(f"--teacher auto: {checkpoint} is a root model itself (no pruning history); pass --teacher PATH")
     if not prov.get("root_path"):

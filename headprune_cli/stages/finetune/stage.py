@@ -12,7 +12,10 @@ from pathlib import Path
 
 from headprune_cli.device import DEVICE_HELP, check as check_device, dtype_name
 from headprune_cli.outputs import check_distinct, check_folder, check_output, remove_folder
+from headprune_cli.stages.select import ratio_option, target_flops_option, target_params_option
 from headprune_cli.stages.unit import Context, Options, Result, Stage, option
+
+CONSTRAINTS = ("min_heads", "multiple_of", "protect", "uniform")
 
 
 class FinetuneOptions(Options):
@@ -41,22 +44,59 @@ class FinetuneOptions(Options):
     dtype: str = option(
         "auto", "Training dtype: auto (stored), float32 (float32 master weights for a bf16 model), bfloat16, float16; the output keeps the stored dtype.",
     )
+    head_dropout: float = option(0.0, "Pruning-aware training: drop each head's output with probability P per example (unscaled), in [0, 1).")
+    learn_gates: bool = option(
+        False, "Learned pruning: train hard-concrete head gates (KV groups for GQA) with the model towards --ratio/--target-*, then cut the closed heads.",
+    )
+    ratio: float | None = ratio_option()
+    target_params: float | None = target_params_option()
+    target_flops: float | None = target_flops_option()
+    min_heads: int = option(1, "--learn-gates: heads every layer keeps at least.", ge=1)
+    multiple_of: int = option(1, "--learn-gates: heads kept per layer must be a multiple of this.", ge=1)
+    protect: str | None = option(None, "--learn-gates: heads never removed: LAYER:HEAD,... (original indices).")
+    uniform: bool = option(False, "--learn-gates: keep the same number of heads (and KV groups) in every layer.")
+    gates_out: Path | None = option(None, "--learn-gates: also write the final gate open probabilities as a scores JSON (method `learned`).")
+    gate_lr: float = option(0.3, "--learn-gates: Adam rate of the gate logits (the Lagrange multipliers: a tenth of it).", ge=0.0)
+    # Measured on the demo model (BENCHMARKS.md, "Learned pruning"): a short gate phase and a
+    # long closed phase recover far better at 75% removed than a half-and-quarter split.
+    target_warmup: float = option(0.2, "--learn-gates: share of the steps over which the target rises from 0 to its value.", ge=0.0, le=1.0)
+    closed_share: float = option(0.6, "--learn-gates: share of the last steps trained with the gates closed (the cut model recovers).", ge=0.0, le=1.0)
+
+    def amount(self):
+        from headprune_cli.stages.finetune.learn import Amount
+
+        return Amount(self.ratio, self.target_params, self.target_flops)
+
+    def constraints(self):
+        from headprune_cli.stages.selection import Constraints, parse_protect
+
+        return Constraints(min_heads=self.min_heads, multiple_of=self.multiple_of, protect=parse_protect(self.protect), uniform=self.uniform)
+
+    def constraints_given(self) -> list[str]:
+        return [name for name in CONSTRAINTS if getattr(self, name) != FinetuneOptions.model_fields[name].default]
 
 
 def run(opts: FinetuneOptions, ctx: Context) -> Result:
     from headprune_cli.data import read_data
     from headprune_cli.distributed import setup
     from headprune_cli.model.checkpoint import load, save
+    from headprune_cli.fileio import sha256_bytes
+    from headprune_cli.schema import dumps, write_artifact
+    from headprune_cli.stages.finetune.learn import check_learning
     from headprune_cli.stages.finetune.losses import check_labels
     from headprune_cli.stages.finetune.train import FinetuneConfig
 
+    check_learning(opts.learn_gates, opts.amount(), opts.head_dropout, opts.resume, opts.constraints_given() + (["gates_out"] if opts.gates_out else []))
+    constraints = opts.constraints()
     inputs = [opts.checkpoint, opts.data, opts.eval_data, opts.teacher]  # `auto` reaches the root through the checkpoint's provenance
     check_output(opts.output, opts.force, inputs)
+    if opts.gates_out is not None:
+        check_output(opts.gates_out, opts.force, inputs)
     check_device(opts.device, opts.dtype)
     state_dir = check_folder(opts.state_dir or opts.output.with_name(opts.output.name + ".state"), inputs, "--state-dir")
-    check_distinct([opts.output, state_dir])  # the state folder is deleted at the end
+    check_distinct([opts.output, state_dir, *([opts.gates_out] if opts.gates_out else [])])  # the state folder is deleted at the end
     model = load(opts.checkpoint)
-    teacher = _teacher(opts.teacher, opts.checkpoint, model)
+    teacher = _teacher(opts.teacher, opts.checkpoint, model, root_teaches_itself=opts.learn_gates)
     train = read_data(opts.data, model, max_length=opts.max_length, seed=opts.seed)
     dev = read_data(opts.eval_data, model, max_length=opts.max_length) if opts.eval_data is not None else None
     if dev is not None:
@@ -64,28 +104,73 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
     cfg = FinetuneConfig(
         epochs=opts.epochs, steps=opts.steps, lr=opts.lr, batch_size=opts.batch_size, grad_accum=opts.grad_accum,
         warmup=opts.warmup, kd_weight=opts.kd_weight, kd_temperature=opts.kd_temperature, seed=opts.seed,
-        resume=opts.resume, save_every=opts.save_every, state_dir=state_dir, device=opts.device, dtype=opts.dtype,
+        resume=opts.resume, save_every=opts.save_every, state_dir=None if opts.learn_gates else state_dir,  # gates are not resumable
+        device=opts.device, dtype=opts.dtype,
     )
     fingerprint = {"checkpoint": model.headprune.loaded_from[1], "data": str(opts.data), "teacher": opts.teacher,
                    "epochs": opts.epochs, "steps": opts.steps,
                    "dtype": dtype_name(opts.dtype)}  # a saved state resumes only in the dtype it was trained in
-    result = run_finetune(model, train, cfg, dev, teacher, fingerprint, ctx)
+    if opts.head_dropout:
+        fingerprint["head_dropout"] = opts.head_dropout
+    gating = _gating(opts, model, constraints)
+    result = run_finetune(model, train, cfg, dev, teacher, fingerprint, ctx, gating=gating)
+    closed = _close(opts, result.model, gating, constraints, train, ctx) if opts.learn_gates else None
     if setup().main:
-        save(result.model.to("cpu"), opts.output, overwrite=opts.force)
-        remove_folder(cfg.state_dir)
+        plan_sha = None if closed is None else sha256_bytes(dumps(closed.plan).encode())
+        save(result.model.to("cpu"), opts.output, plan_sha=plan_sha, overwrite=opts.force)
+        if cfg.state_dir is not None:
+            remove_folder(cfg.state_dir)
         ctx.print(f"wrote {opts.output}")
+        if closed is not None and opts.gates_out is not None:
+            write_artifact(closed.scores, opts.gates_out)
+            ctx.print(f"wrote {opts.gates_out}")
     setup().barrier()
-    return Result([str(opts.output)], value=result)
+    outputs = [str(opts.output), *([str(opts.gates_out)] if closed is not None and opts.gates_out else [])]
+    return Result(outputs, value=result)
 
 
-def _teacher(spec: str | None, checkpoint: Path, student):
+def _gating(opts: FinetuneOptions, model, constraints):
+    """The gates of the training forward passes: learned, head dropout, or none."""
+    from headprune_cli.distributed import setup
+    from headprune_cli.errors import UsageError
+    from headprune_cli.stages.finetune.gates import HeadDropout
+    from headprune_cli.stages.finetune.learn import make_gates
+
+    if opts.learn_gates:
+        if setup().active:
+            raise UsageError("--learn-gates runs in one process; start it without torchrun")
+        return make_gates(model, opts.amount(), constraints, seed=opts.seed, seq_len=opts.max_length,
+                          lr=opts.gate_lr, warmup=opts.target_warmup, closed_share=opts.closed_share)
+    return HeadDropout(model, opts.head_dropout, opts.seed) if opts.head_dropout else None
+
+
+def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context):
+    """Close the learned gates and cut the closed heads out of `model` (in place)."""
+    from headprune_cli.stages.finetune.learn import close_gates
+    from headprune_cli.stages.objectives import default_objective
+    from headprune_cli.stages.prune import cut
+
+    config = {"method": "learned", "seed": opts.seed, "gate_lr": opts.gate_lr, "target_warmup": opts.target_warmup, "closed_share": opts.closed_share,
+              "ratio": opts.ratio, "target_params": opts.target_params, "target_flops": opts.target_flops,
+              "kd_weight": opts.kd_weight, "teacher": opts.teacher}
+    closed = close_gates(model, gates, constraints, opts.amount(), checkpoint=opts.checkpoint, data=opts.data,
+                         max_length=opts.max_length, objective=default_objective(model), samples=len(train), config=config)
+    state = gates.last
+    removed = sum(len(v) for v in closed.selection.remove_heads.values())
+    ctx.print(f"learned gates: expected share removed {state.get('expected_sparsity', 0.0):.3f} when they closed (target {gates.budget.removed:.3f}); "
+              f"closed {removed} of {sum(len(h) for h in gates.heads)} heads")
+    cut(model, closed.selection)
+    return closed
+
+
+def _teacher(spec: str | None, checkpoint: Path, student, root_teaches_itself: bool = False):
     from headprune_cli.stages.finetune.distill import load_teacher, resolve_teacher
 
-    path = resolve_teacher(spec, checkpoint)
+    path = resolve_teacher(spec, checkpoint, root_teaches_itself)
     return load_teacher(path, student) if path is not None else None
 
 
-def run_finetune(model, train, cfg, dev=None, teacher=None, fingerprint=None, ctx: Context | None = None):
+def run_finetune(model, train, cfg, dev=None, teacher=None, fingerprint=None, ctx: Context | None = None, gating=None):
     """finetune() on the model's own objective, evaluated on `dev` after every epoch,
     with a progress bar and a summary table on `ctx`'s console (the main process only;
     no bar when ctx.progress is False). Returns the FinetuneResult."""
@@ -113,7 +198,7 @@ def run_finetune(model, train, cfg, dev=None, teacher=None, fingerprint=None, ct
                 bar.update(task, metric=f"{name} {value:.4f} (epoch {record.epoch})")
 
         # The direction of the first metric (which epoch is best) comes from its name.
-        result = finetune(model, train, cfg, eval_fn, teacher=teacher, on_step=on_step, on_epoch=on_epoch, fingerprint=fingerprint)
+        result = finetune(model, train, cfg, eval_fn, teacher=teacher, on_step=on_step, on_epoch=on_epoch, fingerprint=fingerprint, gating=gating)
     if main:
         ctx.print(summary_table(result))
     return result
@@ -148,4 +233,5 @@ STAGE = Stage(
     "finetune", FinetuneOptions, run, stem="finetuned",
     inputs={"checkpoint": ("model",), "data": ("train_data",), "eval_data": ("eval_data",)},
     outputs={"output": "{stem}.safetensors"}, makes={"model": "output"}, needs=("checkpoint", "data"),
+    optional_outputs={"gates_out": "{stem}.gates.json"},
 )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from headprune_cli.model.cost import count_params
 from headprune_cli.stages.finetune.distill import kd_logits
 from headprune_cli.errors import NumericalError, UsageError
 from headprune_cli.model.layout import info_of
+from headprune_cli.model.surgery import HeadGates
 from headprune_cli.stages.objectives import higher_is_better as metric_higher_is_better, next_token_mask
 from headprune_cli.stages.finetune.losses import as_tensors, check_labels, fidelity_loss, predict, task_loss, trim
 
@@ -140,6 +142,7 @@ def finetune(
     on_step: Callable[[int, int, float, float], None] | None = None,
     on_epoch: Callable[[EpochRecord], None] | None = None,
     fingerprint: dict | None = None,
+    gating=None,
 ) -> FinetuneResult:
     """Train `model` in place on `train` tensors; see the module docstring.
 
@@ -148,6 +151,8 @@ def finetune(
     better comes from the metric's name (objectives.HIGHER_IS_BETTER) unless
     `higher_is_better` says it; a metric of unknown direction is refused. `on_step(step,
     total, loss, lr)` and `on_epoch(record)` feed progress displays (rank 0 only).
+    `gating` (gates.HeadDropout or gates.LearnedGates) gates the heads of every training
+    forward pass and adds its penalty; None trains the model as it is.
     """
     ctx = distributed.setup()
     if not ctx.active:  # DDP fixes each process's device; alone, --device decides
@@ -165,7 +170,7 @@ def finetune(
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
     fingerprint = {**(fingerprint or {}), "lr": lr, "kd": kd, "total": plan.total, "batch": cfg.batch_size, "accum": cfg.grad_accum, "seed": cfg.seed}
-    loop = _Loop(model, train, plan, optimizer, ctx, teacher, kd, cfg, eval_fn, higher_is_better)
+    loop = _Loop(model, train, plan, optimizer, ctx, teacher, kd, cfg, eval_fn, higher_is_better, gating)
     start = loop.restore(fingerprint) if cfg.resume else 0
     if start == 0:
         loop.evaluate(0, 0, None, on_epoch)
@@ -196,9 +201,10 @@ def validate(model: nn.Module, train, cfg: FinetuneConfig, teacher: nn.Module | 
 
 
 class _Loop:
-    def __init__(self, model, train, plan, optimizer, ctx, teacher, kd, cfg, eval_fn, higher):
+    def __init__(self, model, train, plan, optimizer, ctx, teacher, kd, cfg, eval_fn, higher, gating=None):
         self.model, self.train, self.plan, self.optimizer, self.ctx = model, train, plan, optimizer, ctx
         self.teacher, self.kd, self.cfg, self.eval_fn, self.higher = teacher, kd, cfg, eval_fn, higher
+        self.gating = gating
         self.wrapped = _wrap(model, ctx)
         self.step, self.history, self.best, self.best_value, self.best_epoch = 0, [], None, None, None
         self.first_loss, self.epoch_losses = None, []
@@ -226,12 +232,16 @@ class _Loop:
         for group in self.optimizer.param_groups:
             group["lr"] = self.plan.rate(step)
         self.optimizer.zero_grad(set_to_none=True)
+        if self.gating is not None:
+            self.gating.zero_grad()
         total = 0.0
         micro = self.plan.micro_batches(step)
         counts = [self._count(idx) for idx in micro]  # global denominators, known up front
         grand = sum(counts)
-        for idx, count in zip(micro, counts):
-            total += self.micro_step(idx, count, grand)
+        for i, (idx, count) in enumerate(zip(micro, counts)):
+            total += self.micro_step(idx, count, grand, step, i)
+        if self.gating is not None:
+            self.gating.penalty_backward(step, self.plan.total)  # once per optimizer step; the loss shown stays the task's
         if not math.isfinite(total):
             raise NumericalError(f"training loss became {total} at step {step + 1}; lower --lr or check the data")
         if self.first_loss is None:
@@ -239,6 +249,8 @@ class _Loop:
         if self.cfg.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         self.optimizer.step()
+        if self.gating is not None:
+            self.gating.step()
         return total
 
     def _count(self, idx: torch.Tensor) -> float:
@@ -247,14 +259,20 @@ class _Loop:
             return float(len(idx))
         return float(next_token_mask({"attention_mask": self.train["attention_mask"][idx]}).sum())
 
-    def micro_step(self, idx: torch.Tensor, count: float, grand: float) -> float:
+    def micro_step(self, idx: torch.Tensor, count: float, grand: float, step: int = 0, micro: int = 0) -> float:
         rows = trim({k: v[idx] for k, v in self.train.items()})
+        if self.gating is not None:  # drawn for the global micro-batch, then sharded with its rows
+            rows.update({f"gate.{pos}": g for pos, g in enumerate(self.gating.sample(step, micro, len(rows["input_ids"]), self.plan.total))})
         full, rows, weight = rows, distributed.shard(rows, self.ctx), 1.0
         if len(rows["input_ids"]) == 0:  # fewer rows than processes: join with a zero-weight row
             rows, weight = {k: v[:1] for k, v in full.items()}, 0.0
+        gates = [rows.pop(k) for k in sorted((k for k in rows if k.startswith("gate.")), key=lambda k: int(k[5:]))]
         rows = {k: v.to(self.ctx.device) for k, v in rows.items()}
         task = info_of(self.model).task
-        pred = predict(self.wrapped, rows, task, self.model)
+        dtype = next(self.model.parameters()).dtype
+        gated = HeadGates(self.model, [g.to(self.ctx.device, dtype) for g in gates]) if gates else nullcontext()
+        with gated:
+            pred = predict(self.wrapped, rows, task, self.model)
         loss_sum = torch.zeros((), device=self.ctx.device)
         if self.kd < 1.0 and task != "embedding":
             loss_sum = loss_sum + (1.0 - self.kd) * task_loss(pred, rows, task)[0]
@@ -286,12 +304,12 @@ class _Loop:
         metrics = {}
         if self.eval_fn is not None:
             self.model.eval()
-            with torch.no_grad():
+            with torch.no_grad(), (self.gating.evaluating(self.model) if self.gating is not None else nullcontext()):
                 metrics = self.eval_fn(self.model)
             name, value = next(iter(metrics.items()))
             higher = self.higher if self.higher is not None else metric_higher_is_better(name)
             better = self.best_value is None or (value > self.best_value if higher else value < self.best_value)
-            if better:
+            if better and (self.gating is None or self.gating.restores_best):
                 self.best_value, self.best_epoch = value, epoch
                 self.best = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         record = EpochRecord(epoch, step, loss, metrics)

@@ -1,0 +1,221 @@
+"""Gates on attention heads while the model trains: head dropout, and learned pruning.
+
+Both give the training loop per-example gates for each micro-batch (HeadGates multiplies
+each head's output by them); the loop calls `sample`, then once per optimizer step
+`penalty_backward` and `step`.
+
+Head dropout (`HeadDropout`): each head's output is zeroed with probability p,
+independently per example, and NOT rescaled by 1/(1 - p). Pruning removes a head and
+leaves the others at their full scale, so training under unscaled dropout is training
+under the condition the pruned model runs in (LayerDrop does the same for layers).
+
+Learned pruning (`LearnedGates`): a hard-concrete gate per unit (Louizos et al. 2018;
+a head, or for grouped-query layers a whole KV group with its query heads), trained
+jointly with the model weights. The sparsity is driven to the target by a Lagrangian, as
+in CoFi (Xia et al. 2022), rather than by a fixed penalty weight or a schedule of
+weights: a fixed weight reaches a different sparsity on every model and data set, while
+
+    penalty = lambda1 * (s - t) + lambda2 * (s - t)^2
+
+with lambda1, lambda2 trained by gradient ascent (they grow until the constraint s = t
+holds) reaches the target without tuning. s is the expected share of the budget removed,
+computed from the gates' open probabilities P(z != 0): for a head ratio the expected
+fraction of heads removed; for a params/FLOPs target the expected fraction of the cost
+removed, from the cost table (cost is linear in query heads and KV heads per layer, so
+E[cost] = cost now - sum over units of (price of its query heads + its KV head) *
+P(closed)). The target t rises linearly from 0 to the final target over the first
+`warmup` share of the steps, so the model adapts while heads fade out. The gates and the
+multipliers have their own Adam optimizers at constant rates (the multipliers' a third
+of the gates'). For the last `closed_share` of the steps the gates are closed: `table()`
+gives the open probabilities as scores, the caller's `close` (select with the run's
+amount and constraints) chooses the heads, and the model trains with exactly those heads,
+0 or 1, no noise, so it recovers from the closing before it is cut; the budget is met
+exactly as `select` meets it. Protected heads' units are never gated.
+
+Gate noise and dropout masks come from generators seeded by (seed, step, micro-batch),
+so runs are deterministic and independent of the global RNG.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from headprune_cli.model.layout import info_of
+from headprune_cli.stages.importance.l0 import hard_concrete, open_probability
+from headprune_cli.stages.scores import ScoreTable
+
+
+def _generator(seed: int, step: int, micro: int, stream: int) -> torch.Generator:
+    return torch.Generator().manual_seed(((seed * 1_000_003 + step) * 1009 + micro) * 8 + stream)
+
+
+class HeadDropout:
+    """Per-example, unscaled dropout of whole heads during training (see the module docstring)."""
+
+    restores_best = True
+
+    def __init__(self, model: nn.Module, p: float, seed: int):
+        self.counts = [len(heads) for heads in info_of(model).layout.heads]
+        self.p, self.seed = p, seed
+
+    def sample(self, step: int, micro: int, rows: int, total: int) -> list[torch.Tensor]:
+        u = torch.rand(rows, sum(self.counts), generator=_generator(self.seed, step, micro, 1))
+        return list((u >= self.p).float().split(self.counts, dim=1))
+
+    def zero_grad(self) -> None:
+        pass
+
+    def penalty_backward(self, step: int, total: int) -> float:
+        return 0.0
+
+    def step(self) -> None:
+        pass
+
+    def evaluating(self, model: nn.Module):
+        return nullcontext()  # evaluation sees every head
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What learned pruning aims at: `kind` ratio (of heads removed), params or flops (fraction kept)."""
+
+    kind: str
+    value: float
+    seq_len: int = 128  # the sequence length FLOPs are priced at
+
+    @property
+    def removed(self) -> float:
+        """The target as a share removed: the scale the expected sparsity is on."""
+        return self.value if self.kind == "ratio" else 1.0 - self.value
+
+
+class LearnedGates:
+    """Hard-concrete gates on heads (KV groups for GQA layers) and their Lagrangian."""
+
+    restores_best = False  # the weights and gates of an earlier epoch belong together; keep the last
+
+    def __init__(self, model: nn.Module, budget: Budget, close: Callable[[ScoreTable], object], seed: int, *,
+                 lr: float = 0.3, init: float = 3.0, warmup: float = 0.2, closed_share: float = 0.6,
+                 protect: tuple[tuple[int, int], ...] = ()):
+        """`close(table) -> Selection` closes the gates: `select` with the run's amount and constraints."""
+        from headprune_cli.model.cost import cost_table
+
+        layout = info_of(model).layout
+        self.budget, self.close, self.seed, self.warmup, self.closed_share = budget, close, seed, warmup, closed_share
+        self.frozen: list[torch.Tensor] | None = None  # the closed 0/1 gates of the final phase
+        self.cost = cost_table(model, budget.seq_len)
+        self.layers, self.heads = list(layout.layers), [list(h) for h in layout.heads]
+        self.num_heads, self.num_kv_heads = list(layout.num_heads), list(layout.num_kv_heads)
+        units, self.unit_of = [], []  # units: (layer, [original heads]); unit_of: per layer, head position -> unit
+        for layer, kept in zip(self.layers, self.heads):
+            group = layout.num_heads[layer] // layout.num_kv_heads[layer]
+            first = len(units)
+            groups = sorted({h // group for h in kept})
+            units += [(layer, [h for h in kept if h // group == g]) for g in groups]
+            self.unit_of.append(torch.tensor([first + groups.index(h // group) for h in kept]))
+        self.units = units
+        protected = set(protect)
+        self.protected = torch.tensor([any((layer, h) in protected for h in hs) for layer, hs in units])
+        self.weights = self._unit_weights()
+        self.log_alpha = torch.full((len(units),), float(init), requires_grad=True)
+        self.lambdas = torch.zeros(2, requires_grad=True)
+        self.gate_optimizer = torch.optim.Adam([self.log_alpha], lr=lr)
+        # Gradient ascent, three times slower than the gates: a multiplier as fast as the
+        # gates winds up while they lag and overshoots the target; ten times slower lags it
+        # (both measured on a tiny encoder and on the demo model).
+        self.lambda_optimizer = torch.optim.Adam([self.lambdas], lr=lr / 3, maximize=True)
+        self.last: dict[str, float] = {}
+
+    def _unit_weights(self) -> torch.Tensor:
+        """Each unit's share of the budget: of the heads (ratio), or of the cost now."""
+        if self.budget.kind == "ratio":
+            total = sum(len(hs) for _, hs in self.units)
+            return torch.tensor([len(hs) / total for _, hs in self.units], dtype=torch.float64)
+        from headprune_cli.model.cost_table import predict
+
+        table = self.cost
+        key = "params" if self.budget.kind == "params" else "flops_per_token"
+        now = predict(table, dict(zip(self.layers, self.heads)))[key]
+        price = {c.layer: c for c in table.layers}
+        part = "params" if key == "params" else "flops"
+        return torch.tensor(
+            [(getattr(price[layer], f"q_head_{part}") * len(hs) + getattr(price[layer], f"kv_head_{part}")) / now for layer, hs in self.units],
+            dtype=torch.float64,
+        )
+
+    # --- training ------------------------------------------------------------------------
+    def open_probability(self) -> torch.Tensor:
+        """P(gate != 0) per unit; protected units are always open."""
+        return torch.where(self.protected, torch.ones(()), open_probability(self.log_alpha))
+
+    def expected_sparsity(self) -> torch.Tensor:
+        """The expected share of the budget removed (see the module docstring)."""
+        return ((1.0 - self.open_probability()).double() * self.weights).sum()
+
+    def target_at(self, step: int, total: int) -> float:
+        ramp = max(1, round(self.warmup * total))
+        return self.budget.removed * min(1.0, (step + 1) / ramp)
+
+    def closing_from(self, total: int) -> int:
+        """The first step of the final phase, in which the gates are closed and the cut model trains."""
+        return total - round(self.closed_share * total)
+
+    def sample(self, step: int, micro: int, rows: int, total: int) -> list[torch.Tensor]:
+        if step >= self.closing_from(total):
+            if self.frozen is None:
+                self.frozen = self._closed_gates()
+            return [g.expand(rows, -1) for g in self.frozen]
+        u = torch.rand(rows, len(self.units), generator=_generator(self.seed, step, micro, 2)).clamp(1e-6, 1 - 1e-6)
+        z = torch.where(self.protected, torch.ones(()), hard_concrete(self.log_alpha, u))
+        return [z[:, index] for index in self.unit_of]
+
+    def zero_grad(self) -> None:
+        self.gate_optimizer.zero_grad(set_to_none=True)
+        self.lambda_optimizer.zero_grad(set_to_none=True)
+
+    def penalty_backward(self, step: int, total: int) -> float:
+        """Backpropagate the Lagrangian term of this step; returns its value."""
+        if self.frozen is not None:
+            return 0.0
+        target = self.target_at(step, total)
+        gap = self.expected_sparsity() - target
+        penalty = self.lambdas[0] * gap + self.lambdas[1] * gap * gap
+        penalty.backward()
+        self.last = {"expected_sparsity": float(gap.detach()) + target, "target": target,
+                     "lambda1": float(self.lambdas[0].detach()), "lambda2": float(self.lambdas[1].detach())}
+        return float(penalty.detach())
+
+    def step(self) -> None:
+        self.gate_optimizer.step()
+        self.lambda_optimizer.step()
+
+    def evaluating(self, model: nn.Module):
+        """Evaluation sees the model as it would be cut now: the closed gates of `close`."""
+        from headprune_cli.model.surgery import HeadGates
+
+        dtype = next(model.parameters()).dtype
+        return HeadGates(model, [g.to(dtype) for g in self._closed_gates()])
+
+    def _closed_gates(self) -> list[torch.Tensor]:
+        """1 for the heads `close` keeps, 0 for the others, per layer."""
+        removed = self.close(self.table()).remove_heads
+        return [torch.tensor([0.0 if h in removed.get(layer, ()) else 1.0 for h in kept]) for layer, kept in zip(self.layers, self.heads)]
+
+    def table(self, objective: str | None = None, samples: int = 0, config: dict | None = None) -> ScoreTable:
+        """The final open probabilities as scores: every query head gets its unit's."""
+        p = self.open_probability().detach().double().tolist()
+        heads: dict[int, dict[int, float]] = {}
+        for layer, kept, index in zip(self.layers, self.heads, self.unit_of):
+            heads[layer] = {h: _finite(p[u]) for h, u in zip(kept, index.tolist())}
+        return ScoreTable(heads=heads, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, cost=self.cost, method="learned",
+                          objective=objective, samples=samples, config=dict(config or {}))
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else 0.0
