@@ -7,7 +7,8 @@ package descriptions (see lm_corpus.py), then saved as a transformers folder
 headprune command runs on it. It lands in a cache folder keyed by a hash of the recipe
 and the corpus; the same recipe, corpus, seed and thread count rebuild it byte for byte.
 
-Recipes: `full` (~19 M parameters, the benchmark model) and `tiny` (seconds; the test).
+Recipes: `full` (10.5 M parameters), `small` (4 M; what a loaded 2-core machine trains in
+~20 minutes) and `tiny` (seconds; the test).
 Usage: python -m scripts.tools.make_trained_lm [--recipe full] [--apt-lists DIR | --text FILE]
        [--cache DIR] [--seed 0] [--threads 2]
 Prints the summary JSON (checkpoint, split files, validation perplexity, unigram baseline).
@@ -52,11 +53,17 @@ class Recipe:
 
 RECIPES = {
     # 8 layers (so one layer is 1/8 of depth), 8 query heads sharing 4 KV heads (groups
-    # of 2, so KV-group pruning has 4 steps per layer), head dim 48, SwiGLU 1024.
-    # ~19 M parameters: 2 cores train ~1000 tokens/s at this size, so 25-35 minutes see
-    # ~1.5 M tokens (360 steps of 16 x 256); a bigger model would see too few tokens to learn much.
-    "full": Recipe(layers=8, hidden=384, heads=8, kv_heads=4, ffn=1024, vocab=8192, block=256,
+    # of 2, so KV-group pruning has 4 steps per layer), head dim 32, SwiGLU 768: 10.5 M
+    # parameters. Smaller than a "real" small LM on purpose: two CPU cores shared with
+    # other jobs train ~2500 tokens/s at this size (~900/s at 19 M), and 30 minutes of
+    # that is ~1.5 M tokens; a bigger model would learn less in the same time.
+    "full": Recipe(layers=8, hidden=256, heads=8, kv_heads=4, ffn=768, vocab=8192, block=256,
                    batch=16, steps=360, lr=2e-3, warmup=30),
+    # What 2 cores shared by several jobs train in ~15-25 minutes (measured: the `full`
+    # recipe ran at ~30 s/step under a load average of 11): 4.0 M parameters, 8 query /
+    # 4 KV heads of dim 24, 6 layers, 600 k training tokens.
+    "small": Recipe(layers=6, hidden=192, heads=8, kv_heads=4, ffn=512, vocab=4096, block=128,
+                    batch=16, steps=300, lr=3e-3, warmup=20),
     "tiny": Recipe(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=384, block=64,
                    batch=8, steps=30, lr=3e-3, warmup=5, max_train_docs=400, eval_length=64),
 }
@@ -114,7 +121,7 @@ def build_model(recipe: Recipe):
         vocab_size=recipe.vocab, hidden_size=recipe.hidden, num_hidden_layers=recipe.layers,
         num_attention_heads=recipe.heads, num_key_value_heads=recipe.kv_heads,
         head_dim=recipe.hidden // recipe.heads, intermediate_size=recipe.ffn, hidden_act="silu",
-        max_position_embeddings=max(512, recipe.block), rope_theta=10000.0, pad_token_id=0,
+        max_position_embeddings=max(1024, recipe.block), rope_theta=10000.0, pad_token_id=0,
         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.02,
     )
     return LlamaForCausalLM(config)
@@ -182,7 +189,7 @@ def write_lines(path: Path, texts: list[str]) -> None:
 def save_folder(model, tokenizer, folder: Path) -> None:
     model.save_pretrained(str(folder))
     tokenizer.save(str(folder / "tokenizer.json"))
-    config = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "model_max_length": 512}
+    config = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "model_max_length": 1024}
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
 
 
@@ -239,6 +246,7 @@ def build(docs, recipe: Recipe, seed: int, threads: int, cache: Path, log=print)
         "recipe": dataclasses.asdict(recipe), "seed": seed, "threads": threads, "key": key,
         "parameters": params, "train_tokens_seen": recipe.steps * recipe.batch * recipe.block,
         "train_tokens_available": len(stream), "train_seconds": round(seconds, 1),
+        "first_train_loss": round(sum(losses[:5]) / len(losses[:5]), 4),
         "final_train_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4),
         "valid_perplexity": round(ppl, 3),
         "unigram_perplexity": round(unigram_perplexity(tokenizer, splits["train"], splits["valid"], recipe.eval_length), 3),
