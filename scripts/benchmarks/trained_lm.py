@@ -1,6 +1,6 @@
 """Pruning a causal LM that has learned something: perplexity, recovery and decode speed.
 
-The model is scripts/tools/make_trained_lm.py's `full` recipe (LLaMA-shaped, 8 layers,
+The model is scripts/tools/make_trained_lm.py's `small` recipe (or --recipe) (LLaMA-shaped, 8 layers,
 8 query / 4 KV heads, trained on Debian package descriptions). Every headprune row is
 made by the CLI itself (`python -m headprune_cli ...`, the command kept with the row),
 then scored in-process by headprune's own causal-LM perplexity on the first
@@ -151,34 +151,34 @@ def prune_variants(bench: Bench, section: str, prefix: str, scores, keeps, with_
         bench.try_prune(section, label, scores, "--target-params", keep, *(["--uniform"] if uniform else []), compensate=comp)
 
 
-def kv_rows(bench: Bench) -> None:
+def kv_rows(bench: Bench, keeps=("0.95", "0.90")) -> None:
     heads = bench.scores("heads-taylor", "--method", "taylor")
-    prune_variants(bench, "kv", "", heads, ("0.95", "0.90"), with_bias=True)
+    prune_variants(bench, "kv", "", heads, keeps, with_bias=True)
 
 
 def layer_scores(bench: Bench, method: str):
     return bench.scores(f"layers-{method}", "--method", "taylor", "--layers", "--layer-method", method)
 
 
-def layer_rows(bench: Bench) -> None:
+def layer_rows(bench: Bench, drops=("2", "3")) -> None:
     for method in ("cosine", "loo", "refit"):
-        for drop in ("2", "3") + (("4",) if method == "refit" else ()):
+        for drop in drops + (str(int(drops[-1]) + 1),) * (method == "refit"):
             bench.try_prune("layers", f"{method} drop {drop}", layer_scores(bench, method), "--ratio", "0", "--drop-layers", drop)
 
 
-def joint_rows(bench: Bench) -> None:
-    prune_variants(bench, "joint", "refit ", layer_scores(bench, "refit"), ("0.80", "0.50"), with_bias=True)
-    for keep in ("0.80", "0.50"):
+def joint_rows(bench: Bench, keeps=("0.80", "0.50")) -> None:
+    prune_variants(bench, "joint", "refit ", layer_scores(bench, "refit"), keeps, with_bias=True)
+    for keep in keeps:
         bench.try_prune("joint", f"loo keep {keep} per-layer none", layer_scores(bench, "loo"), "--target-params", keep)
 
 
-def peer_rows(bench: Bench, python: str) -> None:
+def peer_rows(bench: Bench, python: str, keeps=("0.80", "0.50")) -> None:
     from transformers import AutoModelForCausalLM
 
     from headprune_cli.stages.objectives import evaluate
 
     script = ROOT / "scripts" / "benchmarks" / "trained_lm_peer.py"
-    for keep in ("0.80", "0.50"):
+    for keep in keeps:
         out = bench.work / f"peer-keep{keep}"
         command = [python, str(script), bench.summary["hf_folder"], "--keep", keep, "-o", str(out)]
         start = time.perf_counter()
@@ -194,13 +194,13 @@ def peer_rows(bench: Bench, python: str) -> None:
         log(f"peer    keep {keep}: removed {bench.removed(info['parameters']):.1%} ppl {ppl:.2f} ({info['config']})")
 
 
-def finetune_rows(bench: Bench, docs: int) -> None:
+def finetune_rows(bench: Bench, docs: int, keep: str = "0.50") -> None:
     """One epoch of distillation from the unpruned model, after each 50% cut that ran."""
     train = bench.work / "finetune-train.txt"
     lines = Path(bench.summary["train"]).read_text(encoding="utf-8").splitlines()[:docs]
     train.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    cuts = [r for r in bench.rows if r.section == "joint" and "keep 0.50 per-layer" in r.label and r.label.startswith("refit")]
-    for row in sorted(cuts, key=lambda r: r.perplexity)[:1]:  # the best retraining-free 50% cut
+    cuts = [r for r in bench.rows if r.section == "joint" and f"keep {keep} per-layer" in r.label and r.label.startswith("refit")]
+    for row in sorted(cuts, key=lambda r: r.perplexity)[:1]:  # the best retraining-free cut at `keep`
         source = Path(row.extra["checkpoint"])
         out = source.with_name(source.stem + "-ft.safetensors")
         args = ["finetune", str(source), "--data", str(train), "--teacher", "auto", "--epochs", "1", "-o", str(out), "--force"]
@@ -210,7 +210,7 @@ def finetune_rows(bench: Bench, docs: int) -> None:
         log(f"finetune {row.label}: {row.perplexity:.2f} -> {ppl:.2f}")
 
 
-def decode_rows(bench: Bench, repeats: int) -> list[dict]:
+def decode_rows(bench: Bench, repeats: int, context: int = 512) -> list[dict]:
     """Uniform cuts exported as plain transformers folders, decode beside the prediction."""
     from transformers import AutoModelForCausalLM
 
@@ -224,7 +224,7 @@ def decode_rows(bench: Bench, repeats: int) -> list[dict]:
         bench.headprune("export", row.extra["checkpoint"], "--hf", str(folder), "--force")
         pruned = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True).eval()
         for batch in (1, 8):
-            predicted = decode_prediction(base, pruned, Generation(batch, 512, 16))
+            predicted = decode_prediction(base, pruned, Generation(batch, context, 16))
             measured = measure_decode(base, pruned, predicted, bench.threads, repeats, 1)
             results.append({"label": row.label, "batch": batch, "predicted_decode": predicted["predicted_decode_speedup"],
                             "tokens_per_s": measured["decode_tokens_per_s"], "decode_speedup": measured["decode_speedup"],
@@ -236,7 +236,8 @@ def decode_rows(bench: Bench, repeats: int) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--apt-lists", type=Path, help="as for make_trained_lm (the model is built or found in the cache)")
-    parser.add_argument("--recipe", choices=sorted(RECIPES), default="full", help="tiny: a quick check of this script")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="small")
+    parser.add_argument("--quick", action="store_true", help="the tiny recipe, one cut per section: a check of this script")
     parser.add_argument("--cache", type=Path, default=default_cache())
     parser.add_argument("--work", type=Path, default=Path("/tmp/trained-lm-bench"))
     parser.add_argument("--sections", default=",".join(SECTIONS))
@@ -247,20 +248,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    summary = build(debian_documents(args.apt_lists), RECIPES[args.recipe], 0, 2, args.cache, log)
+    recipe = "tiny" if args.quick else args.recipe
+    summary = build(debian_documents(args.apt_lists), RECIPES[recipe], 0, 2, args.cache, log)
     summary = with_paths(summary, args.cache / summary["key"])
     bench = Bench(summary, args.work.resolve(), args.eval_docs, args.threads)
     base_ppl, _ = bench.perplexity(bench.model_path)
     chosen = args.sections.split(",")
+    quick = args.quick
     started = time.perf_counter()
-    for name, run in (("kv", kv_rows), ("layers", layer_rows), ("joint", joint_rows)):
-        if name in chosen:
-            run(bench)
+    if "kv" in chosen:
+        kv_rows(bench, ("0.90",) if quick else ("0.95", "0.90"))
+    if "layers" in chosen:
+        layer_rows(bench, ("1",) if quick else ("2", "3"))
+    if "joint" in chosen:
+        joint_rows(bench, ("0.80",) if quick else ("0.80", "0.50"))
     if "peer" in chosen and args.peer_python:
-        peer_rows(bench, args.peer_python)
+        peer_rows(bench, args.peer_python, ("0.80",) if quick else ("0.80", "0.50"))
     if "finetune" in chosen:
-        finetune_rows(bench, args.finetune_docs)
-    decode = decode_rows(bench, args.decode_repeats) if "decode" in chosen else []
+        finetune_rows(bench, args.finetune_docs, "0.80" if quick else "0.50")
+    decode = decode_rows(bench, args.decode_repeats, 64 if quick else 512) if "decode" in chosen else []
     result = {"model": summary, "baseline_perplexity": base_ppl, "baseline_parameters": bench.base_params,
               "eval_docs": args.eval_docs, "rows": [asdict(r) for r in bench.rows], "decode": decode, "failures": bench.failures,
               "seconds": round(time.perf_counter() - started, 1), "load_after": os.getloadavg()}
