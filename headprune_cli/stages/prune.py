@@ -51,9 +51,8 @@ def cut(model, selection: Selection, compensation: Compensation | None = None, *
             from headprune_cli.device import place
 
             placement = place(model, device, dtype, keep_originals=True)
-        ffn = {"remove_ffn": selection.remove_ffn} if selection.remove_ffn else {}  # FFN refit: with neuron cuts only
         result = compensate(model, selection.remove_heads, selection.remove_layers, compensation.batches,
-                            method=compensation.method, ridge=compensation.ridge, **ffn)
+                            method=compensation.method, ridge=compensation.ridge, remove_ffn=selection.remove_ffn)
         if placement is not None:
             from headprune_cli.device import restore
 
@@ -158,15 +157,16 @@ def _compensated(artifact, path: Path, opts: PruneOptions, selection: Selection,
 
 
 def _tell(result, ctx: Context) -> None:
-    for layer, why in sorted(result.skipped.items()):
-        ctx.print(f"[yellow]warning:[/] {result.method} compensation skipped layer {layer}: {why}")
-    if result.layers:
-        before = sum(result.error_before.values()) / len(result.layers)
-        after = sum(result.error_after.values()) / len(result.layers)
-        ctx.print(
-            f"{result.method} compensation on {result.tokens} tokens, {len(result.layers)} layers: "
-            f"relative attention-output error {before:.4f} -> {after:.4f}"
-        )
+    parts = [("attention", result.skipped, result.layers, result.error_before, result.error_after),
+             ("FFN", result.ffn_skipped, result.ffn_layers, result.ffn_error_before, result.ffn_error_after)]
+    for what, skipped, layers, before, after in parts:
+        for layer, why in sorted(skipped.items()):
+            ctx.print(f"[yellow]warning:[/] {result.method} compensation skipped the {what} of layer {layer}: {why}")
+        if layers:
+            ctx.print(
+                f"{result.method} compensation on {result.tokens} tokens, {len(layers)} layers: relative {what}-output error "
+                f"{sum(before.values()) / len(layers):.4f} -> {sum(after.values()) / len(layers):.4f}"
+            )
 
 
 STAGE = Stage(
