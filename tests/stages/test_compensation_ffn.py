@@ -13,7 +13,7 @@ from headprune_cli.model.ffn import removal_ffn_gates
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, NeuronGates, apply_plan, removal_gates, skip_layers
 from headprune_cli.stages.compensation import compensate
-from tests.conftest import TINY, VOCAB, model_inputs, model_output
+from tests.support import TINY, VOCAB, model_inputs, model_output
 
 FAMILIES = ("reference", "bert", "distilbert", "gpt2", "llama-gqa", "vit")
 # Heads every family accepts (llama-gqa has 8 query heads in 2 KV groups: remove whole groups).

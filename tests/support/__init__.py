@@ -20,12 +20,13 @@ from .processes import PANIC_TEXT, assert_one_error, env, finished, headprune, l
 from .refusals import CliResult, assert_refused, snapshot
 from .reports import FAST_REPORT, run_report
 from .scores import saved_model, scores_for, tensor_data, write_scores
+from .training import saved_root, tensor_set
 from .selection import check_constraints, mha, requests, synthetic_cost, tables
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: examples/, configs/, scripts/, README.md
 
 __all__ = [
-    "ROOT", "BOMBS", "PANIC_TEXT", "assert_one_error", "env", "finished", "headprune", "leftovers", "ffn_plan", "gqa_plan", "plan_for", "width_of", "CAUSAL", "FAST_REPORT", "PLANS", "TINY", "VOCAB", "CliResult", "ForkServer", "assert_refused", "calibration",
+    "ROOT", "BOMBS", "saved_root", "tensor_set", "PANIC_TEXT", "assert_one_error", "env", "finished", "headprune", "leftovers", "ffn_plan", "gqa_plan", "plan_for", "width_of", "CAUSAL", "FAST_REPORT", "PLANS", "TINY", "VOCAB", "CliResult", "ForkServer", "assert_refused", "calibration",
     "check_constraints", "compensate_old", "counted_macs", "give_tokenizer", "mha", "model_inputs", "model_output",
     "pruned", "requests", "run_report", "run_without_headprune", "saved_model", "scores_for", "sentences", "snapshot",
     "synthetic_cost", "tables", "tensor_data", "word_tokenizer", "write_jsonl", "write_scores", "write_text",

@@ -10,7 +10,7 @@ from headprune_cli import load
 from headprune_cli.stages.finetune.gates import HeadDropout
 from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
 
-from .test_learned_pruning import root
+from tests.support import saved_root as root
 
 
 def test_masks_drop_heads_per_example_at_rate_p_without_rescaling(tmp_path):

@@ -9,32 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from headprune_cli import load, save
+from headprune_cli import load
 from headprune_cli.model.cost_table import CostTable, predict
 from headprune_cli.schema import parse_artifact
 from headprune_cli.stages.scores import ScoreTable
 from headprune_cli.stages.selection import select
 
-from ...conftest import TINY, VOCAB, assert_refused, model_inputs, model_output, snapshot
+from tests.support import TINY, assert_refused, model_inputs, model_output, saved_root as root, snapshot, tensor_set
 
 STEPS = "100"
-
-
-def tensor_set(path: Path, labels: bool, rows: int = 32, seed: int = 0) -> Path:
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(2, VOCAB, (rows, 8), generator=gen)
-    tensors = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    if labels:
-        tensors["labels"] = ids[:, 0] % 2
-    save_file(tensors, str(path))
-    return path
-
-
-def root(tmp_path: Path, family: str) -> tuple[Path, Path]:
-    save(TINY[family](), tmp_path / "root.safetensors")
-    return tmp_path / "root.safetensors", tensor_set(tmp_path / "train.safetensors", labels=family == "reference")
 
 
 def learn(cli, ckpt: Path, data: Path, out: Path, *extra: str):
