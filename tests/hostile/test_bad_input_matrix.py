@@ -6,7 +6,7 @@ contract: one `Error: ...` line on stderr, the documented exit code (1 error, 2 
 traceback, nothing on stdout, and every file in the folder exactly as it was. The checks
 live in tests.support.assert_refused: a crash (exit 70, `Internal error: ...`) never passes a
 case, even when its message happens to contain the case's fragment.
-File safety, in its own block at the end: 22 cases where an output would destroy a file.
+File safety, in its own block at the end: 22 file-safety cases, where an output would destroy a file.
 """
 
 from __future__ import annotations
