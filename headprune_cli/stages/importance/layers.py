@@ -79,20 +79,7 @@ def attention_loss(ctx: ScoreContext) -> torch.Tensor:
     """Per layer: the exact loss change when ALL its heads are removed (gated to 0), averaged
     over examples. Joint selection splits it among the layer's heads in proportion to their
     scores, which puts any head method on the loss scale of `loo`/`refit` layer scores."""
-    counts = ctx.head_counts()
-    diffs = torch.zeros(len(counts), dtype=torch.float64, device=ctx.device)
-    with torch.no_grad():
-        for number, _, batch in ctx.my_batches("scoring attention blocks"):
-            out = embed(ctx.model, batch)
-            base = per_example_loss(out, batch, ctx.objective, out).double()
-            for pos in range(len(counts)):
-                gates = [torch.full((n,), 0.0 if i == pos else 1.0, dtype=ctx.dtype, device=ctx.device) for i, n in enumerate(counts)]
-                with HeadGates(ctx.model, gates):
-                    removed = per_example_loss(embed(ctx.model, batch), batch, ctx.objective, out).double()
-                check_finite(removed, f"batch {number}")
-                diffs[pos] += (removed - base).sum()
-    (diffs,) = ctx.reduce([diffs])
-    return diffs / len(ctx.dataset)
+    return _whole_block_loss(ctx, HeadGates, ctx.head_counts(), "scoring attention blocks")
 
 
 def ffn_loss(ctx: ScoreContext) -> torch.Tensor:
@@ -101,14 +88,19 @@ def ffn_loss(ctx: ScoreContext) -> torch.Tensor:
     from headprune_cli.model.surgery import NeuronGates
 
     widths = [ctx.layout.ffn_width(layer) for layer in ctx.layout.layers]
-    diffs = torch.zeros(len(widths), dtype=torch.float64, device=ctx.device)
+    return _whole_block_loss(ctx, NeuronGates, widths, "scoring FFN blocks")
+
+
+def _whole_block_loss(ctx: ScoreContext, gating, counts: list[int], description: str) -> torch.Tensor:
+    """Per layer, the mean loss change when every unit `gating` gates in that layer is 0."""
+    diffs = torch.zeros(len(counts), dtype=torch.float64, device=ctx.device)
     with torch.no_grad():
-        for number, _, batch in ctx.my_batches("scoring FFN blocks"):
+        for number, _, batch in ctx.my_batches(description):
             out = embed(ctx.model, batch)
             base = per_example_loss(out, batch, ctx.objective, out).double()
-            for pos in range(len(widths)):
-                gates = [torch.full((w,), 0.0 if i == pos else 1.0, dtype=ctx.dtype, device=ctx.device) for i, w in enumerate(widths)]
-                with NeuronGates(ctx.model, gates):
+            for pos in range(len(counts)):
+                gates = [torch.full((n,), 0.0 if i == pos else 1.0, dtype=ctx.dtype, device=ctx.device) for i, n in enumerate(counts)]
+                with gating(ctx.model, gates):
                     removed = per_example_loss(embed(ctx.model, batch), batch, ctx.objective, out).double()
                 check_finite(removed, f"batch {number}")
                 diffs[pos] += (removed - base).sum()

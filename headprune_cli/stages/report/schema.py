@@ -198,22 +198,6 @@ class SweepMain(_Strict):
     unit: str
 
 
-class BudgetRow(_Strict):
-    method: str
-    route: str
-    target_flops: float
-    metrics: list[Metric]
-    main: float
-    drop: float
-    rel_drop: float
-    params: int
-    flops_per_token: float
-    flops_kept: float
-    predicted_speedup: float
-    measured_speedup: float | None
-    within_budget: bool
-
-
 class BudgetBest(_Strict):
     method: str
     target_flops: float
@@ -222,6 +206,15 @@ class BudgetBest(_Strict):
     drop: float
     predicted_speedup: float
     measured_speedup: float | None
+
+
+class BudgetRow(BudgetBest):
+    route: str
+    metrics: list[Metric]
+    rel_drop: float
+    params: int
+    flops_per_token: float
+    within_budget: bool
 
 
 class BudgetSweep(_Strict):
