@@ -32,7 +32,7 @@ from headprune_cli.watcher import watched
 
 # In pipeline order, which is also the order `headprune --help` lists them: command name ->
 # (module in this package, function). Modules load only when their command runs, so a
-# JSON stage such as `select` never imports torch (issue 15: it starts in well under 1 s).
+# JSON stage such as `select` never imports torch (it starts in well under 1 s, BENCHMARKS.md §9).
 COMMANDS = {
     "import": ("import_cmd", "import_model"),
     "inspect": ("inspect_cmd", "inspect"),
