@@ -38,6 +38,7 @@ import argparse
 import inspect
 import json
 import os
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,19 +241,67 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(out)
 
 
+KIND_TITLES = {"none": "none", "lstsq": "lstsq", "lstsq-attn": "lstsq, attention only", "lstsq+comp": "lstsq with FFN refit"}
+
+
+def wide_markdown(results: list[dict]) -> str:
+    """One row per route and target: the drop in points per compensation, and the measured
+    speedup as the median over every report of that plan (the compensations change weights,
+    not shapes, so each report is one more latency measurement of the same architecture)."""
+    out = []
+    for name in dict.fromkeys(r["task"] for r in results):
+        rows = [r for r in results if r["task"] == name]
+        metric = rows[0]["metric"]
+        # lstsq and lstsq-attn share a column: a plan without FFN cuts has nothing for the FFN refit to do
+        kind_of = lambda r: "lstsq" if r["compensation"] == "lstsq-attn" else r["compensation"]
+        kinds = list(dict.fromkeys(kind_of(r) for r in rows))
+        head = "| route | target | layers dropped | heads removed | FFN neurons removed | FLOPs | params |"
+        rule = "|---|---:|---|---:|---:|---:|---:|"
+        for kind in kinds:
+            head += f" drop, {KIND_TITLES.get(kind, kind)} |"
+            rule += "---:|"
+        head += " predicted speedup | measured speedup: median (min-max, reports) |"
+        rule += "---:|---:|"
+        out += [f"**{name}**: baseline {metric} {100 * rows[0]['baseline']:.2f}", "", head, rule]
+        cells: dict = {}
+        for r in rows:
+            cells.setdefault((r["route"], r["target_flops"]), {})[kind_of(r)] = r
+        for (route, target), by in sorted(cells.items(), key=lambda kv: (-kv[0][1], list(ROUTES).index(kv[0][0]))):
+            first = next(iter(by.values()))
+            line = (f"| {route} | {target} | {first['layers_removed'] or '-'} | {first['heads_removed']} | {first['neurons_removed']} | "
+                    f"{first['report_flops_ratio']:.3f} | {first['params_ratio']:.2f} |")
+            for kind in kinds:
+                r = by.get(kind)
+                star = "*" if r is not None and r["compensation"] == "lstsq-attn" else ""
+                line += " |" if r is None else f" {round(-r['drop_points'], 2) + 0.0:+.2f}{star} |"
+            speeds = sorted(r["measured_speedup"] for r in by.values())
+            line += (f" {first['predicted_speedup']:.2f}x | {statistics.median(speeds):.2f}x "
+                     f"({speeds[0]:.2f}-{speeds[-1]:.2f}, {len(speeds)}) |")
+            out.append(line)
+        out.append("")
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("/tmp/ffn_routes"))
     parser.add_argument("--tasks", default="debian0,debian1,minilm")
     parser.add_argument("--routes", default=",".join(ROUTES))
+    parser.add_argument("--targets", help="FLOPs targets instead of each task's own (comma-separated)")
     parser.add_argument("--compensations", default="none,lstsq")
     parser.add_argument("--repeats", type=int, default=15, help="timed latency runs per model in each report")
-    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--json", type=Path, help="results JSON to write")
+    parser.add_argument("--tables-from", type=Path, nargs="+", help="measure nothing: print one wide table per task from these results JSONs")
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--compute-threads", type=int, help="torch threads outside the timed loops")
     parser.add_argument("--timing-threads", type=int, default=2, help="report --threads: torch threads while timing")
     parser.add_argument("--tag", default="", help="appended to the compensation's name in the results (e.g. '+comp' for another code version)")
     args = parser.parse_args()
+    if args.tables_from:
+        print(wide_markdown([r for path in args.tables_from for r in json.loads(path.read_text())["results"]]))
+        return
+    if args.json is None:
+        parser.error("--json is required unless --tables-from is given")
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -271,6 +320,8 @@ def main() -> None:
 
     started = time.time()
     for task in tasks(args.work, args.tasks.split(",")):
+        if args.targets:
+            task.targets = tuple(float(t) for t in args.targets.split(","))
         run_task(task, args.work, args.repeats, args.routes.split(","), args.compensations.split(","), results, sink, args.tag, args.timing_threads)
     print(f"done in {time.time() - started:.0f} s; load average {os.getloadavg()}", flush=True)
 
