@@ -21,15 +21,17 @@ It drives the library functions the commands call: each stage's options model an
 (headprune_cli.stages.{import_stage,score,select,prune}.run, stages.report.stage.run),
 in one process, so the ~7 s start-up of each command is paid once. The artifacts are the
 ones the commands write, under --work, and are reused when present (a rerun only fills
-in what is missing). One exception, until FFN compensation is merged: when the installed
-`compensate` does not take `remove_ffn`, `prune --compensate lstsq` of a plan with FFN
-cuts fails (TypeError), so the lstsq rows of those plans are made here with the same
-library calls minus the FFN refit (lstsq on the attention only, then the plan's cut) and
-are labelled `lstsq-attn`.
+in what is missing). One exception, for code from before FFN compensation (lead
+98a922b): when the installed `compensate` does not take `remove_ffn`, `prune --compensate
+lstsq` of a plan with FFN cuts fails (TypeError), so the lstsq rows of those plans are
+made with the same library calls minus the FFN refit (lstsq on the attention only, then
+the plan's cut) and are labelled `lstsq-attn`.
 
-Usage (from the repository root):
-  OMP_NUM_THREADS=2 nice -n 10 python -m scripts.benchmarks.ffn_routes --work /tmp/ffn_routes \
-      --json /tmp/ffn_routes/results.json --markdown /tmp/ffn_routes/tables.md
+Usage (from the repository root; BENCHMARKS.md section 12 has the run it records):
+  OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.ffn_routes --work /tmp/ffn_routes --tasks debian0 \
+      --repeats 20 --compute-threads 1 --timing-threads 1 --json /tmp/ffn_routes/debian0.json
+  python -m scripts.benchmarks.ffn_routes --tables-from /tmp/ffn_routes/*.json   # the tables, nothing measured
+  python -m scripts.benchmarks.ffn_routes --tasks demo --repeats 3 --json /tmp/demo.json   # every path in seconds
 """
 
 from __future__ import annotations
@@ -223,24 +225,6 @@ def run_task(task: Task, work: Path, repeats: int, routes: list[str], compensati
                       f"flops {r['report_flops_ratio']:.3f} speedup {r['measured_speedup']}", flush=True)
 
 
-def markdown(results: list[dict]) -> str:
-    out = []
-    for name in dict.fromkeys(r["task"] for r in results):
-        rows = [r for r in results if r["task"] == name]
-        first = rows[0]
-        out += [f"**{name}** (baseline {first['metric']} {100 * first['baseline']:.2f})", "",
-                "| route | target | compensate | layers dropped | heads removed | FFN neurons removed | predicted FLOPs | "
-                f"{first['metric']} | drop (points) | measured speedup (predicted) | params |",
-                "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in sorted(rows, key=lambda r: (-r["target_flops"], list(ROUTES).index(r["route"]), r["compensation"])):
-            speed = f"{r['measured_speedup']:.2f}x ({r['predicted_speedup']:.2f}x)" if r["measured_speedup"] else "-"
-            out.append(f"| {r['route']} | {r['target_flops']} | {r['compensation']} | {r['layers_removed'] or '-'} | "
-                       f"{r['heads_removed']} | {r['neurons_removed']} | {r['report_flops_ratio']:.3f} | {100 * r['pruned']:.2f} | "
-                       f"{round(-r['drop_points'], 2) + 0.0:+.2f} | {speed} | {r['params'] / 1e6:.2f} M ({r['params_ratio']:.2f}) |")
-        out.append("")
-    return "\n".join(out)
-
-
 KIND_TITLES = {"none": "none", "lstsq": "lstsq", "lstsq-attn": "lstsq, attention only", "lstsq+comp": "lstsq with FFN refit"}
 
 
@@ -316,7 +300,7 @@ def main() -> None:
     def sink(rows):
         args.json.write_text(json.dumps({"results": rows, "load_average": os.getloadavg()}, indent=1) + "\n")
         if args.markdown:
-            args.markdown.write_text(markdown(rows))
+            args.markdown.write_text(wide_markdown(rows))
 
     started = time.time()
     for task in tasks(args.work, args.tasks.split(",")):
