@@ -128,7 +128,7 @@ def test_demo_into_another_out_folder_is_byte_identical(shipped, at_root, tmp_pa
 
 
 def test_scripts_demo_runs_the_real_minilm_and_reports_a_real_trade_off(tmp_path, minilm_dir, monkeypatch):
-    """What `bash scripts/demo.sh` runs: all-MiniLM-L6-v2, heads and layers chosen together."""
+    """What `bash scripts/demo.sh` runs: all-MiniLM-L6-v2, heads and FFN neurons under one FLOPs budget."""
     script = (ROOT / "scripts" / "demo.sh").read_text()
     assert "headprune run configs/minilm.yaml" in script and "cat \"$OUT/report.md\"" in script
     monkeypatch.chdir(ROOT)
@@ -136,7 +136,7 @@ def test_scripts_demo_runs_the_real_minilm_and_reports_a_real_trade_off(tmp_path
     out = tmp_path / "minilm"
     assert main(["run", "configs/minilm.yaml", "--out", str(out), "--set", "stages.report.repeats=1"]) == 0
     plan = json.loads((out / "plan.json").read_text())
-    assert plan["strategy"] == "joint" and plan["remove_layers"]  # the speed comes from layers
+    assert plan["strategy"] == "budget" and plan["remove_ffn"] and plan["remove_heads"]  # heads and neurons together
     before, after = plan["predicted"]["before"]["flops_per_token"], plan["predicted"]["after"]["flops_per_token"]
     assert after <= 0.6 * before
     report = json.loads((out / "report.json").read_text())
