@@ -53,11 +53,11 @@ class PipelineConfig(BaseModel):
     stages: list[dict[str, Any]] = Field(min_length=1, description="The stages, run in order.")
 
 
-# --- the option table of a command, read from its Typer/click definition ---------------
+# --- the option table of a stage, read from its options model ---------------------------
 @dataclass
 class OptionSpec:
     key: str  # YAML key: the long option without dashes, '-' -> '_'
-    param: str  # click parameter name (the function argument)
+    param: str  # the options model's field name
     flag: str | None  # '--min-heads'; None for a positional argument
     annotation: Any
     is_flag: bool = False
