@@ -9,7 +9,7 @@ from headprune_cli.stages import prune as stage
 
 @from_options(stage.PruneOptions)
 def prune(opts: stage.PruneOptions):
-    """Remove heads and layers physically (smaller dense matrices); optionally compensate.
+    """Remove heads, FFN neurons and layers physically (smaller dense matrices); optionally compensate.
 
     With neither --plan nor --scores, a plan or a scores JSON is read from stdin.
     Compensation (retraining-free, seconds): `bias` adds the removed heads' mean

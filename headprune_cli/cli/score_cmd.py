@@ -9,7 +9,7 @@ from headprune_cli.stages import score as stage
 
 @from_options(stage.ScoreOptions)
 def score(opts: stage.ScoreOptions):
-    """Score the importance of every attention head (and, with --layers, every layer).
+    """Score the importance of every attention head (and, with --layers, every layer; with --ffn, every FFN neuron).
 
     Runs unchanged under `torchrun --nproc-per-node N -m headprune_cli score ...`: each
     process scores a shard of the batches, sums are all-reduced, rank 0 writes.

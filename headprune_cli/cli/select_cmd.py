@@ -9,7 +9,7 @@ from headprune_cli.stages import select as stage
 
 @from_options(stage.SelectOptions)
 def select(opts: stage.SelectOptions):
-    """Choose the heads (and layers) to remove from importance scores; writes a plan.
+    """Choose the heads, FFN neurons and layers to remove from importance scores; writes a plan.
 
     Every strategy respects every constraint: --min-heads per layer, --multiple-of,
     whole KV groups for grouped-query attention, --protect, and with --uniform the same
