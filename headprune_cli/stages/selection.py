@@ -263,14 +263,26 @@ def _greedy(chains: list[_Chain], done: Callable[[int, dict[int, int]], bool], l
     return prefixes()
 
 
-STRATEGIES: dict[str, Callable[..., dict[int, int]]] = {
-    "global": _global,
-    "layer": _layer,
-    "threshold": _threshold,
-    "budget": _budget,
-    "joint": None,  # heads and layers together: select_joint (stages/joint.py)
+@dataclass(frozen=True)
+class Strategy:
+    """A selection strategy as the registry declares it: the amount it takes (`ratio`,
+    `threshold` or a cost `target`), and how it chooses: `prefixes(chains, ...)` picks a
+    prefix of every layer's chain, or `whole(table, targets, constraints)` makes the whole
+    selection itself (heads and layers together)."""
+
+    amount: str
+    prefixes: Callable[..., dict[int, int]] | None = None
+    whole: Callable[..., "Selection"] | None = None
+
+
+STRATEGIES: dict[str, Strategy] = {
+    "global": Strategy("ratio", _global),
+    "layer": Strategy("ratio", _layer),
+    "threshold": Strategy("threshold", _threshold),
+    "budget": Strategy("target", _budget),
+    "joint": Strategy("target", whole=lambda table, tp, tf, c: select_joint(table, tp, tf, c)),  # stages/joint.py
 }
-AMOUNT = {"global": "ratio", "layer": "ratio", "threshold": "threshold", "budget": "target", "joint": "target"}
+AMOUNT = {name: s.amount for name, s in STRATEGIES.items()}
 
 
 def default_strategy(ratio, threshold, target_params, target_flops) -> str:
@@ -296,23 +308,26 @@ def select(
         raise UsageError(f"unknown strategy {chosen!r}{did_you_mean(chosen, STRATEGIES)}")
     _check_amount(chosen, ratio, threshold, target_params, target_flops)
     _check_table(table, constraints)
-    if table.ffn and AMOUNT[chosen] == "target":  # a cost budget over heads, FFN neurons and layers
+    entry = STRATEGIES[chosen]
+    if table.ffn and entry.amount == "target":  # a cost budget over heads, FFN neurons and layers
         from headprune_cli.stages.ffn_select import select_ffn
 
         return select_ffn(table, strategy, target_params, target_flops, constraints)
-    if chosen == "joint" or (strategy is None and chosen == "budget" and _joint_by_default(table, constraints)):
-        return select_joint(table, target_params, target_flops, constraints)
+    if strategy is None and entry.amount == "target" and _joint_by_default(table, constraints):
+        chosen, entry = "joint", STRATEGIES["joint"]
+    if entry.whole is not None:
+        return entry.whole(table, target_params, target_flops, constraints)
     drop = _layers_to_drop(table, constraints)
     chains = [_chain(table, layer, constraints) for layer in sorted(table.heads) if layer not in drop]
     kwargs: dict = {"ratio": ratio}
-    if chosen == "threshold":
+    if entry.amount == "threshold":
         kwargs["value"] = _threshold_value(table, chains, str(threshold))
-    if chosen == "budget":
+    if entry.amount == "target":
         kwargs["fits"] = _budget_check(table, chains, drop, target_params, target_flops)
     if constraints.uniform:
-        prefixes = uniform_levels.choose(chosen, table, chains, kwargs)
+        prefixes = uniform_levels.choose(entry.amount, table, chains, kwargs)
     else:
-        prefixes = STRATEGIES[chosen](chains, **kwargs)
+        prefixes = entry.prefixes(chains, **kwargs)
     remove = {ch.layer: ch.heads_removed(prefixes[ch.layer]) for ch in chains}
     remove = {layer: heads for layer, heads in remove.items() if heads}
     selection = Selection(strategy=chosen, remove_heads=remove, remove_layers=drop)
@@ -321,7 +336,7 @@ def select(
             "before": predict(table.cost, table.kept()),
             "after": predict(table.cost, table.kept(), remove, drop),
         }
-    if chosen == "budget" and not kwargs["fits"](prefixes):
+    if entry.amount == "target" and not kwargs["fits"](prefixes):
         raise UsageError(f"the budget cannot be met within the constraints (best: {_fraction(selection, target_params)})")
     return selection
 

@@ -77,10 +77,11 @@ def by_budget(options: list[Level], fits: Callable[[Level], bool]) -> Level:
     return next((lv for lv in options if fits(lv)), options[-1])
 
 
-def choose(strategy: str, table: "ScoreTable", chains: list["_Chain"], kwargs: dict) -> Level:
+def choose(amount: str, table: "ScoreTable", chains: list["_Chain"], kwargs: dict) -> Level:
+    """The uniform level for a strategy's amount (its registry entry's `amount`)."""
     options = levels(table, chains)
-    if strategy in ("global", "layer"):
+    if amount == "ratio":
         return by_ratio(chains, options, kwargs["ratio"])
-    if strategy == "threshold":
+    if amount == "threshold":
         return by_threshold(table, chains, options, kwargs["value"])
     return by_budget(options, kwargs["fits"])
