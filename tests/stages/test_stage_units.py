@@ -12,12 +12,10 @@ import json
 import pytest
 import torch
 from rich.console import Console
-from safetensors.torch import save_file
 
-from headprune_cli import load, save
+from headprune_cli import load
 from headprune_cli.errors import CheckpointError, UsageError
 from headprune_cli.fileio import sha256_file
-from headprune_cli.model.surgery import apply_plan
 from headprune_cli.stages import export_stage, import_stage, objectives
 from headprune_cli.stages.finetune import stage as finetune_stage
 from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
@@ -34,23 +32,8 @@ def _context(progress: bool = True) -> tuple[Context, io.StringIO]:
     return Context(Console(file=text, width=200), progress=progress), text
 
 
-def _tensor_set(path, rows: int = 32, seed: int = 0):
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(2, VOCAB, (rows, 8), generator=gen)
-    save_file({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids[:, 0] % 2}, str(path))
-    return path
 
 
-@pytest.fixture
-def pruned(tmp_path):
-    """root.safetensors, pruned.safetensors (two heads fewer, provenance to the root), data."""
-    save(TINY["reference"](), tmp_path / "root.safetensors")
-    model = load(tmp_path / "root.safetensors")
-    apply_plan(model, {0: [1], 2: [0]}, [])
-    save(model, tmp_path / "pruned.safetensors")
-    _tensor_set(tmp_path / "train.safetensors")
-    _tensor_set(tmp_path / "dev.safetensors", rows=16, seed=1)
-    return tmp_path / "pruned.safetensors"
 
 
 # --- which way a metric improves: one table ---------------------------------------

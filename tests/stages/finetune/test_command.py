@@ -12,7 +12,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from headprune_cli import load, save
-from headprune_cli.model.surgery import apply_plan
 
 from tests.support import TINY, VOCAB, assert_refused, snapshot
 
@@ -24,16 +23,6 @@ def _tensor_set(path: Path, rows: int = 32, seed: int = 0, labels_mod: int = 2) 
     return path
 
 
-@pytest.fixture
-def pruned(tmp_path) -> Path:
-    """root.safetensors and pruned.safetensors (2 heads removed) with provenance to the root."""
-    save(TINY["reference"](), tmp_path / "root.safetensors")
-    model = load(tmp_path / "root.safetensors")
-    apply_plan(model, {0: [1], 2: [0]}, [])
-    save(model, tmp_path / "pruned.safetensors")
-    _tensor_set(tmp_path / "train.safetensors")
-    _tensor_set(tmp_path / "dev.safetensors", rows=16, seed=1)
-    return tmp_path / "pruned.safetensors"
 
 
 def test_finetune_writes_a_checkpoint_and_cleans_its_state(cli, pruned):
