@@ -10,11 +10,11 @@ for seed in 0 1; do
   M=$T/model.safetensors; [ $seed = 1 ] && M=$T/model-seed1.safetensors
   W=${OUT:-/tmp/ffn_recovery}/s$seed; rm -rf $W; mkdir -p $W
   start=$(date +%s)
-  headprune score $M --data $T/calib.jsonl --method fisher --ffn --max-length 32 -o $W/scores.json
-  headprune select $W/scores.json --target-flops 0.5 -o $W/plan.json
-  headprune prune $M --plan $W/plan.json -o $W/pruned.safetensors
-  headprune finetune $W/pruned.safetensors --data $T/train.jsonl --eval-data $T/dev.jsonl --teacher auto --epochs 1 --max-length 32 --seed $seed -o $W/ft.safetensors
-  OMP_NUM_THREADS=1 headprune report --model $W/ft.safetensors --baseline $M --data $T/dev.jsonl --seq-len 32 --batch-size 8 --threads 1 --repeats 20 --json $W/report.json --markdown $W/report.md
-  OMP_NUM_THREADS=1 headprune report --model $W/pruned.safetensors --baseline $M --data $T/dev.jsonl --seq-len 32 --batch-size 8 --threads 1 --repeats 20 --json $W/report-before.json
+  headprune score $M --data $T/calib.jsonl --method fisher --ffn --max-length 32 -o $W/scores.json --force
+  headprune select $W/scores.json --target-flops 0.5 -o $W/plan.json --force
+  headprune prune $M --plan $W/plan.json -o $W/pruned.safetensors --force
+  headprune finetune $W/pruned.safetensors --data $T/train.jsonl --eval-data $T/dev.jsonl --teacher auto --epochs 1 --max-length 32 --seed $seed -o $W/ft.safetensors --force
+  OMP_NUM_THREADS=1 headprune report --model $W/ft.safetensors --baseline $M --data $T/dev.jsonl --seq-len 32 --batch-size 8 --threads 1 --repeats 20 --json $W/report.json --markdown $W/report.md --force
+  OMP_NUM_THREADS=1 headprune report --model $W/pruned.safetensors --baseline $M --data $T/dev.jsonl --seq-len 32 --batch-size 8 --threads 1 --repeats 20 --json $W/report-before.json --force
   echo "seed $seed took $(( $(date +%s) - start )) s"
 done
