@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 source .venv/bin/activate
 for seed in 0 1; do
   M=$T/model.safetensors; [ $seed = 1 ] && M=$T/model-seed1.safetensors
-  W=${OUT:-/tmp/ffn_recovery}/s$seed; rm -rf $W; mkdir -p $W
+  W=${OUT:-/tmp/ffn_recovery}/s$seed; mkdir -p $W  # reruns replace only headprune's own outputs (--force)
   start=$(date +%s)
   headprune score $M --data $T/calib.jsonl --method fisher --ffn --max-length 32 -o $W/scores.json --force
   headprune select $W/scores.json --target-flops 0.5 -o $W/plan.json --force
