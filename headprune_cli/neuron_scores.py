@@ -51,12 +51,13 @@ class FFNLayer(BaseModel):
     kept: list[list[int]]  # original neuron indices the scored model keeps, as [start, stop) runs
     scores: str  # ENCODING of one score per kept neuron, in the order of `kept`
     _kept: list[int] = PrivateAttr(default_factory=list)  # `kept` expanded, set when validated
+    _values: list[float] = PrivateAttr(default_factory=list)  # `scores` decoded, set when validated
 
     def kept_indices(self) -> list[int]:
         return self._kept
 
     def values(self) -> list[float]:
-        return decode(self.scores, len(self._kept))
+        return self._values
 
 
 class FFNScores(BaseModel):
@@ -88,7 +89,7 @@ class FFNScores(BaseModel):
                 raise ValueError(f"ffn.layers.{layer}.kept: [start, stop) runs of neuron indices, increasing, within the width")
             entry._kept = kept
             try:
-                entry.values()
+                entry._values = decode(entry.scores, len(kept))  # decoded once, here: readers take it from values()
             except ValueError as exc:
                 raise ValueError(f"ffn.layers.{layer}.scores {exc}") from None
         return self

@@ -23,6 +23,7 @@ removed score that fits is taken.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import accumulate
 
 from headprune_cli.errors import UsageError
 from headprune_cli.model.cost_table import predict
@@ -38,9 +39,6 @@ class NeuronChain:
 
     def removed(self, i: int) -> list[int]:
         return sorted(n for _, n in self.order[: self.allowed[i]])
-
-    def loss(self, i: int) -> float:
-        return sum(s for s, _ in self.order[: self.allowed[i]])
 
     def step(self, i: int) -> tuple[float, int]:
         """(mean score per neuron, neurons) of going from allowed[i] to allowed[i + 1]."""
@@ -101,11 +99,10 @@ def layers_of(table, head_chains, neuron_chains, key: str) -> dict[int, _Layer]:
     out = {}
     for ch in head_chains:
         nc = neurons.get(ch.layer)
-        paid, total = [], 0.0
+        paid = []
         if nc is not None:
-            for i, count in enumerate(nc.allowed):
-                total += sum(s for s, _ in nc.order[(nc.allowed[i - 1] if i else 0):count])
-                paid.append(total)
+            prefix = [0.0, *accumulate(s for s, _ in nc.order)]  # loss of removing the first k neurons
+            paid = [prefix[count] for count in nc.allowed]
         out[ch.layer] = _Layer(ch, nc, joint._prices(table, ch, key), joint._paid(ch), getattr(costs[ch.layer], per_neuron), paid)
     return out
 
@@ -120,7 +117,7 @@ def choose(table, layers: dict[int, _Layer], key: str, limit: float, droppable: 
     def total(s, d) -> float:
         return outside + sum(layers[l].price(*s[l]) for l in s if l not in d)
 
-    while (now := total(state, dropped)) > limit:
+    while total(state, dropped) > limit:
         options = _options(table, layers, state, dropped, droppable)
         if not options:
             break
@@ -212,7 +209,7 @@ def choose_uniform(table, layers: dict[int, _Layer], key: str, limit: float):
     return None if best is None else best[1]
 
 
-def select_ffn(table, strategy: str | None, target_params, target_flops, c) -> "Selection":
+def select_ffn(table, strategy: str | None, target_params, target_flops, c):
     """Heads, FFN neurons (and layers) under one cost budget; see the module docstring."""
     from headprune_cli.stages.selection import Selection, _chain, _fraction, _layers_to_drop
 

@@ -6,11 +6,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
-from headprune_cli.device import DEVICE_HELP, DTYPE_HELP
 from headprune_cli.errors import UsageError
 from headprune_cli.outputs import check_output
 from headprune_cli.stages.importance.registry import DEFAULT_LAYER_METHOD, HEAD_METHODS, check_ffn, head_method, layer_method
-from headprune_cli.stages.unit import Context, Options, Result, Stage, option
+from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
 
 LAYER_METHOD_HELP = (
     "refit (default: loss change when the layer is dropped and the rest refit briefly, what recovery can win back; "
@@ -36,8 +35,8 @@ class ScoreOptions(Options):
     normalize: bool = option(True, "gradient: divide each layer's scores by their L2 norm.", negative="--no-normalize")
     output: Optional[Path] = option(None, "Write the scores JSON here (default: stdout).", "--output", "-o")
     force: bool = option(False, "Overwrite an existing output file.")
-    device: str = option("auto", DEVICE_HELP)
-    dtype: str = option("auto", DTYPE_HELP)
+    device: str = device_option()
+    dtype: str = dtype_option()
 
     def check(self) -> None:
         """Refusals that need neither the model nor the data."""

@@ -117,7 +117,7 @@ class _Space:
 
 def search(
     table: ScoreTable,
-    loss: Callable[[dict, list], float],
+    loss: Callable[[dict, list, dict], float],
     *,
     ratio: float | None = None,
     target_params: float | None = None,
@@ -127,7 +127,7 @@ def search(
     seed: int = 0,
     on_evaluation: Callable[[int, float], None] = lambda n, best: None,
 ) -> SearchResult:
-    """The best plan found from the greedy one, by `loss(remove_heads, remove_layers)`."""
+    """The best plan found from the greedy one, by `loss(remove_heads, remove_layers, remove_ffn)`."""
     if evaluations < 1:
         raise UsageError(f"the search needs at least 1 evaluation (got {evaluations})")
     if constraints.uniform:
@@ -135,7 +135,7 @@ def search(
     start = select(table, None, ratio=ratio, target_params=target_params, target_flops=target_flops, constraints=constraints)
     space = _space(table, start, ratio, target_params, target_flops, constraints)
     current = _state_of(space, start)
-    best_loss = _measure(loss, space, current)
+    best_loss = loss(*space.removal(current))
     result = SearchResult(start, best_loss, best_loss, 1, 0, [best_loss])
     on_evaluation(1, best_loss)
     rng, seen = random.Random(seed), {current}
@@ -145,7 +145,7 @@ def search(
             if candidate in seen or not space.fits(candidate):
                 continue
             seen.add(candidate)
-            value = _measure(loss, space, candidate)
+            value = loss(*space.removal(candidate))
             result.evaluations += 1
             if value < best_loss:
                 current, best_loss, improved = candidate, value, True
@@ -159,11 +159,6 @@ def search(
     result.best_loss = best_loss
     result.selection = _selection(space, current)
     return result
-
-
-def _measure(loss, space: _Space, state: State) -> float:
-    remove_heads, remove_layers, remove_ffn = space.removal(state)
-    return loss(remove_heads, remove_layers, remove_ffn) if remove_ffn else loss(remove_heads, remove_layers)
 
 
 def _space(table, start: Selection, ratio, target_params, target_flops, c: Constraints) -> _Space:

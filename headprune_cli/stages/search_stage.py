@@ -10,13 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from headprune_cli.device import DEVICE_HELP, DTYPE_HELP
 from headprune_cli.errors import DataError, UsageError
 from headprune_cli.outputs import check_output
 from headprune_cli.stages.importance.registry import HEAD_METHODS
 from headprune_cli.stages.score import LAYER_METHOD_HELP
 from headprune_cli.stages.select import ConstraintOptions, ratio_option, target_flops_option, target_params_option
-from headprune_cli.stages.unit import Context, Result, Stage, option
+from headprune_cli.stages.unit import Context, Result, Stage, device_option, dtype_option, option
 
 DEFAULT_EVALUATIONS = 100  # about a minute on all-MiniLM-L6-v2 with 64 held-out texts (BENCHMARKS.md)
 MAX_EVALUATIONS = 100_000
@@ -42,8 +41,8 @@ class SearchOptions(ConstraintOptions):
     seed: int = option(0, "Seed of the search order (and of anything stochastic in scoring).")
     output: Optional[Path] = option(None, "Plan JSON to write (default: stdout).", "-o", "--output")
     force: bool = option(False, "Overwrite OUTPUT if it exists.")
-    device: str = option("auto", DEVICE_HELP)
-    dtype: str = option("auto", DTYPE_HELP)
+    device: str = device_option()
+    dtype: str = dtype_option()
 
     def check(self) -> None:
         given = [v for v in (self.ratio, self.target_params, self.target_flops) if v is not None]

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from headprune_cli.model.cost_table import CostTable, predict
+from headprune_cli.model.cost_table import predict
 from headprune_cli.stages.scores import ScoreTable  # noqa: F401  (selection's input type; imported from here too)
 from headprune_cli.errors import NumericalError, UsageError, shorten
 from headprune_cli.stages import joint

@@ -42,7 +42,7 @@ class SweepSettings:
 
 def check_options(opts: SweepSettings) -> None:
     from headprune_cli.stages.compensation import METHODS as COMPENSATIONS
-    from headprune_cli.stages.importance.api import HEAD_METHODS
+    from headprune_cli.stages.importance.registry import HEAD_METHODS
     from headprune_cli.names import did_you_mean
 
     for method in opts.methods:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from headprune_cli.device import DEVICE_HELP, DTYPE_HELP
 from headprune_cli.outputs import check_folder, check_output, make_folder
 from headprune_cli.stages.sweep import DEFAULT_RATIOS, SweepSettings, check_options
 from headprune_cli.stages.sweep_budget import ROUTES, check_routes
-from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, option
+from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, device_option, dtype_option, option
 
 FILES = {"json": "sweep.json", "md": "sweep.md", "png": "curve.png"}
 
@@ -31,8 +30,8 @@ class SweepOptions(Options):
     seed: int = option(0, "")
     output: Optional[Path] = option(None, "Folder for sweep.json, sweep.md and curve.png (else JSON on stdout).", "-o", "--output")
     force: bool = option(False, "Overwrite existing output files.")
-    device: str = option("auto", DEVICE_HELP)
-    dtype: str = option("auto", DTYPE_HELP)
+    device: str = device_option()
+    dtype: str = dtype_option()
 
     def settings(self) -> SweepSettings:
         budget = self.target_flops is not None

@@ -48,6 +48,20 @@ def option(default: Any = ..., help: str = "", *flags: str, ge: float | None = N
     return Field(default, description=help, ge=ge, le=le, json_schema_extra=extra)
 
 
+def device_option(help: str | None = None) -> Any:
+    """--device, stated once: where a stage computes (device.py resolves it)."""
+    from headprune_cli.device import DEVICE_HELP
+
+    return option("auto", help or DEVICE_HELP)
+
+
+def dtype_option(help: str | None = None) -> Any:
+    """--dtype, stated once: the compute dtype; what is saved keeps the stored dtype."""
+    from headprune_cli.device import DTYPE_HELP
+
+    return option("auto", help or DTYPE_HELP)
+
+
 def _is_list(annotation) -> bool:
     args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
     return any(typing.get_origin(a) in (list, tuple) for a in args)

@@ -26,7 +26,7 @@ def _quadratic(weights):
     """A loss that punishes removing several heads of one layer: not additive, as real losses are not."""
     seen = []
 
-    def loss(remove_heads, remove_layers):
+    def loss(remove_heads, remove_layers, remove_ffn):
         seen.append({k: list(v) for k, v in remove_heads.items()})
         return float(sum(w * len(remove_heads.get(layer, [])) ** 2 for layer, w in enumerate(weights)))
 

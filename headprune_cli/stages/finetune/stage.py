@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from headprune_cli.device import DEVICE_HELP, check as check_device, dtype_name
+from headprune_cli.device import check as check_device, dtype_name
 from headprune_cli.outputs import check_distinct, check_folder, check_output, remove_folder
 from headprune_cli.stages.select import ratio_option, target_flops_option, target_params_option
-from headprune_cli.stages.unit import Context, Options, Result, Stage, option
+from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, option
 
 CONSTRAINTS = ("min_heads", "multiple_of", "protect", "uniform")
 
@@ -40,7 +40,7 @@ class FinetuneOptions(Options):
     save_every: int = option(50, "Save the training state every N steps.", ge=1)
     resume: bool = option(False, "Continue from the saved training state.")
     force: bool = option(False, "Overwrite OUT if it exists.")
-    device: str = option("auto", DEVICE_HELP)
+    device: str = device_option()
     dtype: str = option(
         "auto", "Training dtype: auto (stored), float32 (float32 master weights for a bf16 model), bfloat16, float16; the output keeps the stored dtype.",
     )

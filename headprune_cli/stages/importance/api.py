@@ -20,7 +20,7 @@ from headprune_cli.stages.importance.context import ProgressFactory, ScoreContex
 from headprune_cli.stages.importance.gradients import gradient_stats
 from headprune_cli.stages.importance.layers import attention_loss, ffn_loss
 from headprune_cli.stages.importance.neurons import activation_stats, neuron_scores
-from headprune_cli.stages.importance.registry import HEAD_METHODS, LAYER_METHODS, check_ffn, head_method, layer_method
+from headprune_cli.stages.importance.registry import check_ffn, head_method, layer_method
 
 
 def make_scorer(method: str, *, normalize: bool = True, weights: Mapping[str, float] | None = None):

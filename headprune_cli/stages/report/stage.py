@@ -12,11 +12,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Optional
 
-from headprune_cli.device import DEVICE_HELP, DTYPE_HELP, check as check_device
+from headprune_cli.device import check as check_device
 from headprune_cli.errors import EXIT_GATE_FAILED, UsageError
 from headprune_cli.outputs import check_distinct, check_folder, check_output, make_folder
 from headprune_cli.schema import portable_path, write_artifact
-from headprune_cli.stages.unit import Context, Options, Result, Stage, option
+from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
 
 
 class ReportStageOptions(Options):
@@ -43,8 +43,8 @@ class ReportStageOptions(Options):
     )
     junit_out: Optional[Path] = option(None, "Write JUnit XML, one test case per gate.", "--junit")
     force: bool = option(False, "Overwrite existing output files.")
-    device: str = option("auto", DEVICE_HELP)
-    dtype: str = option("auto", DTYPE_HELP)
+    device: str = device_option()
+    dtype: str = dtype_option()
     # Serving a causal LM (ignored for encoders): KV cache on, prefill then decode, timed like --repeats.
     decode_prompt: int | None = option(
         None, "Causal LMs: prompt tokens prefilled before decoding (default: 128, or fewer to fit the model's positions).", ge=1,
