@@ -32,7 +32,7 @@ from scripts.tools.make_trained_lm import RECIPES, build, default_cache, with_pa
 from scripts.tools.lm_corpus import debian_documents
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ("kv", "layers", "joint", "peer", "finetune", "decode")
+SECTIONS = ("kv", "ffn", "both", "layers", "joint", "peer", "finetune", "decode")
 COMPENSATIONS = ("none", "bias", "lstsq")
 
 
@@ -156,6 +156,21 @@ def kv_rows(bench: Bench, keeps=("0.95", "0.90")) -> None:
     prune_variants(bench, "kv", "", heads, keeps, with_bias=True)
 
 
+def ffn_rows(bench: Bench, keeps=("0.80", "0.50")) -> None:
+    """FFN neurons only: every head kept (`--min-heads` = the heads per layer)."""
+    scores = bench.scores("ffn-fisher", "--method", "fisher", "--ffn")
+    all_heads = str(bench.base.config.num_attention_heads)
+    for keep, uniform, comp in variants(keeps, with_bias=True):
+        label = f"keep {keep} {'uniform' if uniform else 'per-layer'} {comp}"
+        bench.try_prune("ffn", label, scores, "--target-params", keep, "--min-heads", all_heads,
+                        *(["--uniform"] if uniform else []), compensate=comp)
+
+
+def both_rows(bench: Bench, keeps=("0.80", "0.50")) -> None:
+    """KV groups and FFN neurons under one parameter budget (fisher scores both)."""
+    prune_variants(bench, "both", "", bench.scores("ffn-fisher", "--method", "fisher", "--ffn"), keeps, with_bias=False)
+
+
 def layer_scores(bench: Bench, method: str):
     return bench.scores(f"layers-{method}", "--method", "taylor", "--layers", "--layer-method", method)
 
@@ -199,7 +214,7 @@ def finetune_rows(bench: Bench, docs: int, keep: str = "0.50") -> None:
     train = bench.work / "finetune-train.txt"
     lines = Path(bench.summary["train"]).read_text(encoding="utf-8").splitlines()[:docs]
     train.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    cuts = [r for r in bench.rows if r.section == "joint" and f"keep {keep} per-layer" in r.label and r.label.startswith("refit")]
+    cuts = [r for r in bench.rows if r.section in ("ffn", "both", "joint") and f"keep {keep} per-layer" in r.label]
     for row in sorted(cuts, key=lambda r: r.perplexity)[:1]:  # the best retraining-free cut at `keep`
         source = Path(row.extra["checkpoint"])
         out = source.with_name(source.stem + "-ft.safetensors")
@@ -218,7 +233,7 @@ def decode_rows(bench: Bench, repeats: int, context: int = 512) -> list[dict]:
 
     base = AutoModelForCausalLM.from_pretrained(bench.summary["hf_folder"], local_files_only=True).eval()
     results = []
-    for row in [r for r in bench.rows if "uniform" in r.label and r.label.endswith("lstsq") and r.section in ("kv", "joint")
+    for row in [r for r in bench.rows if "uniform" in r.label and r.label.endswith("lstsq") and r.section in ("kv", "ffn", "both", "joint")
                 ]:
         folder = Path(row.extra["checkpoint"]).with_suffix(".hf")
         bench.headprune("export", row.extra["checkpoint"], "--hf", str(folder), "--force")
@@ -242,6 +257,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/trained-lm-bench"))
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--peer-python", help="python of a venv with torch-pruning (the peer rows need it)")
+    parser.add_argument("--keeps", default="0.80,0.50",
+                        help="fractions of all parameters to keep (the budgets of the kv-free sections)")
     parser.add_argument("--eval-docs", type=int, default=1000)
     parser.add_argument("--finetune-docs", type=int, default=2000)
     parser.add_argument("--decode-repeats", type=int, default=5)
@@ -255,17 +272,22 @@ def main(argv: list[str] | None = None) -> None:
     base_ppl, _ = bench.perplexity(bench.model_path)
     chosen = args.sections.split(",")
     quick = args.quick
+    keeps = tuple(args.keeps.split(","))
     started = time.perf_counter()
     if "kv" in chosen:
         kv_rows(bench, ("0.90",) if quick else ("0.95", "0.90"))
+    if "ffn" in chosen:
+        ffn_rows(bench, ("0.80",) if quick else keeps)
+    if "both" in chosen:
+        both_rows(bench, ("0.80",) if quick else keeps)
     if "layers" in chosen:
         layer_rows(bench, ("1",) if quick else ("2", "3"))
     if "joint" in chosen:
-        joint_rows(bench, ("0.80",) if quick else ("0.80", "0.50"))
+        joint_rows(bench, ("0.80",) if quick else keeps)
     if "peer" in chosen and args.peer_python:
-        peer_rows(bench, args.peer_python, ("0.80",) if quick else ("0.80", "0.50"))
+        peer_rows(bench, args.peer_python, ("0.80",) if quick else keeps)
     if "finetune" in chosen:
-        finetune_rows(bench, args.finetune_docs, "0.80" if quick else "0.50")
+        finetune_rows(bench, args.finetune_docs, "0.80" if quick else keeps[-1])
     decode = decode_rows(bench, args.decode_repeats, 64 if quick else 512) if "decode" in chosen else []
     result = {"model": summary, "baseline_perplexity": base_ppl, "baseline_parameters": bench.base_params,
               "eval_docs": args.eval_docs, "rows": [asdict(r) for r in bench.rows], "decode": decode, "failures": bench.failures,

@@ -5,7 +5,7 @@ GroupMagnitudeImportance(p=2, mean), local (uniform) pruning of the hidden size,
 heads (prune_num_heads, not head dims, so RoPE is untouched) and the FFN at one ratio,
 lm_head ignored, round_to=4, traced on the text "Hello world.". The method is data-free
 (weight magnitudes), so it takes no calibration text. To meet a parameter count this
-bisects the ratio on the predicted count, then prunes once (the real count is reported).
+bisects the ratio on the real count of pruned copies (the count is reported).
 
 Usage (peer venv, no headprune needed):
   python scripts/benchmarks/trained_lm_peer.py HF_FOLDER --keep 0.8 -o OUT_FOLDER
@@ -16,6 +16,29 @@ from __future__ import annotations
 
 import argparse
 import json
+
+
+def traceable_rotary() -> None:
+    """Swap transformers' LLaMA `rotate_half` for an exactly equal form Torch-Pruning can trace.
+
+    rotate_half slices the head dimension in two and concatenates [-x2, x1]; in the graph
+    Torch-Pruning 1.6.1 traces (torch 2.13, transformers 4.46 and 5.24 alike) those slice and
+    concat nodes form a cycle whose index mapping shifts on every pass, so building the
+    pruning groups never ends (upstream: VainF/Torch-Pruning issue #527, still open). A roll
+    by half the width times a sign vector is the same function, bit for bit (a permutation
+    and a negation), and traces as element-wise ops. The pruning method is unchanged.
+    """
+    import torch
+    import transformers.models.llama.modeling_llama as llama
+
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        sign = torch.cat([-torch.ones(half, dtype=x.dtype), torch.ones(half, dtype=x.dtype)])
+        return torch.roll(x, half, -1) * sign
+
+    probe = torch.randn(2, 3, 8)
+    assert torch.equal(llama.rotate_half(probe), rotate_half(probe))
+    llama.rotate_half = rotate_half
 
 
 def prune(model, ratio: float, example):
@@ -51,21 +74,27 @@ def prune(model, ratio: float, example):
     return model
 
 
-def predicted_count(config, ratio: float) -> int:
-    """Parameters after removing `ratio` of the hidden width, KV groups and FFN channels."""
-    def round4(n: float) -> int:
-        return max(4, int(round(n / 4)) * 4)
-
-    hidden, ffn = round4(config.hidden_size * (1 - ratio)), round4(config.intermediate_size * (1 - ratio))
-    kv = max(1, round(config.num_key_value_heads * (1 - ratio)))
-    q = kv * (config.num_attention_heads // config.num_key_value_heads)
-    head_dim = config.head_dim
-    layer = hidden * q * head_dim * 2 + 2 * hidden * kv * head_dim + 3 * hidden * ffn + 2 * hidden
-    return config.num_hidden_layers * layer + 2 * config.vocab_size * hidden + hidden
-
-
 def count(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def bisect_ratio(base, target: float, example, steps: int = 12):
+    """The smallest ratio whose pruned copy has at most `target` parameters, found by
+    pruning copies (seconds each at this size): the method's own rounding (round_to=4,
+    whole heads) decides the real count, which no closed form predicts well."""
+    import copy
+
+    low, high, best = 0.0, 0.95, None
+    for _ in range(steps):
+        ratio = round((low + high) / 2, 4)
+        model = prune(copy.deepcopy(base), ratio, example)
+        if count(model) <= target:
+            high, best = ratio, (ratio, model)
+        else:
+            low = ratio
+    if best is None:
+        raise SystemExit(f"no ratio up to {high} reaches {target:.0f} parameters")
+    return best
 
 
 def main() -> None:
@@ -80,22 +109,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(2)
+    traceable_rotary()
     base = AutoModelForCausalLM.from_pretrained(args.folder, local_files_only=True).eval()
     tokenizer = Tokenizer.from_file(f"{args.folder}/tokenizer.json")
     example = torch.tensor([tokenizer.encode("Hello world.").ids])
-    target = args.keep * count(base)
-    # Building Torch-Pruning's dependency graph of a LLaMA takes minutes on 2 shared
-    # cores (every layer shares the residual width), so the ratio is found on the
-    # predicted count and the model pruned once; the JSON reports the real count.
-    low, high = 0.0, 0.95
-    for _ in range(30):
-        ratio = (low + high) / 2
-        low, high = (ratio, high) if predicted_count(base.config, ratio) > target else (low, ratio)
-    ratio = round((low + high) / 2, 4)
-    best = (None, ratio, prune(base, ratio, example))
-    _, ratio, model = best
+    baseline = count(base)
+    ratio, model = bisect_ratio(base, args.keep * baseline, example)
     model.save_pretrained(args.output)
-    print(json.dumps({"ratio": ratio, "parameters": count(model), "baseline_parameters": count(base),
+    print(json.dumps({"ratio": ratio, "parameters": count(model), "baseline_parameters": baseline,
                       "config": {k: getattr(model.config, k) for k in ("hidden_size", "num_attention_heads",
                                                                         "num_key_value_heads", "intermediate_size")}}))
 
