@@ -142,5 +142,5 @@ def summary(plan: dict) -> str:
 
 STAGE = Stage(
     "select", SelectOptions, run, stem="plan",
-    inputs={"scores": ("scores",)}, outputs={"output": "{stem}.json"}, makes={"plan": "output"}, needs=("scores",),
+    inputs={"scores": ("scores",), "latency": ("latency",)}, outputs={"output": "{stem}.json"}, makes={"plan": "output"}, needs=("scores",),
 )
