@@ -52,9 +52,13 @@ def latency_table(model_path: Path, shape: dict, attention, ffn=lambda layer, wi
     return artifact
 
 
-def shape_of(model) -> dict:
+def shape_of(model, model_path: Path) -> dict:
+    """The model's shape as a latency table records it (`model_path`: where it was saved)."""
+    from headprune_cli.model.layout import info_of
     from headprune_cli.stages.profile.build import model_shape
 
+    if info_of(model).loaded_from is None:  # a model built in the test
+        info_of(model).loaded_from = (str(model_path), sha256_file(model_path))
     return model_shape(model)
 
 
@@ -62,11 +66,7 @@ def write_latency(path: Path, model, model_path: Path, **kwargs) -> Path:
     """A table pricing every attention unit 1 ms and every FFN neuron 0.01 ms, plus 1 ms fixed per layer."""
     defaults = {"attention": lambda layer, units: 1.0 + units + 0.01 * shape["ffn"][str(layer)],
                 "ffn": lambda layer, width: 0.01 * (shape["ffn"][str(layer)] - width)}
-    from headprune_cli.model.layout import info_of
-
-    if info_of(model).loaded_from is None:  # a model built in the test, saved at model_path
-        info_of(model).loaded_from = (str(model_path), sha256_file(model_path))
-    shape = shape_of(model)
+    shape = shape_of(model, model_path)
     path.write_text(dumps(latency_table(model_path, shape, **{**defaults, **kwargs})))
     return path
 

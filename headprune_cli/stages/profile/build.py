@@ -22,10 +22,8 @@ CONFIG_KEYS = ("device", "dtype", "batch_size", "seq_len", "threads", "points", 
 
 
 def profile_checkpoint(opts, advance=lambda total=None: None) -> dict:
-    from headprune_cli.model.checkpoint import load, read_info
-    from headprune_cli.stages.profile.stage import check_context
+    from headprune_cli.model.checkpoint import load
 
-    check_context(opts, read_info(opts.model).task)  # before the model is built
     model = load(opts.model)
     placement = place(model, opts.device, opts.dtype)
     seq = opts.seq_len or min(DEFAULT_SEQ_LEN, adapter_for(model).max_positions(model) or DEFAULT_SEQ_LEN)

@@ -45,7 +45,10 @@ def run(opts: ProfileOptions, ctx: Context) -> Result:
     if opts.output is not None:
         check_output(opts.output, opts.force, inputs=[opts.model])
     check_device(opts.device, opts.dtype)
+    from headprune_cli.model.checkpoint import read_info
     from headprune_cli.stages.profile.build import profile_checkpoint
+
+    check_context(opts, read_info(opts.model).task)  # before the model is built or a bar is drawn
 
     with _progress(ctx) as advance:
         artifact = profile_checkpoint(opts, advance)

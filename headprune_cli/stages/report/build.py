@@ -283,6 +283,11 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     for model in (baseline, pruned):
         place(model, opts.device, opts.dtype)
     base_sha, new_sha = info_of(baseline).loaded_from[1], info_of(pruned).loaded_from[1]
+    table = None
+    if opts.latency is not None:
+        from headprune_cli.stages.report.latency_cost import read_table
+
+        table = read_table(opts.latency, baseline, base_sha)
     warnings = []
     family_tree = lineage(pruned_path, base_sha, new_sha)
     if not family_tree["descendant"]:
@@ -300,10 +305,10 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
         measured["speedup_vs_predicted"] = measured["speedup"] / predicted
         measured["decode"] = serving.measure_decode(baseline, pruned, decode, opts.threads, opts.repeats, opts.warmup) if decode else None
     latency = None
-    if opts.latency is not None:
+    if table is not None:
         from headprune_cli.stages.report.latency_cost import latency_section
 
-        latency = latency_section(opts.latency, baseline, pruned, base_sha, measured, predicted, opts.batch_size, seq_len, opts.threads)
+        latency = latency_section(opts.latency, *table, baseline, pruned, measured, predicted, opts.batch_size, seq_len, opts.threads)
     gate_list = gates(main, measured and measured["speedup"], opts.max_drop, opts.max_rel_drop, opts.min_speedup)
     inputs = [input_ref("baseline", baseline_path, base_sha), input_ref("pruned", pruned_path, new_sha), input_ref("data", data)]
     if scores_path is not None:

@@ -41,9 +41,9 @@ def differences(artifact, here: dict) -> list[str]:
     return [f"{key} {table[key]} (table) vs {here[key]} (report)" for key in table if table[key] != here[key]]
 
 
-def latency_section(path, baseline: nn.Module, pruned: nn.Module, base_sha: str, measured: dict | None,
-                    flops_speedup: float, batch: int, seq_len: int, threads: int) -> dict:
-    """The report's `cost.latency`."""
+def read_table(path, baseline: nn.Module, base_sha: str) -> tuple:
+    """(artifact, sha256) of the baseline's latency table, refused when it is another model's:
+    checked before the report evaluates anything."""
     from headprune_cli.schema import read_artifact
     from headprune_cli.stages.latency_select import check_belongs
     from headprune_cli.stages.profile import schema  # noqa: F401  (registers the `latency` kind)
@@ -51,6 +51,13 @@ def latency_section(path, baseline: nn.Module, pruned: nn.Module, base_sha: str,
     artifact, sha = read_artifact(path, ("latency",))
     heads, widths = layout_counts(baseline)
     check_belongs(artifact, base_sha, {"heads": heads, "ffn": widths}, f"{path} (the baseline's latency table)")
+    return artifact, sha
+
+
+def latency_section(path, artifact, sha: str, baseline: nn.Module, pruned: nn.Module, measured: dict | None,
+                    flops_speedup: float, batch: int, seq_len: int, threads: int) -> dict:
+    """The report's `cost.latency`."""
+    heads, widths = layout_counts(baseline)
     section = {"table": str(path), "sha256": sha, "device": artifact.device.name}
     mismatch = differences(artifact, setting_of(baseline, batch, seq_len, threads))
     if mismatch:
