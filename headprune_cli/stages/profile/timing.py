@@ -44,6 +44,12 @@ def summarize(samples_ms: list[float]) -> Latency:
     return Latency(statistics.median(ordered), q1, q3, ordered[0], ordered[-1], len(ordered))
 
 
+def alternating(keys: list, rounds: int):
+    """The order of each round: as given, reversed, as given, ..."""
+    for r in range(rounds):
+        yield keys if r % 2 == 0 else keys[::-1]
+
+
 def make_timer(fn: Callable[[], object], threads: int | None):
     """The one place a Timer is made (tests replace it: the boundary to the clock)."""
     from torch.utils import benchmark
@@ -72,8 +78,8 @@ def measure_interleaved(
         for key in keys:
             if warmup:
                 timers[key].timeit(warmup)
-        for r in range(rounds):
-            for key in keys if r % 2 == 0 else keys[::-1]:
+        for order in alternating(keys, rounds):
+            for key in order:
                 samples[key].append(timers[key].blocked_autorange(min_run_time=min_run_time).median * 1000.0)
                 advance()
     return {key: summarize(values) for key, values in samples.items()}
