@@ -29,6 +29,7 @@ from torch import nn
 
 from headprune_cli.errors import NumericalError
 from headprune_cli.model.arch import adapter_for
+from headprune_cli.model.arch.base import is_conv1d, keep_inputs, keep_outputs
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.profile.timing import Latency, measure_interleaved
 
@@ -84,7 +85,9 @@ def block_inputs(model: nn.Module, inputs: dict) -> tuple[tuple, dict]:
 
 def variant(model: nn.Module, block: nn.Module, units: int | None = None, width: int | None = None) -> nn.Module:
     """The block with its first `units` attention units (KV groups, or heads without GQA)
-    or its first `width` FFN neurons; every tensor it does not slice is shared."""
+    or its first `width` FFN neurons, cut where the adapter says heads and neurons live.
+    Every tensor it does not cut is shared, and a Linear's first output rows are a view of
+    the original (as contiguous as the pruned weight): only cut input columns are copies."""
     adapter = adapter_for(model)
     if units is None and width is None:
         return block
@@ -93,10 +96,25 @@ def variant(model: nn.Module, block: nn.Module, units: int | None = None, width:
     if units is not None:
         view = adapter.attention(copied)
         group = view.group_size
-        adapter.slice_heads(view, list(range(units * group)), list(range(units if group > 1 else units * group)))
+        keep_q, keep_kv = list(range(units * group)), list(range(units))
+        for module, side, index in adapter.head_slices(view, keep_q, keep_kv):
+            _keep(module, side, index)
+        adapter.set_head_counts(view, len(keep_q), len(keep_kv))
     if width is not None:
-        adapter.slice_ffn(adapter.ffn(copied), list(range(width)))
+        for module, side, index in adapter.ffn_slices(adapter.ffn(copied), list(range(width))):
+            _keep(module, side, index)
     return copied
+
+
+def _keep(module: nn.Module, side: str, index: torch.Tensor) -> None:
+    n = len(index)
+    if side == "out" and not is_conv1d(module) and torch.equal(index, torch.arange(n)):
+        module.weight = nn.Parameter(module.weight[:n], requires_grad=False)
+        if module.bias is not None:
+            module.bias = nn.Parameter(module.bias[:n], requires_grad=False)
+        module.out_features = n
+    else:
+        (keep_outputs if side == "out" else keep_inputs)(module, index)
 
 
 @contextmanager

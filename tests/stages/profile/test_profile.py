@@ -134,3 +134,34 @@ def test_cuda_device_is_named_from_torch(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     assert device_facts(torch.device("cuda", 1)) == {"type": "cuda", "name": "Fake GPU 1", "index": 1}
     assert device_facts(torch.device("cuda")) == {"type": "cuda", "name": "Fake GPU 0", "index": 0}
+
+
+@pytest.mark.parametrize("family", ["bert", "llama-gqa", "gpt2"])
+def test_a_variant_computes_what_the_adapters_cut_does_and_shares_the_rest(family):
+    """A timed variant is the block cut as pruning cuts it (outputs equal the adapter's own
+    slicing of a full copy), and holds no copy of what it does not cut."""
+    import copy
+
+    from headprune_cli.model.arch import adapter_for
+    from headprune_cli.stages.profile.measure import block_inputs, variant
+    from tests.support import TINY
+
+    model = TINY[family]()
+    adapter = adapter_for(model)
+    inputs = {**adapter.example_inputs(model, 2, 7), **({"use_cache": False} if family != "bert" else {})}
+    args, kwargs = block_inputs(model, inputs)
+    block = adapter.layer_list(model)[0]
+    view = adapter.attention(block)
+    for cut, reference_cut in (
+        ({"units": 1}, lambda b: adapter.slice_heads(adapter.attention(b), list(range(view.group_size)), [0])),
+        ({"width": 8}, lambda b: adapter.slice_ffn(adapter.ffn(b), list(range(8)))),
+    ):
+        timed, reference = variant(model, block, **cut), copy.deepcopy(block)
+        reference_cut(reference)
+        with torch.no_grad():
+            got, want = timed(*args, **kwargs), reference(*args, **kwargs)
+        got, want = (x[0] if isinstance(x, tuple) else x for x in (got, want))
+        assert torch.allclose(got, want, atol=1e-6)
+        originals = {p.data_ptr() for p in block.parameters()}
+        untouched = adapter.ffn(timed).down if "units" in cut else adapter.attention(timed).o
+        assert untouched.weight.data_ptr() in originals
