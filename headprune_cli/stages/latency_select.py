@@ -72,7 +72,7 @@ def select_by_latency(scores, strategy, budget: LatencyBudget, constraints, choo
         )
     by_ms = replace(scores, cost=priced(lat, scores.cost))
     linear_full = predict(by_ms.cost, scores.kept())["flops_per_token"]
-    fraction = min(1.0, target / full * full / linear_full)
+    fraction = min(1.0, target / linear_full)  # of the linear prices' total, which the points' total only approximates
     for attempt in range(MAX_TIGHTENINGS + 1):
         selection = _choose(choose, by_ms, strategy, fraction, constraints, target, full)
         ms = plan_ms(lat, scores, selection.remove_heads, selection.remove_layers, selection.remove_ffn)
