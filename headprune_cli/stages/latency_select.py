@@ -6,7 +6,9 @@ fields, and the same selection that spends a FLOPs budget (heads, FFN neurons an
 together; every constraint) spends it. The chosen plan's latency is then predicted from
 the measured points themselves (piecewise-linear), which the linear prices only
 approximate: when that prediction misses the target, the linear budget is tightened by
-the miss and the selection rerun (a few times at most).
+the miss and the selection rerun; then the budget is bisected between that plan and the
+loosest one that missed, so the plan kept is the slowest (least cut) that the measured
+points say fits.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from headprune_cli.model.cost_table import predict
 from headprune_cli.model.latency_table import LatencyTable, priced
 
 MAX_TIGHTENINGS = 8
+BISECTIONS = 12  # selections spent closing in on the target from below
 BUDGET_MISSED = "the budget cannot be met"
 
 
@@ -72,15 +75,15 @@ def select_by_latency(scores, strategy, budget: LatencyBudget, constraints, choo
         )
     by_ms = replace(scores, cost=priced(lat, scores.cost))
     linear_full = predict(by_ms.cost, scores.kept())["flops_per_token"]
-    fraction = min(1.0, target / linear_full)  # of the linear prices' total, which the points' total only approximates
-    for attempt in range(MAX_TIGHTENINGS + 1):
+    tries = []
+
+    def attempt(fraction: float):
         selection = _choose(choose, by_ms, strategy, fraction, constraints, target, full)
         ms = plan_ms(lat, scores, selection.remove_heads, selection.remove_layers, selection.remove_ffn)
-        if ms <= target * (1 + 1e-9):
-            break
-        fraction *= target / ms * (1 - 1e-6)
-    else:
-        raise UsageError(f"the latency target {target:.4g} ms cannot be met within the constraints (best plan: {ms:.4g} ms)")
+        tries.append(ms)
+        return selection, ms
+
+    selection, ms = _search(attempt, min(1.0, target / linear_full), target)  # of the linear prices' total
     kept = scores.kept()
     selection.predicted = {
         "before": predict(scores.cost, kept),
@@ -89,9 +92,38 @@ def select_by_latency(scores, strategy, budget: LatencyBudget, constraints, choo
     record = {
         "phase": lat.phase, "device": lat.facts["device"]["name"], "target_ms": target,
         "target_fraction": target / full, "before_ms": full, "after_ms": ms, "after_fraction": ms / full,
-        "tightenings": attempt,
+        "selections": len(tries),
     }
     return selection, record
+
+
+def _search(attempt, fraction: float, target: float):
+    """The plan with the largest interpolated latency within `target`: the linear budget is
+    tightened by the miss until a plan fits, then bisected between the tightest fitting
+    budget and the loosest failing one (linear prices can err either way)."""
+    fits, misses = None, 1.0 + 1e-9
+    for _ in range(MAX_TIGHTENINGS + 1):
+        selection, ms = attempt(fraction)
+        if ms <= target * (1 + 1e-9):
+            fits = (fraction, selection, ms)
+            break
+        misses = min(misses, fraction)
+        fraction *= target / ms * (1 - 1e-6)
+    if fits is None:
+        raise UsageError(f"the latency target {target:.4g} ms cannot be met within the constraints (best plan: {ms:.4g} ms)")
+    low, high = fits[0], min(misses, 1.0)
+    for _ in range(BISECTIONS):
+        if high - low < 1e-4:
+            break
+        middle = (low + high) / 2
+        selection, ms = attempt(middle)  # looser than a budget that was met: it is met too
+        if ms <= target * (1 + 1e-9):
+            low = middle
+            if ms >= fits[2]:  # a looser budget: on a tie, the plan that cuts less
+                fits = (middle, selection, ms)
+        else:
+            high = middle
+    return fits[1], fits[2]
 
 
 def _choose(choose, by_ms, strategy, fraction, constraints, target, full):
