@@ -11,11 +11,13 @@ from headprune_cli.stages.profile import stage
 def profile(opts: stage.ProfileOptions):
     """Measure each layer's latency at a grid of kept heads (KV groups) and FFN widths; writes a latency table.
 
-    Each layer's block is timed (torch.utils.benchmark, interleaved rounds, medians after
-    warm-up) as copies sliced to k heads or w neurons, one layer at a time; layers of the
-    same shape share one measurement unless --every-layer. The default grid is 5 points
-    per layer: the smallest count, 1/4, 1/2, 3/4 and all (aligned to --multiple-of /
-    --ffn-multiple-of), interpolated between points by `select` and `report`.
+    Each layer's block is timed (torch.utils.benchmark, interleaved rounds,
+    medians after warm-up) as copies sliced to k heads or w neurons, one
+    layer at a time; layers of one shape share a measurement unless
+    --every-layer. The default grid is 5 points per layer: the smallest
+    count, 1/4, 1/2, 3/4 and all (aligned to --multiple-of and
+    --ffn-multiple-of): latency is near linear in width between tile sizes,
+    so `select` and `report` interpolate between the points.
 
     Examples:
 

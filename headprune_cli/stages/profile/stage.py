@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from headprune_cli.device import check as check_device
+from headprune_cli.device import DEVICE_HELP, check as check_device
 from headprune_cli.errors import UsageError
 from headprune_cli.outputs import check_output
 from headprune_cli.schema import write_artifact
@@ -25,7 +25,7 @@ GRID_HELP = (
 class ProfileOptions(Options):
     model: Path = option(..., "Checkpoint to profile (the unpruned model that `score` and `select` will see).", argument=True)
     output: Optional[Path] = option(None, "Latency JSON to write (default: stdout).", "-o", "--output")
-    device: str = device_option("Where to measure: " + "auto (a CUDA device when there is one, else cpu), cpu, cuda or cuda:N.")
+    device: str = device_option("Where to measure: " + DEVICE_HELP)
     dtype: str = dtype_option()
     batch_size: int = option(8, "Sequences per forward (match `report --batch-size` and how you serve).", ge=1)
     seq_len: Optional[int] = option(None, "Tokens per sequence (default: 128, or the model's maximum when smaller).", ge=1)
