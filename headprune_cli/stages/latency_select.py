@@ -144,6 +144,8 @@ def read_latency(path: str, scores, phase: str = "forward") -> tuple[LatencyTabl
     from headprune_cli.stages.plan import model_ref
     from headprune_cli.stages.profile import schema  # noqa: F401  (registers the `latency` kind)
 
+    if phase not in ("forward", "decode"):
+        raise UsageError(f"--latency-phase {phase!r}: expected forward or decode")
     artifact, sha = read_artifact(path, ("latency",))
     check_belongs(artifact, model_ref(scores).sha256, _scored_shape(scores), str(path))
     if phase not in artifact.phases:

@@ -61,6 +61,7 @@ class SelectionOptions(ConstraintOptions):
     latency: Optional[str] = option(None, "Latency table from `headprune profile`: price the budget in measured milliseconds (with --target-latency or --target-ms).")
     target_latency: Optional[float] = option(None, "With --latency: keep this fraction of the profiled latency.")
     target_ms: Optional[float] = option(None, "With --latency: keep the predicted latency at most this many milliseconds.")
+    latency_phase: str = option("forward", "With --latency: price by the table's 'forward' profile, or its 'decode' one (causal LMs profiled with --context).")
 
     def selection_given(self) -> list[str]:
         """The selection options set to other than their defaults."""
@@ -78,7 +79,7 @@ def plan_from_scores(opts: SelectionOptions, source: str, scores=None, scores_sh
     if scores is None:
         scores, scores_sha = read_artifact(source, ("scores",))
     constraints = opts.constraints()
-    if opts.latency is not None or opts.target_latency is not None or opts.target_ms is not None:
+    if opts.latency is not None or opts.target_latency is not None or opts.target_ms is not None or opts.latency_phase != "forward":
         return _latency_plan(opts, scores, str(source), scores_sha, constraints)
     selection = choose(
         ScoreTable.from_scores(scores), opts.strategy, ratio=opts.ratio, threshold=opts.threshold,
@@ -104,11 +105,12 @@ def _latency_plan(opts: SelectionOptions, scores, source: str, scores_sha: str, 
     if opts.latency is None:
         raise UsageError("--target-latency/--target-ms price the budget by a latency table: give --latency TABLE from `headprune profile`")
     latency_select.check_amounts(opts.target_latency, opts.target_ms, others)
-    table, table_sha = latency_select.read_latency(opts.latency, scores)
+    table, table_sha = latency_select.read_latency(opts.latency, scores, opts.latency_phase)
     budget = latency_select.LatencyBudget(table, opts.target_latency, opts.target_ms)
     pick = lambda t, strategy, fraction, c: choose(t, strategy, target_flops=fraction, constraints=c)  # noqa: E731
     selection, record = latency_select.select_by_latency(ScoreTable.from_scores(scores), opts.strategy, budget, constraints, pick)
-    config = _config(opts, selection, constraints, scores, target_latency=opts.target_latency, target_ms=opts.target_ms)
+    config = _config(opts, selection, constraints, scores, target_latency=opts.target_latency, target_ms=opts.target_ms,
+                     latency_phase=opts.latency_phase)
     plan = make_plan(selection, constraints, scores, source, scores_sha, config, latency=record)
     plan["inputs"].append(input_ref("latency", opts.latency, table_sha))
     return plan

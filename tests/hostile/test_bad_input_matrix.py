@@ -1,4 +1,4 @@
-"""Bad input across every command: 114 cases (CASES, then HOSTILE: files built to hurt).
+"""Bad input across every command: 115 cases (CASES, then HOSTILE: files built to hurt).
 
 Each case runs one `headprune` command in a fresh copy of a small workspace (the bundled
 example model, its data, a scores and a plan artifact) and checks the bad-input
@@ -208,6 +208,8 @@ CASES = [
          "leave out --target-flops", _latency()),
     Case("latency target without a table", lambda f: ["select", f / "scores.json", "--target-latency", "0.5"], 2, "give --latency"),
     Case("latency target above 1", lambda f: ["select", f / "scores.json", "--latency", f / "t.json", "--target-latency", "1.5"], 2, "outside (0, 1]", _latency()),
+    Case("decode prices from a table without decode", lambda f: ["select", f / "scores.json", "--latency", f / "t.json", "--target-latency", "0.8", "--latency-phase", "decode"], 2,
+         "no decode profile", _latency()),
     Case("profile decode of an encoder", lambda f: ["profile", f / M, "--context", "8", "-o", f / "t2.json"], 2, "only causal LMs"),
     # --- YAML --------------------------------------------------------------------------------
     Case("bad YAML", lambda f: ["run", f / "bad.yaml"], 2, "YAML", _write("bad.yaml", "stages: [score\n  - :")),

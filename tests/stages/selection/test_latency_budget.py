@@ -60,12 +60,14 @@ def test_latency_budget_cuts_where_milliseconds_are(workspace, cli):
     assert json.loads(by_flops.out)["remove_heads"] != plan["remove_heads"]
 
 
-def test_target_latency_is_a_fraction_of_the_profile(workspace, cli):
+def test_target_latency_is_a_fraction_of_the_profile_and_plans_are_byte_identical(workspace, cli, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     folder, model, path, scores = workspace
     table = _expensive_layer_0(folder, model, path)
     result = cli("select", scores, "--latency", table, "--target-latency", str(14 / 23))
     assert result.code == 0, result.err
     assert json.loads(result.out)["remove_heads"] == {"0": [0, 1, 2]}
+    assert cli("select", scores, "--latency", table, "--target-latency", str(14 / 23)).out == result.out
     assert "latency 14 ms predicted" in result.err.replace("\n", " ")
 
 
@@ -97,6 +99,21 @@ def test_a_budget_that_overshoots_by_the_points_is_loosened_to_the_plan_that_cut
     (folder / "t.json").write_text(dumps(table))
     plan = json.loads(cli("select", scores, "--latency", folder / "t.json", "--target-ms", "13").out)
     assert plan["remove_heads"] == {"0": [0, 1]} and plan["latency"]["after_ms"] == pytest.approx(11.0)
+
+
+def test_decode_prices_choose_by_the_decode_profile(workspace, cli):
+    """Forward: layer 0's heads are the expensive ones; decode (its own profile): layer 2's."""
+    folder, model, path, scores = workspace
+    shape = shape_of(model, path)
+    table = latency_table(path, shape, attention=lambda layer, k: 2.0 + (3.0 if layer == 0 else 0.5) * k)
+    decode = latency_table(path, shape, attention=lambda layer, k: 2.0 + (3.0 if layer == 2 else 0.5) * k)
+    table["phases"]["decode"] = {**decode["phases"]["forward"], "context": 64}
+    (folder / "t.json").write_text(dumps(table))
+    forward = json.loads(cli("select", scores, "--latency", folder / "t.json", "--target-ms", "14").out)
+    by_decode = json.loads(cli("select", scores, "--latency", folder / "t.json", "--target-ms", "14", "--latency-phase", "decode").out)
+    assert forward["remove_heads"] == {"0": [0, 1, 2]} and forward["latency"]["phase"] == "forward"
+    assert by_decode["remove_heads"] == {"2": [0, 1, 2]} and by_decode["latency"]["phase"] == "decode"
+    assert by_decode["config"]["latency_phase"] == "decode"
 
 
 def test_ffn_and_heads_priced_together(tmp_path, cli):
