@@ -129,6 +129,7 @@ class Plan(Envelope):
     predicted: dict[Literal["before", "after"], Prediction]
     num_heads: list[int]
     search: Optional[dict[str, Any]] = None  # `headprune search`: measured losses and evaluations
+    latency: Optional[dict[str, Any]] = None  # a latency budget (`select --latency`): target and predicted ms
     # FFN neurons to remove: original layer -> original neuron indices, strictly increasing
     # (one spelling per plan, checked in one pass even at 80 layers x 28,672 neurons). Absent
     # when the plan cuts no FFN, so plans without FFN cuts keep their bytes; `num_ffn` (the

@@ -36,6 +36,7 @@ from headprune_cli.watcher import watched
 COMMANDS = {
     "import": ("import_cmd", "import_model"),
     "inspect": ("inspect_cmd", "inspect"),
+    "profile": ("profile_cmd", "profile"),
     "score": ("score_cmd", "score"),
     "select": ("select_cmd", "select"),
     "search": ("search_cmd", "search"),

@@ -32,7 +32,8 @@ from headprune_cli.pipeline.config import (
 from headprune_cli.stages import unit
 
 # prune options that mean "select inside prune from scores" rather than "apply a plan".
-SELECT_KEYS = ("ratio", "target_params", "target_flops", "threshold")
+SELECT_KEYS = ("ratio", "target_params", "target_flops", "threshold", "target_latency", "target_ms")
+LATENCY_KEYS = ("target_latency", "target_ms")  # what makes select read a latency table
 STATE_FILE = "run-state.json"  # stage fingerprints, written by execute
 RESOLVED_FILE = "resolved.yaml"  # the config as it ran, written by execute
 RESERVED = (STATE_FILE, RESOLVED_FILE, MARKER)  # no stage artifact may take these names
@@ -234,7 +235,10 @@ def _wire(pipeline: Pipeline, specs, problems: list[str]) -> None:
 
 
 def _unused(command: str, key: str, values: dict) -> bool:
-    """Inputs a command reads only in some modes: prune reads data only to compensate."""
+    """Inputs a command reads only in some modes: prune reads data only to compensate, select
+    a latency table only for a latency target."""
+    if key == "latency" and command in ("select", "prune"):
+        return not set(LATENCY_KEYS) & set(values)
     return command == "prune" and key == "data" and values.get("compensate") in (None, "none")
 
 

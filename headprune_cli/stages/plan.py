@@ -20,14 +20,16 @@ def make_plan(
     scores_path: str,
     scores_sha: str,
     config: dict,
+    **extra,
 ) -> dict:
-    """The plan artifact (a dict ready for schema.write_artifact) chosen from scores."""
+    """The plan artifact (a dict ready for schema.write_artifact) chosen from scores;
+    `extra` adds optional payload (a latency budget's record)."""
     inputs = [input_ref("scores", scores_path, scores_sha)]
     model = model_ref(scores)
     found = [p for p in candidates(model.path, scores_path) if p.is_file()]  # as the scores' folder sees it
     inputs.append({"role": "model", "path": str(found[0]) if found else model.path, "sha256": model.sha256})
     num_ffn = list(scores.ffn.width) if getattr(scores, "ffn", None) is not None else None
-    return plan_artifact(selection, constraints, inputs, list(scores.num_heads), config, num_ffn=num_ffn)
+    return plan_artifact(selection, constraints, inputs, list(scores.num_heads), config, num_ffn=num_ffn, **extra)
 
 
 def plan_artifact(selection: Selection, constraints: Constraints, inputs: list[dict], num_heads: list[int], config: dict,

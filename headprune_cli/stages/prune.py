@@ -82,7 +82,7 @@ def run(opts: PruneOptions, ctx: Context) -> Result:
 
     _check(opts)
     check_device(opts.device, opts.dtype)
-    given = [p for p in (opts.checkpoint, opts.plan, opts.scores, opts.data) if p is not None]
+    given = [p for p in (opts.checkpoint, opts.plan, opts.scores, opts.data, opts.latency) if p is not None]
     check_output(opts.output, opts.force, inputs=given)
     artifact, source, text = _read_input(opts.plan, opts.scores)
     plan, plan_sha = _plan(opts, artifact, source, text)
@@ -171,6 +171,6 @@ def _tell(result, ctx: Context) -> None:
 
 STAGE = Stage(
     "prune", PruneOptions, run, stem="pruned",
-    inputs={"checkpoint": ("model",), "plan": ("plan",), "data": ("data",)},  # data: compensation only
+    inputs={"checkpoint": ("model",), "plan": ("plan",), "data": ("data",), "latency": ("latency",)},  # data: compensation only; latency: a latency target only
     outputs={"output": "{stem}.safetensors"}, makes={"model": "output"}, needs=("checkpoint",),
 )

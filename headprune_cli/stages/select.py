@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from headprune_cli.errors import UsageError
 from headprune_cli.outputs import check_output
 from headprune_cli.schema import read_artifact, write_artifact
 from headprune_cli.stages.plan import make_plan
@@ -57,6 +58,10 @@ class SelectionOptions(ConstraintOptions):
     threshold: Optional[str] = option(None, "Remove heads scoring below T, or below the P-th percentile ('25%').")
     target_params: Optional[float] = target_params_option()
     target_flops: Optional[float] = target_flops_option()
+    latency: Optional[str] = option(None, "Latency table from `headprune profile`: price the budget in measured milliseconds (with --target-latency or --target-ms).")
+    target_latency: Optional[float] = option(None, "With --latency: keep this fraction of the profiled latency.")
+    target_ms: Optional[float] = option(None, "With --latency: keep the predicted latency at most this many milliseconds.")
+    latency_phase: str = option("forward", "With --latency: price by the table's 'forward' profile, or its 'decode' one (causal LMs profiled with --context).")
 
     def selection_given(self) -> list[str]:
         """The selection options set to other than their defaults."""
@@ -74,21 +79,46 @@ def plan_from_scores(opts: SelectionOptions, source: str, scores=None, scores_sh
     if scores is None:
         scores, scores_sha = read_artifact(source, ("scores",))
     constraints = opts.constraints()
+    if opts.latency is not None or opts.target_latency is not None or opts.target_ms is not None or opts.latency_phase != "forward":
+        return _latency_plan(opts, scores, str(source), scores_sha, constraints)
     selection = choose(
         ScoreTable.from_scores(scores), opts.strategy, ratio=opts.ratio, threshold=opts.threshold,
         target_params=opts.target_params, target_flops=opts.target_flops, constraints=constraints,
     )
-    config = {
+    return make_plan(selection, constraints, scores, str(source), scores_sha, _config(opts, selection, constraints, scores))
+
+
+def _config(opts: SelectionOptions, selection, constraints, scores, **latency) -> dict:
+    return {
         "strategy": selection.strategy, "ratio": opts.ratio, "threshold": opts.threshold,
-        "target_params": opts.target_params, "target_flops": opts.target_flops,
+        "target_params": opts.target_params, "target_flops": opts.target_flops, **latency,
         **constraints.to_dict(ffn=getattr(scores, "ffn", None) is not None),
     }
-    return make_plan(selection, constraints, scores, str(source), scores_sha, config)
+
+
+def _latency_plan(opts: SelectionOptions, scores, source: str, scores_sha: str, constraints) -> dict:
+    """A plan under a latency budget (stages/latency_select.py)."""
+    from headprune_cli.schema import input_ref
+    from headprune_cli.stages import latency_select
+
+    others = {"--ratio": opts.ratio, "--threshold": opts.threshold, "--target-params": opts.target_params, "--target-flops": opts.target_flops}
+    if opts.latency is None:
+        raise UsageError("--target-latency/--target-ms price the budget by a latency table: give --latency TABLE from `headprune profile`")
+    latency_select.check_amounts(opts.target_latency, opts.target_ms, others)
+    table, table_sha = latency_select.read_latency(opts.latency, scores, opts.latency_phase)
+    budget = latency_select.LatencyBudget(table, opts.target_latency, opts.target_ms)
+    pick = lambda t, strategy, fraction, c: choose(t, strategy, target_flops=fraction, constraints=c)  # noqa: E731
+    selection, record = latency_select.select_by_latency(ScoreTable.from_scores(scores), opts.strategy, budget, constraints, pick)
+    config = _config(opts, selection, constraints, scores, target_latency=opts.target_latency, target_ms=opts.target_ms,
+                     latency_phase=opts.latency_phase)
+    plan = make_plan(selection, constraints, scores, source, scores_sha, config, latency=record)
+    plan["inputs"].append(input_ref("latency", opts.latency, table_sha))
+    return plan
 
 
 def run(opts: SelectOptions, ctx: Context) -> Result:
     if opts.output is not None:
-        check_output(opts.output, opts.force, inputs=[opts.scores])
+        check_output(opts.output, opts.force, inputs=[opts.scores, opts.latency])
     plan = plan_from_scores(opts, opts.scores)
     write_artifact(plan, opts.output)
     ctx.print(summary(plan))
@@ -107,10 +137,12 @@ def summary(plan: dict) -> str:
         )
     shape = ", the same heads in every layer" if plan["constraints"].get("uniform") else ""
     ffn = f", {neurons} FFN neurons" if neurons else ""
+    if plan.get("latency"):
+        cost += f"; latency {plan['latency']['after_ms']:.4g} ms predicted, {plan['latency']['after_fraction']:.1%} of before"
     return f"plan ({plan['strategy']}): remove {heads} heads{ffn}, {len(plan['remove_layers'])} layers{shape}{cost}"
 
 
 STAGE = Stage(
     "select", SelectOptions, run, stem="plan",
-    inputs={"scores": ("scores",)}, outputs={"output": "{stem}.json"}, makes={"plan": "output"}, needs=("scores",),
+    inputs={"scores": ("scores",), "latency": ("latency",)}, outputs={"output": "{stem}.json"}, makes={"plan": "output"}, needs=("scores",),
 )

@@ -120,6 +120,7 @@ class Stage:
 # Stage name -> module that defines STAGE; imported only when asked for.
 MODULES = {
     "import": "headprune_cli.stages.import_stage",
+    "profile": "headprune_cli.stages.profile.stage",
     "score": "headprune_cli.stages.score",
     "select": "headprune_cli.stages.select",
     "search": "headprune_cli.stages.search_stage",

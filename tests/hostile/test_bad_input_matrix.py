@@ -1,4 +1,4 @@
-"""Bad input across every command: 103 cases (CASES, then HOSTILE: files built to hurt).
+"""Bad input across every command: 115 cases (CASES, then HOSTILE: files built to hurt).
 
 Each case runs one `headprune` command in a fresh copy of a small workspace (the bundled
 example model, its data, a scores and a plan artifact) and checks the bad-input
@@ -89,6 +89,27 @@ def _write(name: str, content: str | bytes) -> Callable[[Path], None]:
     return prepare
 
 
+def _latency(model: str = "model.safetensors", edit: Callable[[dict], None] | None = None) -> Callable[[Path], None]:
+    """t.json: a hand-written latency table of `model` (edited.json: the same, edited)."""
+
+    def prepare(folder: Path) -> None:
+        from tests.support.latency import write_latency
+
+        write_latency(folder / "t.json", load(folder / model), folder / model)
+        if edit is not None:
+            data = json.loads((folder / "t.json").read_text())
+            edit(data)
+            (folder / "edited.json").write_text(json.dumps(data))
+
+    return prepare
+
+
+def _backwards(data: dict) -> None:
+    """Layer 0's attention: the fewest heads the slowest, far beyond the spread."""
+    points = data["phases"]["forward"]["layers"]["0"]["attention"]
+    points[0].update(median_ms=100.0, q1_ms=100.0, q3_ms=100.0)
+
+
 def _nan_score(data: dict) -> None:
     layer = next(iter(data["heads"]))
     head = next(iter(data["heads"][layer]))
@@ -168,6 +189,28 @@ CASES = [
     Case("output under a file", lambda f: ["prune", f / M, "--plan", f / "plan.json", "-o", f / "data.jsonl" / "o.safetensors"], 2, "does not exist"),
     Case("finetune output equals input", lambda f: ["finetune", f / M, "--data", f / "data.jsonl", "--steps", "1", "-o", f / M, "--force"], 2, "also an input"),
     Case("export onto existing file", lambda f: ["export", f / M, "--onnx", f / "data.jsonl"], 2, "--force"),
+    # --- latency tables (select --latency, report --latency) ------------------------------------
+    Case("latency table for another model", lambda f: ["select", f / "scores.json", "--latency", f / "t.json", "--target-latency", "0.8"], 2,
+         "profiled on another model", _latency("other.safetensors")),
+    Case("latency table of another shape", lambda f: ["select", f / "scores.json", "--latency", f / "edited.json", "--target-latency", "0.8"], 2,
+         "profile this model", _latency(edit=lambda d: d["model"].update(num_heads=[h + 1 for h in d["model"]["num_heads"]]))),
+    Case("latency table for another model in report", lambda f: ["report", "--model", f / "other.safetensors", "--baseline", f / "other.safetensors", "--data", f / "data.jsonl", "--repeats", "0", "--latency", f / "t.json"], 2,
+         "profiled on another model", _latency()),
+    Case("non-monotone latency table", lambda f: ["select", f / "scores.json", "--latency", f / "edited.json", "--target-latency", "0.8"], 1,
+         "not monotone", _latency(edit=_backwards)),
+    Case("non-finite latency table", lambda f: ["select", f / "scores.json", "--latency", f / "edited.json", "--target-latency", "0.8"], 1,
+         "Infinity", _latency(edit=lambda d: d["phases"]["forward"]["outside"].update(median_ms=float("inf"), q3_ms=float("inf")))),
+    Case("latency target below the table's reach", lambda f: ["select", f / "scores.json", "--latency", f / "t.json", "--target-latency", "0.01"], 2,
+         "below what the table can reach", _latency()),
+    Case("latency target beyond the constraints", lambda f: ["select", f / "scores.json", "--latency", f / "t.json", "--target-latency", "0.3"], 2,
+         "cannot be met", _latency()),
+    Case("latency table with a FLOPs target", lambda f: ["select", f / "scores.json", "--latency", f / "t.json", "--target-flops", "0.5"], 2,
+         "leave out --target-flops", _latency()),
+    Case("latency target without a table", lambda f: ["select", f / "scores.json", "--target-latency", "0.5"], 2, "give --latency"),
+    Case("latency target above 1", lambda f: ["select", f / "scores.json", "--latency", f / "t.json", "--target-latency", "1.5"], 2, "outside (0, 1]", _latency()),
+    Case("decode prices from a table without decode", lambda f: ["select", f / "scores.json", "--latency", f / "t.json", "--target-latency", "0.8", "--latency-phase", "decode"], 2,
+         "no decode profile", _latency()),
+    Case("profile decode of an encoder", lambda f: ["profile", f / M, "--context", "8", "-o", f / "t2.json"], 2, "only causal LMs"),
     # --- YAML --------------------------------------------------------------------------------
     Case("bad YAML", lambda f: ["run", f / "bad.yaml"], 2, "YAML", _write("bad.yaml", "stages: [score\n  - :")),
     Case("YAML key typo", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "did you mean",

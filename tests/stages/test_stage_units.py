@@ -80,8 +80,16 @@ def test_stage_defaults_agree_with_the_library_dataclasses():
 
     finetune_pairs = _shared_defaults(finetune_stage.FinetuneOptions, FinetuneConfig)
     report_pairs = _shared_defaults(report_stage.ReportStageOptions, ReportOptions)
-    assert len(finetune_pairs) == 14 and len(report_pairs) == len(dataclasses.fields(ReportOptions)) == 13
+    assert len(finetune_pairs) == 14 and len(report_pairs) == len(dataclasses.fields(ReportOptions)) == 14
     assert {k: v for k, v in {**finetune_pairs, **report_pairs}.items() if v[0] != v[1]} == {}
+    # A table profiled with the defaults compares with a report run with the defaults.
+    from headprune_cli.stages.profile.build import DEFAULT_SEQ_LEN as PROFILE_SEQ
+    from headprune_cli.stages.profile.stage import ProfileOptions
+    from headprune_cli.stages.report.build import DEFAULT_SEQ_LEN as REPORT_SEQ
+
+    for name in ("batch_size", "threads", "device", "dtype"):
+        assert ProfileOptions.model_fields[name].default == report_stage.ReportStageOptions.model_fields[name].default, name
+    assert PROFILE_SEQ == REPORT_SEQ
     assert export_stage.ExportOptions.model_fields["max_shard_size"].default == DEFAULT_MAX_SHARD
 
 

@@ -261,6 +261,7 @@ class ReportOptions:
     decode_prompt: int | None = None  # causal LMs: None = 128, or fewer to fit the model's positions
     decode_tokens: int = serving.DEFAULT_TOKENS  # 0 = no decode measurement
     decode_batch: int = serving.DEFAULT_BATCH
+    latency: str | None = None  # the baseline's latency table (`profile`): cost.latency
 
 
 def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptions, warn=lambda message: None) -> dict:
@@ -282,6 +283,11 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     for model in (baseline, pruned):
         place(model, opts.device, opts.dtype)
     base_sha, new_sha = info_of(baseline).loaded_from[1], info_of(pruned).loaded_from[1]
+    table = None
+    if opts.latency is not None:
+        from headprune_cli.stages.report.latency_cost import read_table
+
+        table = read_table(opts.latency, baseline, base_sha)
     warnings = []
     family_tree = lineage(pruned_path, base_sha, new_sha)
     if not family_tree["descendant"]:
@@ -298,11 +304,18 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
         measured = measure_speed(baseline, pruned, opts.batch_size, seq_len, opts.threads, opts.repeats, opts.warmup)
         measured["speedup_vs_predicted"] = measured["speedup"] / predicted
         measured["decode"] = serving.measure_decode(baseline, pruned, decode, opts.threads, opts.repeats, opts.warmup) if decode else None
+    latency = None
+    if table is not None:
+        from headprune_cli.stages.report.latency_cost import latency_section
+
+        latency = latency_section(opts.latency, *table, baseline, pruned, measured, predicted, opts.batch_size, seq_len, opts.threads)
     gate_list = gates(main, measured and measured["speedup"], opts.max_drop, opts.max_rel_drop, opts.min_speedup)
     inputs = [input_ref("baseline", baseline_path, base_sha), input_ref("pruned", pruned_path, new_sha), input_ref("data", data)]
     if scores_path is not None:
         inputs.append(input_ref("scores", scores_path))
-    config = {k: v for k, v in asdict(opts).items()}
+    if opts.latency is not None:
+        inputs.append(input_ref("latency", opts.latency))
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()}
     config["baseline"] = str(baseline_arg)
     return {
         **envelope("report", inputs, config),
@@ -317,6 +330,7 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
             "flops_ratio": facts["pruned"]["flops_per_token"] / facts["baseline"]["flops_per_token"],
             "predicted_speedup": predicted,
             "decode": decode,
+            **({"latency": latency} if latency is not None else {}),
         },
         "kv_cache": serving.kv_section(baseline, pruned),
         "measured": measured,

@@ -6,6 +6,10 @@ are measured interleaved: every repeat runs each model once, alternating the ord
 gets warm-up runs first (allocator, oneDNN kernel selection). The summary is the median
 with the quartiles and min/max; the speedup is the ratio of the medians.
 
+The summary (Latency) and the alternating order are the profile harness's
+(stages/profile/timing.py); what differs is the unit timed: one whole forward or
+generation per sample here, where `profile` times blocks with torch.utils.benchmark.
+
 A run may time several phases at once: a causal LM's generation is timed as its prefill
 (the prompt, with the KV cache on) and its decode steps (one token each, reading and
 growing that cache), each summarised on its own.
@@ -14,10 +18,8 @@ growing that cache), each summarised on its own.
 from __future__ import annotations
 
 import inspect
-import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
 from functools import partial
 
 import torch
@@ -27,35 +29,7 @@ from headprune_cli.errors import UsageError
 from headprune_cli.device import input_device
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
-
-
-@dataclass
-class Latency:
-    median_ms: float
-    q1_ms: float
-    q3_ms: float
-    min_ms: float
-    max_ms: float
-    runs: int
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def summarize(samples_ms: list[float]) -> Latency:
-    ordered = sorted(samples_ms)
-    if len(ordered) >= 2:
-        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
-    else:
-        q1 = q3 = ordered[0]
-    return Latency(
-        median_ms=statistics.median(ordered),
-        q1_ms=q1,
-        q3_ms=q3,
-        min_ms=ordered[0],
-        max_ms=ordered[-1],
-        runs=len(ordered),
-    )
+from headprune_cli.stages.profile.timing import Latency, alternating, summarize  # noqa: F401  (the one latency summary)
 
 
 def max_sequence(model: nn.Module) -> int | None:
@@ -127,8 +101,7 @@ def measure_runs(
             for name in names:
                 for _ in range(warmup):
                     runs[name]()
-            for repeat in range(repeats):
-                order = names if repeat % 2 == 0 else names[::-1]
+            for order in alternating(names, repeats):
                 for name in order:
                     for phase, ms in runs[name]().items():
                         samples[name].setdefault(phase, []).append(ms)

@@ -85,6 +85,10 @@ def markdown(report: dict) -> str:
         f"sequence {measured['seq_len']}, {measured['threads']} threads, median of {measured['repeats']} interleaved runs after {measured['warmup']} warm-up)."
         if measured else " (latency not measured)."
     ))
+    if cost.get("latency"):
+        from headprune_cli.stages.report.latency_cost import markdown_line
+
+        lines.append(markdown_line(cost["latency"]))
     if cost.get("decode"):
         lines.append(serving_summary(report))
     widths = any(row.get("ffn") for row in report["head_map"])

@@ -75,12 +75,29 @@ class DecodeCost(_Strict):
     decode_flops_speedup: float  # what FLOPs alone would predict for decode
 
 
+class LatencyCost(_Strict):
+    """`report --latency`: the latency table's prediction beside the measured speedup."""
+
+    table: str
+    sha256: str
+    device: str  # where the table was profiled
+    comparable: bool  # False: profiled in another setting (`reason`), nothing compared
+    reason: str | None = None
+    predicted_ms: dict[Literal["baseline", "pruned"], float] | None = None
+    predicted_speedup: float | None = None
+    flops_predicted_speedup: float | None = None
+    measured_speedup: float | None = None
+    latency_error: float | None = None  # predicted / measured speedup - 1
+    flops_error: float | None = None
+
+
 class Cost(_Strict):
     seq_len: int
     params_ratio: float
     flops_ratio: float
     predicted_speedup: float
     decode: DecodeCost | None = None  # causal LMs with decode on
+    latency: LatencyCost | None = None  # with a latency table (`report --latency`)
 
 
 class KvSide(_Strict):

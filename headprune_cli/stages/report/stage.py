@@ -53,13 +53,16 @@ class ReportStageOptions(Options):
         32, "Causal LMs: tokens generated one by one with the KV cache, timed as decode throughput; 0 skips decode.", ge=0,
     )
     decode_batch: int = option(1, "Causal LMs: sequences decoded together.", ge=1)
+    latency: Optional[Path] = option(
+        None, "The baseline's latency table (`headprune profile`): adds its predicted speedup beside the measured one (cost.latency).",
+    )
 
 
 def run(opts: ReportStageOptions, ctx: Context) -> Result:
     from headprune_cli.stages.report import render
     from headprune_cli.stages.report.build import ReportOptions, build_report
 
-    inputs = [opts.model, opts.data, opts.scores, opts.baseline]  # `auto` reaches the root through the model's provenance
+    inputs = [opts.model, opts.data, opts.scores, opts.baseline, opts.latency]  # `auto` reaches the root through the model's provenance
     outputs = _check_outputs(opts, inputs)
     if opts.min_speedup is not None and opts.repeats == 0:
         raise UsageError("--min-speedup needs latency measurements; --repeats must be at least 1")
@@ -114,7 +117,7 @@ def _check_outputs(opts: ReportStageOptions, inputs: list) -> dict[str, Path]:
 
 STAGE = Stage(
     "report", ReportStageOptions, run, stem="report",
-    inputs={"model": ("model",), "baseline": ("baseline",), "data": ("eval_data",), "scores": ("scores",)},
+    inputs={"model": ("model",), "baseline": ("baseline",), "data": ("eval_data",), "scores": ("scores",), "latency": ("latency",)},
     outputs={"json": "{stem}.json", "markdown": "{stem}.md"}, makes={"report": "json"}, needs=("model", "data"),
     optional_outputs={"plot": "{stem}-plots", "junit": "{stem}.junit.xml"},
 )

@@ -1,0 +1,102 @@
+"""The `profile` stage: checkpoint -> latency JSON, measured on the device it runs on.
+
+Options are read without torch; the measuring (measure.py, decode.py, timing.py) loads
+inside `run`. Nothing is written unless every point was measured.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from headprune_cli.device import DEVICE_HELP, check as check_device
+from headprune_cli.errors import UsageError
+from headprune_cli.outputs import check_output
+from headprune_cli.schema import write_artifact
+from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
+
+GRID_HELP = (
+    "Grid points per layer for attention and for the FFN (default 5: the smallest allowed count, a quarter, a half, "
+    "three quarters and all). Latency is close to linear in width between the hardware's tile sizes, so five points "
+    "bound the interpolation error and catch the narrow end, where fixed costs dominate, at 2 x 5 timed blocks per layer shape."
+)
+
+
+class ProfileOptions(Options):
+    model: Path = option(..., "Checkpoint to profile (the unpruned model that `score` and `select` will see).", argument=True)
+    output: Optional[Path] = option(None, "Latency JSON to write (default: stdout).", "-o", "--output")
+    device: str = device_option("Where to measure: " + DEVICE_HELP)
+    dtype: str = dtype_option()
+    batch_size: int = option(8, "Sequences per forward (match `report --batch-size` and how you serve).", ge=1)
+    seq_len: Optional[int] = option(None, "Tokens per sequence (default: 128, or the model's maximum when smaller).", ge=1)
+    threads: int = option(2, "CPU threads while timing (as `report --threads`).", ge=1)
+    points: int = option(5, GRID_HELP, ge=2, le=64)
+    multiple_of: int = option(1, "Attention grid points are multiples of this many heads (KV groups for GQA): the alignment the hardware wants.", ge=1)
+    ffn_multiple_of: int = option(8, "FFN grid widths are multiples of this (8: what GPU matrix kernels tile by).", ge=1)
+    context: Optional[int] = option(None, "Causal LMs: also profile decode, one token per sequence against a KV cache of this many tokens.", ge=1)
+    rounds: int = option(5, "Interleaved timing rounds per point; the table keeps their median and quartiles.", ge=1)
+    warmup: int = option(2, "Untimed calls per point before the rounds.", ge=0)
+    min_time: float = option(0.05, "Seconds each round of each point runs at least (torch.utils.benchmark blocked_autorange).", ge=0.0)
+    every_layer: bool = option(False, "Time every layer, not only the first of each shape (same heads, KV heads and FFN width).")
+    force: bool = option(False, "Overwrite OUTPUT if it exists.")
+
+
+def run(opts: ProfileOptions, ctx: Context) -> Result:
+    if opts.output is not None:
+        check_output(opts.output, opts.force, inputs=[opts.model])
+    check_device(opts.device, opts.dtype)
+    from headprune_cli.model.checkpoint import read_info
+    from headprune_cli.stages.profile.build import profile_checkpoint
+
+    check_context(opts, read_info(opts.model).task)  # before the model is built or a bar is drawn
+
+    with _progress(ctx) as advance:
+        artifact = profile_checkpoint(opts, advance)
+    write_artifact(artifact, opts.output)
+    ctx.print(summary(artifact))
+    return Result([str(opts.output)] if opts.output else [], value=artifact)
+
+
+def summary(artifact: dict) -> str:
+    phases = []
+    for name, phase in artifact["phases"].items():
+        total = phase["outside"]["median_ms"] + sum(layer["attention"][-1]["median_ms"] for layer in phase["layers"].values())
+        phases.append(f"{name} {total:.4g} ms")
+    measured = len({layer["measured_as"] for layer in artifact["phases"]["forward"]["layers"].values()})
+    return f"latency table on {artifact['device']['name']}: {', '.join(phases)} ({measured} layer shape(s) measured)"
+
+
+class _progress:
+    """A progress bar on stderr; `advance(total)` sets the total once it is known."""
+
+    def __init__(self, ctx: Context):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=ctx.console, transient=True, disable=not ctx.progress)
+        self.task = None
+
+    def __enter__(self):
+        self.bar.__enter__()
+        self.task = self.bar.add_task("profile", total=None)
+        return self._advance
+
+    def _advance(self, total: int | None = None) -> None:
+        if total is not None:
+            self.bar.update(self.task, total=total)
+        else:
+            self.bar.advance(self.task)
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+
+def check_context(opts: ProfileOptions, task: str) -> None:
+    if opts.context is not None and task != "causal-lm":
+        raise UsageError(f"--context profiles decode with a KV cache, which only causal LMs have (this is a {task} model)")
+
+
+STAGE = Stage(
+    "profile", ProfileOptions, run, stem="latency",
+    inputs={"model": ("model",)}, outputs={"output": "{stem}.json"}, makes={"latency": "output"}, needs=("model",),
+)

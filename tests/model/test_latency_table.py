@@ -1,0 +1,50 @@
+"""model/latency_table.py: measured points as interpolated curves and as linear prices."""
+
+from __future__ import annotations
+
+import pytest
+
+from headprune_cli.model.cost_table import CostTable, LayerCost, predict
+from headprune_cli.model.latency_table import Curve, LatencyTable, LayerCurves, _monotone, priced
+
+
+def test_noise_below_the_spread_is_pooled_into_a_non_decreasing_curve():
+    assert _monotone([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    curve = Curve.of([1, 2, 4], [2.0, 1.8, 5.0])
+    assert curve.ms == (1.9, 1.9, 5.0)
+    assert curve(3) == pytest.approx(3.45) and curve(4) == 5.0
+
+
+def test_below_the_smallest_point_the_first_segment_extends_never_below_zero():
+    curve = Curve.of([2, 4], [3.0, 5.0])
+    assert curve(1) == pytest.approx(2.0) and curve(0) == pytest.approx(1.0)
+    assert Curve.of([8, 16], [1.0, 9.0])(1) == 0.0
+
+
+def _table(attention: dict, ffn: dict, outside=1.0, group=1) -> LatencyTable:
+    layers = {0: LayerCurves(0, group, Curve.of(list(attention), list(attention.values())), Curve.of(list(ffn), list(ffn.values())))}
+    return LatencyTable(outside, layers, "forward", {"device": {"name": "x"}})
+
+
+def test_a_layer_is_its_attention_plus_its_ffn_minus_the_full_block_they_share():
+    table = _table({1: 3.0, 2: 4.0, 4: 6.0}, {8: 4.0, 16: 5.0, 32: 6.0})
+    assert table.full_ms() == 7.0
+    assert table.predict_ms({0: 2}, {0: 16}) == pytest.approx(1 + 4 + 5 - 6)
+    assert table.predict_ms({}, {}) == 1.0  # every layer dropped: the rest
+
+
+def test_linear_prices_reproduce_a_linear_table_exactly_and_split_gqa_units_by_flops():
+    """Per unit 1 ms (4 query heads + 1 KV head, FLOPs 4 x 10 : 10), per neuron 0.125 ms."""
+    table = _table({1: 3.0, 2: 4.0, 4: 6.0}, {8: 3.0, 16: 4.0, 32: 6.0}, group=4)
+    cost = CostTable(16, 100, 50.0, [LayerCost(0, 10, 99.0, 1.0, 10.0, 1.0, 10.0, group_size=4, ffn_width=32,
+                                                ffn_neuron_params=1.0, ffn_neuron_flops=7.0)])
+    ms = priced(table, cost)
+    layer = ms.layers[0]
+    assert layer.q_head_flops == pytest.approx(0.8 / 4) and layer.kv_head_flops == pytest.approx(0.2)
+    assert layer.ffn_neuron_flops == pytest.approx(0.125) and ms.outside_flops == 1.0
+    assert layer.fixed_params == 10 and layer.ffn_neuron_params == 1.0  # params untouched
+    kept = {0: list(range(16))}
+    assert predict(ms, kept)["flops_per_token"] == pytest.approx(table.full_ms())
+    two_units = {0: list(range(8, 16))}  # 2 of 4 groups removed
+    got = predict(ms, kept, two_units, [], {0: list(range(16))})["flops_per_token"]
+    assert got == pytest.approx(table.predict_ms({0: 8}, {0: 16}))
