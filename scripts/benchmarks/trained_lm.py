@@ -241,7 +241,7 @@ def decode_rows(bench: Bench, repeats: int, context: int = 512) -> list[dict]:
         for batch in (1, 8):
             predicted = decode_prediction(base, pruned, Generation(batch, context, 16))
             measured = measure_decode(base, pruned, predicted, bench.threads, repeats, 1)
-            results.append({"label": row.label, "batch": batch, "predicted_decode": predicted["predicted_decode_speedup"],
+            results.append({"label": f"{row.section} {row.label}", "batch": batch, "predicted_decode": predicted["predicted_decode_speedup"],
                             "tokens_per_s": measured["decode_tokens_per_s"], "decode_speedup": measured["decode_speedup"],
                             "export": bench.shown(["export", row.extra["checkpoint"], "--hf", str(folder)])})
             log(f"decode {row.label} batch {batch}: {measured['decode_tokens_per_s']} predicted {predicted['predicted_decode_speedup']:.2f}x")
