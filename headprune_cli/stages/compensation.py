@@ -44,10 +44,12 @@ and only the current layer's hidden states are held, never all layers'.
   Kwon et al.'s mask tuning, one scale per kept column (W' = diag(s) W0), is the special
   case `ffn_fit="diag"`. Measured on all-MiniLM-L6-v2, 50% of every FFN cut by |column| x
   activation RMS, 158 calibration / 159 held-out texts of examples/minilm_text.txt
-  (scripts/benchmarks/ffn_compensation.py), held-out fidelity: none 0.829, bias 0.888,
-  diagonal 0.887, lstsq 0.934 (30% cut: 0.909, 0.948, 0.948, 0.970); so `lstsq` refits
-  every kept column. A random 50% cut, which removes MiniLM's massive-activation neurons,
-  is beyond repair: none 0.727, lstsq 0.610, diagonal 0.174, bias 0.102.
+  (scripts/benchmarks/ffn_compensation.py), held-out fidelity: none 0.829, bias 0.890,
+  diagonal 0.889, lstsq 0.934; on fisher heads+FFN plans the full refit beat the diagonal
+  one in 4 of 6 (scripts/benchmarks/compensation_routes.py); so `lstsq` refits every kept
+  column. (Before the per-token weights a random 50% cut, which removes MiniLM's
+  massive-activation neurons, was beyond repair: none 0.727, lstsq 0.610, diagonal 0.174,
+  bias 0.102.)
 """
 
 from __future__ import annotations
@@ -75,10 +77,12 @@ from headprune_cli.stages.compensation_streams import _Original, _Streams
 METHODS = ("none", "bias", "lstsq")
 FFN_FITS = ("full", "diag")  # lstsq on the down projection: every kept column, or one scale each
 # Measured on all-MiniLM-L6-v2 (taylor, 30%/50% of heads, 64 or 200 calibration texts):
-# 1e-3 overfits 64 texts and lowers held-out fidelity; 0.1 improved all four settings.
+# 1e-3 overfits 64 texts and lowers held-out fidelity; 0.1 improved all four settings. With
+# the per-token weights, deep heads+FFN cuts from 158 texts prefer 1 (fisher at 0.6 of the
+# FLOPs: 88.9 at 0.1, 92.2 at 1) and 50% FFN cuts 0.1 (0.934 vs 0.933): 0.1 stays.
 DEFAULT_RIDGE = 0.1
-# The full refit beat the diagonal one on MiniLM's FFN (held-out fidelity 0.934 vs 0.887; the
-# module docstring has the setting), at ridge 0.1 as well (0.01: 0.925, 1: 0.929).
+# The full refit beat the diagonal one on MiniLM's FFN (held-out fidelity 0.934 vs 0.889; the
+# module docstring has the setting), at ridge 0.1 as well (1: 0.933).
 MEASURED_FFN_FIT = "full"
 
 
