@@ -16,7 +16,7 @@ Statistics are accumulated in float64 with one weight per token, w_t = 1 / |Y_t|
 G = [X 1]^T diag(w) [X 1], C = [X 1]^T diag(w) Y. So every fit minimises each token's
 error relative to its own output (what the next LayerNorm or RMSNorm sees), not the total
 squared error, which a few tokens with massive activations own: in all-MiniLM-L6-v2's
-layer 0, 98.7% of the FFN output's energy is one dimension of the [CLS] token. A plan
+layer 0, 98.8% of the FFN output's energy is one dimension of the [CLS] token. A plan
 that removes the neurons behind it (fisher scores them unimportant, and the cut alone
 keeps fidelity) left an unweighted refit chasing that spike with the kept neurons, and
 the bias refit spreading its mean over every token: fisher heads+FFN at 0.6 of the FLOPs,
