@@ -51,6 +51,16 @@ def _schedule(value: Any) -> None:
     check_schedule(comma_list(value, float, "schedule"))
 
 
+def _cost_schedule(budget: str) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        from headprune_cli.stages.iterative import check_schedule
+        from headprune_cli.stages.unit import comma_list
+
+        check_schedule(comma_list(value, float, f"target_{budget}"), budget)
+
+    return check
+
+
 CHECKS: dict[tuple[str, str], Callable[[Any], None]] = {
     **{(command, "protect"): _protect for command in ("select", "prune")},
     **{(command, "threshold"): _threshold for command in ("select", "prune")},
@@ -58,6 +68,8 @@ CHECKS: dict[tuple[str, str], Callable[[Any], None]] = {
     ("score", "method"): _method,
     ("score", "weights"): _weights,
     ("iterate", "schedule"): _schedule,
+    ("iterate", "target_flops"): _cost_schedule("flops"),
+    ("iterate", "target_params"): _cost_schedule("params"),
 }
 
 

@@ -12,7 +12,16 @@ For pruned layer l, in order, on calibration tokens (padding left out):
        layers skipped, and (for the down projection) the block's own attention cut and
        compensated, so that error accumulated upstream is corrected too;
   Y  = the unpruned model's output of that projection at layer l (original weights everywhere).
-Statistics are accumulated in float64: G = [X 1]^T [X 1], C = [X 1]^T Y.
+Statistics are accumulated in float64 with one weight per token, w_t = 1 / |Y_t|^2:
+G = [X 1]^T diag(w) [X 1], C = [X 1]^T diag(w) Y. So every fit minimises each token's
+error relative to its own output (what the next LayerNorm or RMSNorm sees), not the total
+squared error, which a few tokens with massive activations own: in all-MiniLM-L6-v2's
+layer 0, 98.8% of the FFN output's energy is one dimension of the [CLS] token. A plan
+that removes the neurons behind it (fisher scores them unimportant, and the cut alone
+keeps fidelity) left an unweighted refit chasing that spike with the kept neurons, and
+the bias refit spreading its mean over every token: fisher heads+FFN at 0.6 of the FLOPs,
+held-out fidelity 86.6 uncompensated, 68.6 unweighted lstsq, 88.9 weighted (BENCHMARKS.md
+section 14).
 
 Both models are run block by block, as two streams of hidden states (one per calibration
 batch, compensation_streams.py) that advance one layer at a time: the unpruned stream
@@ -21,9 +30,9 @@ times per batch (five, one of them only up to its attention output, when both it
 and its FFN are cut): O(L) block forwards, not a whole-model forward per pruned layer,
 and only the current layer's hidden states are held, never all layers'.
 
-- `bias` (FLAP-style): add to the bias the mean of what is now missing,
-  b' = (sum Y - sum X W^T) / n, i.e. the removed heads' (or neurons') mean contribution
-  plus the mean upstream drift. Projections without a bias (LLaMA-family o_proj and
+- `bias` (FLAP-style): add to the bias the (token-weighted) mean of what is now missing,
+  b' = sum_t w_t (y_t - x_t W^T) / sum_t w_t, i.e. the removed heads' (or neurons') mean
+  contribution plus the mean upstream drift. Projections without a bias (LLaMA-family o_proj and
   down_proj) are left alone with a note (`skipped`, `ffn_skipped`): adding a bias would
   change the architecture the checkpoint rebuilds. transformers' `LlamaConfig(mlp_bias=True)`
   could carry a down-projection bias into a plain LLaMA export, but only for every layer
@@ -31,14 +40,15 @@ and only the current layer's hidden states are held, never all layers'.
   no such flag, so it is not done.
 - `lstsq`: ridge least squares of the kept columns (and bias, when there is one) towards
   Y, shrunk towards the current weights:
-  W' = argmin |[X 1] W - Y|^2 + lam |W - W0|^2, lam = ridge * mean(diag(X^T X)).
+  W' = argmin sum_t w_t |[x_t 1] W - y_t|^2 + lam |W - W0|^2, lam = ridge * mean(diag(X^T diag(w) X)).
   Kwon et al.'s mask tuning, one scale per kept column (W' = diag(s) W0), is the special
   case `ffn_fit="diag"`. Measured on all-MiniLM-L6-v2, 50% of every FFN cut by |column| x
   activation RMS, 158 calibration / 159 held-out texts of examples/minilm_text.txt
-  (scripts/benchmarks/ffn_compensation.py), held-out fidelity: none 0.829, bias 0.888,
-  diagonal 0.887, lstsq 0.934 (30% cut: 0.909, 0.948, 0.948, 0.970); so `lstsq` refits
-  every kept column. A random 50% cut, which removes MiniLM's massive-activation neurons,
-  is beyond repair: none 0.727, lstsq 0.610, diagonal 0.174, bias 0.102.
+  (scripts/benchmarks/ffn_compensation.py), held-out fidelity: none 0.829, bias 0.890,
+  diagonal 0.889, lstsq 0.934; on fisher heads+FFN plans the full refit beat the diagonal
+  one in 4 of 6 (scripts/benchmarks/compensation_routes.py); so `lstsq` refits every kept
+  column. A random 50% cut, which removes MiniLM's massive-activation neurons: none 0.727,
+  lstsq 0.886, diagonal 0.784, bias 0.768 (unweighted: 0.610, 0.174, 0.102).
 """
 
 from __future__ import annotations
@@ -66,10 +76,12 @@ from headprune_cli.stages.compensation_streams import _Original, _Streams
 METHODS = ("none", "bias", "lstsq")
 FFN_FITS = ("full", "diag")  # lstsq on the down projection: every kept column, or one scale each
 # Measured on all-MiniLM-L6-v2 (taylor, 30%/50% of heads, 64 or 200 calibration texts):
-# 1e-3 overfits 64 texts and lowers held-out fidelity; 0.1 improved all four settings.
+# 1e-3 overfits 64 texts and lowers held-out fidelity; 0.1 improved all four settings. With
+# the per-token weights, deep heads+FFN cuts from 158 texts prefer 1 (fisher at 0.6 of the
+# FLOPs: 88.9 at 0.1, 92.2 at 1) and 50% FFN cuts 0.1 (0.934 vs 0.933): 0.1 stays.
 DEFAULT_RIDGE = 0.1
-# The full refit beat the diagonal one on MiniLM's FFN (held-out fidelity 0.934 vs 0.887; the
-# module docstring has the setting), at ridge 0.1 as well (0.01: 0.925, 1: 0.929).
+# The full refit beat the diagonal one on MiniLM's FFN (held-out fidelity 0.934 vs 0.889; the
+# module docstring has the setting), at ridge 0.1 as well (1: 0.933).
 MEASURED_FFN_FIT = "full"
 
 

@@ -18,14 +18,16 @@ from headprune_cli.model.arch.base import is_conv1d
 
 @dataclass
 class _Stats:
-    gram: torch.Tensor  # [d+1, d+1] (or [d, d] without bias): [X 1]^T [X 1]
-    cross: torch.Tensor  # [d(+1), out]: [X 1]^T Y
-    yy: float  # sum |Y|^2
-    n: int
+    # Sums over tokens t weighted by w_t (compensation_streams.token_weights: 1 / |Y_t|^2).
+    gram: torch.Tensor  # [d+1, d+1] (or [d, d] without bias): [X 1]^T W [X 1]
+    cross: torch.Tensor  # [d(+1), out]: [X 1]^T W Y
+    yy: float  # sum_t w_t |Y_t|^2
+    n: int  # tokens
     has_bias: bool
 
     def error(self, w: torch.Tensor) -> float:
-        """Relative squared error |[X 1] w - Y|^2 / |Y|^2 of stacked weights w [d(+1), out]."""
+        """Relative squared error |[X 1] w - Y|^2_W / |Y|^2_W of stacked weights w [d(+1), out]
+        (with the per-token weights: the mean over tokens of each token's relative error)."""
         w = _stack(w, self.has_bias)
         err = (w * (self.gram @ w)).sum() - 2 * (w * self.cross).sum() + self.yy
         return float(max(err, 0.0) / max(self.yy, 1e-300))
@@ -63,6 +65,7 @@ def _write(o: nn.Module, cols: torch.Tensor, solved, has_bias: bool) -> None:
 
 # --- closed forms ---------------------------------------------------------------------
 def _solve_bias(stats: _Stats, w0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weighted mean of what is missing (gram[-1, -1] is the sum of the token weights)."""
     weight, _ = w0
     sum_x, n = stats.gram[-1, :-1], stats.gram[-1, -1]
     return weight, (stats.cross[-1] - sum_x @ weight) / n

@@ -86,8 +86,9 @@ class _Streams:
 
     def statistics(self, pos: int, o: nn.Module, cols: torch.Tensor, has_bias: bool, advance_full: bool = True,
                    rewritten: list[_Original] = ()) -> _Stats:
-        """Sum [X 1]^T [X 1], [X 1]^T Y, |Y|^2 for projection `o` of block `pos`: X = the
-        kept input features `cols` in the pruned stream, Y = `o`'s output in the unpruned one.
+        """Sum [X 1]^T W [X 1], [X 1]^T W Y, sum_t w_t |Y_t|^2 for projection `o` of block `pos`:
+        X = the kept input features `cols` in the pruned stream, Y = `o`'s output in the
+        unpruned one, W = diag(w) the per-token weights (token_weights).
 
         With `advance_full` the unpruned stream moves on through the block; without it
         (another projection of the same block is fitted next) its run stops at `o`.
@@ -108,7 +109,10 @@ class _Streams:
             y = x_full @ w_full.to(x_full.device).T + (b_full.to(x_full.device) if b_full is not None else 0)
             ones = torch.ones(len(x_kept), 1, dtype=x_kept.dtype, device=x_kept.device)
             xa = torch.cat([x_kept, ones], 1) if has_bias else x_kept
-            part = ((xa.T @ xa).cpu(), (xa.T @ y).cpu(), float((y * y).sum()), len(xa))
+            norms = (y * y).sum(1)
+            weights = token_weights(norms)
+            xw = xa * weights[:, None]
+            part = ((xw.T @ xa).cpu(), (xw.T @ y).cpu(), float((weights * norms).sum()), len(xa))
             stats = part if stats is None else tuple(a + b for a, b in zip(stats, part))
         if not torch.isfinite(stats[0]).all() or not torch.isfinite(stats[1]).all():
             raise NumericalError("calibration activations contain NaN or inf")
@@ -211,6 +215,16 @@ class _Captured:
             pass
         finally:
             self._stop = False
+
+
+def token_weights(norms: torch.Tensor) -> torch.Tensor:
+    """1 / |Y_t|^2 per token: the fit minimises every token's error relative to its own
+    output, as the next LayerNorm (RMSNorm) sees it, not the sum of squared errors, which a
+    few tokens with massive activations own (all-MiniLM-L6-v2's layer-0 FFN puts 98.8% of
+    its output energy in one dimension of the [CLS] token). The floor (1e-6 of the batch's
+    mean) keeps a token with next to no output from owning the fit instead."""
+    floor = 1e-6 * float(norms.mean()) if len(norms) else 0.0
+    return 1.0 / norms.clamp_min(floor) if floor > 0 else torch.ones_like(norms)
 
 
 def _real_tokens(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -12,8 +12,9 @@ one FLOPs budget between heads and neurons by their Fisher scores.
 With loss-scale layer scores (`--layers` by loo or refit, which also measure each layer's
 attention and FFN removed as a whole) layers join the same greedy as in joint.py: head and
 neuron scores become shares of their layer's measured attention and FFN loss, a layer
-costs its layer score minus the steps already paid in it, and head or neuron steps a later
-drop made redundant are given back while the budget still fits.
+costs its layer score minus the steps already paid in it, head or neuron steps a later
+drop made redundant are given back while the budget still fits, and a dropped layer is kept
+instead when head and neuron steps alone meet the budget at a lower loss.
 
 With `uniform`, every kept layer keeps the same heads and KV groups and the same FFN
 width (what a plain transformers config can say): the pair of levels with the least
@@ -117,17 +118,27 @@ def choose(table, layers: dict[int, _Layer], key: str, limit: float, droppable: 
     def total(s, d) -> float:
         return outside + sum(layers[l].price(*s[l]) for l in s if l not in d)
 
-    while total(state, dropped) > limit:
-        options = _options(table, layers, state, dropped, droppable)
-        if not options:
-            break
-        _, _, kind, layer = min(options)
-        if kind == "layer":
-            dropped.append(layer)
-        else:
-            state[layer][0 if kind == "head" else 1] += 1
-    if dropped:
-        _give_back(layers, state, dropped, lambda s: total(s, dropped) <= limit)
+    def greedy(state, dropped, droppable):
+        while total(state, dropped) > limit:
+            options = _options(table, layers, state, dropped, droppable)
+            if not options:
+                return None
+            _, _, kind, layer = min(options)
+            if kind == "layer":
+                dropped.append(layer)
+            else:
+                state[layer][0 if kind == "head" else 1] += 1
+        if dropped:
+            _give_back(layers, state, dropped, lambda s: total(s, dropped) <= limit)
+        return state
+
+    greedy(state, dropped, droppable)
+
+    def loss(state, dropped) -> float:
+        return sum(table.layers[l] if l in dropped else layers[l].paid(*hf) for l, hf in state.items())
+
+    if dropped:  # a dropped layer kept instead, when head and neuron steps meet the budget at a lower loss
+        state, dropped = joint.keep_dropped_layers(state, dropped, lambda s, d: greedy(s, list(d), []), loss)
     return state, sorted(dropped), total(state, dropped)
 
 

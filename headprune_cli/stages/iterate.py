@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from headprune_cli.errors import UsageError
 from headprune_cli.outputs import check_output
 from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, option
 
@@ -17,6 +18,9 @@ class IterateOptions(Options):
     eval_data: Path = option(..., "Dev set that decides the quality floor.")
     output: Path = option(..., "Where to write the last model above the floor.", "-o", "--output")
     schedule: str = option(",".join(map(str, DEFAULT_SCHEDULE)), "Fractions of the ORIGINAL heads removed after each round.")
+    target_flops: Optional[str] = option(None, "Instead of --schedule: fractions of the ORIGINAL FLOPs per token to keep after each round, falling (e.g. 0.9,0.8,0.7); each round cuts under that budget.")
+    target_params: Optional[str] = option(None, "Instead of --schedule: fractions of the ORIGINAL parameters to keep after each round, falling.")
+    ffn: bool = option(False, "Also score FFN neurons every round and cut them with the heads under the --target-flops/--target-params budget.")
     method: str = option("taylor", "Scoring method used every round.")
     score_data: Optional[Path] = option(None, "Data for scoring (default: --data).")
     floor: Optional[float] = option(None, "Stop before the dev metric crosses this value.")
@@ -27,15 +31,27 @@ class IterateOptions(Options):
     teacher: Optional[str] = option(None, "Distil from a checkpoint, or `self` = the input model.")
     kd_weight: Optional[float] = option(None, "Distillation weight (default 0.5 with a teacher).")
     seed: int = option(0, "")
-    max_length: int = option(128, "", ge=1)
+    max_length: int = option(128, "Tokens per example (also the sequence length FLOPs are priced at).", ge=1)
     force: bool = option(False, "Overwrite OUT if it exists.")
 
-    def ratios(self) -> list[float]:
+    def ratios(self) -> tuple[str | None, list[float]]:
+        """(budget, schedule): budget None for head fractions, else "flops" or "params"."""
+        from headprune_cli.stages.importance.registry import check_ffn
         from headprune_cli.stages.iterative import check_schedule
 
-        ratios = comma_list(self.schedule, float, "--schedule")
-        check_schedule(ratios)
-        return ratios
+        targets = [(name, text) for name, text in (("flops", self.target_flops), ("params", self.target_params)) if text is not None]
+        if len(targets) > 1:
+            raise UsageError("give --target-flops or --target-params, not both")
+        if targets and self.schedule != IterateOptions.model_fields["schedule"].default:
+            raise UsageError("give --schedule (head fractions) or --target-flops/--target-params (cost fractions), not both")
+        if self.ffn and not targets:
+            raise UsageError("--ffn needs --target-flops or --target-params: a head fraction says nothing about FFN neurons")
+        if self.ffn:
+            check_ffn(self.method)
+        budget, text = targets[0] if targets else (None, self.schedule)
+        ratios = comma_list(text, float, f"--target-{budget}" if budget else "--schedule")
+        check_schedule(ratios, budget)
+        return budget, ratios
 
 
 def run(opts: IterateOptions, ctx: Context) -> Result:
@@ -48,7 +64,7 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
     from headprune_cli.stages.iterative import iterative_prune
     from headprune_cli.stages.objectives import check_objective, needs_labels
 
-    ratios = opts.ratios()
+    budget, ratios = opts.ratios()
     check_output(opts.output, opts.force, [opts.checkpoint, opts.data, opts.eval_data, opts.score_data, opts.teacher])
     model = load(opts.checkpoint)
     objective = check_objective(None, model)
@@ -61,27 +77,37 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
     cfg = FinetuneConfig(epochs=opts.epochs, lr=opts.lr, batch_size=opts.batch_size, kd_weight=opts.kd_weight, seed=opts.seed)
     result = iterative_prune(
         model, train, dev, schedule=ratios, method=opts.method, score_data=calib, objective=objective, floor=opts.floor,
-        max_drop=opts.max_drop, finetune_config=cfg, teacher=teacher, seed=opts.seed, on_round=lambda r: ctx.print(_line(r)),
+        max_drop=opts.max_drop, finetune_config=cfg, teacher=teacher, seed=opts.seed, on_round=lambda r: ctx.print(_line(r, budget)),
+        budget=budget, ffn=opts.ffn, seq_len=opts.max_length,
     )
-    ctx.print(_table(result))
+    ctx.print(_table(result, budget))
     save(result.model, opts.output, overwrite=opts.force)
-    ctx.print(f"wrote {opts.output} ({sum(len(h) for h in result.model.headprune.layout.heads)} heads)")
+    layout = result.model.headprune.layout
+    neurons = f", {sum(len(layout.kept_neurons(l)) for l in layout.layers)} FFN neurons" if opts.ffn else ""
+    ctx.print(f"wrote {opts.output} ({sum(len(h) for h in layout.heads)} heads{neurons})")
     return Result([str(opts.output)], value=result)
 
 
-def _line(r) -> str:
+def _step(r, budget) -> str:
+    return f"{r.ratio:.0%}" if budget is None else f"{budget} {r.ratio:.0%}"
+
+
+def _line(r, budget=None) -> str:
     verdict = "kept" if r.accepted else "below the floor: stop"
-    return f"round {r.ratio:.0%}: {r.heads_kept} heads, {r.metric_pruned:.4f} pruned -> {r.metric_recovered:.4f} recovered ({verdict})"
+    size = f"{r.heads_kept} heads" + (f", {r.neurons_kept} FFN neurons" if r.remove_ffn else "")
+    cost = "" if r.cost_kept is None else f" ({r.cost_kept:.1%} of the {budget})"
+    return f"round {_step(r, budget)}: {size}{cost}, {r.metric_pruned:.4f} pruned -> {r.metric_recovered:.4f} recovered ({verdict})"
 
 
-def _table(result):
+def _table(result, budget=None):
     from rich.table import Table
 
     table = Table(title=f"iterative pruning ({result.metric_name}; baseline {result.baseline:.4f})")
-    for column in ("removed (of original)", "heads", "pruned", "recovered", "accepted"):
+    first = "removed (of original)" if budget is None else f"{budget} kept (target)"
+    for column in (first, "heads", "FFN neurons", "pruned", "recovered", "accepted"):
         table.add_column(column, justify="right")
     for r in result.rounds:
-        table.add_row(f"{r.ratio:.0%}", str(r.heads_kept), f"{r.metric_pruned:.4f}", f"{r.metric_recovered:.4f}", "yes" if r.accepted else "no")
+        table.add_row(_step(r, budget), str(r.heads_kept), str(r.neurons_kept), f"{r.metric_pruned:.4f}", f"{r.metric_recovered:.4f}", "yes" if r.accepted else "no")
     return table
 
 

@@ -6,6 +6,12 @@ ORIGINAL heads to have removed after each round (default 0.1, 0.2, 0.3, 0.4); ev
 round rescores the current model, because importance changes once neighbours are gone.
 When a round's recovered model falls below the quality floor, the loop stops and the
 last model above the floor is returned.
+
+With a cost `budget` ("flops" or "params") the schedule lists instead the fractions of
+the ORIGINAL model's FLOPs per token (at `seq_len`) or parameters to keep after each
+round, falling (e.g. 0.9, 0.8, 0.7): every round selects under the budget that is left
+(selection.select, strategy `budget`), and with `ffn` it rescores FFN neurons too, so the
+round's cut removes heads and neurons together, priced by the cost table.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from headprune_cli.data import Dataset
 from headprune_cli.errors import UsageError
 from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
 from headprune_cli.stages.importance import score_model
+from headprune_cli.model.cost import cost_table
+from headprune_cli.model.cost_table import predict
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.iterate import DEFAULT_SCHEDULE
 from headprune_cli.stages.objectives import Metric, check_objective, evaluate, worse_by
@@ -27,14 +35,20 @@ from headprune_cli.stages.prune import cut
 from headprune_cli.stages.selection import Constraints, select
 
 
+BUDGETS = {"flops": "flops_per_token", "params": "params"}  # budget -> the cost table's key
+
+
 @dataclass
 class Round:
-    ratio: float  # fraction of the original heads removed after this round
+    ratio: float  # the schedule's entry: original heads removed, or (with a budget) the original cost kept
     heads_kept: int
     remove_heads: dict[int, list[int]]  # removed in this round (original indices)
     metric_pruned: float  # before recovery
     metric_recovered: float  # after recovery (best epoch)
     accepted: bool
+    remove_ffn: dict[int, list[int]] = field(default_factory=dict)  # FFN neurons removed in this round
+    neurons_kept: int = 0  # FFN neurons the model keeps after this round
+    cost_kept: float | None = None  # with a budget: the model's cost after this round over the original's
 
 
 @dataclass
@@ -67,6 +81,9 @@ def iterative_prune(
     score_batch_size: int = 32,
     seed: int = 0,
     on_round: Callable[[Round], None] | None = None,
+    budget: str | None = None,
+    ffn: bool = False,
+    seq_len: int = 128,
 ) -> IterativeResult:
     """Prune `model` (not modified) along `schedule`; see the module docstring.
 
@@ -74,30 +91,42 @@ def iterative_prune(
     perplexity or fidelity). The floor is `floor` (an absolute metric value) and/or
     `max_drop` (how much worse than the input model may get: in points for accuracy-like
     metrics, 1.0 = one percentage point, as `report --max-drop`; perplexity in its own
-    unit). `score_data` defaults to `train`.
+    unit). `score_data` defaults to `train`. `budget`, `ffn` and `seq_len`: see the module
+    docstring (`ffn` needs a budget: a head fraction says nothing about neurons).
     """
-    check_schedule(schedule)
+    check_schedule(schedule, budget)
+    if ffn and budget is None:
+        raise UsageError("FFN neurons are cut under a cost budget: give the schedule as FLOPs or params fractions to keep")
     objective = check_objective(objective, model)
     cfg = finetune_config or FinetuneConfig(epochs=1, seed=seed)
     base = evaluate(model, dev, objective, reference=teacher)[0]
     _check_budget(max_drop)
     original = sum(len(h) for h in info_of(model).layout.heads)
+    original_cost = _cost(model, budget, seq_len) if budget else None
     current = copy.deepcopy(model)
     result = IterativeResult(current, base.name, base.higher_is_better, base.value)
     for ratio in schedule:
-        kept = sum(len(h) for h in info_of(current).layout.heads)
-        to_remove = round(ratio * original) - (original - kept)
-        if to_remove <= 0:
+        if budget is None:
+            kept = sum(len(h) for h in info_of(current).layout.heads)
+            to_remove = round(ratio * original) - (original - kept)
+            amount = {"ratio": min(1.0, to_remove / kept)} if to_remove > 0 else None
+        else:
+            keep = ratio * original_cost / _cost(current, budget, seq_len)  # of what the current model costs
+            amount = {("target_flops" if budget == "flops" else "target_params"): keep} if keep < 1 else None
+        if amount is None:
             continue
-        candidate, removed = _prune_round(current, score_data or train, method, objective, to_remove / kept, constraints, score_batch_size, seed)
+        scoring = {"batch_size": score_batch_size, "seed": seed, "ffn": ffn, "seq_len": seq_len if budget else None}
+        candidate, selection = _prune_round(current, score_data or train, method, objective, amount, constraints, scoring)
         metrics = lambda m: {x.name: x.value for x in evaluate(m, dev, objective, reference=teacher)}  # noqa: E731
         trained = finetune(candidate, train, cfg, metrics, base.higher_is_better, teacher)
         pruned_value = trained.history[0].metrics[base.name]
         # finetune returns its best epoch's weights and has already evaluated them.
         value = next(r.metrics[base.name] for r in trained.history if r.epoch == trained.best_epoch)
         ok = _acceptable(base, value, floor, max_drop)
-        heads_now = sum(len(h) for h in info_of(trained.model).layout.heads)
-        record = Round(ratio, heads_now, removed, pruned_value, value, ok)
+        layout = info_of(trained.model).layout
+        cost_now = _cost(trained.model, budget, seq_len) / original_cost if budget else None
+        record = Round(ratio, sum(len(h) for h in layout.heads), selection.remove_heads, pruned_value, value, ok,
+                       selection.remove_ffn, sum(len(layout.kept_neurons(l)) for l in layout.layers), cost_now)
         result.rounds.append(record)
         if on_round:
             on_round(record)
@@ -107,13 +136,21 @@ def iterative_prune(
     return result
 
 
-def _prune_round(model, data, method, objective, ratio, constraints, batch_size, seed):
-    """Rescore the current model and cut `ratio` of its kept heads, on a copy."""
-    scores = score_model(model, data, method, objective, batch_size=batch_size, seed=seed)
-    chosen = select(scores, "global", ratio=min(1.0, ratio), constraints=constraints)
+def _prune_round(model, data, method, objective, amount: dict, constraints, scoring: dict):
+    """Rescore the current model and cut, on a copy, a `ratio` of its kept heads or down to
+    a `target_flops`/`target_params` fraction of its cost; returns (the cut copy, the selection)."""
+    # Per-layer normalisation of gradient scores would put heads and neurons on different scales.
+    scores = score_model(model, data, method, objective, normalize=not scoring["ffn"], **scoring)
+    chosen = select(scores, "global" if "ratio" in amount else "budget", constraints=constraints, **amount)
     candidate = copy.deepcopy(model)
     cut(candidate, chosen)
-    return candidate, chosen.remove_heads
+    return candidate, chosen
+
+
+def _cost(model: nn.Module, budget: str, seq_len: int) -> float:
+    """The model's FLOPs per token at `seq_len`, or its parameters, as the cost table prices them."""
+    heads = info_of(model).layout
+    return predict(cost_table(model, seq_len), dict(zip(heads.layers, map(list, heads.heads))))[BUDGETS[budget]]
 
 
 def _check_budget(max_drop: float | None) -> None:
@@ -128,11 +165,16 @@ def _acceptable(base: Metric, value: float, floor: float | None, max_drop: float
     return max_drop is None or worse_by(base.name, base.higher_is_better, base.value, value) <= max_drop
 
 
-def check_schedule(schedule: Sequence[float]) -> None:
+def check_schedule(schedule: Sequence[float], budget: str | None = None) -> None:
+    """Head fractions removed rise; cost fractions kept (with a `budget`) fall; all within (0, 1)."""
     values = list(schedule)
+    if budget is not None and budget not in BUDGETS:
+        raise UsageError(f"unknown budget {budget!r} (available: {', '.join(BUDGETS)})")
     if not values:
         raise UsageError("the iterative schedule is empty")
-    if any(not 0 < r < 1 for r in values) or values != sorted(values):
-        raise UsageError(f"the iterative schedule must rise strictly within (0, 1): {values}")
     if len(set(values)) != len(values):
-        raise UsageError(f"the iterative schedule repeats a ratio: {values}")
+        raise UsageError(f"the iterative schedule repeats a value: {values}")
+    if budget is None and (any(not 0 < r < 1 for r in values) or values != sorted(values)):
+        raise UsageError(f"the iterative schedule must rise strictly within (0, 1): {values}")
+    if budget is not None and (any(not 0 < r < 1 for r in values) or values != sorted(values, reverse=True)):
+        raise UsageError(f"the {budget} fractions to keep must fall strictly within (0, 1): {values}")

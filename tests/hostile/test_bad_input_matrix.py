@@ -370,6 +370,8 @@ HOSTILE = [
     Case("YAML unknown method in the first stage", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "did you mean", _yaml("stages:\n  - command: score\n    method: taylr\n")),
     Case("YAML falling schedule", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "schedule",
          _yaml("stages:\n  - command: iterate\n    schedule: 0.5,0.2\n")),
+    Case("YAML rising FLOPs schedule", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "must fall",
+         _yaml("stages:\n  - command: iterate\n    target_flops: 0.6,0.8\n")),
     Case("YAML 100 KB value is quoted short", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "...",
          _yaml("stages:\n  - command: score\n    batch_size: " + "x" * 100_000 + "\n")),
     Case("YAML data under /proc", lambda f: ["run", f / "bad.yaml", "--out", f / "out"], 2, "special filesystem",

@@ -287,3 +287,13 @@ def test_check_prints_the_commands_and_runs_nothing(cli, monkeypatch, tmp_path):
     assert [line.split()[1] for line in lines] == ["score", "select", "prune", "finetune", "report"]
     assert lines[1].startswith(f"headprune select {tmp_path}/o/scores.json --ratio 0.5")
     assert not (tmp_path / "o").exists()
+
+
+def test_an_iterate_stage_takes_ffn_and_a_flops_schedule(workdir):
+    cfg = config(stages=[{"command": "iterate", "method": "fisher", "ffn": True, "target_flops": "0.9,0.7"}])
+    argv = prepare(cfg).stages[0].argv
+    assert argv[0] == "iterate" and "--ffn" in argv and argv[argv.index("--target-flops") + 1] == "0.9,0.7"
+    assert argv[argv.index("--data") + 1] == "train.jsonl" and argv[argv.index("--eval-data") + 1] == "dev.jsonl"
+    cfg["stages"][0]["target_flops"] = "0.7,0.9"  # rising: refused before any stage runs
+    with pytest.raises(ConfigError, match=r"stages.0 \(iterate\).target_flops: the flops fractions to keep must fall"):
+        prepare(cfg)

@@ -147,28 +147,32 @@ def test_a_plan_with_neither_heads_nor_neurons_returns_without_running_the_model
 
 
 def _ridge_lstsq(x: torch.Tensor, y: torch.Tensor, w0: torch.Tensor, b0: torch.Tensor | None, ridge: float):
-    """min |[X 1] W - Y|^2 + lam |W - W0|^2 as one augmented least-squares problem."""
-    lam = ridge * float((x * x).sum(0).mean())
+    """min sum_t |[x_t 1] W - y_t|^2 / |y_t|^2 + lam |W - W0|^2 as one augmented least-squares
+    problem (every token's rows scaled by 1 / |y_t|), lam = ridge * mean of the weighted X^T X diagonal."""
+    scale = 1 / y.norm(dim=1, keepdim=True)
     d = x.shape[1]
     if b0 is not None:
         x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1)
+    x, y = x * scale, y * scale
+    lam = ridge * float((x[:, :d] * x[:, :d]).sum(0).mean())
     rows = torch.cat([torch.eye(d, dtype=x.dtype), torch.zeros(d, x.shape[1] - d, dtype=x.dtype)], 1) * lam**0.5
     solved = torch.linalg.lstsq(torch.cat([x, rows]), torch.cat([y, w0 * lam**0.5]), driver="gelsd").solution
     return solved[:d], (solved[d] if b0 is not None else None)
 
 
 def _ridge_diag(x: torch.Tensor, y: torch.Tensor, w0: torch.Tensor, b0: torch.Tensor | None, ridge: float):
-    """min |X diag(s) W0 + 1 b^T - Y|^2 + lam |s - 1|^2, written out over vec(Y)."""
+    """min sum_t |x_t diag(s) W0 + b - y_t|^2 / |y_t|^2 + lam |s - 1|^2, written out over vec(Y)."""
     n, d = x.shape
     out = w0.shape[1]
-    columns = [(x[:, j, None] * w0[j]).reshape(-1) for j in range(d)]  # vec of X_j W0[j, :]
+    scale = (1 / y.norm(dim=1)).repeat_interleave(out)  # vec(Y) is token-major: each token's outputs together
+    columns = [(x[:, j, None] * w0[j]).reshape(-1) * scale for j in range(d)]  # vec of X_j W0[j, :], weighted
     energy = torch.stack([c @ c for c in columns])  # diag of the s-block of the normal equations
     lam = ridge * float(energy.mean())
     if b0 is not None:
-        columns += [torch.eye(out, dtype=x.dtype)[o].repeat(n) for o in range(out)]
+        columns += [torch.eye(out, dtype=x.dtype)[o].repeat(n) * scale for o in range(out)]
     a = torch.stack(columns, 1)
     rows = torch.cat([torch.eye(d, dtype=x.dtype), torch.zeros(d, a.shape[1] - d, dtype=x.dtype)], 1) * lam**0.5
-    target = torch.cat([y.reshape(-1), torch.full((d,), lam**0.5, dtype=x.dtype)])
+    target = torch.cat([y.reshape(-1) * scale, torch.full((d,), lam**0.5, dtype=x.dtype)])
     solved = torch.linalg.lstsq(torch.cat([a, rows]), target[:, None], driver="gelsd").solution[:, 0]
     return w0 * solved[:d, None], (solved[d:] if b0 is not None else None)
 
@@ -179,7 +183,8 @@ def _ridge_diag(x: torch.Tensor, y: torch.Tensor, w0: torch.Tensor, b0: torch.Te
 def test_the_refit_solves_the_least_squares_problem_it_states(family, fit, drop):
     """Every cut layer's down projection solves its ridge problem on X = the kept neurons'
     activations in the compensated, gated model (earlier layers and the block's own heads
-    already compensated) and Y = the unpruned model's down-projection output."""
+    already compensated) and Y = the unpruned model's down-projection output, each token's
+    error relative to its |Y_t|."""
     base = TINY[family]()
     heads = {l: h for l, h in HEADS.get(family, DEFAULT_HEADS).items() if l not in drop}
     remove_ffn = {l: n for l, n in half_of_every_ffn(base).items() if l not in drop}

@@ -64,6 +64,26 @@ def test_neuron_fisher_and_gradient_are_the_per_example_mask_gradients(tmp_path,
     assert score_model(model, data, "fisher", batch_size=4).heads == result.heads
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_the_neuron_tap_sums_the_float64_products_of_its_inputs(tmp_path, dtype):
+    """16-bit inputs are multiplied in float32 (exact for them), not copied to float64 first:
+    the sums equal the float64 formula."""
+    from headprune_cli.stages.importance.neurons import NeuronTaps
+
+    model, data, _ = _setup(tmp_path, "llama-gqa", "text")
+    taps = NeuronTaps(ScoreContext(model, data, "causal-lm", ffn=True))
+    gen = torch.Generator().manual_seed(0)
+    x, grad = (torch.randn(3, 5, 48, generator=gen).to(dtype) for _ in range(2))
+    before = grad.clone()
+    taps._backward(1, x)(grad)
+    assert torch.equal(grad, before)  # autograd passes the same gradient on: the tap must not write into it
+    term = grad.double() * x.double()
+    per_example = term.sum(1)
+    for key, want in (("abs", per_example.abs().sum(0)), ("sq", (per_example**2).sum(0)), ("taylor", term.abs().sum((0, 1)))):
+        torch.testing.assert_close(taps.sums[key][1], want, rtol=1e-12, atol=0, msg=key)
+    assert not taps.sums["abs"][0].any()  # only the layer the hook belongs to
+
+
 def test_the_artifact_stores_neuron_scores_compactly_and_reads_them_back(tmp_path, cli, monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
     model, data, path = _setup(tmp_path, "bert", "jsonl")

@@ -85,3 +85,67 @@ def test_iterate_refuses_a_negative_max_drop(cli, tmp_path):
     result = cli("iterate", tmp_path / "m.safetensors", "--data", tmp_path / "d.jsonl", "--eval-data", tmp_path / "d.jsonl",
                  "--max-drop", "-1", "-o", tmp_path / "out.safetensors")
     assert result.code == 2 and "--max-drop" in result.err
+
+
+# --- FFN neurons and cost budgets ----------------------------------------------------
+def _neurons(model) -> int:
+    layout = model.headprune.layout
+    return sum(len(layout.kept_neurons(layer)) for layer in layout.layers)
+
+
+def _flops(model) -> float:
+    from headprune_cli.model.cost import flops_per_token
+
+    return flops_per_token(model, 8)
+
+
+def test_flops_rounds_rescore_neurons_and_cut_them_with_the_heads():
+    from headprune_cli.stages.selection import Constraints
+
+    model = TINY["reference"]()  # 11 heads, 3 x 48 FFN neurons
+    start = _flops(model)
+    result = iterative_prune(model, _dataset(32, 0), _dataset(16, 1), schedule=(0.8, 0.6), method="taylor", finetune_config=CFG,
+                             budget="flops", ffn=True, seq_len=8, constraints=Constraints(ffn_multiple_of=4))
+    assert [r.ratio for r in result.rounds] == [0.8, 0.6] and all(r.accepted for r in result.rounds)
+    for r in result.rounds:
+        assert r.cost_kept <= r.ratio + 1e-9 and r.cost_kept > r.ratio - 0.1  # the budget of the ORIGINAL model, met
+        assert r.remove_ffn and all(len(v) % 4 == 0 for v in r.remove_ffn.values())
+    assert result.rounds[1].neurons_kept < result.rounds[0].neurons_kept < 144  # the second round cut neurons again
+    assert _neurons(result.model) == result.rounds[1].neurons_kept
+    assert abs(_flops(result.model) / start - result.rounds[1].cost_kept) < 1e-9  # cost_kept is the real model's
+    assert _neurons(model) == 144 and _flops(model) == start  # the input is untouched
+
+
+def test_a_budget_without_ffn_cuts_heads_only_and_ffn_needs_a_budget():
+    model = TINY["reference"]()
+    result = iterative_prune(model, _dataset(32, 0), _dataset(16, 1), schedule=(0.9,), finetune_config=CFG, budget="params", seq_len=8)
+    (r,) = result.rounds
+    assert r.heads_kept < 11 and not r.remove_ffn and _neurons(result.model) == 144 and r.cost_kept <= 0.9
+    with pytest.raises(UsageError, match="budget"):
+        iterative_prune(model, _dataset(8, 0), _dataset(8, 1), schedule=(0.2,), ffn=True)
+    for schedule in [(0.6, 0.8), (1.0,), (0.0,)]:  # cost fractions kept must fall within (0, 1)
+        with pytest.raises(UsageError, match="fall"):
+            iterative_prune(model, _dataset(8, 0), _dataset(8, 1), schedule=schedule, budget="flops")
+
+
+def test_iterate_command_cuts_ffn_neurons_under_a_flops_schedule(cli, tmp_path):
+    from safetensors.torch import save_file
+
+    from headprune_cli import load, save
+
+    save(TINY["reference"](), tmp_path / "m.safetensors")
+    for name, seed in (("train", 0), ("dev", 1)):
+        d = _dataset(32, seed)
+        save_file({"input_ids": d.input_ids, "attention_mask": d.attention_mask, "labels": d.labels}, str(tmp_path / f"{name}.safetensors"))
+    common = ["--data", tmp_path / "train.safetensors", "--eval-data", tmp_path / "dev.safetensors", "--lr", "1e-3", "--max-length", "8"]
+    res = cli("iterate", tmp_path / "m.safetensors", *common, "--target-flops", "0.8,0.7", "--ffn", "--method", "fisher",
+              "-o", tmp_path / "out.safetensors")
+    assert res.code == 0, res.err
+    assert "round flops 70%" in res.err and "FFN neurons" in res.err
+    out = load(tmp_path / "out.safetensors")
+    assert _neurons(out) < 144 and _flops(out) <= 0.7 * _flops(TINY["reference"]()) * (1 + 1e-9)
+    for extra, message in ((["--ffn"], "--ffn needs --target-flops"), (["--target-flops", "0.8", "--schedule", "0.2"], "not both"),
+                           (["--target-flops", "0.6,0.8"], "fall"), (["--target-flops", "0.8", "--ffn", "--method", "loo"], "loo")):
+        bad = cli("iterate", tmp_path / "m.safetensors", *common, *extra, "-o", tmp_path / "bad.safetensors")
+        assert bad.code == 2 and message in bad.err, (extra, bad.err)
+        assert not (tmp_path / "bad.safetensors").exists()

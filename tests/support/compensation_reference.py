@@ -1,6 +1,7 @@
 """The compensation algorithm as it was before streaming (frozen reference for tests).
 
-Kept verbatim (apart from imports; the statistics record and the solvers are the module's own) so that tests can prove that the streaming version in
+Kept verbatim (apart from imports, and the per-token weights of the statistics, which the
+algorithm gained later; the statistics record and the solvers are the module's own) so that tests can prove that the streaming version in
 headprune_cli.stages.compensation gives the same weights: for every pruned layer it ran the
 whole model twice per batch up to that layer, O(L^2) block forwards.
 """
@@ -22,6 +23,7 @@ from headprune_cli.stages.compensation import (
     DEFAULT_RIDGE, METHODS, CompensationResult, _kept_weights, _solve_bias, _solve_lstsq, _Stats,
     _weights, _write,
 )
+from headprune_cli.stages.compensation_streams import token_weights
 
 
 class _Stop(Exception):
@@ -93,7 +95,9 @@ def _statistics(model, pos, cols, originals, gates, remove_layers, batches, has_
             x_kept = _o_input(model, pos, batch)[:, cols]
         y = x_full @ w_full.T + (b_full if b_full is not None else 0)
         xa = torch.cat([x_kept, torch.ones(len(x_kept), 1, dtype=x_kept.dtype)], 1) if has_bias else x_kept
-        part = (xa.T @ xa, xa.T @ y, float((y * y).sum()), len(xa))
+        norms = (y * y).sum(1)
+        weights = token_weights(norms)  # each token's error relative to its own output
+        part = ((xa * weights[:, None]).T @ xa, (xa * weights[:, None]).T @ y, float((weights * norms).sum()), len(xa))
         stats = part if stats is None else tuple(a + b for a, b in zip(stats, part))
     if not torch.isfinite(stats[0]).all() or not torch.isfinite(stats[1]).all():
         raise NumericalError("calibration activations contain NaN or inf")

@@ -68,11 +68,15 @@ class NeuronTaps:
 
     def _backward(self, pos: int, x: torch.Tensor):
         def hook(grad):
-            term = (grad.double() * x.double()).to(self.ctx.device)  # [B, T, W]: per-token mask gradients
-            per_example = term.sum(1) if term.dim() == 3 else term
+            # [B, T, W] per-token mask gradients, in ONE temporary: float32 holds the product of
+            # two 16-bit floats exactly, so bf16/fp16 models need no float64 copies of grad and x
+            # (at LLM widths each is megabytes per layer); sums run in float64 all the same.
+            exact = torch.float32 if grad.dtype in (torch.bfloat16, torch.float16) and x.dtype == grad.dtype else torch.float64
+            term = grad.to(exact, copy=True).mul_(x)  # a copy: autograd still needs `grad`
+            per_example = (term.sum(1, dtype=torch.float64) if term.dim() == 3 else term.double()).to(self.ctx.device)
             self.sums["abs"][pos] += per_example.abs().sum(0)
             self.sums["sq"][pos] += (per_example * per_example).sum(0)
-            self.sums["taylor"][pos] += term.abs().sum(dim=tuple(range(term.dim() - 1)))
+            self.sums["taylor"][pos] += term.abs_().sum(dim=tuple(range(term.dim() - 1)), dtype=torch.float64).to(self.ctx.device)
 
         return hook
 

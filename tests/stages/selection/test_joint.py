@@ -184,3 +184,35 @@ def test_cli_scores_selects_and_prunes_layers_and_heads_to_the_predicted_cost(tm
     assert written["predicted"]["after"]["flops_per_token"] <= 0.4 * written["predicted"]["before"]["flops_per_token"]
     cost = cost_table(small, 16)
     assert cost.layers and len(cost.layers) == 3 - len(written["remove_layers"])
+
+
+def test_a_layer_drop_that_overshoots_is_undone_when_head_steps_meet_the_budget_for_less():
+    # Per FLOP a layer (1.0 / 2640) is cheaper than a head (0.1 / 160), so the greedy drops
+    # two layers: 0.39 of the FLOPs for a target of 0.6, at a loss of 2.0. One layer and six
+    # heads (the most the two kept layers may lose at --min-heads 1) fit too, for 1.0 + 0.6.
+    sel = select(table(0.1, {0: 1.0, 1: 1.0, 2: 1.0}), target_flops=0.6)
+    (dropped,) = sel.remove_layers
+    assert sel.remove_heads == {layer: [0, 1, 2] for layer in range(3) if layer != dropped}
+    assert 0.55 * FULL < flops(sel) <= 0.6 * FULL
+    # when the heads cost more than the second layer, the drop stays
+    sel = select(table(0.2, {0: 1.0, 1: 1.0, 2: 1.0}), target_flops=0.6)  # 1.0 + 6 x 0.2 > 2.0
+    assert sel.remove_layers == [0, 1] and sel.remove_heads == {}
+
+
+def test_with_ffn_neurons_an_overshooting_layer_drop_gives_way_to_neuron_steps():
+    from headprune_cli.model.cost_table import LayerCost
+
+    # Per layer: 1000 fixed + 4 heads x 160 + 8 neurons x 125 = 2640 FLOPs; 700 outside.
+    cost = replace(synthetic_cost([4] * 3, [4] * 3), layers=[
+        LayerCost(layer=i, fixed_params=1000, fixed_flops=1000.0, q_head_params=50.0, q_head_flops=100.0, kv_head_params=30.0,
+                  kv_head_flops=60.0, group_size=1, ffn_width=8, ffn_neuron_params=10.0, ffn_neuron_flops=125.0) for i in range(3)])
+    scores = table(0.3, {0: 1.0, 1: 1.0, 2: 1.0})
+    scores = replace(scores, cost=cost, ffn={l: [1.0] * 8 for l in range(3)}, ffn_kept={l: list(range(8)) for l in range(3)},
+                     ffn_loss={l: 0.4 for l in range(3)}, num_ffn=[8] * 3)
+    # A neuron costs 0.4 / 8 = 0.05 for 125 FLOPs, more per FLOP than a layer (1.0 for 2640):
+    # the greedy drops two layers (loss 2.0, 0.39 of the FLOPs); one layer and seven neurons
+    # reach 0.6 for 1.35.
+    sel = select(scores, target_flops=0.6, constraints=Constraints(ffn_multiple_of=1))
+    assert sel.strategy == "joint" and len(sel.remove_layers) == 1 and sel.remove_heads == {}
+    assert sum(map(len, sel.remove_ffn.values())) == 7
+    assert 0.55 * 8620 < flops(sel) <= 0.6 * 8620
