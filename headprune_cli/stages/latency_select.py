@@ -102,13 +102,15 @@ def _search(attempt, fraction: float, target: float):
     tightened by the miss until a plan fits, then bisected between the tightest fitting
     budget and the loosest failing one (linear prices can err either way)."""
     fits, misses = None, 1.0 + 1e-9
-    for _ in range(MAX_TIGHTENINGS + 1):
+    for tightening in range(MAX_TIGHTENINGS + 1):
         selection, ms = attempt(fraction)
         if ms <= target * (1 + 1e-9):
             fits = (fraction, selection, ms)
             break
         misses = min(misses, fraction)
-        fraction *= target / ms * (1 - 1e-6)
+        # Scaled by the miss, and by a margin that doubles each time: a plan a hair over the
+        # target would otherwise be chosen again by a budget a hair tighter.
+        fraction *= target / ms * (1 - 0.002 * 2**tightening)
     if fits is None:
         raise UsageError(f"the latency target {target:.4g} ms cannot be met within the constraints (best plan: {ms:.4g} ms)")
     low, high = fits[0], min(misses, 1.0)

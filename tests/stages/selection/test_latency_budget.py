@@ -140,3 +140,17 @@ def _ffn_scores(tmp_path, model, path):
     out = tmp_path / "ffn-scores.json"
     assert main(["score", str(path), "--data", str(data), "--method", "fisher", "--objective", "fidelity", "--ffn", "--samples", "8", "-o", str(out)]) == 0
     return out
+
+
+def test_a_plan_a_hair_over_the_target_is_not_chosen_again_by_a_budget_a_hair_tighter():
+    """The linear budget is tightened by a margin that grows: the interpolated latency of
+    a plan is a step function of the budget, and the same plan must not come back."""
+    from headprune_cli.stages.latency_select import _search
+
+    target = 100.0
+
+    def attempt(fraction):  # every budget above 0.5 yields the same plan, just over the target
+        return ("tight" if fraction <= 0.5 else "loose"), (90.0 if fraction <= 0.5 else target * (1 + 1e-7))
+
+    selection, ms = _search(attempt, 0.7, target)
+    assert selection == "tight" and ms == 90.0
