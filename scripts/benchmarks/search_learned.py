@@ -22,7 +22,10 @@ Usage (from the repository root; BENCHMARKS.md section 15 has the run it records
   OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.search_learned --work /tmp/search_learned \
       --seeds 0 1 --rescore --json /tmp/search_learned/rows.json
   python -m scripts.benchmarks.search_learned --tables-from /tmp/search_learned/rows.json   # the tables only
+  python -m scripts.benchmarks.search_learned --tables-from /tmp/search_learned/rows.json --masked   # the plans as masks: loss vs accuracy
   python -m scripts.benchmarks.search_learned --demo --work /tmp/sl-demo   # every path on the bundled toy model
+  python -m scripts.benchmarks.search_learned --demo --work /tmp/sl-layers --seeds 0 --no-learn --rescore \
+      --cuts target_flops=0.6 target_flops=0.5 target_flops=0.4 --compensation none   # layer choice: single pass vs rescored
 """
 
 from __future__ import annotations
@@ -100,11 +103,12 @@ def search_plan(t: dict, folder: Path, kind: str, value: float, evaluations: int
     return out, json.loads(record.read_text())
 
 
-def prune_lstsq(t: dict, plan: Path, out: Path) -> Path:
+def prune(t: dict, plan: Path, out: Path, compensation: str) -> Path:
     from headprune_cli.stages import prune as stage
 
     if not out.is_file():
-        stage.run(stage.PruneOptions(plan=str(plan), output=out, compensation="lstsq", data=t["calib"], max_length=t["length"]), _ctx())
+        data = t["calib"] if compensation != "none" else None
+        stage.run(stage.PruneOptions(plan=str(plan), output=out, compensation=compensation, data=data, max_length=t["length"]), _ctx())
     return out
 
 
@@ -118,30 +122,30 @@ def finetune(t: dict, source: Path, out: Path, learn: bool) -> Path:
     return out
 
 
-def plan_row(t, name, kind, value, plan_path: Path, timing: dict, folder: Path, baseline: float) -> dict:
+def plan_row(t, name, kind, value, plan_path: Path, timing: dict, folder: Path, baseline: float, compensation: str) -> dict:
     plan = json.loads(plan_path.read_text())
-    pruned = prune_lstsq(t, plan_path, folder / (plan_path.stem.replace("plan-", "") + ".lstsq.safetensors"))
+    pruned = prune(t, plan_path, folder / (plan_path.stem.replace("plan-", "") + f".{compensation}.safetensors"), compensation)
     predicted = plan["predicted"]
     acc = accuracy(pruned, t)
     return dict(model=t["name"], route=name, cut=f"--{kind.replace('_', '-')} {value}", accuracy=acc, drop=acc - baseline,
                 heads=sum(len(v) for v in plan["remove_heads"].values()), layers=plan["remove_layers"],
                 flops=predicted["after"]["flops_per_token"] / predicted["before"]["flops_per_token"],
-                search=plan.get("search"), wall_s=timing.get("wall_s"), load=timing.get("load"), checkpoint=str(pruned))
+                compensation=compensation, search=plan.get("search"), wall_s=timing.get("wall_s"), load=timing.get("load"), checkpoint=str(pruned))
 
 
-def run_model(t: dict, work: Path, evaluations: int, learn: bool, rescore: bool, sink) -> None:
+def run_model(t: dict, work: Path, evaluations: int, learn: bool, rescore: bool, sink, cuts=CUTS, compensation="lstsq") -> None:
     folder = work / t["name"]
     folder.mkdir(parents=True, exist_ok=True)
     baseline = accuracy(t["model"], t)
     sink(dict(model=t["name"], route="baseline", cut="-", accuracy=baseline, drop=0.0))
-    for kind, value in CUTS:
+    for kind, value in cuts:
         path, timing = greedy_plan(t, folder, kind, value)
-        sink(plan_row(t, "greedy", kind, value, path, timing, folder, baseline))
+        sink(plan_row(t, "greedy", kind, value, path, timing, folder, baseline, compensation))
         path, timing = search_plan(t, folder, kind, value, evaluations, rescore=False)
-        sink(plan_row(t, "search", kind, value, path, timing, folder, baseline))
+        sink(plan_row(t, "search", kind, value, path, timing, folder, baseline, compensation))
         if rescore and kind != "ratio":
             path, timing = search_plan(t, folder, kind, value, evaluations, rescore=True)
-            sink(plan_row(t, "search --rescore-layers", kind, value, path, timing, folder, baseline))
+            sink(plan_row(t, "search --rescore-layers", kind, value, path, timing, folder, baseline, compensation))
     if learn:
         greedy_cut = folder / f"greedy-ratio-{LEARN_RATIO}.lstsq.safetensors"
         tuned = finetune(t, greedy_cut, folder / f"greedy-ratio-{LEARN_RATIO}.lstsq.kd1.safetensors", learn=False)
@@ -152,15 +156,46 @@ def run_model(t: dict, work: Path, evaluations: int, learn: bool, rescore: bool,
         sink(dict(model=t["name"], route="learned (--learn-gates), 1 epoch", cut=f"--ratio {LEARN_RATIO}", accuracy=acc, drop=acc - baseline))
 
 
+def masked(rows: list[dict], work: Path, demo: bool) -> str:
+    """Each plan applied as masks (no compensation): dev accuracy and dev cross-entropy, beside
+    the loss the search minimised on held-out calibration rows: does the loss track accuracy?"""
+    import torch
+
+    from headprune_cli import load
+    from headprune_cli.data import read_data
+    from headprune_cli.model.surgery import HeadGates, removal_gates, skip_layers
+    from headprune_cli.stages.objectives import evaluate
+    from headprune_cli.stages.search import MaskedLoss
+
+    lines = ["| model | route | cut | masked dev accuracy | masked dev loss | held-out calibration loss |", "|---|---|---|---:|---:|---:|"]
+    for name in dict.fromkeys(r["model"] for r in rows if "checkpoint" in r):
+        t = task(int(name.rsplit("-s", 1)[1]), demo)
+        model = load(t["model"])
+        dev, calib = read_data(t["dev"], model, max_length=t["length"]), read_data(t["calib"], model, max_length=t["length"])
+        dev_loss = MaskedLoss(model, dev, "classification", 32)
+        held_loss = MaskedLoss(model, calib.select(len(calib) - round(len(calib) * 0.5), len(calib)), "classification", 32)
+        for r in rows:
+            if r["model"] != name or "checkpoint" not in r:
+                continue
+            plan = json.loads((work / name / ("plan-" + Path(r["checkpoint"]).name.rsplit(".", 2)[0] + ".json")).read_text())
+            heads, layers = {int(k): v for k, v in plan["remove_heads"].items()}, plan["remove_layers"]
+            with torch.no_grad(), HeadGates(model, removal_gates(model, heads)), skip_layers(model, layers):
+                acc = 100 * next(m.value for m in evaluate(model, dev, "classification") if m.name == "accuracy")
+            lines.append(f"| {name} | {r['route']} | {r['cut']} | {acc:.2f} | {dev_loss(heads, layers):.4f} | {held_loss(heads, layers):.4f} |")
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | route | cut | heads removed | layers dropped | FLOPs | dev accuracy | drop (points) | search: evaluations, held-out loss start -> best | search wall s (load) |",
-             "|---|---|---|---:|---|---:|---:|---:|---|---:|"]
+    lines = ["| model | route | cut | compensation | heads removed | layers dropped | FLOPs | dev accuracy | drop (points) | search: evaluations, held-out loss start -> best | search wall s (load) |",
+             "|---|---|---|---|---:|---|---:|---:|---:|---|---:|"]
     for r in rows:
         s = r.get("search")
         searched = f"{s['evaluations']}, {s['start_loss']:.4f} -> {s['best_loss']:.4f}" if s else ""
+        if s and "rescored_layers" in s:
+            searched += f" (rescored: dropped {s['rescored_layers']} in that order)"
         wall = f"{r['wall_s']:.0f} ({r['load']:.1f})" if r.get("wall_s") else ""
         flops = f"{r['flops']:.3f}" if "flops" in r else ""
-        lines.append(f"| {r['model']} | {r['route']} | {r['cut']} | {r.get('heads', '')} | {r.get('layers', '')} | {flops} | "
+        lines.append(f"| {r['model']} | {r['route']} | {r['cut']} | {r.get('compensation', '')} | {r.get('heads', '')} | {r.get('layers', '')} | {flops} | "
                      f"{r['accuracy']:.2f} | {r['drop']:+.2f} | {searched} | {wall} |")
     return "\n".join(lines)
 
@@ -173,11 +208,15 @@ def main() -> None:
     p.add_argument("--no-learn", action="store_true", help="skip the two training rows")
     p.add_argument("--rescore", action="store_true", help="also search --rescore-layers at the FLOPs target")
     p.add_argument("--demo", action="store_true", help="the bundled toy classifier instead (a smoke run of every path)")
+    p.add_argument("--cuts", nargs="+", help="instead of the issue's three: KIND=VALUE, e.g. target_flops=0.6 ratio=0.5")
+    p.add_argument("--compensation", default="lstsq", choices=["none", "bias", "lstsq"])
     p.add_argument("--json", type=Path)
     p.add_argument("--tables-from", type=Path, nargs="+")
+    p.add_argument("--masked", action="store_true", help="with --tables-from: each plan as masks, dev accuracy and loss")
     a = p.parse_args()
     if a.tables_from:
-        print(markdown([r for f in a.tables_from for r in json.loads(f.read_text())]))
+        rows = [r for f in a.tables_from for r in json.loads(f.read_text())]
+        print(masked(rows, a.work, a.demo) if a.masked else markdown(rows))
         return
     rows: list[dict] = []
 
@@ -189,7 +228,8 @@ def main() -> None:
             a.json.write_text(json.dumps(rows, indent=1))
 
     for seed in a.seeds:
-        run_model(task(seed, a.demo), a.work, a.evaluations, not a.no_learn, a.rescore, sink)
+        cuts = [(c.split("=")[0], float(c.split("=")[1])) for c in a.cuts] if a.cuts else CUTS
+        run_model(task(seed, a.demo), a.work, a.evaluations, not a.no_learn, a.rescore, sink, cuts, a.compensation)
     print(markdown(rows))
 
 
