@@ -5,8 +5,10 @@ additive: two layers that each cost little alone can cost a great deal together 
 two top blocks of a small encoder, say). Here the layers are chosen one after another,
 each time by measuring, with the layers already chosen dropped, the loss of dropping one
 more: forward selection. Every candidate is a whole plan under the budget: the layers
-dropped, then the rest of the budget filled with the lowest-scoring head (and neuron)
-steps, as the search's own moves fill it. It stops when no further layer lowers the
+dropped, then the rest of the budget filled with the lowest-scoring head steps, as the
+search's own moves fill it; while the layers so far cannot meet the budget even with that
+fill, the layers alone are measured, to choose the next one by. Heads only: with FFN
+neurons the fill would weigh head and neuron scores against each other with no common scale. It stops when no further layer lowers the
 measured loss (or only one layer would be left, or the evaluations run out) and hands the
 best plan to the search as its start, in place of the greedy plan.
 
@@ -53,7 +55,7 @@ def rescored_start(space, loss: Callable, evaluations: int, on_evaluation: Calla
         on_evaluation(out.evaluations, out.loss)
         return fits, value, state
 
-    fits, value, state = measure(frozenset())  # no layer dropped: heads (and neurons) alone, if they meet the budget
+    fits, value, state = measure(frozenset())  # no layer dropped: heads alone, if they meet the budget
     if fits:
         out.state, out.loss = state, value
         out.history[-1] = value

@@ -58,6 +58,9 @@ class SearchOptions(ConstraintOptions):
             raise UsageError("--rescore-layers needs --target-flops or --target-params: --ratio counts heads, which dropping a layer does not change")
         if self.rescore_layers and self.layers:
             raise UsageError("--rescore-layers measures the layers itself; leave out --layers")
+        if self.rescore_layers and self.ffn:
+            # the fill would weigh head and neuron scores against each other with no common scale
+            raise UsageError("--rescore-layers fills the budget with heads only; with --ffn use --layers --layer-method loo or refit")
         if self.uniform:
             raise UsageError("search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform")
 

@@ -1,4 +1,4 @@
-"""Bad input across every command: 110 cases (CASES, then HOSTILE: files built to hurt).
+"""Bad input across every command: 111 cases (CASES, then HOSTILE: files built to hurt).
 
 Each case runs one `headprune` command in a fresh copy of a small workspace (the bundled
 example model, its data, a scores and a plan artifact) and checks the bad-input
@@ -152,6 +152,7 @@ CASES = [
     Case("search with 10**9 evaluations", lambda f: ["search", f / M, "--data", f / "data.jsonl", "--ratio", "0.5", "--evaluations", "1000000000", "-o", f / "p.json"], 2, "--evaluations"),
     Case("search for a budget heads cannot reach", lambda f: ["search", f / M, "--data", f / "data.jsonl", "--target-flops", "0.01", "-o", f / "p.json"], 2, "cannot be met"),
     Case("rescored search for a budget layers cannot reach", lambda f: ["search", f / M, "--data", f / "data.jsonl", "--target-flops", "0.01", "--rescore-layers", "-o", f / "p.json"], 2, "cannot be met"),
+    Case("rescored search with FFN neurons", lambda f: ["search", f / M, "--data", f / "data.jsonl", "--target-flops", "0.5", "--rescore-layers", "--ffn", "-o", f / "p.json"], 2, "heads only"),
     Case("rescored search by head ratio", lambda f: ["search", f / M, "--data", f / "data.jsonl", "--ratio", "0.5", "--rescore-layers", "-o", f / "p.json"], 2, "--rescore-layers needs"),
     Case("search data too small to split", lambda f: ["search", f / M, "--data", f / "data.jsonl", "--ratio", "0.5", "--samples", "3", "-o", f / "p.json"], 1, "too few to split"),
     Case("learn-gates without a target", lambda f: ["finetune", f / M, "--data", f / "data.jsonl", "--learn-gates", "--steps", "1", "-o", f / "o.safetensors"], 2, "needs a target"),
