@@ -42,32 +42,32 @@ def rescored_start(space, loss: Callable, evaluations: int, on_evaluation: Calla
     zero = tuple(0 for _ in space.chains)
     out = Rescored(None, INFINITE, [])
 
-    def measure(dropped: frozenset) -> tuple[bool, float, object]:
-        """(fits, loss, state): the plan with `dropped` and the budget filled; where no fill
-        meets the budget yet, the layers alone are measured, to choose the next one by."""
-        state = _take_until_fits(space, (zero, dropped))
-        fits = state is not None
-        state = state if fits else (zero, dropped)
+    best = [INFINITE]  # the lowest loss of a plan within the budget measured so far
+
+    def measure(state) -> float:
         value = loss(*space.removal(state))
         out.seen.add(state)
         out.evaluations += 1
-        out.history.append(out.loss)
-        on_evaluation(out.evaluations, out.loss)
-        return fits, value, state
+        if space.fits(state):
+            best[0] = min(best[0], value)
+        out.history.append(best[0])
+        on_evaluation(out.evaluations, best[0])
+        return value
 
-    fits, value, state = measure(frozenset())  # no layer dropped: heads alone, if they meet the budget
-    if fits:
-        out.state, out.loss = state, value
-        out.history[-1] = value
+    start = _take_until_fits(space, (zero, frozenset()))  # no layer dropped: heads alone, if they meet the budget
+    if start is not None:
+        out.state, out.loss = start, measure(start)
     layers = space.layers()
     while out.evaluations < evaluations and len(out.order) + 2 <= len(layers):
         options = []
         for layer in space.droppable:
             if layer not in out.order and out.evaluations < evaluations:
-                fits, value, state = measure(frozenset(out.order) | {layer})
-                options.append((not fits, value, layer, state))  # plans within the budget first, then the lowest loss
-                if fits and value < out.loss:
-                    out.history[-1] = value
+                # the plan with these layers dropped and the budget filled; where no fill meets
+                # the budget yet, the layers alone, to choose the next one by
+                dropped = frozenset(out.order) | {layer}
+                filled = _take_until_fits(space, (zero, dropped))
+                state = filled if filled is not None else (zero, dropped)
+                options.append((filled is None, measure(state), layer, state))  # plans within the budget first, then the lowest loss
         if not options:
             break
         unfit, value, layer, state = min(options)
