@@ -45,7 +45,8 @@ def test_rescoring_avoids_the_pair_that_single_pass_layer_scores_pick():
     assert result.rescored_layers == [3, 1]  # the cheapest alone first, then the cheapest given that one
     assert result.start_loss == pytest.approx(0.31) and result.best_loss <= result.start_loss
     assert result.selection.remove_layers == [1, 3]
-    assert result.evaluations == len(calls) <= 30
+    assert result.evaluations == len(calls) <= 30 and ({}, []) not in calls  # heads alone cannot fit: the unpruned model is not measured
+    assert result.history == sorted(result.history, reverse=True)  # the best plan within the budget so far
     greedy_calls: list = []
     greedy = search(table, _paired_loss(greedy_calls), target_flops=0.55, evaluations=30)
     assert greedy.start_loss > 5.0 and greedy.best_loss > result.best_loss  # the climb alone does not swap a layer for a layer
