@@ -53,9 +53,13 @@ class SearchResult:
     evaluations: int  # candidates measured, the greedy start included
     improvements: int
     history: list[float] = field(default_factory=list)  # best loss after each evaluation
+    rescored_layers: list[int] | None = None  # with rescore_layers: the layers the start drops, in the order chosen
 
     def summary(self) -> dict:
-        return {"start_loss": self.start_loss, "best_loss": self.best_loss, "evaluations": self.evaluations, "improvements": self.improvements}
+        record = {"start_loss": self.start_loss, "best_loss": self.best_loss, "evaluations": self.evaluations, "improvements": self.improvements}
+        if self.rescored_layers is not None:
+            record["rescored_layers"] = self.rescored_layers
+        return record
 
 
 class MaskedLoss:
@@ -125,20 +129,29 @@ def search(
     constraints: Constraints = Constraints(),
     evaluations: int = 100,
     seed: int = 0,
+    rescore_layers: bool = False,
     on_evaluation: Callable[[int, float], None] = lambda n, best: None,
 ) -> SearchResult:
-    """The best plan found from the greedy one, by `loss(remove_heads, remove_layers, remove_ffn)`."""
+    """The best plan found from the greedy one (or, with `rescore_layers`, from the layers chosen
+    one at a time by measured loss: stages/layer_rescore.py), by `loss(remove_heads, remove_layers, remove_ffn)`."""
     if evaluations < 1:
         raise UsageError(f"the search needs at least 1 evaluation (got {evaluations})")
     if constraints.uniform:
         raise UsageError("search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform")
-    start = select(table, None, ratio=ratio, target_params=target_params, target_flops=target_flops, constraints=constraints)
-    space = _space(table, start, ratio, target_params, target_flops, constraints)
-    current = _state_of(space, start)
-    best_loss = loss(*space.removal(current))
-    result = SearchResult(start, best_loss, best_loss, 1, 0, [best_loss])
-    on_evaluation(1, best_loss)
-    rng, seen = random.Random(seed), {current}
+    if rescore_layers:
+        from headprune_cli.stages.layer_rescore import rescored_search_start
+
+        space, current, result, seen = rescored_search_start(table, loss, target_params, target_flops, constraints, evaluations, on_evaluation)
+        best_loss = result.best_loss
+    else:
+        start = select(table, None, ratio=ratio, target_params=target_params, target_flops=target_flops, constraints=constraints)
+        space = _space(table, start, ratio, target_params, target_flops, constraints)
+        current = _state_of(space, start)
+        best_loss = loss(*space.removal(current))
+        result = SearchResult(start, best_loss, best_loss, 1, 0, [best_loss])
+        on_evaluation(1, best_loss)
+        seen = {current}
+    rng = random.Random(seed)
     while result.evaluations < evaluations:
         improved = False
         for candidate in _neighbours(space, current, rng):
@@ -161,8 +174,10 @@ def search(
     return result
 
 
-def _space(table, start: Selection, ratio, target_params, target_flops, c: Constraints) -> _Space:
-    scored = (ffn_select.on_one_scale(table) if table.ffn else joint.on_one_scale(table)) if start.strategy == "joint" else table
+def _space(table, start: Selection | None, ratio, target_params, target_flops, c: Constraints) -> _Space:
+    """The search space around `start` (None: a cost budget searched from no plan, heads and neurons on one scale)."""
+    one_scale = start.strategy == "joint" if start is not None else bool(table.ffn)
+    scored = (ffn_select.on_one_scale(table) if table.ffn else joint.on_one_scale(table)) if one_scale else table
     chains = [_chain(scored, layer, c) for layer in sorted(table.heads)]  # the chains the start was chosen on
     if table.ffn and ratio is None:  # --ratio keeps meaning heads; a cost budget searches FFN widths too
         chains += [ffn_select.neuron_chain(layer, scored.ffn[layer], table.ffn_kept[layer], c.min_ffn or c.ffn_multiple_of, c.ffn_multiple_of)

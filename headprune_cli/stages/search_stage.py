@@ -32,6 +32,10 @@ class SearchOptions(ConstraintOptions):
     holdout: float = option(0.5, "Fraction of --data held out to judge candidates.", ge=0.05, le=0.95)
     method: str = option("taylor", f"Importance method of the greedy start: {', '.join(HEAD_METHODS)}.", "--method", "-m")
     layers: bool = option(False, "Score layers too, so that a FLOPs/params budget may drop layers.")
+    rescore_layers: bool = option(
+        False, "Start from layers chosen one at a time by measured loss (each drop measured with the ones before it dropped, "
+        "the rest of the budget filled by head scores), instead of from single-pass layer scores; needs --target-flops/--target-params.",
+    )
     ffn: bool = option(False, "Score FFN neurons too, so that a FLOPs/params budget searches FFN widths as well (use --method fisher or taylor).")
     layer_method: Optional[str] = option(None, LAYER_METHOD_HELP)
     objective: Optional[str] = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
@@ -50,6 +54,13 @@ class SearchOptions(ConstraintOptions):
             raise UsageError("give exactly one of --ratio, --target-params, --target-flops")
         if self.layer_method is not None and not self.layers:
             raise UsageError("--layer-method needs --layers (it names how whole layers are scored)")
+        if self.rescore_layers and self.ratio is not None:
+            raise UsageError("--rescore-layers needs --target-flops or --target-params: --ratio counts heads, which dropping a layer does not change")
+        if self.rescore_layers and self.layers:
+            raise UsageError("--rescore-layers measures the layers itself; leave out --layers")
+        if self.rescore_layers and self.ffn:
+            # the fill would weigh head and neuron scores against each other with no common scale
+            raise UsageError("--rescore-layers fills the budget with heads only; with --ffn use --layers --layer-method loo or refit")
         if self.uniform:
             raise UsageError("search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform")
 
@@ -72,7 +83,7 @@ def run(opts: SearchOptions, ctx: Context) -> Result:
     max_length = min(opts.max_length, position_limit(model) or opts.max_length)
     dataset = read_data(opts.data, model, max_length=max_length, samples=opts.samples, seed=opts.seed, need_labels=needs_labels(objective))
     scoring, held_out = _split(dataset, opts.holdout, opts.data)
-    if not opts.layers and not opts.ffn:
+    if opts.rescore_layers or (not opts.layers and not opts.ffn):
         _check_reachable(model, opts, max_length)
     table = _score(model, scoring, objective, opts, max_length)
     result = _search(model, table, held_out, objective, opts, ctx)
@@ -80,10 +91,16 @@ def run(opts: SearchOptions, ctx: Context) -> Result:
     write_artifact(plan, opts.output)
     ctx.print(
         f"search ({result.evaluations} candidates measured, {result.improvements} improvements): held-out loss "
-        f"{result.start_loss:.5f} (greedy) -> {result.best_loss:.5f}; removes {sum(len(v) for v in result.selection.remove_heads.values())} heads, "
+        f"{result.start_loss:.5f} ({_start_name(result)}) -> {result.best_loss:.5f}; removes {sum(len(v) for v in result.selection.remove_heads.values())} heads, "
         f"{sum(len(v) for v in result.selection.remove_ffn.values())} FFN neurons, {len(result.selection.remove_layers)} layers", highlight=False,
     )
     return Result([str(opts.output)] if opts.output is not None else [], value=plan)
+
+
+def _start_name(result) -> str:
+    if result.rescored_layers is None:
+        return "greedy"
+    return f"layers rescored: dropped {result.rescored_layers}" if result.rescored_layers else "layers rescored: none dropped"
 
 
 def _check_method(opts: SearchOptions) -> None:
@@ -104,8 +121,9 @@ def _split(dataset, holdout: float, path: Path):
 
 
 def _check_reachable(model, opts: SearchOptions, max_length: int) -> None:
-    """Refuse a budget the constraints cannot reach before any scoring: heads alone, priced
-    by the cost table, whatever their scores (with --layers, dropping layers may reach it)."""
+    """Refuse a budget the constraints cannot reach before any scoring: heads alone (with
+    --rescore-layers, heads and layers), priced by the cost table, whatever their scores
+    (with --layers or --ffn, the units that may reach it are only known once scored)."""
     from headprune_cli.model.cost import cost_table
     from headprune_cli.model.layout import info_of
     from headprune_cli.stages.scores import ScoreTable
@@ -114,6 +132,11 @@ def _check_reachable(model, opts: SearchOptions, max_length: int) -> None:
     layout = info_of(model).layout
     flat = ScoreTable({layer: {h: 0.0 for h in heads} for layer, heads in zip(layout.layers, layout.heads)},
                       list(layout.num_heads), list(layout.num_kv_heads), cost=cost_table(model, max_length))
+    if opts.rescore_layers:
+        from headprune_cli.stages.layer_rescore import check_reachable
+
+        check_reachable(flat, opts.target_params, opts.target_flops, opts.constraints())
+        return
     select(flat, None, ratio=opts.ratio, target_params=opts.target_params, target_flops=opts.target_flops, constraints=opts.constraints())
 
 
@@ -138,7 +161,7 @@ def _search(model, table, held_out, objective: str, opts: SearchOptions, ctx: Co
         task = bar.add_task("search", total=opts.evaluations, best="")
         return search(
             table, loss, ratio=opts.ratio, target_params=opts.target_params, target_flops=opts.target_flops,
-            constraints=opts.constraints(), evaluations=opts.evaluations, seed=opts.seed,
+            constraints=opts.constraints(), evaluations=opts.evaluations, seed=opts.seed, rescore_layers=opts.rescore_layers,
             on_evaluation=lambda n, best: bar.update(task, completed=n, best=f"best loss {best:.5f}"),
         )
 
@@ -153,6 +176,7 @@ def _plan(model, opts: SearchOptions, result, max_length: int) -> dict:
     config = {
         "strategy": "search", "ratio": opts.ratio, "target_params": opts.target_params, "target_flops": opts.target_flops,
         "method": opts.method, "layers": opts.layers, "layer_method": opts.layer_method, "evaluations": opts.evaluations,
+        **({"rescore_layers": True} if opts.rescore_layers else {}),
         "holdout": opts.holdout, "samples": opts.samples, "max_length": max_length, "seed": opts.seed,
         **({"ffn": True} if opts.ffn else {}), **opts.constraints().to_dict(ffn=opts.ffn),
     }

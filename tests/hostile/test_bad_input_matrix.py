@@ -1,4 +1,4 @@
-"""Bad input across every command: 115 cases (CASES, then HOSTILE: files built to hurt).
+"""Bad input across every command: 123 cases (CASES, then HOSTILE: files built to hurt).
 
 Each case runs one `headprune` command in a fresh copy of a small workspace (the bundled
 example model, its data, a scores and a plan artifact) and checks the bad-input
@@ -169,6 +169,14 @@ CASES = [
     Case("unknown option", lambda f: ["score", f / M, "--data", f / "data.jsonl", "--bogus"], 2, "No such option"),
     Case("missing required option", lambda f: ["prune", f / M, "--plan", f / "plan.json"], 2, "Missing option"),
     Case("zero finetune steps", lambda f: ["finetune", f / M, "--data", f / "data.jsonl", "--steps", "0", "-o", f / "o.safetensors"], 2, "steps"),
+    Case("search with zero evaluations", lambda f: ["search", f / M, "--data", f / "data.jsonl", "--ratio", "0.5", "--evaluations", "0", "-o", f / "p.json"], 2, "--evaluations"),
+    Case("search with 10**9 evaluations", lambda f: ["search", f / M, "--data", f / "data.jsonl", "--ratio", "0.5", "--evaluations", "1000000000", "-o", f / "p.json"], 2, "--evaluations"),
+    Case("search for a budget heads cannot reach", lambda f: ["search", f / M, "--data", f / "data.jsonl", "--target-flops", "0.01", "-o", f / "p.json"], 2, "cannot be met"),
+    Case("rescored search for a budget layers cannot reach", lambda f: ["search", f / M, "--data", f / "data.jsonl", "--target-flops", "0.01", "--rescore-layers", "-o", f / "p.json"], 2, "cannot be met"),
+    Case("rescored search with FFN neurons", lambda f: ["search", f / M, "--data", f / "data.jsonl", "--target-flops", "0.5", "--rescore-layers", "--ffn", "-o", f / "p.json"], 2, "heads only"),
+    Case("rescored search by head ratio", lambda f: ["search", f / M, "--data", f / "data.jsonl", "--ratio", "0.5", "--rescore-layers", "-o", f / "p.json"], 2, "--rescore-layers needs"),
+    Case("search data too small to split", lambda f: ["search", f / M, "--data", f / "data.jsonl", "--ratio", "0.5", "--samples", "3", "-o", f / "p.json"], 1, "too few to split"),
+    Case("learn-gates without a target", lambda f: ["finetune", f / M, "--data", f / "data.jsonl", "--learn-gates", "--steps", "1", "-o", f / "o.safetensors"], 2, "needs a target"),
     Case("negative gate", lambda f: ["report", "--model", f / M, "--baseline", f / M, "--data", f / "data.jsonl", "--max-drop", "-1"], 2, "max-drop"),
     Case("unknown command", lambda f: ["scroe"], 2, "No such command"),
     Case("compensate without data", lambda f: ["prune", f / M, "--plan", f / "plan.json", "--compensate", "lstsq", "-o", f / "o.safetensors"], 2, "--data"),

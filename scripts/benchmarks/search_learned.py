@@ -1,0 +1,237 @@
+"""Greedy selection against `search` (no training), and greedy + one epoch of distillation
+against `finetune --learn-gates` (one epoch), on the Debian-sections classifiers.
+
+Rows, per model (seed 0 and seed 1 of scripts/make_debian_task.py; calib.jsonl (233 rows)
+scores, searches and compensates, dev.jsonl (471 rows) only evaluates; 32 tokens):
+  greedy  score --method taylor [--layers --layer-method loo]  ->  select --ratio R | --target-flops F
+  search  search --method taylor [--layers --layer-method loo] --ratio R | --target-flops F --evaluations N
+  search+rescore  search --rescore-layers --target-flops F (layers chosen by measured loss, one at a time)
+each cut by `prune --compensate lstsq --data calib.jsonl`, no training, at --ratio 0.7 and 0.85
+and --target-flops 0.5 (heads alone cannot reach 0.5 of the FLOPs, so that target scores
+layers too: loo, the layer score for a cut that is not trained). Then at --ratio 0.85:
+  greedy+kd  the greedy lstsq cut above  ->  finetune --teacher auto --epochs 1
+  learned    finetune MODEL --learn-gates --ratio 0.85 --teacher auto --epochs 1
+(train.jsonl, 1696 rows, batch 16, the same seed as the model, so both see the rows in the same order).
+Every output is evaluated on dev.jsonl (accuracy is deterministic).
+
+It drives the library functions the commands call (each stage's options model and `run`)
+in one process, so the start-up of each command is paid once. Artifacts go under --work and
+are reused when present: a rerun only fills in what is missing.
+
+Usage (from the repository root; BENCHMARKS.md section 15 has the run it records):
+  OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.search_learned --work /tmp/search_learned \
+      --seeds 0 1 --rescore --json /tmp/search_learned/rows.json
+  python -m scripts.benchmarks.search_learned --tables-from /tmp/search_learned/rows.json   # the tables only
+  python -m scripts.benchmarks.search_learned --tables-from /tmp/search_learned/rows.json --masked   # the plans as masks: loss vs accuracy
+  python -m scripts.benchmarks.search_learned --demo --work /tmp/sl-demo   # every path on the bundled toy model
+  python -m scripts.benchmarks.search_learned --demo --work /tmp/sl-layers --seeds 0 --no-learn --rescore \
+      --cuts target_flops=0.6 target_flops=0.5 target_flops=0.4 --compensation none   # layer choice: single pass vs rescored
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("HEADPRUNE_CACHE", Path.home() / ".cache" / "headprune")) / "debian-sections"
+CUTS = (("ratio", 0.7), ("ratio", 0.85), ("target_flops", 0.5))
+LEARN_RATIO = 0.85
+
+
+def _ctx():
+    from headprune_cli.stages.unit import Context
+
+    return Context(progress=False)
+
+
+def task(seed: int, demo: bool) -> dict:
+    if demo:
+        d = ROOT / "examples" / "demo"
+        return dict(name=f"demo-s{seed}", model=d / "model.safetensors", calib=d / "calib.jsonl", dev=d / "dev.jsonl",
+                    train=d / "train.jsonl", seed=seed, length=32)
+    model = CACHE / ("model.safetensors" if seed == 0 else f"model-seed{seed}.safetensors")
+    return dict(name=f"debian-s{seed}", model=model, calib=CACHE / "calib.jsonl", dev=CACHE / "dev.jsonl",
+                train=CACHE / "train.jsonl", seed=seed, length=32)
+
+
+def accuracy(path: Path, t: dict) -> float:
+    from headprune_cli import load
+    from headprune_cli.data import read_data
+    from headprune_cli.stages.objectives import evaluate
+
+    model = load(path)
+    dev = read_data(t["dev"], model, max_length=t["length"])
+    return 100 * next(m.value for m in evaluate(model, dev, "classification") if m.name == "accuracy")
+
+
+def scores(t: dict, folder: Path, layers: bool) -> Path:
+    from headprune_cli.stages import score as stage
+
+    out = folder / ("scores-taylor-loo.json" if layers else "scores-taylor.json")
+    if not out.is_file():
+        extra = dict(layers=True, layer_method="loo") if layers else {}
+        stage.run(stage.ScoreOptions(checkpoint=t["model"], data=t["calib"], method="taylor", max_length=t["length"],
+                                     seed=t["seed"], output=out, **extra), _ctx())
+    return out
+
+
+def greedy_plan(t: dict, folder: Path, kind: str, value: float) -> tuple[Path, dict]:
+    from headprune_cli.stages import select as stage
+
+    out = folder / f"plan-greedy-{kind}-{value}.json"
+    if not out.is_file():
+        source = scores(t, folder, layers=kind != "ratio")
+        stage.run(stage.SelectOptions(scores=str(source), output=out, **{kind: value}), _ctx())
+    return out, {}
+
+
+def search_plan(t: dict, folder: Path, kind: str, value: float, evaluations: int, rescore: bool) -> tuple[Path, dict]:
+    from headprune_cli.stages import search_stage as stage
+
+    out = folder / f"plan-search{'-rescore' if rescore else ''}-{kind}-{value}.json"
+    record = folder / (out.stem + ".time.json")
+    if not out.is_file():
+        extra = {"rescore_layers": True} if rescore else ({"layers": True, "layer_method": "loo"} if kind != "ratio" else {})
+        start = time.perf_counter()
+        stage.run(stage.SearchOptions(checkpoint=t["model"], data=t["calib"], method="taylor", max_length=t["length"], seed=t["seed"],
+                                      evaluations=evaluations, output=out, **{kind: value}, **extra), _ctx())
+        record.write_text(json.dumps({"wall_s": time.perf_counter() - start, "load": os.getloadavg()[0]}))
+    return out, json.loads(record.read_text())
+
+
+def prune(t: dict, plan: Path, out: Path, compensation: str) -> Path:
+    from headprune_cli.stages import prune as stage
+
+    if not out.is_file():
+        data = t["calib"] if compensation != "none" else None
+        stage.run(stage.PruneOptions(plan=str(plan), output=out, compensation=compensation, data=data, max_length=t["length"]), _ctx())
+    return out
+
+
+def finetune(t: dict, source: Path, out: Path, learn: bool) -> Path:
+    from headprune_cli.stages.finetune import stage
+
+    if not out.is_file():
+        extra = dict(learn_gates=True, ratio=LEARN_RATIO, gates_out=out.with_suffix(".gates.json")) if learn else {}
+        stage.run(stage.FinetuneOptions(checkpoint=source, data=t["train"], output=out, teacher="auto", epochs=1,
+                                        max_length=t["length"], seed=t["seed"], **extra), _ctx())
+    return out
+
+
+def plan_row(t, name, kind, value, plan_path: Path, timing: dict, folder: Path, baseline: float, compensation: str) -> dict:
+    plan = json.loads(plan_path.read_text())
+    pruned = prune(t, plan_path, folder / (plan_path.stem.replace("plan-", "") + f".{compensation}.safetensors"), compensation)
+    predicted = plan["predicted"]
+    acc = accuracy(pruned, t)
+    return dict(model=t["name"], route=name, cut=f"--{kind.replace('_', '-')} {value}", accuracy=acc, drop=acc - baseline,
+                heads=sum(len(v) for v in plan["remove_heads"].values()), layers=plan["remove_layers"],
+                flops=predicted["after"]["flops_per_token"] / predicted["before"]["flops_per_token"],
+                compensation=compensation, search=plan.get("search"), wall_s=timing.get("wall_s"), load=timing.get("load"), checkpoint=str(pruned))
+
+
+def run_model(t: dict, work: Path, evaluations: int, learn: bool, rescore: bool, sink, cuts=CUTS, compensation="lstsq") -> None:
+    folder = work / t["name"]
+    folder.mkdir(parents=True, exist_ok=True)
+    baseline = accuracy(t["model"], t)
+    sink(dict(model=t["name"], route="baseline", cut="-", accuracy=baseline, drop=0.0))
+    for kind, value in cuts:
+        path, timing = greedy_plan(t, folder, kind, value)
+        sink(plan_row(t, "greedy", kind, value, path, timing, folder, baseline, compensation))
+        path, timing = search_plan(t, folder, kind, value, evaluations, rescore=False)
+        sink(plan_row(t, "search", kind, value, path, timing, folder, baseline, compensation))
+        if rescore and kind != "ratio":
+            path, timing = search_plan(t, folder, kind, value, evaluations, rescore=True)
+            sink(plan_row(t, "search --rescore-layers", kind, value, path, timing, folder, baseline, compensation))
+    if learn:
+        greedy_cut = folder / f"greedy-ratio-{LEARN_RATIO}.lstsq.safetensors"
+        tuned = finetune(t, greedy_cut, folder / f"greedy-ratio-{LEARN_RATIO}.lstsq.kd1.safetensors", learn=False)
+        acc = accuracy(tuned, t)
+        sink(dict(model=t["name"], route="greedy + lstsq + 1 epoch KD", cut=f"--ratio {LEARN_RATIO}", accuracy=acc, drop=acc - baseline))
+        learned = finetune(t, t["model"], folder / f"learned-ratio-{LEARN_RATIO}.safetensors", learn=True)
+        acc = accuracy(learned, t)
+        sink(dict(model=t["name"], route="learned (--learn-gates), 1 epoch", cut=f"--ratio {LEARN_RATIO}", accuracy=acc, drop=acc - baseline))
+
+
+def masked(rows: list[dict], work: Path, demo: bool) -> str:
+    """Each plan applied as masks (no compensation): dev accuracy and dev cross-entropy, beside
+    the loss the search minimised on held-out calibration rows: does the loss track accuracy?"""
+    import torch
+
+    from headprune_cli import load
+    from headprune_cli.data import read_data
+    from headprune_cli.model.surgery import HeadGates, removal_gates, skip_layers
+    from headprune_cli.stages.objectives import evaluate
+    from headprune_cli.stages.search import MaskedLoss
+
+    lines = ["| model | route | cut | masked dev accuracy | masked dev loss | held-out calibration loss |", "|---|---|---|---:|---:|---:|"]
+    for name in dict.fromkeys(r["model"] for r in rows if "checkpoint" in r):
+        t = task(int(name.rsplit("-s", 1)[1]), demo)
+        model = load(t["model"])
+        dev, calib = read_data(t["dev"], model, max_length=t["length"]), read_data(t["calib"], model, max_length=t["length"])
+        dev_loss = MaskedLoss(model, dev, "classification", 32)
+        held_loss = MaskedLoss(model, calib.select(len(calib) - round(len(calib) * 0.5), len(calib)), "classification", 32)
+        for r in rows:
+            if r["model"] != name or "checkpoint" not in r:
+                continue
+            plan = json.loads((work / name / ("plan-" + Path(r["checkpoint"]).name.rsplit(".", 2)[0] + ".json")).read_text())
+            heads, layers = {int(k): v for k, v in plan["remove_heads"].items()}, plan["remove_layers"]
+            with torch.no_grad(), HeadGates(model, removal_gates(model, heads)), skip_layers(model, layers):
+                acc = 100 * next(m.value for m in evaluate(model, dev, "classification") if m.name == "accuracy")
+            lines.append(f"| {name} | {r['route']} | {r['cut']} | {acc:.2f} | {dev_loss(heads, layers):.4f} | {held_loss(heads, layers):.4f} |")
+    return "\n".join(lines)
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| model | route | cut | compensation | heads removed | layers dropped | FLOPs | dev accuracy | drop (points) | search: evaluations, held-out loss start -> best | search wall s (load) |",
+             "|---|---|---|---|---:|---|---:|---:|---:|---|---:|"]
+    for r in rows:
+        s = r.get("search")
+        searched = f"{s['evaluations']}, {s['start_loss']:.4f} -> {s['best_loss']:.4f}" if s else ""
+        if s and "rescored_layers" in s:
+            searched += f" (rescored: dropped {s['rescored_layers']} in that order)"
+        wall = f"{r['wall_s']:.0f} ({r['load']:.1f})" if r.get("wall_s") else ""
+        flops = f"{r['flops']:.3f}" if "flops" in r else ""
+        lines.append(f"| {r['model']} | {r['route']} | {r['cut']} | {r.get('compensation', '')} | {r.get('heads', '')} | {r.get('layers', '')} | {flops} | "
+                     f"{r['accuracy']:.2f} | {r['drop']:+.2f} | {searched} | {wall} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--work", type=Path, default=Path("/tmp/search_learned"))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--evaluations", type=int, default=100, help="search --evaluations (its default)")
+    p.add_argument("--no-learn", action="store_true", help="skip the two training rows")
+    p.add_argument("--rescore", action="store_true", help="also search --rescore-layers at the FLOPs target")
+    p.add_argument("--demo", action="store_true", help="the bundled toy classifier instead (a smoke run of every path)")
+    p.add_argument("--cuts", nargs="+", help="instead of the issue's three: KIND=VALUE, e.g. target_flops=0.6 ratio=0.5")
+    p.add_argument("--compensation", default="lstsq", choices=["none", "bias", "lstsq"])
+    p.add_argument("--json", type=Path)
+    p.add_argument("--tables-from", type=Path, nargs="+")
+    p.add_argument("--masked", action="store_true", help="with --tables-from: each plan as masks, dev accuracy and loss")
+    a = p.parse_args()
+    if a.tables_from:
+        rows = [r for f in a.tables_from for r in json.loads(f.read_text())]
+        print(masked(rows, a.work, a.demo) if a.masked else markdown(rows))
+        return
+    rows: list[dict] = []
+
+    def sink(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if a.json:
+            a.json.parent.mkdir(parents=True, exist_ok=True)
+            a.json.write_text(json.dumps(rows, indent=1))
+
+    for seed in a.seeds:
+        cuts = [(c.split("=")[0], float(c.split("=")[1])) for c in a.cuts] if a.cuts else CUTS
+        run_model(task(seed, a.demo), a.work, a.evaluations, not a.no_learn, a.rescore, sink, cuts, a.compensation)
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
