@@ -1,4 +1,4 @@
-"""Bad input across every command: 123 cases (CASES, then HOSTILE: files built to hurt).
+"""Bad input across every command: 124 cases (CASES, then HOSTILE: files built to hurt).
 
 Each case runs one `headprune` command in a fresh copy of a small workspace (the bundled
 example model, its data, a scores and a plan artifact) and checks the bad-input
