@@ -45,6 +45,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from headprune_cli.errors import UsageError
 from scripts.benchmarks.ffn_routes import CACHE, ROOT, _ctx, minilm_task
 
 
@@ -213,7 +214,11 @@ def flops_match(t: Task, folder: Path, scores: Path, table: Path, target_ms: flo
     low, high, best = 0.05, 1.0, None
     guess = start
     for step in range(args.bisect):
-        got = plan_prune_report(t, folder, f"flops-{guess:.4f}", scores, table, args, target_flops=guess)
+        try:
+            got = plan_prune_report(t, folder, f"flops-{guess:.4f}", scores, table, args, target_flops=guess)
+        except UsageError:  # a FLOPs target below what the constraints allow: bisect upwards
+            low, guess = guess, (guess + high) / 2
+            continue
         ms = got["measured_ms"]["pruned"]
         if best is None or abs(ms - target_ms) < abs(best["measured_ms"]["pruned"] - target_ms):
             best = {**got, "target_flops": guess, "steps": step + 1}
@@ -244,7 +249,8 @@ def line(row: dict) -> str:
     a, b = row["latency_priced"], row["flops_priced"]
     ratio = a["measured_over_predicted_ms"]
     head = (f"{row['task']} latency {row['target_latency']}: measured/predicted {ratio:.3f}" if ratio else f"{row['task']}: table not comparable")
-    head += (f"; speedup table {a['table_speedup']} measured {a['measured_speedup']:.3f} FLOPs {a['flops_speedup']:.3f}"
+    table = f"{a['table_speedup']:.3f}" if a["table_speedup"] else "n/a"
+    head += (f"; speedup table {table} measured {a['measured_speedup']:.3f} FLOPs {a['flops_speedup']:.3f}"
              f"; {a['metric']} {a['pruned']:.4f} at {a['measured_ms']['pruned']:.2f} ms")
     if b is None:
         return head
