@@ -33,6 +33,8 @@ Timing needs a quiet machine: nothing else running, the same --threads for every
 Usage (from the repository root):
   OMP_NUM_THREADS=2 python -m scripts.benchmarks.latency_budget --work /tmp/latency_budget --tasks minilm \
       --threads 2 --repeats 20 --json /tmp/latency_budget/minilm.json
+  OMP_NUM_THREADS=2 python -m scripts.benchmarks.latency_budget --work /tmp/lb-llama --tasks llama --threads 2 --batch-size 1 \
+      --repeats 10 --rounds 3 --bisect 0 --decode-context 512 --json /tmp/lb-llama/llama.json   # ~5 minutes
   OMP_NUM_THREADS=1 python -m scripts.benchmarks.latency_budget --work /tmp/lb-demo --tasks demo --threads 1 \
       --repeats 2 --rounds 2 --min-time 0.01 --bisect 2 --json /tmp/lb-demo/demo.json   # smoke run
 """
