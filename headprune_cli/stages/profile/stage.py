@@ -1,6 +1,6 @@
 """The `profile` stage: checkpoint -> latency JSON, measured on the device it runs on.
 
-Options are read without torch; the measuring (measure.py, decode.py, timing.py) loads
+Options are read without torch; the measuring (measure.py, decode.py, ../timing.py) loads
 inside `run`. Nothing is written unless every point was measured.
 """
 

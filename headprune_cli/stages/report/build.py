@@ -313,8 +313,8 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     inputs = [input_ref("baseline", baseline_path, base_sha), input_ref("pruned", pruned_path, new_sha), input_ref("data", data)]
     if scores_path is not None:
         inputs.append(input_ref("scores", scores_path))
-    if opts.latency is not None:
-        inputs.append(input_ref("latency", opts.latency))
+    if table is not None:
+        inputs.append(input_ref("latency", opts.latency, table[1]))  # hashed once, by read_table
     config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()}
     config["baseline"] = str(baseline_arg)
     return {

@@ -6,8 +6,8 @@ are measured interleaved: every repeat runs each model once, alternating the ord
 gets warm-up runs first (allocator, oneDNN kernel selection). The summary is the median
 with the quartiles and min/max; the speedup is the ratio of the medians.
 
-The summary (Latency) and the alternating order are the profile harness's
-(stages/profile/timing.py); what differs is the unit timed: one whole forward or
+The summary (Latency) and the alternating order are the timing harness's
+(stages/timing.py, shared with `profile`); what differs is the unit timed: one whole forward or
 generation per sample here, where `profile` times blocks with torch.utils.benchmark.
 
 A run may time several phases at once: a causal LM's generation is timed as its prefill
@@ -29,7 +29,7 @@ from headprune_cli.errors import UsageError
 from headprune_cli.device import input_device
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
-from headprune_cli.stages.profile.timing import Latency, alternating, summarize  # noqa: F401  (the one latency summary)
+from headprune_cli.stages.timing import Latency, alternating, summarize
 
 
 def max_sequence(model: nn.Module) -> int | None:

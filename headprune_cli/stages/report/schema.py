@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from headprune_cli.stages.report.latency import Latency  # the dataclass latency.py fills is the schema too
+from headprune_cli.stages.timing import Latency  # the dataclass latency.py fills is the schema too
 from headprune_cli.schema import Envelope, register_kind
 
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from headprune_cli.schema import read_artifact
-from headprune_cli.stages.profile import schema, timing  # noqa: F401  (schema registers the kind)
+from headprune_cli.stages import timing
+from headprune_cli.stages.profile import schema  # noqa: F401  (registers the kind)
 from headprune_cli.stages.profile.measure import grid
 from tests.support import saved_model
 from tests.support.latency import MacTimer

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import headprune_cli
-from headprune_cli.stages.profile import timing
+from headprune_cli.stages import timing
 from tests.support import ROOT, TINY, tensor_data
 from tests.support.latency import MacTimer
 
