@@ -64,7 +64,7 @@ class Task:
     eval: Path
     objective: str | None
     seq_len: int  # scoring, compensation, FLOPs, latency and evaluation length
-    targets: tuple[float, ...]
+    targets: tuple[float, ...] = ()  # FLOPs targets (latency_budget.py takes its own)
 
 
 def tasks(work: Path, names: list[str]) -> list[Task]:

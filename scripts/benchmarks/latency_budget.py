@@ -44,21 +44,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from headprune_cli.errors import UsageError
-from scripts.benchmarks.ffn_routes import CACHE, ROOT, _ctx, minilm_task
-
-
-@dataclass
-class Task:
-    name: str
-    checkpoint: Path
-    calib: Path
-    eval: Path
-    objective: str | None
-    seq_len: int
+from scripts.benchmarks.ffn_routes import CACHE, ROOT, Task, _ctx, minilm_task
 
 
 def llama_task(work: Path, seq_len: int) -> Task:
