@@ -104,6 +104,11 @@ def stored_dtype(model: "nn.Module") -> "torch.dtype":
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), next(model.parameters()).dtype)
 
 
+def stored_dtype_name(model: "nn.Module") -> str:
+    """stored_dtype as artifacts write it: 'float32', 'bfloat16', ..."""
+    return str(stored_dtype(model)).removeprefix("torch.")
+
+
 def cast_parameters(model: "nn.Module", dtype: "torch.dtype") -> None:
     """Cast floating-point parameters (not buffers) in place, keeping Parameter identity and ties."""
     for p in model.parameters():

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from headprune_cli.device import input_device, place
+from headprune_cli.device import input_device, place, stored_dtype_name
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
 from headprune_cli.schema import envelope, input_ref
@@ -43,7 +43,7 @@ def profile_checkpoint(opts, advance=lambda total=None: None) -> dict:
         "threads": opts.threads,
         "batch": opts.batch_size,
         "seq_len": seq,
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "dtype": stored_dtype_name(model),
         "model": model_shape(model),
         "grid": {"points": opts.points, "multiple_of": opts.multiple_of, "ffn_multiple_of": opts.ffn_multiple_of},
         "timing": {"harness": "torch.utils.benchmark.Timer.blocked_autorange", "rounds": opts.rounds,
@@ -88,17 +88,24 @@ def ticks(model: nn.Module, settings, grids, phases: int) -> int:
 def model_shape(model: nn.Module) -> dict:
     info = info_of(model)
     layout = info.layout
-    adapter = adapter_for(model)
-    blocks = adapter.layer_list(model)
+    heads, widths = layout_counts(model)
     return {
         "sha256": info.loaded_from[1], "family": info.family,
         "num_heads": list(layout.num_heads), "num_kv_heads": list(layout.num_kv_heads),
         "num_ffn": [layout.num_ffn[i] if layout.num_ffn else 0 for i in range(layout.num_layers)],
         "layers": list(layout.layers),
-        "heads": {str(l): len(h) for l, h in zip(layout.layers, layout.heads)},
+        "heads": {str(l): n for l, n in heads.items()},
         "kv_heads": {str(l): len(h) for l, h in zip(layout.layers, layout.kv_heads)},
-        "ffn": {str(l): adapter.ffn(blocks[pos]).width for pos, l in enumerate(layout.layers)},
+        "ffn": {str(l): w for l, w in widths.items()},
     }
+
+
+def layout_counts(model: nn.Module) -> tuple[dict[int, int], dict[int, int]]:
+    """(query heads, FFN width) per kept original layer."""
+    layout = info_of(model).layout
+    blocks = adapter_for(model).layer_list(model)
+    widths = {layer: adapter_for(model).ffn(blocks[pos]).width for pos, layer in enumerate(layout.layers)}
+    return {layer: len(h) for layer, h in zip(layout.layers, layout.heads)}, widths
 
 
 def device_facts(device: torch.device) -> dict:

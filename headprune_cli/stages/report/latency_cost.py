@@ -11,27 +11,17 @@ from __future__ import annotations
 
 from torch import nn
 
-from headprune_cli.device import input_device
+from headprune_cli.device import input_device, stored_dtype_name
 from headprune_cli.errors import UsageError
 from headprune_cli.model.latency_table import LatencyTable
-from headprune_cli.model.layout import info_of
-
-
-def layout_counts(model: nn.Module) -> tuple[dict[int, int], dict[int, int]]:
-    """(query heads, FFN width) per kept original layer."""
-    from headprune_cli.model.arch import adapter_for
-
-    layout = info_of(model).layout
-    blocks = adapter_for(model).layer_list(model)
-    widths = {layer: adapter_for(model).ffn(blocks[pos]).width for pos, layer in enumerate(layout.layers)}
-    return {layer: len(h) for layer, h in zip(layout.layers, layout.heads)}, widths
+from headprune_cli.stages.profile.build import layout_counts
 
 
 def setting_of(model: nn.Module, batch: int, seq_len: int, threads: int) -> dict:
     from headprune_cli.stages.profile.build import device_facts
 
     device = device_facts(input_device(model))
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    dtype = stored_dtype_name(model)
     return {"device": device["name"], "threads": threads if device["type"] == "cpu" else None, "batch": batch, "seq_len": seq_len, "dtype": dtype}
 
 
