@@ -13,7 +13,6 @@ import hashlib
 import os
 import re
 import stat
-import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import TypeVar
 
 from headprune_cli.errors import HeadpruneError
 from headprune_cli.outputs import check_output, check_parent  # noqa: F401  (the output rule lives there)
-from headprune_cli.temps import make_temp, publish  # locked temporaries, no-replace publishing
+from headprune_cli.temps import linux_libc, make_temp, publish  # locked temporaries, no-replace publishing
 
 _CHUNK = 1 << 20
 T = TypeVar("T")
@@ -169,14 +168,7 @@ _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do n
 
 @functools.cache
 def _sync_file_range():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    return function
+    return linux_libc("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

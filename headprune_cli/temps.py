@@ -203,14 +203,18 @@ _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
 
 
-@functools.cache
-def _renameat2():
+def linux_libc(name: str, argtypes: list, restype=ctypes.c_int):
+    """The C library's function `name` on Linux, typed; None elsewhere or when it is missing."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        function = ctypes.CDLL(None, use_errno=True).renameat2
+        function = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    function.restype = ctypes.c_int
+    function.argtypes, function.restype = argtypes, restype
     return function
+
+
+@functools.cache
+def _renameat2():
+    return linux_libc("renameat2", [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint])
