@@ -15,6 +15,8 @@ Every per-example loss is a [batch] tensor; the loss of a batch is their mean.
 
 from __future__ import annotations
 
+import inspect
+
 import math
 import sys
 from dataclasses import dataclass
@@ -108,9 +110,15 @@ def model_inputs(batch: dict) -> dict:
 
 def outputs_of(model: nn.Module, batch: dict) -> torch.Tensor:
     """Logits when the model has a task head, else its last hidden state."""
-    out = model(**model_inputs(batch))
+    out = model(**model_inputs(batch), **_without_cache(model))
     logits = getattr(out, "logits", None)
     return logits if logits is not None else out.last_hidden_state
+
+
+def _without_cache(model: nn.Module) -> dict:
+    """use_cache=False for models that take it: a loss over whole sequences needs no KV cache, and
+    a block recomputed in the backward (score --recompute) must not append to one twice."""
+    return {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
 
 
 def pool(model: nn.Module, out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

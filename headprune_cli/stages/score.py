@@ -33,6 +33,11 @@ class ScoreOptions(Options):
     layer_method: Optional[str] = option(None, LAYER_METHOD_HELP)
     weights: Optional[list[str]] = option(None, "For combined: METHOD=WEIGHT[,METHOD=WEIGHT] (default taylor=1,loo=1).")
     normalize: bool = option(True, "gradient: divide each layer's scores by their L2 norm.", negative="--no-normalize")
+    recompute: Optional[bool] = option(
+        None, "Gradient methods: recompute each block's activations in the backward instead of keeping them (less memory, "
+        "one more forward per batch, the same scores). Default: on for models of 400 M parameters or more.",
+        negative="--no-recompute",
+    )
     output: Optional[Path] = option(None, "Write the scores JSON here (default: stdout).", "--output", "-o")
     force: bool = option(False, "Overwrite an existing output file.")
     device: str = device_option()
@@ -79,6 +84,7 @@ def run(opts: ScoreOptions, ctx: Context) -> Result:
         result = score_model(
             model, dataset, opts.method, objective, batch_size=opts.batch_size, seed=opts.seed, normalize=opts.normalize,
             weights=weights, layers=opts.chosen_layer_method(), progress=progress, ffn=opts.ffn,
+            recompute=opts.recompute,
         )
     if rank == 0:
         dtype = dtype_name(opts.dtype)

@@ -20,6 +20,7 @@ from headprune_cli.stages.importance.context import ProgressFactory, ScoreContex
 from headprune_cli.stages.importance.gradients import gradient_stats
 from headprune_cli.stages.importance.layers import attention_loss, ffn_loss
 from headprune_cli.stages.importance.neurons import activation_stats, neuron_scores
+from headprune_cli.stages.importance.recompute import wants_recompute
 from headprune_cli.stages.importance.registry import check_ffn, head_method, layer_method
 
 
@@ -45,13 +46,16 @@ def score_model(
     progress: ProgressFactory = no_progress,
     seq_len: int | None = None,
     ffn: bool = False,
+    recompute: bool | None = None,
 ) -> ScoreTable:
     """Score every kept head (original indices); `layers` = 'refit', 'loo' or 'cosine' adds layer scores.
 
     `attention` (loss change of removing each layer's heads together) comes with loo/refit
     layers; `seq_len` adds the cost table at that sequence length (what budgets price).
     `ffn` scores every FFN neuron too, in the same passes (and, with loo/refit layers, the
-    loss of removing each layer's whole FFN). Under torchrun every process must call this
+    loss of removing each layer's whole FFN). `recompute` runs gradient passes with each block
+    recomputed in the backward (less memory, the same scores; None: on for models of 400 M
+    parameters or more, see importance.recompute). Under torchrun every process must call this
     with the same arguments.
     """
     objective = check_objective(objective, model)
@@ -66,7 +70,7 @@ def score_model(
             raise UsageError("--ffn with gradient needs --no-normalize: per-layer normalisation would put heads and neurons on different scales")
     layer_entry = layer_method(layers) if layers else None
     torch.manual_seed(seed)
-    ctx = ScoreContext(model, dataset, objective, batch_size, seed, progress, ffn=ffn)
+    ctx = ScoreContext(model, dataset, objective, batch_size, seed, progress, ffn=ffn, recompute=wants_recompute(model, recompute))
     was_training = model.training
     model.eval()  # dropout off: scores must be deterministic
     try:

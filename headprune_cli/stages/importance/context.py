@@ -49,6 +49,7 @@ class ScoreContext:
     progress: ProgressFactory = no_progress
     cache: dict = field(default_factory=dict)  # shared passes (gradient statistics) for `combined`
     ffn: bool = False  # also gather FFN neuron statistics (`score --ffn`)
+    recompute: bool = False  # gradient passes recompute each block in the backward (`score --recompute`)
 
     @property
     def device(self) -> torch.device:

@@ -31,6 +31,7 @@ from headprune_cli.stages.objectives import check_finite, embed, per_example_los
 from headprune_cli.model.surgery import HeadGates
 from headprune_cli.stages.importance.context import ScoreContext, trainable_only
 from headprune_cli.stages.importance.neurons import NeuronTaps, down_modules
+from headprune_cli.stages.importance.recompute import recomputed_blocks
 
 
 def _o_modules(model) -> list:
@@ -81,16 +82,18 @@ def gradient_stats(ctx: ScoreContext, weights: bool = False) -> dict[str, list[t
     if weights and ctx.ffn:
         sums["ffn_weight"] = [torch.zeros_like(w, dtype=torch.float64) for w in down_weights]
     n = len(counts)
-    with trainable_only(ctx.model, o_weights + down_weights):
+    with trainable_only(ctx.model, o_weights + down_weights), recomputed_blocks(ctx.model, ctx.recompute):
         for number, start, batch in ctx.my_batches("scoring (gradients)"):
             size, seq = batch["input_ids"].shape
             # One gate per token: its gradient is the per-token Taylor term sum_d dL/do * o,
             # and summed over tokens it is the per-example gate gradient dL_i/dgate.
             gates = [torch.ones(size, seq, k, dtype=ctx.dtype, device=ctx.device, requires_grad=True) for k in counts]
+            # The hooks stay attached through the backward: with --recompute it runs each block's
+            # forward again, and that must be the same gated graph.
             with HeadGates(ctx.model, gates), (taps.attached(batch["attention_mask"]) if taps else nullcontext()):
                 losses = batch_losses(ctx, batch, start)
-            check_finite(losses, f"batch {number}")
-            grads = torch.autograd.grad(losses.sum(), gates + o_weights + down_weights)  # the taps' hooks fire here
+                check_finite(losses, f"batch {number}")
+                grads = torch.autograd.grad(losses.sum(), gates + o_weights + down_weights)  # the taps' hooks fire here
             for pos in range(n):
                 per_token = grads[pos].double().to(ctx.device)  # [B, T, H]; layers may sit on other devices
                 g = per_token.sum(1)  # [B, H]
