@@ -17,7 +17,7 @@ class IterateOptions(Options):
     data: Path = option(..., "Training data for recovery (and scoring unless --score-data).")
     eval_data: Path = option(..., "Dev set that decides the quality floor.")
     output: Path = option(..., "Where to write the last model above the floor.", "-o", "--output")
-    schedule: str = option(",".join(map(str, DEFAULT_SCHEDULE)), "Fractions of the ORIGINAL heads removed after each round.")
+    schedule: Optional[str] = option(None, f"Fractions of the ORIGINAL heads removed after each round (default {','.join(map(str, DEFAULT_SCHEDULE))}).")
     target_flops: Optional[str] = option(None, "Instead of --schedule: fractions of the ORIGINAL FLOPs per token to keep after each round, falling (e.g. 0.9,0.8,0.7); each round cuts under that budget.")
     target_params: Optional[str] = option(None, "Instead of --schedule: fractions of the ORIGINAL parameters to keep after each round, falling.")
     ffn: bool = option(False, "Also score FFN neurons every round and cut them with the heads under the --target-flops/--target-params budget.")
@@ -42,13 +42,14 @@ class IterateOptions(Options):
         targets = [(name, text) for name, text in (("flops", self.target_flops), ("params", self.target_params)) if text is not None]
         if len(targets) > 1:
             raise UsageError("give --target-flops or --target-params, not both")
-        if targets and self.schedule != IterateOptions.model_fields["schedule"].default:
+        if targets and self.schedule is not None:
             raise UsageError("give --schedule (head fractions) or --target-flops/--target-params (cost fractions), not both")
         if self.ffn and not targets:
             raise UsageError("--ffn needs --target-flops or --target-params: a head fraction says nothing about FFN neurons")
         if self.ffn:
             check_ffn(self.method)
-        budget, text = targets[0] if targets else (None, self.schedule)
+        default = ",".join(map(str, DEFAULT_SCHEDULE))
+        budget, text = targets[0] if targets else (None, default if self.schedule is None else self.schedule)
         ratios = comma_list(text, float, f"--target-{budget}" if budget else "--schedule")
         check_schedule(ratios, budget)
         return budget, ratios

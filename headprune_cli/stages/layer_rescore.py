@@ -37,7 +37,7 @@ class Rescored:
 
 def rescored_start(space, loss: Callable, evaluations: int, on_evaluation: Callable[[int, float], None]) -> Rescored:
     """Forward selection of layers to drop by measured loss, within `evaluations` measurements."""
-    from headprune_cli.stages.search import _take_until_fits
+    from headprune_cli.stages.search import take_until_fits
 
     zero = tuple(0 for _ in space.chains)
     out = Rescored(None, INFINITE, [])
@@ -54,7 +54,7 @@ def rescored_start(space, loss: Callable, evaluations: int, on_evaluation: Calla
         on_evaluation(out.evaluations, best[0])
         return value
 
-    start = _take_until_fits(space, (zero, frozenset()))  # no layer dropped: heads alone, if they meet the budget
+    start = take_until_fits(space, (zero, frozenset()))  # no layer dropped: heads alone, if they meet the budget
     if start is not None:
         out.state, out.loss = start, measure(start)
     layers = space.layers()
@@ -65,7 +65,7 @@ def rescored_start(space, loss: Callable, evaluations: int, on_evaluation: Calla
                 # the plan with these layers dropped and the budget filled; where no fill meets
                 # the budget yet, the layers alone, to choose the next one by
                 dropped = frozenset(out.order) | {layer}
-                filled = _take_until_fits(space, (zero, dropped))
+                filled = take_until_fits(space, (zero, dropped))
                 state = filled if filled is not None else (zero, dropped)
                 options.append((filled is None, measure(state), layer, state))  # plans within the budget first, then the lowest loss
         if not options:
@@ -82,17 +82,17 @@ def rescored_start(space, loss: Callable, evaluations: int, on_evaluation: Calla
 def rescored_search_start(table, loss, target_params, target_flops, c, evaluations: int, on_evaluation):
     """(space, start state, result so far, states measured) of a search that starts from layers chosen by rescoring."""
     from headprune_cli.errors import UsageError
-    from headprune_cli.stages.search import SearchResult, _selection, _space
+    from headprune_cli.stages.search import SearchResult, selection_of, search_space
 
     if target_params is None and target_flops is None:
         raise UsageError("--rescore-layers needs --target-flops or --target-params: --ratio counts heads, which dropping a layer does not change")
     if table.cost is None:
         raise UsageError("a --target-params/--target-flops budget needs the cost table in the scores")
-    space = _space(table, None, None, target_params, target_flops, c)
+    space = search_space(table, None, None, target_params, target_flops, c)
     found = rescored_start(space, loss, evaluations, on_evaluation)
     if found.state is None:
         raise UsageError(f"no plan within the budget was found in {evaluations} evaluations of layers dropped one at a time; raise --evaluations")
-    result = SearchResult(_selection(space, found.state), found.loss, found.loss, found.evaluations, 0, found.history, rescored_layers=found.order)
+    result = SearchResult(selection_of(space, found.state), found.loss, found.loss, found.evaluations, 0, found.history, rescored_layers=found.order)
     return space, found.state, result, found.seen
 
 
@@ -101,9 +101,9 @@ def check_reachable(table, target_params, target_flops, c) -> None:
     cut to the constraints' minimum, before anything is scored or measured (the scores do
     not matter here: `table` may hold zeros)."""
     from headprune_cli.errors import UsageError
-    from headprune_cli.stages.search import _space
+    from headprune_cli.stages.search import search_space
 
-    space = _space(table, None, None, target_params, target_flops, c)
+    space = search_space(table, None, None, target_params, target_flops, c)
     deepest = tuple(len(ch.allowed) - 1 for ch in space.chains)
     protected = [layer for layer in space.layers() if layer not in space.droppable]
     keep_one = [()] if protected else [(layer,) for layer in space.droppable]

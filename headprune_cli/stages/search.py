@@ -95,7 +95,7 @@ class MaskedLoss:
 
 
 @dataclass
-class _Space:
+class Space:
     table: ScoreTable
     chains: list
     droppable: list[int]
@@ -145,7 +145,7 @@ def search(
         best_loss = result.best_loss
     else:
         start = select(table, None, ratio=ratio, target_params=target_params, target_flops=target_flops, constraints=constraints)
-        space = _space(table, start, ratio, target_params, target_flops, constraints)
+        space = search_space(table, start, ratio, target_params, target_flops, constraints)
         current = _state_of(space, start)
         best_loss = loss(*space.removal(current))
         result = SearchResult(start, best_loss, best_loss, 1, 0, [best_loss])
@@ -170,11 +170,11 @@ def search(
         if not improved:
             break  # a local optimum: no neighbour measures better
     result.best_loss = best_loss
-    result.selection = _selection(space, current)
+    result.selection = selection_of(space, current)
     return result
 
 
-def _space(table, start: Selection | None, ratio, target_params, target_flops, c: Constraints) -> _Space:
+def search_space(table, start: Selection | None, ratio, target_params, target_flops, c: Constraints) -> Space:
     """The search space around `start` (None: a cost budget searched from no plan, heads and neurons on one scale)."""
     one_scale = start.strategy == "joint" if start is not None else bool(table.ffn)
     scored = (ffn_select.on_one_scale(table) if table.ffn else joint.on_one_scale(table)) if one_scale else table
@@ -186,14 +186,14 @@ def _space(table, start: Selection | None, ratio, target_params, target_flops, c
     droppable = [layer for layer in sorted(table.heads) if layer not in protected]
     if ratio is not None:  # the same number of heads removed as the greedy plan
         removed = sum(len(v) for v in start.remove_heads.values())
-        space = _Space(scored, chains, droppable, fits=None, layers_move=False)
+        space = Space(scored, chains, droppable, fits=None, layers_move=False)
 
         def fits(state: State) -> bool:
             return sum(len(v) for v in space.removal(state)[0].values()) == removed
     else:  # the predicted cost within the budget
         key = "params" if target_params is not None else "flops_per_token"
         limit = (target_params if target_params is not None else target_flops) * predict(table.cost, table.kept())[key]
-        space = _Space(scored, chains, droppable, fits=None, layers_move=bool(droppable) and len(table.heads) > 1)
+        space = Space(scored, chains, droppable, fits=None, layers_move=bool(droppable) and len(table.heads) > 1)
 
         def fits(state: State) -> bool:
             remove_heads, remove_layers, remove_ffn = space.removal(state)
@@ -202,7 +202,7 @@ def _space(table, start: Selection | None, ratio, target_params, target_flops, c
     return space
 
 
-def _state_of(space: _Space, selection: Selection) -> State:
+def _state_of(space: Space, selection: Selection) -> State:
     """The chain positions of a selection (a layer's removed heads are a prefix of its chain)."""
     index = []
     for ch in space.chains:
@@ -217,7 +217,7 @@ def _state_of(space: _Space, selection: Selection) -> State:
     return tuple(index), frozenset(selection.remove_layers)
 
 
-def _neighbours(space: _Space, state: State, rng: random.Random) -> list[State]:
+def _neighbours(space: Space, state: State, rng: random.Random) -> list[State]:
     index, dropped = state
     kept = [pos for pos, ch in enumerate(space.chains) if ch.layer not in dropped]
     moves = [(_shifted(index, a, b), dropped) for a in kept for b in kept
@@ -228,12 +228,12 @@ def _neighbours(space: _Space, state: State, rng: random.Random) -> list[State]:
                 back = tuple(v - 1 if i == a else v for i, v in enumerate(index))
                 other = [p for p in kept if type(space.chains[p]) is not type(space.chains[a])]
                 if other:
-                    moves.append(_take_until_fits(space, (back, dropped), only=other))
+                    moves.append(take_until_fits(space, (back, dropped), only=other))
     if space.layers_move:
         for layer in space.layers():
             if layer in dropped:
                 restored = tuple(0 if ch.layer == layer else v for ch, v in zip(space.chains, index))
-                moves.append(_take_until_fits(space, (restored, dropped - {layer})))
+                moves.append(take_until_fits(space, (restored, dropped - {layer})))
             elif layer in space.droppable and len(dropped) + 1 < len(space.layers()):
                 moves.append(_give_back_while_fits(space, (index, dropped | {layer})))
     rng.shuffle(moves)
@@ -248,7 +248,7 @@ def _shifted(index: tuple[int, ...], give: int, take: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _step_scores(space: _Space, index: tuple[int, ...], dropped, forward: bool, only=None) -> list[tuple[float, int]]:
+def _step_scores(space: Space, index: tuple[int, ...], dropped, forward: bool, only=None) -> list[tuple[float, int]]:
     """(mean score per unit, chain position) of each kept chain's next (or last) step."""
     out = []
     for pos, ch in enumerate(space.chains):
@@ -262,7 +262,7 @@ def _step_scores(space: _Space, index: tuple[int, ...], dropped, forward: bool, 
     return out
 
 
-def _take_until_fits(space: _Space, state: State, only=None) -> State | None:
+def take_until_fits(space: Space, state: State, only=None) -> State | None:
     """Take the cheapest steps (lowest mean score; of the chains `only`, if given) until the budget fits."""
     index, dropped = list(state[0]), state[1]
     while not space.fits((tuple(index), dropped)):
@@ -273,7 +273,7 @@ def _take_until_fits(space: _Space, state: State, only=None) -> State | None:
     return tuple(index), dropped
 
 
-def _give_back_while_fits(space: _Space, state: State) -> State | None:
+def _give_back_while_fits(space: Space, state: State) -> State | None:
     """Give back the most important removed head steps while the budget still fits."""
     index, dropped = list(state[0]), state[1]
     if not space.fits((tuple(index), dropped)):
@@ -288,7 +288,7 @@ def _give_back_while_fits(space: _Space, state: State) -> State | None:
             return tuple(index), dropped
 
 
-def _selection(space: _Space, state: State) -> Selection:
+def selection_of(space: Space, state: State) -> Selection:
     remove_heads, remove_layers, remove_ffn = space.removal(state)
     selection = Selection("search", remove_heads, remove_layers, remove_ffn=remove_ffn)
     if space.table.cost is not None:

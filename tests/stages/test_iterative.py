@@ -145,6 +145,7 @@ def test_iterate_command_cuts_ffn_neurons_under_a_flops_schedule(cli, tmp_path):
     out = load(tmp_path / "out.safetensors")
     assert _neurons(out) < 144 and _flops(out) <= 0.7 * _flops(TINY["reference"]()) * (1 + 1e-9)
     for extra, message in ((["--ffn"], "--ffn needs --target-flops"), (["--target-flops", "0.8", "--schedule", "0.2"], "not both"),
+                           (["--target-flops", "0.8", "--schedule", "0.1,0.2,0.3,0.4"], "not both"),  # the default, said out loud
                            (["--target-flops", "0.6,0.8"], "fall"), (["--target-flops", "0.8", "--ffn", "--method", "loo"], "loo")):
         bad = cli("iterate", tmp_path / "m.safetensors", *common, *extra, "-o", tmp_path / "bad.safetensors")
         assert bad.code == 2 and message in bad.err, (extra, bad.err)
