@@ -104,7 +104,7 @@ def profile(t: Task, folder: Path, args) -> Path:
     out = folder / "latency.json"
     if not out.is_file():
         stage.run(stage.ProfileOptions(model=t.checkpoint, output=out, batch_size=args.batch_size, seq_len=t.seq_len,
-                                       threads=args.threads, rounds=args.rounds, min_time=args.min_time), _ctx())
+                                       threads=args.threads, rounds=args.rounds, min_time=args.min_time, points=args.points), _ctx())
     return out
 
 
@@ -118,7 +118,7 @@ def decode_rows(t: Task, folder: Path, scores: Path, args) -> list[dict]:
     if not table.is_file():
         profile_stage.run(profile_stage.ProfileOptions(model=t.checkpoint, output=table, batch_size=args.batch_size, seq_len=t.seq_len,
                                                        threads=args.threads, rounds=args.rounds, min_time=args.min_time,
-                                                       context=args.decode_context), _ctx())
+                                                       points=args.points, context=args.decode_context), _ctx())
     rows = []
     for target in args.targets:
         name = f"decode{args.decode_context}-{target}"
@@ -257,6 +257,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=20, help="report's timed runs per model")
     parser.add_argument("--rounds", type=int, default=5, help="profile's timing rounds per point")
+    parser.add_argument("--points", type=int, default=5, help="profile's grid points per layer (its default: 5)")
     parser.add_argument("--min-time", type=float, default=0.05, help="profile's seconds per round and point")
     parser.add_argument("--bisect", type=int, default=5, help="FLOPs targets tried per latency target (0: no FLOPs-priced plan)")
     parser.add_argument("--llama-seq-len", type=int, default=128, help="the llama task's prompt length (profile and report)")
