@@ -14,10 +14,9 @@ def profile(opts: stage.ProfileOptions):
     Each layer's block is timed (torch.utils.benchmark, interleaved rounds,
     medians after warm-up) as copies sliced to k heads or w neurons, one
     layer at a time; layers of one shape share a measurement unless
-    --every-layer. The default grid is 5 points per layer: the smallest
-    count, 1/4, 1/2, 3/4 and all (aligned to --multiple-of and
-    --ffn-multiple-of): latency is near linear in width between tile sizes,
-    so `select` and `report` interpolate between the points.
+    --every-layer. The default grid is 9 points per layer: the smallest
+    count, every eighth of the full count and all (aligned to --multiple-of and
+    --ffn-multiple-of); `select` and `report` interpolate between them.
 
     Examples:
 

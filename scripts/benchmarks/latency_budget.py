@@ -8,9 +8,10 @@ target F (default 0.8, 0.7, 0.6 of the profiled latency):
   1. `select --latency latency.json --target-latency F`, `prune`, and `report --latency`:
      the pruned model's measured latency against the table's prediction (measured /
      predicted ms, and measured / predicted speedup), with the quality lost;
-  2. the FLOPs-priced plan of equal *measured* latency: `select --target-flops G` with G
-     found by bisection (each step a prune and a report) until its measured median is within
-     --match of the latency plan's; its quality beside the latency plan's.
+  2. the FLOPs-priced plan of equal *measured* speed: `select --target-flops G` with G
+     found by bisection (each step a prune and a report) until its measured speedup (over
+     the baseline timed beside it) is within --match of the latency plan's; its quality
+     beside the latency plan's.
 Both plans come from the same scores, so the comparison is the pricing alone.
 With --decode-context N (causal LMs): also `profile --context N` (its decode phase: one
 token per sequence against an N-token KV cache), `select --latency-phase decode` at each
@@ -200,8 +201,12 @@ def facts(plan: dict, rep: dict) -> dict:
     }
 
 
-def flops_match(t: Task, folder: Path, scores: Path, table: Path, target_ms: float, args, start: float) -> dict:
-    """The FLOPs target whose plan's measured latency is within --match of `target_ms` (bisection)."""
+def flops_match(t: Task, folder: Path, scores: Path, table: Path, target_speedup: float, args, start: float) -> dict:
+    """The FLOPs target whose plan's measured speedup is within --match of `target_speedup` (bisection).
+
+    Speedups, not milliseconds: each report times its baseline interleaved with the pruned
+    model, so the ratio survives the machine's load changing between reports, where the
+    baseline's own median moved by 10-20% on the shared machine."""
     low, high, best = 0.05, 1.0, None
     guess = start
     for step in range(args.bisect):
@@ -210,12 +215,12 @@ def flops_match(t: Task, folder: Path, scores: Path, table: Path, target_ms: flo
         except UsageError:  # a FLOPs target below what the constraints allow: bisect upwards
             low, guess = guess, (guess + high) / 2
             continue
-        ms = got["measured_ms"]["pruned"]
-        if best is None or abs(ms - target_ms) < abs(best["measured_ms"]["pruned"] - target_ms):
+        speedup = got["measured_speedup"]
+        if best is None or abs(speedup - target_speedup) < abs(best["measured_speedup"] - target_speedup):
             best = {**got, "target_flops": guess, "steps": step + 1}
-        if abs(ms / target_ms - 1) <= args.match:
+        if abs(speedup / target_speedup - 1) <= args.match:
             break
-        low, high = (guess, high) if ms < target_ms else (low, guess)
+        low, high = (guess, high) if speedup > target_speedup else (low, guess)  # too fast: keep more
         guess = (low + high) / 2
     return best
 
@@ -228,7 +233,7 @@ def run_task(name: str, args) -> list[dict]:
     rows = []
     for target in args.targets if args.forward else ():
         by_ms = plan_prune_report(t, folder, f"latency-{target}", scores, table, args, target_latency=target)
-        by_flops = None if args.bisect == 0 else flops_match(t, folder, scores, table, by_ms["measured_ms"]["pruned"], args, start=by_ms["flops_ratio"])
+        by_flops = None if args.bisect == 0 else flops_match(t, folder, scores, table, by_ms["measured_speedup"], args, start=by_ms["flops_ratio"])
         rows.append({"task": name, "target_latency": target, "latency_priced": by_ms, "flops_priced": by_flops})
         print(line(rows[-1]), file=sys.stderr)
     if args.decode_context:
@@ -245,7 +250,8 @@ def line(row: dict) -> str:
              f"; {a['metric']} {a['pruned']:.4f} at {a['measured_ms']['pruned']:.2f} ms")
     if b is None:
         return head
-    return head + f" vs FLOPs-priced {b['pruned']:.4f} at {b['measured_ms']['pruned']:.2f} ms (target_flops {b['target_flops']:.3f})"
+    return head + (f" (speedup {a['measured_speedup']:.3f}) vs FLOPs-priced {b['pruned']:.4f} at {b['measured_ms']['pruned']:.2f} ms"
+                   f" (speedup {b['measured_speedup']:.3f}, target_flops {b['target_flops']:.3f})")
 
 
 def main() -> None:
@@ -264,7 +270,7 @@ def main() -> None:
     parser.add_argument("--decode-context", type=int, default=0, help="causal LMs: also price plans by a decode profile at this KV-cache length")
     parser.add_argument("--decode-tokens", type=int, default=16, help="report's decode steps after the --decode-context prompt")
     parser.add_argument("--no-forward", dest="forward", action="store_false", help="skip the forward-priced plans (the decode ones only)")
-    parser.add_argument("--match", type=float, default=0.02, help="measured latencies this close count as equal")
+    parser.add_argument("--match", type=float, default=0.02, help="measured speedups this close count as equal")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     args.targets = [float(x) for x in args.targets.split(",")]

@@ -60,7 +60,7 @@ def test_profile_help_states_the_default_grid_and_its_examples_run(tmp_path, cli
     result = cli("profile", "--help")
     assert result.code == 0
     text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.out).split())
-    assert "default 5: the smallest allowed count, a quarter, a half, three quarters and all" in text
+    assert "default 9: the smallest allowed count, every eighth of the full count, and all" in text
     from headprune_cli.cli.profile_cmd import profile
 
     examples = [line.strip() for line in profile.__doc__.splitlines() if line.strip().startswith("headprune ")]
