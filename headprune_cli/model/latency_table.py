@@ -4,7 +4,8 @@ Per layer the table holds the block's latency at a few kept-unit counts (KV grou
 heads without GQA) and FFN widths. Two readings of it:
 - `LatencyTable.predict_ms`: a plan's latency by piecewise-linear interpolation between
   the measured points (linear extrapolation below the smallest), a layer at (k units,
-  w neurons) costing A(k) + F(w) - A(all), plus the measured rest;
+  w neurons) costing B - (A(all) - A(k)) - (F(all) - F(w)), plus the measured rest, where
+  B, the whole block, is the mean of the two curves' full points (each curve times it);
 - `priced`: the same table as linear prices (ms per query head, per KV head and per FFN
   neuron, fixed ms per layer, ms outside the layers), fitted by least squares over the
   points, in a CostTable's FLOPs fields, so the one-scale selection machinery that spends
@@ -72,11 +73,15 @@ class LayerCurves:
     ffn: Curve  # over FFN width kept
 
     def at(self, units: float, width: float) -> float:
-        return self.attention(units) + self.ffn(width) - self.attention.full
+        """The block with `units` attention units and `width` neurons: the whole block, less
+        what each curve says its cut saves."""
+        return self.full_ms - (self.attention.full - self.attention(units)) - (self.ffn.full - self.ffn(width))
 
     @property
     def full_ms(self) -> float:
-        return self.attention.full
+        """The whole block, timed once by each curve (at all units, and at the full width):
+        one estimate, their mean, so the unpruned model's prediction is the table's total."""
+        return (self.attention.full + self.ffn.full) / 2
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,18 @@ def test_a_layer_is_its_attention_plus_its_ffn_minus_the_full_block_they_share()
     assert table.predict_ms({}, {}) == 1.0  # every layer dropped: the rest
 
 
+def test_the_whole_block_timed_twice_is_one_estimate_so_the_unpruned_model_costs_the_total():
+    """Each curve times the full block itself; noise makes the two differ (6 and 8 ms here).
+    The table's total and its prediction of the unpruned model must be the same number, or a
+    budget of F of the total selects a plan the report prices at another fraction."""
+    table = _table({1: 3.0, 2: 4.0, 4: 6.0}, {8: 4.0, 16: 5.0, 32: 8.0})
+    assert table.full_ms() == pytest.approx(1 + 7.0)
+    assert table.predict_ms({0: 4}, {0: 32}) == pytest.approx(table.full_ms())
+    # Each cut saves what its own curve says it saves.
+    assert table.predict_ms({0: 2}, {0: 32}) == pytest.approx(8.0 - 2.0)
+    assert table.predict_ms({0: 4}, {0: 16}) == pytest.approx(8.0 - 3.0)
+
+
 def test_linear_prices_reproduce_a_linear_table_exactly_and_split_gqa_units_by_flops():
     """Per unit 1 ms (4 query heads + 1 KV head, FLOPs 4 x 10 : 10), per neuron 0.125 ms."""
     table = _table({1: 3.0, 2: 4.0, 4: 6.0}, {8: 3.0, 16: 4.0, 32: 6.0}, group=4)
