@@ -263,7 +263,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=20, help="report's timed runs per model")
     parser.add_argument("--rounds", type=int, default=5, help="profile's timing rounds per point")
-    parser.add_argument("--points", type=int, default=5, help="profile's grid points per layer (its default: 5)")
+    parser.add_argument("--points", type=int, default=9, help="profile's grid points per layer (its default: 9)")
     parser.add_argument("--min-time", type=float, default=0.05, help="profile's seconds per round and point")
     parser.add_argument("--bisect", type=int, default=5, help="FLOPs targets tried per latency target (0: no FLOPs-priced plan)")
     parser.add_argument("--llama-seq-len", type=int, default=128, help="the llama task's prompt length (profile and report)")
