@@ -16,7 +16,6 @@ Every per-example loss is a [batch] tensor; the loss of a batch is their mean.
 from __future__ import annotations
 
 import inspect
-
 import math
 import sys
 from dataclasses import dataclass
