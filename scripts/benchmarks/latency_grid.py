@@ -8,6 +8,8 @@ Nothing is timed here, so the tables' grids are compared on identical measuremen
 
   python -m scripts.benchmarks.latency_grid --tables 5=/tmp/latency_budget/minilm/latency.json 9=/tmp/latency_budget9/minilm/latency.json \\
       --reports /tmp/latency_budget/minilm /tmp/latency_budget9/minilm
+  python -m scripts.benchmarks.latency_grid --tables 5=a.json 9=b.json --reports /tmp/latency_budget/debian0 \
+      --baseline ~/.cache/headprune/debian-sections/model.safetensors
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", nargs="+", required=True, help="NAME=latency.json")
     parser.add_argument("--reports", nargs="+", type=Path, required=True, help="folders of report-*.json")
+    parser.add_argument("--baseline", type=Path, help="the profiled model (default: model.safetensors in the first folder)")
     args = parser.parse_args()
     tables = {}
     for spec in args.tables:
@@ -55,7 +58,7 @@ def main() -> None:
                 from headprune_cli.model.checkpoint import load
                 from headprune_cli.stages.profile.build import layout_counts
 
-                baseline_counts = layout_counts(load(folder / "model.safetensors"))
+                baseline_counts = layout_counts(load(args.baseline or folder / "model.safetensors"))
             row = {name: predicted_speedup(table, baseline_counts, pruned) for name, table in tables.items()}
             row["flops"] = report["cost"]["predicted_speedup"]
             for name, value in row.items():
