@@ -69,6 +69,19 @@ def measure_interleaved(
     """Milliseconds per call of each callable (median over `rounds` interleaved rounds).
 
     `advance` is called after every timed measurement (a progress bar's tick)."""
+    samples = interleaved_samples(calls, rounds, warmup, threads, min_run_time, advance)
+    return {key: summarize(values) for key, values in samples.items()}
+
+
+def interleaved_samples(
+    calls: Mapping[Hashable, Callable[[], object]],
+    rounds: int = 5,
+    warmup: int = 2,
+    threads: int | None = None,
+    min_run_time: float = 0.05,
+    advance: Callable[[], None] = lambda: None,
+) -> dict[Hashable, list[float]]:
+    """Each callable's round medians in milliseconds, one per round (what measure_interleaved summarises)."""
     import torch
 
     timers = {key: make_timer(fn, threads) for key, fn in calls.items()}
@@ -82,4 +95,4 @@ def measure_interleaved(
             for key in order:
                 samples[key].append(timers[key].blocked_autorange(min_run_time=min_run_time).median * 1000.0)
                 advance()
-    return {key: summarize(values) for key, values in samples.items()}
+    return samples

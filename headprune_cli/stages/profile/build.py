@@ -81,7 +81,7 @@ def layer_grids(model: nn.Module, pos: int, points: int, multiple_of: int, ffn_m
 def ticks(model: nn.Module, settings, grids, phases: int) -> int:
     """Timed measurements the profile takes: the progress bar's total."""
     shared = measure.measured_layers(model, settings.every_layer)
-    per_layer = sum(len(u) + len(w) - 1 for u, w in (grids(pos) for pos in set(shared.values())))
+    per_layer = sum(len(u) + len(w) - 2 + measure.FULL_TIMINGS for u, w in (grids(pos) for pos in set(shared.values())))
     return phases * settings.rounds * (1 + per_layer)
 
 

@@ -31,10 +31,15 @@ from headprune_cli.errors import NumericalError
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.arch.base import is_conv1d, keep_inputs, keep_outputs
 from headprune_cli.model.layout import info_of
-from headprune_cli.stages.timing import Latency, measure_interleaved
+from headprune_cli.stages.timing import Latency, interleaved_samples, measure_interleaved, summarize
 
 
 RETRIES = 2  # remeasurements of a layer whose points are not monotone beyond their spread
+# The whole block anchors both of a layer's curves: every cut is priced as a saving from it,
+# so its noise moves every prediction (BENCHMARKS section 16: one noisy full point put a
+# table 35% off). It is timed this many times per round, spread from the round's start to
+# its end, and the samples are pooled.
+FULL_TIMINGS = 3
 
 
 @dataclass(frozen=True)
@@ -158,16 +163,29 @@ def layer_points(model: nn.Module, pos: int, unit_grid: list[int], width_grid: l
                  settings: Settings, advance) -> dict:
     """Attention and FFN points of the block at `pos`; `call_args(block)` gives its call."""
     block = adapter_for(model).layer_list(model)[pos]
-    keys = [("attention", k) for k in unit_grid] + [("ffn", w) for w in width_grid[:-1]]
     view = adapter_for(model).attention(block)
-    full_units = view.num_kv_heads if view.group_size > 1 else view.num_heads
-    variants = {key: variant(model, block, units=key[1] if key[0] == "attention" and key[1] != full_units else None,
-                             width=key[1] if key[0] == "ffn" else None) for key in keys}
+    cut_units = [("attention", k) for k in unit_grid[:-1]]
+    cut_widths = [("ffn", w) for w in width_grid[:-1]]
+    whole = [("whole", i) for i in range(FULL_TIMINGS)]
+    keys = _spread_among(whole, cut_units + cut_widths)
+    variants = {key: block if key[0] == "whole" else
+                variant(model, block, units=key[1] if key[0] == "attention" else None, width=key[1] if key[0] == "ffn" else None)
+                for key in keys}
     calls = {key: call_args(v) for key, v in variants.items()}
-    timed = measure_interleaved(calls, settings.rounds, settings.warmup, settings.threads, settings.min_run_time, advance)
+    samples = interleaved_samples(calls, settings.rounds, settings.warmup, settings.threads, settings.min_run_time, advance)
     del variants, calls
-    timed[("ffn", width_grid[-1])] = timed[("attention", unit_grid[-1])]  # the full block is both
+    timed = {key: summarize(samples[key]) for key in cut_units + cut_widths}
+    full = summarize([ms for key in whole for ms in samples[key]])
+    timed[("attention", unit_grid[-1])] = timed[("ffn", width_grid[-1])] = full  # the whole block is both curves' last point
     return _points(timed, view.group_size)
+
+
+def _spread_among(extra: list, keys: list) -> list:
+    """`keys` with `extra` placed evenly among them, first and last included."""
+    out, last = list(keys), max(len(extra) - 1, 1)
+    for i, key in enumerate(extra):
+        out.insert(round(i * len(keys) / last) + i, key)
+    return out
 
 
 def steady_points(model: nn.Module, pos: int, unit_grid, width_grid, call_args, settings: Settings, advance) -> dict:

@@ -166,3 +166,46 @@ def test_a_variant_computes_what_the_adapters_cut_does_and_shares_the_rest(famil
         originals = {p.data_ptr() for p in block.parameters()}
         untouched = adapter.ffn(timed).down if "units" in cut else adapter.attention(timed).o
         assert untouched.weight.data_ptr() in originals
+
+
+def test_the_whole_block_is_timed_several_times_a_round_and_pooled(monkeypatch):
+    """The whole block anchors both curves, so it gets FULL_TIMINGS samples a round (first,
+    middle and last in the round); its point is the median of all of them, and the progress
+    total counts every timed call."""
+    from types import SimpleNamespace
+
+    from headprune_cli.model.arch import adapter_for
+    from headprune_cli.stages.profile import build, measure
+    from tests.support import TINY
+
+    model = TINY["bert"]().eval()
+    block = adapter_for(model).layer_list(model)[0]
+    made = []
+
+    class Stub:
+        def __init__(self, fn, threads):
+            self.fn, self.calls = fn, 0
+            self.ms = 10.0 + 2.0 * sum(1 for other in made if other.fn.__self__ is block)  # whole-block timers: 10, 12, 14 ms
+            made.append(self)
+
+        def timeit(self, number):
+            return SimpleNamespace(median=0.0)
+
+        def blocked_autorange(self, min_run_time=0.2):
+            self.calls += 1
+            return SimpleNamespace(median=(self.ms if self.fn.__self__ is block else 1.0) / 1000.0)
+
+    def call_args(b):
+        return b.forward  # a bound method: the stub tells the whole block from its variants by it
+
+    monkeypatch.setattr(timing, "make_timer", Stub)
+    ticks = []
+    settings = measure.Settings(rounds=4, warmup=1, min_run_time=0.0, threads=1)
+    units, widths = [1, 2, 4], [8, 24, 48]
+    points = measure.layer_points(model, 0, units, widths, call_args, settings, lambda: ticks.append(1))
+    whole = [t for t in made if t.fn.__self__ is block]
+    assert len(whole) == measure.FULL_TIMINGS == 3 and all(t.calls == 4 for t in whole)
+    assert points["attention"][-1]["median_ms"] == points["ffn"][-1]["median_ms"] == pytest.approx(12.0)
+    assert [p["median_ms"] for p in points["attention"][:-1]] == [1.0, 1.0]
+    grids = lambda pos: (units, widths)  # noqa: E731
+    assert len(ticks) == build.ticks(model, settings, grids, phases=1) - settings.rounds  # less the outside's timings
