@@ -58,19 +58,10 @@ def make_timer(fn: Callable[[], object], threads: int | None):
     return benchmark.Timer(stmt="fn()", globals={"fn": fn}, **kwargs)
 
 
-def measure_interleaved(
-    calls: Mapping[Hashable, Callable[[], object]],
-    rounds: int = 5,
-    warmup: int = 2,
-    threads: int | None = None,
-    min_run_time: float = 0.05,
-    advance: Callable[[], None] = lambda: None,
-) -> dict[Hashable, Latency]:
-    """Milliseconds per call of each callable (median over `rounds` interleaved rounds).
-
-    `advance` is called after every timed measurement (a progress bar's tick)."""
-    samples = interleaved_samples(calls, rounds, warmup, threads, min_run_time, advance)
-    return {key: summarize(values) for key, values in samples.items()}
+def measure_interleaved(calls: Mapping[Hashable, Callable[[], object]], *settings, **named) -> dict[Hashable, Latency]:
+    """Milliseconds per call of each callable (median over the interleaved rounds, with its
+    spread); the arguments are interleaved_samples'."""
+    return {key: summarize(values) for key, values in interleaved_samples(calls, *settings, **named).items()}
 
 
 def interleaved_samples(
@@ -81,7 +72,9 @@ def interleaved_samples(
     min_run_time: float = 0.05,
     advance: Callable[[], None] = lambda: None,
 ) -> dict[Hashable, list[float]]:
-    """Each callable's round medians in milliseconds, one per round (what measure_interleaved summarises)."""
+    """Each callable's round medians in milliseconds, one per round (`rounds` interleaved rounds
+    after `warmup` calls each). `advance` is called after every timed measurement (a progress
+    bar's tick)."""
     import torch
 
     timers = {key: make_timer(fn, threads) for key, fn in calls.items()}
