@@ -15,6 +15,7 @@ Every per-example loss is a [batch] tensor; the loss of a batch is their mean.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import sys
@@ -117,7 +118,13 @@ def outputs_of(model: nn.Module, batch: dict) -> torch.Tensor:
 def _without_cache(model: nn.Module) -> dict:
     """use_cache=False for models that take it: a loss over whole sequences needs no KV cache, and
     a block recomputed in the backward (score --recompute) must not append to one twice."""
-    return {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
+    return {"use_cache": False} if _takes_use_cache(type(model)) else {}
+
+
+@functools.cache
+def _takes_use_cache(cls: type) -> bool:
+    """Looked up once per model class: this runs on every scoring and evaluation batch."""
+    return "use_cache" in inspect.signature(cls.forward).parameters
 
 
 def pool(model: nn.Module, out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

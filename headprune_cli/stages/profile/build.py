@@ -21,7 +21,8 @@ CONFIG_KEYS = ("device", "dtype", "batch_size", "seq_len", "threads", "points", 
                "context", "rounds", "warmup", "min_time", "every_layer")
 
 
-def profile_checkpoint(opts, advance=lambda total=None: None) -> dict:
+def profile_checkpoint(opts, advance=lambda total=None: None) -> tuple[dict, LatencyTableArtifact]:
+    """(the latency artifact to write, the same read back as the schema reads it)."""
     from headprune_cli.model.checkpoint import load
 
     model = load(opts.model)
@@ -51,8 +52,7 @@ def profile_checkpoint(opts, advance=lambda total=None: None) -> dict:
                    "layers": "every layer" if opts.every_layer else "first layer of each shape"},
         "phases": phases,
     }
-    LatencyTableArtifact.model_validate(artifact)  # a table we cannot read back must never be written
-    return artifact
+    return artifact, LatencyTableArtifact.model_validate(artifact)  # a table we cannot read back must never be written
 
 
 def decode_phase(model: nn.Module, opts, settings, grids, advance) -> dict:

@@ -168,9 +168,9 @@ def layer_points(model: nn.Module, pos: int, unit_grid: list[int], width_grid: l
     cut_widths = [("ffn", w) for w in width_grid[:-1]]
     whole = [("whole", i) for i in range(FULL_TIMINGS)]
     keys = _spread_among(whole, cut_units + cut_widths)
-    variants = {key: block if key[0] == "whole" else
-                variant(model, block, units=key[1] if key[0] == "attention" else None, width=key[1] if key[0] == "ffn" else None)
-                for key in keys}
+    # variant() with nothing to cut is the block itself: the "whole" keys time the original
+    variants = {(kind, n): variant(model, block, units=n if kind == "attention" else None, width=n if kind == "ffn" else None)
+                for kind, n in keys}
     calls = {key: call_args(v) for key, v in variants.items()}
     samples = interleaved_samples(calls, settings.rounds, settings.warmup, settings.threads, settings.min_run_time, advance)
     del variants, calls

@@ -52,19 +52,19 @@ def run(opts: ProfileOptions, ctx: Context) -> Result:
     check_context(opts, read_info(opts.model).task)  # before the model is built or a bar is drawn
 
     with _progress(ctx) as advance:
-        artifact = profile_checkpoint(opts, advance)
+        artifact, parsed = profile_checkpoint(opts, advance)
     write_artifact(artifact, opts.output)
-    ctx.print(summary(artifact))
+    ctx.print(summary(parsed))
     return Result([str(opts.output)] if opts.output else [], value=artifact)
 
 
-def summary(artifact: dict) -> str:
-    phases = []
-    for name, phase in artifact["phases"].items():
-        total = phase["outside"]["median_ms"] + sum(layer["attention"][-1]["median_ms"] for layer in phase["layers"].values())
-        phases.append(f"{name} {total:.4g} ms")
-    measured = len({layer["measured_as"] for layer in artifact["phases"]["forward"]["layers"].values()})
-    return f"latency table on {artifact['device']['name']}: {', '.join(phases)} ({measured} layer shape(s) measured)"
+def summary(table) -> str:
+    """One line: each phase's total as `select` and `report` will price it (model/latency_table.py)."""
+    from headprune_cli.model.latency_table import LatencyTable
+
+    phases = [f"{name} {LatencyTable.from_artifact(table, name).full_ms():.4g} ms" for name in table.phases]
+    measured = len({layer.measured_as for layer in table.phases["forward"].layers.values()})
+    return f"latency table on {table.device.name}: {', '.join(phases)} ({measured} layer shape(s) measured)"
 
 
 class _progress:
