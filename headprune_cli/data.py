@@ -176,7 +176,9 @@ def _jsonl(text: str, path: Path, samples: int | None) -> list[dict]:
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
         except (ValueError, RecursionError) as exc:  # a 5000-digit number, or nesting 100,000 deep
-            raise DataError(f"{path}:{number}: not valid JSON ({shorten(str(exc) or type(exc).__name__, 120)})") from None
+            raise DataError(
+                f"{path}:{number}: not valid JSON ({shorten(str(exc) or type(exc).__name__, 120)})"
+            ) from None
         rows.append(_checked_row(row, f"{path}:{number}"))
     return rows
 
@@ -239,9 +241,16 @@ def _tokenize(rows: list[dict], model: nn.Module, max_length: int, path: Path) -
         raise DataError(f"{path}: `text_pair` must be given on every row or on none")
     encoded = encode_rows(
         lambda some, their_pairs: tokenizer(
-            some, their_pairs, truncation=True, max_length=max_length, return_token_type_ids=True, return_attention_mask=False,
+            some,
+            their_pairs,
+            truncation=True,
+            max_length=max_length,
+            return_token_type_ids=True,
+            return_attention_mask=False,
         ),
-        texts, pairs if pairs[0] is not None else None, [getattr(row, "where", f"{path}: row {i + 1}") for i, row in enumerate(rows)],
+        texts,
+        pairs if pairs[0] is not None else None,
+        [getattr(row, "where", f"{path}: row {i + 1}") for i, row in enumerate(rows)],
     )
     ids = encoded["input_ids"]
     empty = [i for i, seq in enumerate(ids) if not seq]

@@ -30,9 +30,18 @@ if TYPE_CHECKING:
     from torch import nn
 
 DEVICE_HELP = "auto (a CUDA device when there is one, else cpu), cpu, cuda or cuda:N."
-DTYPE_HELP = "Compute dtype: auto (the stored dtype), float32, bfloat16 or float16. What is saved keeps the stored dtype."
-DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-               "float16": "float16", "fp16": "float16", "half": "float16"}
+DTYPE_HELP = (
+    "Compute dtype: auto (the stored dtype), float32, bfloat16 or float16. What is saved keeps the stored dtype."
+)
+DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+}
 # Fraction of an accelerator's free memory the weights may take before layers are spread
 # over several devices: activations, gradients of gates and the CUDA context need the rest.
 FIT_FRACTION = 0.8
@@ -64,13 +73,19 @@ def resolve_device(spec: str = "auto") -> "torch.device":
     if match is None:
         raise UsageError(f"--device {spec}: expected auto, cpu, cuda or cuda:N")
     if not torch.cuda.is_available():
-        raise UsageError(f"--device {spec}: this machine has no CUDA device that torch can use (use --device cpu or auto)")
+        raise UsageError(
+            f"--device {spec}: this machine has no CUDA device that torch can use (use --device cpu or auto)"
+        )
     index = int(match.group(1)) if match.group(1) is not None else local
     count = torch.cuda.device_count()
     if index >= count:
         # Under torchrun a rank past the GPU count would fail alone and leave the others
         # waiting in a collective: every rank refuses here instead.
-        hint = f"; torchrun started local rank {local}: use at most --nproc-per-node {count}, or --device cpu" if "LOCAL_RANK" in os.environ else ""
+        hint = (
+            f"; torchrun started local rank {local}: use at most --nproc-per-node {count}, or --device cpu"
+            if "LOCAL_RANK" in os.environ
+            else ""
+        )
         raise UsageError(f"--device {spec}: only {count} CUDA device(s) are visible (cuda:0 to cuda:{count - 1}){hint}")
     return torch.device("cuda", index)
 
@@ -207,7 +222,9 @@ def check_map(device_map: dict) -> dict:
     """Refuse a map that offloads to the CPU or disk: that is slower than computing on the CPU."""
     off = sorted({str(d) for d in device_map.values() if not isinstance(d, int)})
     if off:
-        raise UsageError(f"the model does not fit the visible CUDA devices together (accelerate would offload to {', '.join(off)})")
+        raise UsageError(
+            f"the model does not fit the visible CUDA devices together (accelerate would offload to {', '.join(off)})"
+        )
     return device_map
 
 

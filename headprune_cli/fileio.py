@@ -38,7 +38,9 @@ _HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256-ahead")
 SPECIAL_ROOTS = ("/proc", "/sys", "/dev")
 
 
-def check_regular(path: str | os.PathLike, what: str = "file", error: type[HeadpruneError] = HeadpruneError) -> os.stat_result:
+def check_regular(
+    path: str | os.PathLike, what: str = "file", error: type[HeadpruneError] = HeadpruneError
+) -> os.stat_result:
     """The stat of `path` if it is a regular file on an ordinary filesystem; else refuse.
 
     Devices, FIFOs and sockets would block or never end; stat() does not open them."""

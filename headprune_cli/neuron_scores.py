@@ -79,14 +79,19 @@ class FFNScores(BaseModel):
 
     @model_validator(mode="after")
     def _in_range(self) -> "FFNScores":
-        if not all(isinstance(w, int) and 1 <= w <= MAX_FFN_WIDTH for w in self.width) or sum(self.width) > MAX_FFN_NEURONS:
+        if (
+            not all(isinstance(w, int) and 1 <= w <= MAX_FFN_WIDTH for w in self.width)
+            or sum(self.width) > MAX_FFN_NEURONS
+        ):
             raise ValueError("ffn.width: one positive FFN width per layer, within bounds")
         for layer, entry in self.layers.items():
             if not 0 <= layer < len(self.width):
                 raise ValueError(f"ffn.layers.{layer}: layer out of range")
             kept = from_ranges(entry.kept, self.width[layer])
             if not kept:
-                raise ValueError(f"ffn.layers.{layer}.kept: [start, stop) runs of neuron indices, increasing, within the width")
+                raise ValueError(
+                    f"ffn.layers.{layer}.kept: [start, stop) runs of neuron indices, increasing, within the width"
+                )
             entry._kept = kept
             try:
                 entry._values = decode(entry.scores, len(kept))  # decoded once, here: readers take it from values()
@@ -95,7 +100,9 @@ class FFNScores(BaseModel):
         return self
 
 
-def ffn_block(width: list[int], kept: dict[int, list[int]], scores: dict[int, list[float]], loss: dict[int, float] | None) -> dict:
+def ffn_block(
+    width: list[int], kept: dict[int, list[int]], scores: dict[int, list[float]], loss: dict[int, float] | None
+) -> dict:
     """The artifact's `ffn` object."""
     block = {
         "encoding": ENCODING,

@@ -176,7 +176,9 @@ def check_output(path: str | os.PathLike, force: bool = False, inputs: Iterable[
     if out.is_dir():
         raise UsageError(f"{out} is a directory, not a file")
     if out.is_file() and (what := _not_ours(out)):
-        raise UsageError(f"{out} is {what} headprune did not write; --force replaces only headprune's outputs (choose another path)")
+        raise UsageError(
+            f"{out} is {what} headprune did not write; --force replaces only headprune's outputs (choose another path)"
+        )
     check_parent(out)
     _claim_unless_forced(out, force)
     return out
@@ -202,7 +204,7 @@ def check_distinct(paths: Iterable[str | os.PathLike]) -> None:
     """Two outputs of one command may neither be one file nor lie one inside the other."""
     resolved = [(p, os.path.realpath(p)) for p in paths]
     for i, (a, ra) in enumerate(resolved):
-        for b, rb in resolved[i + 1:]:
+        for b, rb in resolved[i + 1 :]:
             if _within(ra, rb) or _within(rb, ra):
                 raise UsageError(f"outputs {a} and {b} overlap; give each its own path")
 
@@ -240,7 +242,10 @@ def owned(folder: str | os.PathLike) -> bool:
 
 
 def check_folder(
-    path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (), what: str = "output folder", force: bool = False,
+    path: str | os.PathLike,
+    inputs: Iterable[str | os.PathLike | None] = (),
+    what: str = "output folder",
+    force: bool = False,
 ) -> Path:
     """A folder headprune will write into (or replace): new, empty, or made by headprune.
 
@@ -252,7 +257,9 @@ def check_folder(
     if os.path.lexists(out) and not out.is_dir():
         raise UsageError(f"{what} {out} is a file, not a folder")
     if out.is_dir() and not owned(out):
-        raise UsageError(f"{what} {out} holds files headprune did not write; refusing to touch it (give a new or empty folder)")
+        raise UsageError(
+            f"{what} {out} holds files headprune did not write; refusing to touch it (give a new or empty folder)"
+        )
     if not out.exists():
         parent = _existing_ancestor(out)
         if not os.access(parent, os.W_OK):
@@ -312,7 +319,9 @@ def exclusive(folder: str | os.PathLike, what: str) -> Iterator[None]:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise HeadpruneError(f"{folder} is in use by another {what}; wait for it to finish or choose another folder") from None
+            raise HeadpruneError(
+                f"{folder} is in use by another {what}; wait for it to finish or choose another folder"
+            ) from None
         try:
             yield
         finally:

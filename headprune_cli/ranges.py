@@ -37,6 +37,5 @@ def from_ranges(runs, bound: int) -> list[int] | None:
     return out
 
 
-
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)

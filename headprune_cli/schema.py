@@ -94,7 +94,11 @@ class Scores(Envelope):
     @field_validator("heads", mode="before")
     @classmethod
     def _head_maps(cls, value):
-        return {k: _index_map(v) if isinstance(v, dict) else v for k, v in value.items()} if isinstance(value, dict) else value
+        return (
+            {k: _index_map(v) if isinstance(v, dict) else v for k, v in value.items()}
+            if isinstance(value, dict)
+            else value
+        )
 
     @model_validator(mode="after")
     def _consistent(self) -> "Scores":
@@ -103,7 +107,9 @@ class Scores(Envelope):
             raise ValueError("num_heads/num_kv_heads do not match shape")
         for q, kv in zip(self.num_heads, self.num_kv_heads):
             if kv < 1 or q < 1 or q % kv:
-                raise ValueError(f"a layer has {q} query and {kv} key/value heads; each needs at least 1, and queries a multiple of key/values")
+                raise ValueError(
+                    f"a layer has {q} query and {kv} key/value heads; each needs at least 1, and queries a multiple of key/values"
+                )
         for layer, heads in self.kept.items():
             _distinct(heads, f"kept.{layer}")
         for layer, heads in self.heads.items():
@@ -157,7 +163,9 @@ class Plan(Envelope):
         return self
 
 
-def _check_ffn(remove_ffn: dict[int, list[int]] | None, num_ffn: list[int] | None, layers: int, dropped: set[int]) -> None:
+def _check_ffn(
+    remove_ffn: dict[int, list[int]] | None, num_ffn: list[int] | None, layers: int, dropped: set[int]
+) -> None:
     if remove_ffn is None:
         return
     if num_ffn is None or len(num_ffn) != layers or any(w < 1 for w in num_ffn):

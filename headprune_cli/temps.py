@@ -112,7 +112,10 @@ def sweep(folder: Path, quiet: bool = False) -> list[Path]:
             size += freed
     if removed and not quiet:
         what = "temporary file" if len(removed) == 1 else "temporary files"
-        print(f"Note: removed {len(removed)} {what} ({_size(size)}) that a killed headprune left in {folder}", file=sys.stderr)
+        print(
+            f"Note: removed {len(removed)} {what} ({_size(size)}) that a killed headprune left in {folder}",
+            file=sys.stderr,
+        )
     return removed
 
 
@@ -122,7 +125,11 @@ def _remove_if_abandoned(path: Path) -> int | None:
         info = os.lstat(path)
         if stat.S_ISLNK(info.st_mode):
             return None  # never ours: a temporary is a plain file or folder
-        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | (getattr(os, "O_DIRECTORY", 0) if stat.S_ISDIR(info.st_mode) else 0)
+        flags = (
+            os.O_RDONLY
+            | getattr(os, "O_NOFOLLOW", 0)
+            | (getattr(os, "O_DIRECTORY", 0) if stat.S_ISDIR(info.st_mode) else 0)
+        )
         fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None

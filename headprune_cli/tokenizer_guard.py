@@ -26,7 +26,10 @@ from typing import TypeVar
 from headprune_cli.errors import DataError, first_line
 
 T = TypeVar("T")
-PROBES = tuple(run * 48 + end for run, end in (("a", "!"), ("a", "b"), (" ", "a"), ("1", "a"), (".", "a"), ("'", "a"), ("é", "a"), ("\n", "a")))
+PROBES = tuple(
+    run * 48 + end
+    for run, end in (("a", "!"), ("a", "b"), (" ", "a"), ("1", "a"), (".", "a"), ("'", "a"), ("é", "a"), ("\n", "a"))
+)
 _REGEX_FAILURE = ("onig", "regex", "retry-limit")
 
 
@@ -78,7 +81,9 @@ def guarded(call: Callable[[], T]) -> T:
         raise TokenizerFailure(first_line(exc)) from None
 
 
-def encode_rows(encode: Callable[[list, list | None], T], texts: list[str], pairs: list | None, wheres: Sequence[str]) -> T:
+def encode_rows(
+    encode: Callable[[list, list | None], T], texts: list[str], pairs: list | None, wheres: Sequence[str]
+) -> T:
     """encode(texts, pairs) for all rows at once; when it fails, find the first row that
     fails alone and refuse it in one line."""
     try:
@@ -88,8 +93,12 @@ def encode_rows(encode: Callable[[list, list | None], T], texts: list[str], pair
             try:
                 guarded(lambda: encode(texts[i : i + 1], pairs[i : i + 1] if pairs is not None else None))
             except TokenizerFailure as alone:
-                raise DataError(f"{where}: the checkpoint's tokenizer failed on this row ({_cut(alone.reason)})") from None
-        raise DataError(f"{wheres[0].rsplit(':', 1)[0]}: the checkpoint's tokenizer failed ({_cut(whole.reason)})") from None
+                raise DataError(
+                    f"{where}: the checkpoint's tokenizer failed on this row ({_cut(alone.reason)})"
+                ) from None
+        raise DataError(
+            f"{wheres[0].rsplit(':', 1)[0]}: the checkpoint's tokenizer failed ({_cut(whole.reason)})"
+        ) from None
 
 
 def probe(backend, checkpoint: str) -> None:

@@ -70,7 +70,9 @@ def note_write(folder: str | os.PathLike) -> None:
 def _share() -> None:
     data = json.dumps(_NOTES).encode()
     if len(data) + 4 > _PAGE:  # hundreds of shards: keep what fits (the folders come first in importance)
-        data = json.dumps({"reads": dict(list(_NOTES["reads"].items())[:50]), "writes": _NOTES["writes"][:50]}).encode()[: _PAGE - 4]
+        data = json.dumps(
+            {"reads": dict(list(_NOTES["reads"].items())[:50]), "writes": _NOTES["writes"][:50]}
+        ).encode()[: _PAGE - 4]
     _SHARED[4 : 4 + len(data)] = data
     _SHARED[:4] = struct.pack("<I", len(data))
 
@@ -87,7 +89,11 @@ def _read_shared(shared: mmap.mmap) -> dict:
 def watched(command: Callable[[], int]) -> int:
     """Run `command` in a child process watched by this one; returns the exit code to use."""
     global _NOTES, _SHARED
-    if not hasattr(os, "fork") or not hasattr(signal, "sigwaitinfo") or os.environ.get("HEADPRUNE_NO_WATCHER", "") not in ("", "0"):
+    if (
+        not hasattr(os, "fork")
+        or not hasattr(signal, "sigwaitinfo")
+        or os.environ.get("HEADPRUNE_NO_WATCHER", "") not in ("", "0")
+    ):
         return command()
     shared = mmap.mmap(-1, _PAGE)  # anonymous and shared: the child's notes outlive it
     waited = set(_FORWARDED) | {signal.SIGCHLD}
@@ -144,7 +150,9 @@ def _verdict(status: int, notes: dict) -> int:
         print(f"Error: {_changed(notes)}; nothing was written", file=sys.stderr)
         return 1
     if number in _CRASHES:
-        print(f"Internal error: headprune crashed ({name}); its temporaries were removed (please report)", file=sys.stderr)
+        print(
+            f"Internal error: headprune crashed ({name}); its temporaries were removed (please report)", file=sys.stderr
+        )
         return 70
     print(f"Error: killed by {name}; its temporaries were removed", file=sys.stderr)
     return 128 + number

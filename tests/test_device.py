@@ -54,7 +54,18 @@ def _dtypes(path) -> set[str]:
     "command",
     [
         ["score", "{f}/f32.safetensors", "--data", "{f}/d.txt", "-o", "{f}/out.json"],
-        ["prune", "{f}/f32.safetensors", "--plan", "{f}/d.txt", "--compensate", "lstsq", "--data", "{f}/d.txt", "-o", "{f}/out.json"],
+        [
+            "prune",
+            "{f}/f32.safetensors",
+            "--plan",
+            "{f}/d.txt",
+            "--compensate",
+            "lstsq",
+            "--data",
+            "{f}/d.txt",
+            "-o",
+            "{f}/out.json",
+        ],
         ["finetune", "{f}/f32.safetensors", "--data", "{f}/d.txt", "-o", "{f}/out.json"],
         ["report", "--model", "{f}/f32.safetensors", "--data", "{f}/d.txt", "--json", "{f}/out.json"],
         ["sweep", "{f}/f32.safetensors", "--data", "{f}/d.txt", "--eval-data", "{f}/d.txt", "-o", "{f}/out.json"],
@@ -93,34 +104,109 @@ def test_bf16_scores_are_finite_and_close_to_fp32(files, cli):
         # Per-head sums are float64 whatever the compute dtype: bf16 rounding stays ~0.2% of the scale.
         worst = max(abs(a - b) for a, b in zip(scores, reference)) / scale
         assert worst < (1e-3 if name == "auto device" else 2e-2), (name, worst)
-        assert artifact["config"].get("dtype") == {"bf16 stored, float32 compute": "float32", "fp32 stored, bf16 compute": "bfloat16"}.get(name)
+        assert artifact["config"].get("dtype") == {
+            "bf16 stored, float32 compute": "float32",
+            "fp32 stored, bf16 compute": "bfloat16",
+        }.get(name)
 
 
 @pytest.mark.parametrize(("stored", "compute"), [("f32", "bfloat16"), ("bf16", "float32")])
 def test_prune_compensation_keeps_the_stored_dtype_and_untouched_weights(files, cli, stored, compute):
-    scores = cli("score", files / f"{stored}.safetensors", "--data", files / "d.txt", "--samples", "8", "-o", files / "s.json")
+    scores = cli(
+        "score", files / f"{stored}.safetensors", "--data", files / "d.txt", "--samples", "8", "-o", files / "s.json"
+    )
     assert scores.code == 0, scores.err
     out = files / f"{stored}-{compute}.safetensors"
-    result = cli("prune", "--scores", files / "s.json", "--ratio", "0.25", "--compensate", "lstsq", "--data", files / "d.txt",
-                 "--samples", "8", "--dtype", compute, "--device", "cpu", "-o", out)
+    result = cli(
+        "prune",
+        "--scores",
+        files / "s.json",
+        "--ratio",
+        "0.25",
+        "--compensate",
+        "lstsq",
+        "--data",
+        files / "d.txt",
+        "--samples",
+        "8",
+        "--dtype",
+        compute,
+        "--device",
+        "cpu",
+        "-o",
+        out,
+    )
     assert result.code == 0, result.err
     assert _dtypes(out) == _dtypes(files / f"{stored}.safetensors") == {"F32" if stored == "f32" else "BF16"}
     with safe_open(str(files / f"{stored}.safetensors"), "pt") as a, safe_open(str(out), "pt") as b:
         untouched = [k for k in a.keys() if "mlp" in k or "norm" in k or "embed" in k]
         assert untouched and all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in untouched)
         o_proj = [k for k in a.keys() if "o_proj" in k]
-        assert any(a.get_tensor(k).shape != b.get_tensor(k).shape or not torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in o_proj)
+        assert any(
+            a.get_tensor(k).shape != b.get_tensor(k).shape or not torch.equal(a.get_tensor(k), b.get_tensor(k))
+            for k in o_proj
+        )
     if stored == "bf16":  # the other computing stages take the same options
-        report = cli("report", "--model", out, "--baseline", files / "bf16.safetensors", "--data", files / "d.txt",
-                     "--repeats", "1", "--warmup", "0", "--device", "cpu", "--dtype", "float32", "--json", "-")
+        report = cli(
+            "report",
+            "--model",
+            out,
+            "--baseline",
+            files / "bf16.safetensors",
+            "--data",
+            files / "d.txt",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--json",
+            "-",
+        )
         assert report.code == 0, report.err
-        assert {k: json.loads(report.out)["config"][k] for k in ("device", "dtype")} == {"device": "cpu", "dtype": "float32"}
-        sweep = cli("sweep", files / "bf16.safetensors", "--data", files / "d.txt", "--eval-data", files / "d.txt",
-                    "--methods", "random", "--ratios", "0.25", "--samples", "8", "--device", "auto", "--dtype", "float32")
+        assert {k: json.loads(report.out)["config"][k] for k in ("device", "dtype")} == {
+            "device": "cpu",
+            "dtype": "float32",
+        }
+        sweep = cli(
+            "sweep",
+            files / "bf16.safetensors",
+            "--data",
+            files / "d.txt",
+            "--eval-data",
+            files / "d.txt",
+            "--methods",
+            "random",
+            "--ratios",
+            "0.25",
+            "--samples",
+            "8",
+            "--device",
+            "auto",
+            "--dtype",
+            "float32",
+        )
         assert sweep.code == 0, sweep.err
         tuned = files / "ft.safetensors"
-        finetune = cli("finetune", out, "--data", files / "d.txt", "--steps", "1", "--batch-size", "4",
-                       "--device", "cpu", "--dtype", "float32", "-o", tuned)
+        finetune = cli(
+            "finetune",
+            out,
+            "--data",
+            files / "d.txt",
+            "--steps",
+            "1",
+            "--batch-size",
+            "4",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "-o",
+            tuned,
+        )
         assert finetune.code == 0, finetune.err
         assert _dtypes(tuned) == {"BF16"}  # float32 master weights, written back in the stored dtype
 
@@ -144,8 +230,15 @@ def test_place_casts_parameters_not_fp32_buffers_and_restore_gives_back_the_load
 
 def test_device_map_places_whole_blocks_over_devices():
     torch.manual_seed(0)
-    config = T.LlamaConfig(vocab_size=60, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-                           num_key_value_heads=4, intermediate_size=48, pad_token_id=0)
+    config = T.LlamaConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=48,
+        pad_token_id=0,
+    )
     model = T.LlamaForCausalLM(config).eval()
     size = model_bytes(model)
     device_map = check_map(device_map_for(model, {0: int(0.8 * size), 1: int(0.8 * size)}))
@@ -159,7 +252,9 @@ def test_run_config_takes_device_and_dtype_per_stage(files, monkeypatch):
 
     monkeypatch.chdir(files)
     cfg = {
-        "model": "f32.safetensors", "data": "d.txt", "out": "out",
+        "model": "f32.safetensors",
+        "data": "d.txt",
+        "out": "out",
         "stages": [
             {"command": "score", "method": "taylor", "device": "cpu", "dtype": "bfloat16"},
             {"command": "select", "ratio": 0.25},

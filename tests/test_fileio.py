@@ -56,7 +56,9 @@ def test_open_regular_never_blocks_on_a_fifo_swapped_in_after_the_check(tmp_path
     os.mkfifo(tmp_path / "fifo")
     monkeypatch.setattr(fileio, "check_regular", lambda *args, **kwargs: None)  # the race: checked, then swapped
     result: list = []
-    worker = threading.Thread(target=lambda: result.append(_refusal(fileio.open_regular, tmp_path / "fifo", "plan")), daemon=True)
+    worker = threading.Thread(
+        target=lambda: result.append(_refusal(fileio.open_regular, tmp_path / "fifo", "plan")), daemon=True
+    )
     worker.start()
     worker.join(timeout=30)
     assert not worker.is_alive(), "open_regular blocked on a FIFO"
@@ -120,12 +122,15 @@ def test_atomic_write_returns_what_the_writer_returned_with_the_usual_mode(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]
 
 
-@pytest.mark.parametrize("failure, expected", [
-    (OSError(errno.ENOSPC, "No space left on device"), "could not write {out}: No space left on device"),
-    (RuntimeError("I/O error: File too large (os error 27)"), "could not write {out}: File too large"),
-    (RuntimeError("a bug, not the disk"), None),
-    (KeyboardInterrupt(), None),
-])
+@pytest.mark.parametrize(
+    "failure, expected",
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), "could not write {out}: No space left on device"),
+        (RuntimeError("I/O error: File too large (os error 27)"), "could not write {out}: File too large"),
+        (RuntimeError("a bug, not the disk"), None),
+        (KeyboardInterrupt(), None),
+    ],
+)
 def test_a_failed_atomic_write_leaves_the_old_file_and_no_temp(tmp_path, failure, expected):
     out = tmp_path / "out.bin"
     out.write_bytes(b"old")

@@ -72,7 +72,10 @@ def test_the_import_walk_sees_function_level_and_relative_imports(tmp_path):
 
 
 def _heavy_modules_after(code: str) -> list[str]:
-    probe = code + "\nimport sys, json\nprint(json.dumps(sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules)))"
+    probe = (
+        code
+        + "\nimport sys, json\nprint(json.dumps(sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules)))"
+    )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -81,9 +84,23 @@ def test_help_and_select_do_not_import_torch(tmp_path):
     scores = tmp_path / "scores.json"
     # A real scores artifact from the bundled demo would need torch to make; select only reads JSON.
     subprocess.run(
-        [sys.executable, "-m", "headprune_cli", "score", str(ROOT / "examples/demo/model.safetensors"), "--method", "random",
-         "--data", str(ROOT / "examples/demo/calib.jsonl"), "--samples", "8", "-o", str(scores)],
-        check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "headprune_cli",
+            "score",
+            str(ROOT / "examples/demo/model.safetensors"),
+            "--method",
+            "random",
+            "--data",
+            str(ROOT / "examples/demo/calib.jsonl"),
+            "--samples",
+            "8",
+            "-o",
+            str(scores),
+        ],
+        check=True,
+        capture_output=True,
     )
     assert _heavy_modules_after("from headprune_cli.cli.app import main\nmain(['--help'])") == []
     select = f"from headprune_cli.cli.app import main\nmain(['select', {str(scores)!r}, '--ratio', '0.5', '-o', {str(tmp_path / 'plan.json')!r}])"

@@ -20,4 +20,3 @@ def context():
 
 def print_json(value) -> None:
     sys.stdout.write(json.dumps(value, indent=2, allow_nan=False) + "\n")
-

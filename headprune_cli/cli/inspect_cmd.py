@@ -49,7 +49,11 @@ def inspect(
         f"{facts['flops_per_token'] / 1e6:,.2f} MFLOPs/token at seq {seq_len}"
     )
     console.print(table)
-    console.print(f"KV cache: {kv['total']:,} bytes per token ({kv['dtype']})" if kv else "KV cache: n/a (an encoder keeps no KV cache)")
+    console.print(
+        f"KV cache: {kv['total']:,} bytes per token ({kv['dtype']})"
+        if kv
+        else "KV cache: n/a (an encoder keeps no KV cache)"
+    )
     root = facts["provenance"].get("root")
     console.print(f"root: {root[:12] if root else '(this is a root model)'}")
 

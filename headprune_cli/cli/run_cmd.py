@@ -18,10 +18,23 @@ from headprune_cli.cli.common import console, context
 
 def run(
     config: Annotated[Path, typer.Argument(help="A pipeline config (YAML): model, data, out, seed, stages.")],
-    overrides: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config value: KEY.PATH=VALUE (value read as YAML; stages by name or index). Repeatable.")] = None,
+    overrides: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--set",
+            help="Override a config value: KEY.PATH=VALUE (value read as YAML; stages by name or index). Repeatable.",
+        ),
+    ] = None,
     out: Annotated[Optional[str], typer.Option("--out", help="Output folder (overrides `out:` in the config).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Redo every stage (the out folder must still be new, empty, or an earlier run's).")] = False,
-    check: Annotated[bool, typer.Option("--check", help="Validate the config and print the commands it would run; run nothing.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Redo every stage (the out folder must still be new, empty, or an earlier run's)."
+        ),
+    ] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Validate the config and print the commands it would run; run nothing.")
+    ] = False,
 ) -> None:
     """Run a whole pipeline from a YAML config; every stage's artifact is kept in one folder.
 
@@ -49,7 +62,12 @@ def run(
         for stage in pipeline.stages:
             sys.stdout.write("headprune " + " ".join(stage.argv) + "\n")
         return
-    results = execute(pipeline, lambda stage: run_stage(stage, context()), force=force, log=lambda line: console.print(line, style="bold", highlight=False, markup=False))
+    results = execute(
+        pipeline,
+        lambda stage: run_stage(stage, context()),
+        force=force,
+        log=lambda line: console.print(line, style="bold", highlight=False, markup=False),
+    )
     _summary(results, pipeline.out)
     code = exit_code(results)
     if code:
@@ -61,6 +79,8 @@ def _summary(results, out: Path) -> None:
     for column in ("stage", "command", "status", "exit", "seconds", "artifacts"):
         table.add_column(column)
     for r in results:
-        table.add_row(r.name, r.command, r.status, str(r.code), f"{r.seconds:.1f}", " ".join(Path(p).name for p in r.outputs))
+        table.add_row(
+            r.name, r.command, r.status, str(r.code), f"{r.seconds:.1f}", " ".join(Path(p).name for p in r.outputs)
+        )
     console.print(table)
     console.print(f"config as run: {out / RESOLVED_FILE}; stage fingerprints: {out / STATE_FILE}", highlight=False)

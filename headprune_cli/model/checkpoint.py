@@ -152,7 +152,9 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
 
 def _check_version_and_keys(meta: dict, where, what: str) -> None:
     if meta.get("version") != FORMAT_VERSION:
-        raise CheckpointError(f"{where}: {what} format version {meta.get('version')!r} is not supported (need {FORMAT_VERSION})")
+        raise CheckpointError(
+            f"{where}: {what} format version {meta.get('version')!r} is not supported (need {FORMAT_VERSION})"
+        )
     missing = [k for k in _KEYS if k not in meta]
     if missing:
         raise CheckpointError(f"{where}: {what} metadata lacks {', '.join(missing)}")
@@ -220,7 +222,9 @@ def build_layout(info: ModelInfo, dtype: torch.dtype, where) -> nn.Module:
     except HeadpruneError:
         raise
     except Exception as exc:
-        raise CheckpointError(f"{where}: cannot build {info.architecture} from the stored config ({first_line(exc)})") from None
+        raise CheckpointError(
+            f"{where}: cannot build {info.architecture} from the stored config ({first_line(exc)})"
+        ) from None
     _cut_to_layout(model, info, where)
     return model
 
@@ -310,7 +314,9 @@ def read_folder_metadata(path: str | os.PathLike) -> dict[str, str]:
     _check_version_and_keys(data, folder / FOLDER_INFO, "export")
     weights = data.get("weights", FOLDER_WEIGHTS)
     if weights not in FOLDER_WEIGHT_NAMES:  # a name, never a path out of the folder
-        raise CheckpointError(f"{folder / FOLDER_INFO}: weights {weights!r} is not one of {', '.join(FOLDER_WEIGHT_NAMES)}")
+        raise CheckpointError(
+            f"{folder / FOLDER_INFO}: weights {weights!r} is not one of {', '.join(FOLDER_WEIGHT_NAMES)}"
+        )
     if not (folder / weights).is_file() and not (folder / _index_of(weights)).is_file():
         raise CheckpointError(f"{folder}: no {weights} (or {_index_of(weights)})")
     meta = {k: v if isinstance(v, str) else _dumps(v) for k, v in data.items()}
@@ -336,7 +342,9 @@ def _cut_to_layout(model: nn.Module, stored: ModelInfo, where) -> None:
     remove_layers = [i for i in range(layout.num_layers) if i not in layout.layers]
     built = info_of(model).layout.num_ffn
     if layout.num_ffn and layout.num_ffn != built:
-        raise CheckpointError(f"{where}: its layout's FFN widths {_short(layout.num_ffn)} differ from the config's {_short(built)}")
+        raise CheckpointError(
+            f"{where}: its layout's FFN widths {_short(layout.num_ffn)} differ from the config's {_short(built)}"
+        )
     remove_ffn = {layer: _missing(kept, layout.num_ffn[layer]) for layer, kept in layout.ffn.items()}
     try:
         apply_plan(model, remove_heads, remove_layers, remove_ffn)

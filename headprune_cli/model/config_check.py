@@ -50,7 +50,9 @@ def check_declared(config: dict, num_heads: list[int], num_kv_heads: list[int], 
             if value is None:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= LIMITS[meaning]:
-                raise CheckpointError(f"{where}: config {key}={shorten(value)} is not a size between 1 and {LIMITS[meaning]}")
+                raise CheckpointError(
+                    f"{where}: config {key}={shorten(value)} is not a size between 1 and {LIMITS[meaning]}"
+                )
     per_layer = config.get("heads_per_layer")
     if per_layer is not None:
         if not isinstance(per_layer, list) or not 1 <= len(per_layer) <= LIMITS["layers"]:

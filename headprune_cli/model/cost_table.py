@@ -49,8 +49,10 @@ class CostTable:
 
     def to_dict(self) -> dict:
         return {
-            "seq_len": self.seq_len, "outside_params": self.outside_params,
-            "outside_flops": self.outside_flops, "layers": [layer.to_dict() for layer in self.layers],
+            "seq_len": self.seq_len,
+            "outside_params": self.outside_params,
+            "outside_flops": self.outside_flops,
+            "layers": [layer.to_dict() for layer in self.layers],
         }
 
     @property

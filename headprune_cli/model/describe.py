@@ -40,4 +40,8 @@ def _kv_cache(model: nn.Module) -> dict | None:
     kv = kv_cache_bytes(model)
     if kv is None:
         return None
-    return {"dtype": kv["dtype"], "per_layer": {str(layer): n for layer, n in kv["per_layer"].items()}, "total": kv["total"]}
+    return {
+        "dtype": kv["dtype"],
+        "per_layer": {str(layer): n for layer, n in kv["per_layer"].items()},
+        "total": kv["total"],
+    }

@@ -34,8 +34,13 @@ from headprune_cli.model.st_export import is_sentence_transformer, write_sentenc
 
 # --- HF-style folder --------------------------------------------------------------------
 def export_hf(
-    model: nn.Module, folder: str | os.PathLike, force: bool = False, inputs=(), max_shard_size: str = DEFAULT_MAX_SHARD,
-    specs: list[Spec] | None = None, with_onnx: bool | None = None,
+    model: nn.Module,
+    folder: str | os.PathLike,
+    force: bool = False,
+    inputs=(),
+    max_shard_size: str = DEFAULT_MAX_SHARD,
+    specs: list[Spec] | None = None,
+    with_onnx: bool | None = None,
 ) -> Path:
     """Write `model` as an HF-style folder atomically (built beside it, then renamed).
 
@@ -84,12 +89,16 @@ def _write_folder(model: nn.Module, folder: Path, specs: list[Spec], max_bytes: 
     layout = folder_config(info)
     # Tied weights appear once; the sorted header makes the bytes reproducible. A folder
     # transformers cannot load keeps its weights under a name it never looks for.
-    weights = write_folder_weights(folder, specs, {"format": "pt"}, max_bytes, stem=layout.weights.removesuffix(".safetensors"))
+    weights = write_folder_weights(
+        folder, specs, {"format": "pt"}, max_bytes, stem=layout.weights.removesuffix(".safetensors")
+    )
     _write_json(folder / "config.json", layout.config)
     _write_json(folder / FOLDER_INFO, {**_folder_info(info), "weights": layout.weights})
     if info.tokenizer is not None:
         (folder / "tokenizer.json").write_text(info.tokenizer, encoding="utf-8")
-        _write_json(folder / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", **info.tokenizer_config})
+        _write_json(
+            folder / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", **info.tokenizer_config}
+        )
     return weights
 
 

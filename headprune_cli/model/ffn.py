@@ -18,7 +18,9 @@ from headprune_cli.errors import PlanError
 from headprune_cli.model.layout import Layout, info_of
 
 
-def ffn_cuts(model: nn.Module, remove_ffn: Mapping[int, list[int]] | None, remove_layers: list[int]) -> dict[int, list[int]]:
+def ffn_cuts(
+    model: nn.Module, remove_ffn: Mapping[int, list[int]] | None, remove_layers: list[int]
+) -> dict[int, list[int]]:
     """Original layer -> original FFN neurons it keeps, for every layer whose FFN the plan
     cuts. Refuses unknown layers, layers the plan also drops, indices that are not
     integers, listed twice or not in the model, and a plan that empties an FFN."""
@@ -32,7 +34,9 @@ def ffn_cuts(model: nn.Module, remove_ffn: Mapping[int, list[int]] | None, remov
         if not neurons:
             continue
         if layer in drop:
-            raise PlanError(f"remove_ffn: layer {layer} is also in remove_layers; list its neurons or drop it, not both")
+            raise PlanError(
+                f"remove_ffn: layer {layer} is also in remove_layers; list its neurons or drop it, not both"
+            )
         cuts[layer] = _kept_after(layout, layer, neurons)
     return cuts
 
@@ -71,7 +75,9 @@ def _repeated(values: list[int]) -> set[int]:
 
 def _few(values: list[int], limit: int = 8) -> str:
     shown = ", ".join(str(v) for v in values[:limit])
-    return f"[{shown}{', ...' if len(values) > limit else ''}]" + (f" ({len(values)} in all)" if len(values) > limit else "")
+    return f"[{shown}{', ...' if len(values) > limit else ''}]" + (
+        f" ({len(values)} in all)" if len(values) > limit else ""
+    )
 
 
 def current_positions(layout: Layout, layer: int, keep: list[int]) -> list[int]:

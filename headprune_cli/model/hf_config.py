@@ -102,7 +102,9 @@ def _not_expressible(info: ModelInfo) -> str:
         return ""
     if not _states_head_dim(info):
         name = _FAMILY_NAMES.get(info.family, info.family)
-        return f"{name} derives its head size from hidden_size / heads, so no transformers config can state pruned heads"
+        return (
+            f"{name} derives its head size from hidden_size / heads, so no transformers config can state pruned heads"
+        )
     shapes = {(len(q), len(kv)) for q, kv in zip(layout.heads, layout.kv_heads)}
     if len(shapes) > 1:
         counts = ", ".join(f"layer {layer}: {len(q)}" for layer, q in zip(layout.layers, layout.heads))
@@ -122,7 +124,11 @@ def _ffn_not_expressible(info: ModelInfo) -> str:
 def remedy(layout: FolderConfig, onnx_written: bool) -> str:
     """What serves (or would let transformers load) a folder that is not plain."""
     ways = ["`select --uniform` makes a plain transformers folder"] if layout.uniform_helps else []
-    ways.append("onnx/model.onnx (written) serves it" if onnx_written else "--with-onnx (or --onnx FILE) writes an ONNX model that serves it")
+    ways.append(
+        "onnx/model.onnx (written) serves it"
+        if onnx_written
+        else "--with-onnx (or --onnx FILE) writes an ONNX model that serves it"
+    )
     ways.append("headprune_cli.load(DIR) loads it")
     return "; ".join(ways)
 

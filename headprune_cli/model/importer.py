@@ -14,7 +14,14 @@ from headprune_cli.watcher import note_read
 
 # Tokenizer settings worth carrying; tokenizer.json holds the vocabulary and rules.
 _TOKENIZER_KEYS = (
-    "pad_token", "unk_token", "cls_token", "sep_token", "mask_token", "bos_token", "eos_token", "model_max_length",
+    "pad_token",
+    "unk_token",
+    "cls_token",
+    "sep_token",
+    "mask_token",
+    "bos_token",
+    "eos_token",
+    "model_max_length",
 )
 
 
@@ -47,9 +54,7 @@ def _from_pretrained(folder: Path, config: dict) -> nn.Module:
     if cls is None or not isinstance(cls, type) or not issubclass(cls, transformers.PreTrainedModel):
         cls = transformers.AutoModel
     try:
-        model = cls.from_pretrained(
-            str(folder), local_files_only=True, trust_remote_code=False, use_safetensors=True
-        )
+        model = cls.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False, use_safetensors=True)
     except HeadpruneError:
         raise
     except Exception as exc:
@@ -91,7 +96,7 @@ def _tokenizer_config(folder: Path) -> dict:
 def _pooling(folder: Path) -> dict:
     """Sentence-transformers folders: the pooling mode, whether embeddings are normalised,
     and the max_seq_length that export writes back (st_export.py)."""
-    modules = (folder / "modules.json")
+    modules = folder / "modules.json"
     if not modules.is_file():
         return {}
     try:

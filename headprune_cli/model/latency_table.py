@@ -100,8 +100,15 @@ class LatencyTable:
             attention = Curve.of([p.units for p in points.attention], [p.median_ms for p in points.attention])
             ffn = Curve.of([p.width for p in points.ffn], [p.median_ms for p in points.ffn])
             layers[layer] = LayerCurves(layer, group, attention, ffn)
-        facts = {"device": artifact.device.model_dump(), "torch_version": artifact.torch_version, "threads": artifact.threads,
-                 "batch": artifact.batch, "seq_len": artifact.seq_len, "dtype": artifact.dtype, "context": data.context}
+        facts = {
+            "device": artifact.device.model_dump(),
+            "torch_version": artifact.torch_version,
+            "threads": artifact.threads,
+            "batch": artifact.batch,
+            "seq_len": artifact.seq_len,
+            "dtype": artifact.dtype,
+            "context": data.context,
+        }
         return cls(data.outside.median_ms, layers, phase, facts)
 
     def full_ms(self) -> float:
@@ -128,8 +135,13 @@ def priced(table: LatencyTable, cost: CostTable) -> CostTable:
         q_share = lc.q_head_flops * group / unit_flops if unit_flops > 0 else 1.0
         units, width = curves.attention.xs[-1], curves.ffn.xs[-1]
         fixed = curves.full_ms - unit_ms * units - (neuron_ms * width if lc.ffn_width else 0.0)
-        layers.append(replace(
-            lc, fixed_flops=fixed, q_head_flops=unit_ms * q_share / group, kv_head_flops=unit_ms * (1 - q_share),
-            ffn_neuron_flops=neuron_ms if lc.ffn_width else 0.0,
-        ))
+        layers.append(
+            replace(
+                lc,
+                fixed_flops=fixed,
+                q_head_flops=unit_ms * q_share / group,
+                kv_head_flops=unit_ms * (1 - q_share),
+                ffn_neuron_flops=neuron_ms if lc.ffn_width else 0.0,
+            )
+        )
     return CostTable(cost.seq_len, cost.outside_params, table.outside_ms, layers)

@@ -74,12 +74,16 @@ class Layout:
     def validate(self) -> None:
         n = self.num_layers
         lists = (self.num_heads, self.num_kv_heads, self.layers, self.heads, self.kv_heads)
-        if not all(isinstance(v, list) for v in lists) or not all(isinstance(v, list) for v in self.heads + self.kv_heads):
+        if not all(isinstance(v, list) for v in lists) or not all(
+            isinstance(v, list) for v in self.heads + self.kv_heads
+        ):
             raise CheckpointError("checkpoint layout is malformed (its fields must be lists)")
         # Indices are plain ints: "1" or 1.0 would pass a range check and break indexing later.
         counts_ok = all(_is_int(c) and c >= 1 for c in self.num_heads + self.num_kv_heads)
         if not counts_ok or not all(_is_int(i) for i in self.layers):
-            raise CheckpointError("checkpoint layout is inconsistent (head counts and layer indices must be positive integers)")
+            raise CheckpointError(
+                "checkpoint layout is inconsistent (head counts and layer indices must be positive integers)"
+            )
         ok = (
             len(self.num_kv_heads) == n
             and len(self.heads) == len(self.layers) == len(self.kv_heads)
@@ -98,12 +102,18 @@ class Layout:
         if not self.num_ffn and not self.ffn:
             return
         if len(self.num_ffn) != self.num_layers or not all(_is_int(w) and w >= 1 for w in self.num_ffn):
-            raise CheckpointError("checkpoint layout is inconsistent (FFN widths must be one positive integer per layer)")
+            raise CheckpointError(
+                "checkpoint layout is inconsistent (FFN widths must be one positive integer per layer)"
+            )
         for layer, kept in self.ffn.items():
             if layer not in self.layers:
-                raise CheckpointError(f"checkpoint layout is inconsistent (FFN neurons listed for layer {layer}, which it does not keep)")
+                raise CheckpointError(
+                    f"checkpoint layout is inconsistent (FFN neurons listed for layer {layer}, which it does not keep)"
+                )
             if not kept or not _is_index_set(kept, self.num_ffn[layer]) or len(kept) == self.num_ffn[layer]:
-                raise CheckpointError(f"checkpoint layout is inconsistent (FFN neurons of layer {layer} out of range, or none cut)")
+                raise CheckpointError(
+                    f"checkpoint layout is inconsistent (FFN neurons of layer {layer} out of range, or none cut)"
+                )
 
 
 HEAD_KEYS = ("num_heads", "num_kv_heads", "layers", "heads", "kv_heads")
@@ -130,18 +140,12 @@ def _ffn_from_dict(data) -> tuple[list[int], dict[int, list[int]]]:
     return list(widths), kept
 
 
-
-
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_index_set(values: list, bound: int) -> bool:
-    return (
-        all(_is_int(v) for v in values)
-        and values == sorted(set(values))
-        and all(0 <= v < bound for v in values)
-    )
+    return all(_is_int(v) for v in values) and values == sorted(set(values)) and all(0 <= v < bound for v in values)
 
 
 @dataclass

@@ -66,7 +66,9 @@ def stored_dtype(entries: dict[str, Entry]) -> torch.dtype:
         return torch.float32
     dtype = max(sizes, key=lambda d: (sizes[d], str(d)))
     if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
-        raise CheckpointError(f"weights stored as {dtype} cannot be loaded (float32, float16, bfloat16 or float64 only)")
+        raise CheckpointError(
+            f"weights stored as {dtype} cannot be loaded (float32, float16, bfloat16 or float64 only)"
+        )
     return dtype
 
 
@@ -92,7 +94,9 @@ def check_entries(model: nn.Module, entries: dict[str, Entry], where) -> list[tu
         for name in present:
             want, got = expected[name], entries[name]
             if tuple(want.shape) != got.shape:
-                raise CheckpointError(f"{where}: tensor {name!r} has shape {list(got.shape)}, the layout needs {list(want.shape)}")
+                raise CheckpointError(
+                    f"{where}: tensor {name!r} has shape {list(got.shape)}, the layout needs {list(want.shape)}"
+                )
             if want.dtype != got.dtype:
                 raise CheckpointError(f"{where}: tensor {name!r} has dtype {got.dtype}, expected {want.dtype}")
         plan.append((names, entries[present[0]]))

@@ -76,15 +76,22 @@ class _Decoder(nn.Module):
         for i in range(self.layers):
             cache.update(past[2 * i], past[2 * i + 1], i)
         out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            past_key_values=cache, use_cache=True,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
         )
         present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
         return (out.logits, *present)
 
 
 def export_onnx(
-    model: nn.Module, path: str | os.PathLike, seq_len: int = 16, opset: int = 17, force: bool = False,
+    model: nn.Module,
+    path: str | os.PathLike,
+    seq_len: int = 16,
+    opset: int = 17,
+    force: bool = False,
     inputs: Iterable[str | os.PathLike] = (),
 ) -> OnnxExport:
     """Export `model` to ONNX with dynamic batch and sequence axes (and past key/values for
@@ -94,7 +101,9 @@ def export_onnx(
     model.eval()
     info = info_of(model)
     if info.task == "causal-lm" and not adapter_for(model).keeps_kv_cache:
-        raise UsageError(f"ONNX export of {info.family} causal LMs is not supported (supported: LLaMA, Mistral, Qwen2, Qwen3, GPT-2)")
+        raise UsageError(
+            f"ONNX export of {info.family} causal LMs is not supported (supported: LLaMA, Mistral, Qwen2, Qwen3, GPT-2)"
+        )
     external = _weight_bytes(model) >= MAX_ONNX_BYTES
     out = Path(path)
     data = out.with_name(out.name + ".data")
@@ -113,7 +122,9 @@ def export_onnx(
             _to_external_data(graph, data.name)
         result.max_abs_diff = max(_ort_diff(graph, spec, inputs) for inputs in spec.checks)
         if not result.max_abs_diff <= ONNX_ATOL:
-            raise NumericalError(f"ONNX output differs from PyTorch by {result.max_abs_diff:.3g} (> {ONNX_ATOL}); not written")
+            raise NumericalError(
+                f"ONNX output differs from PyTorch by {result.max_abs_diff:.3g} (> {ONNX_ATOL}); not written"
+            )
         _move_into_place(graph, out, tmp / data.name if external else None, data)
     except OSError as exc:
         raise HeadpruneError(f"could not write {out}: {exc.strerror or exc}") from exc
@@ -151,7 +162,9 @@ def _plain_spec(model: nn.Module, seq_len: int) -> _Spec:
     token_level = "input_ids" in names and getattr(out, output).dim() == 3
     axes[output] = {0: "batch", 1: "sequence"} if token_level else {0: "batch"}
     second = example_inputs(model, batch=3, seq_len=max(1, seq_len // 2 + 1), seed=1)
-    return _Spec(wrapper, tuple(sample.values()), names, [output], axes, [tuple(sample.values()), tuple(second.values())])
+    return _Spec(
+        wrapper, tuple(sample.values()), names, [output], axes, [tuple(sample.values()), tuple(second.values())]
+    )
 
 
 def _decoder_spec(model: nn.Module, seq_len: int) -> _Spec:
@@ -206,8 +219,14 @@ def _trace(spec: _Spec, path: Path, opset: int) -> None:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # tracer warnings about Python control flow
             torch.onnx.export(
-                spec.wrapper, spec.sample, str(path), dynamo=False, input_names=spec.names,
-                output_names=spec.outputs, dynamic_axes=spec.axes, opset_version=opset,
+                spec.wrapper,
+                spec.sample,
+                str(path),
+                dynamo=False,
+                input_names=spec.names,
+                output_names=spec.outputs,
+                dynamic_axes=spec.axes,
+                opset_version=opset,
             )
     except HeadpruneError:
         raise
@@ -224,7 +243,9 @@ def _to_external_data(graph: Path, location: str) -> None:
     for stray in graph.parent.iterdir():
         if stray != graph:
             stray.unlink()
-    onnx.save_model(proto, str(graph), save_as_external_data=True, all_tensors_to_one_file=True, location=location, size_threshold=0)
+    onnx.save_model(
+        proto, str(graph), save_as_external_data=True, all_tensors_to_one_file=True, location=location, size_threshold=0
+    )
 
 
 def _ort_diff(path: Path, spec: _Spec, inputs: tuple) -> float:

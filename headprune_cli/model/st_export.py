@@ -57,7 +57,11 @@ def _pooling_config(info: ModelInfo) -> dict:
 
 def _max_seq_length(info: ModelInfo) -> int:
     """The importer's value, else the tokenizer's limit, else the position table."""
-    limits = [info.pooling.get("max_seq_length"), info.tokenizer_config.get("model_max_length"), info.config.get("max_position_embeddings")]
+    limits = [
+        info.pooling.get("max_seq_length"),
+        info.tokenizer_config.get("model_max_length"),
+        info.config.get("max_position_embeddings"),
+    ]
     return next(int(v) for v in limits + [512] if isinstance(v, int) and 0 < v < 10**6)
 
 

@@ -33,8 +33,11 @@ Neurons = Mapping[int, list[int]] | None  # remove_ffn: original layer -> origin
 
 
 def prune_file(
-    source: str | os.PathLike, output: str | os.PathLike,
-    remove_heads: Mapping[int, list[int]], remove_layers: list[int], plan_sha: str | None = None,
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    remove_heads: Mapping[int, list[int]],
+    remove_layers: list[int],
+    plan_sha: str | None = None,
     remove_ffn: Neurons = None,
 ) -> str:
     """Write `source` cut by the plan to `output`, tensor by tensor (no compensation);
@@ -44,8 +47,12 @@ def prune_file(
 
 
 def prune_layout(
-    model: nn.Module, source: str | os.PathLike, output: str | os.PathLike,
-    remove_heads: Mapping[int, list[int]], remove_layers: list[int], plan_sha: str | None = None,
+    model: nn.Module,
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    remove_heads: Mapping[int, list[int]],
+    remove_layers: list[int],
+    plan_sha: str | None = None,
     remove_ffn: Neurons = None,
 ) -> str:
     """prune_file given `source`'s layout (read_layout_only(source, hashed=True)), which
@@ -61,7 +68,11 @@ def export_specs(source: str | os.PathLike) -> tuple[nn.Module, list[Spec]]:
 
 
 def streamed_specs(
-    model: nn.Module, source, remove_heads: Mapping[int, list[int]], remove_layers: list[int], remove_ffn: Neurons = None
+    model: nn.Module,
+    source,
+    remove_heads: Mapping[int, list[int]],
+    remove_layers: list[int],
+    remove_ffn: Neurons = None,
 ) -> list[Spec]:
     """Cut the meta `model` in place by the plan; return what each output tensor reads."""
     entries = read_entries(weights_path(source))
@@ -76,7 +87,9 @@ def streamed_specs(
         prefix, _, attr = names[0].rpartition(".")
         old = slots[(id(modules[prefix]), attr)]
         new = model.state_dict(keep_vars=True)[names[0]]
-        specs.append(Spec(names[0], new.dtype, tuple(new.shape), _reader(origin[id(old)], cuts.get(id(old), []), source)))
+        specs.append(
+            Spec(names[0], new.dtype, tuple(new.shape), _reader(origin[id(old)], cuts.get(id(old), []), source))
+        )
     return specs
 
 

@@ -55,7 +55,11 @@ class HeadGates:
             if gate.dim() == 3:
                 gate = gate[..., None]
             else:
-                gate = gate.view(gate.shape[0], *([1] * (heads.dim() - 3)), gate.shape[-1], 1) if gate.dim() == 2 else gate[:, None]
+                gate = (
+                    gate.view(gate.shape[0], *([1] * (heads.dim() - 3)), gate.shape[-1], 1)
+                    if gate.dim() == 2
+                    else gate[:, None]
+                )
             gated = heads * gate
             return (gated.view(x.shape), *rest)
 
@@ -131,7 +135,9 @@ def _identity_hook(module, args, kwargs, output):
 
 # --- physical removal -------------------------------------------------------------
 def apply_plan(
-    model: nn.Module, remove_heads: Mapping[int, list[int]], remove_layers: list[int],
+    model: nn.Module,
+    remove_heads: Mapping[int, list[int]],
+    remove_layers: list[int],
     remove_ffn: Mapping[int, list[int]] | None = None,
 ) -> nn.Module:
     """Remove heads, FFN neurons and layers in place (`remove_ffn`: original layer ->
@@ -148,7 +154,9 @@ def apply_plan(
     return model
 
 
-def head_cuts(model: nn.Module, remove_heads: Mapping[int, list[int]], remove_layers: list[int]) -> dict[int, tuple[list[int], list[int]]]:
+def head_cuts(
+    model: nn.Module, remove_heads: Mapping[int, list[int]], remove_layers: list[int]
+) -> dict[int, tuple[list[int], list[int]]]:
     """The whole plan validated: per layer whose heads it cuts, the original query and
     key/value heads kept."""
     layout = info_of(model).layout

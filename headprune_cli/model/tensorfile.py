@@ -36,10 +36,21 @@ INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD = "5GB"
 
 DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "U16": torch.uint16,
+    "U32": torch.uint32,
+    "U64": torch.uint64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
 }
 NAMES = {v: k for k, v in DTYPES.items()}
 
@@ -103,7 +114,9 @@ def _check_offsets(path, entries: Iterable[Entry], size: int) -> None:
             raise CheckpointError(f"{path}: corrupt safetensors file (tensors overlap)")
         position = entry.start + entry.nbytes
         if position > size:
-            raise CheckpointError(f"{path}: not a safetensors file, or truncated (tensor {entry.name!r} ends past the file)")
+            raise CheckpointError(
+                f"{path}: not a safetensors file, or truncated (tensor {entry.name!r} ends past the file)"
+            )
 
 
 def read_entries(path: str | os.PathLike) -> dict[str, Entry]:
@@ -143,7 +156,9 @@ def read_tensor(entry: Entry) -> torch.Tensor:
     try:
         size = os.path.getsize(entry.path)
         if size < end:
-            raise CheckpointError(f"{entry.path} changed while headprune read it (truncated to {size} bytes; tensor {entry.name!r} ends at {end})")
+            raise CheckpointError(
+                f"{entry.path} changed while headprune read it (truncated to {size} bytes; tensor {entry.name!r} ends at {end})"
+            )
         mapped = numpy.memmap(entry.path, dtype=numpy.uint8, mode="c", offset=entry.start, shape=(entry.nbytes,))
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{entry.path} changed while headprune read it ({first_line(exc)})") from None
@@ -177,7 +192,11 @@ def write_file(path: str | os.PathLike, specs: list[Spec], metadata: dict[str, s
     header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
     for spec in specs:
-        header[spec.name] = {"dtype": NAMES[spec.dtype], "shape": list(spec.shape), "data_offsets": [offset, offset + spec.nbytes]}
+        header[spec.name] = {
+            "dtype": NAMES[spec.dtype],
+            "shape": list(spec.shape),
+            "data_offsets": [offset, offset + spec.nbytes],
+        }
         offset += spec.nbytes
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # keep the data buffer 8-byte aligned
@@ -186,7 +205,9 @@ def write_file(path: str | os.PathLike, specs: list[Spec], metadata: dict[str, s
         for spec in specs:
             tensor = spec.produce()
             if tuple(tensor.shape) != spec.shape or tensor.dtype != spec.dtype:
-                raise CheckpointError(f"tensor {spec.name!r} is {tensor.dtype} {list(tensor.shape)}, expected {spec.dtype} {list(spec.shape)}")
+                raise CheckpointError(
+                    f"tensor {spec.name!r} is {tensor.dtype} {list(tensor.shape)}, expected {spec.dtype} {list(spec.shape)}"
+                )
             if spec.nbytes:
                 out.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
         return out.hexdigest()
@@ -235,10 +256,21 @@ class _HashingWriter:
 
 def parse_size(text: str) -> int:
     """'5GB', '500MB', '2GiB' or a byte count, as transformers' max_shard_size reads it."""
-    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    units = {
+        "": 1,
+        "B": 1,
+        "KB": 10**3,
+        "MB": 10**6,
+        "GB": 10**9,
+        "TB": 10**12,
+        "KIB": 2**10,
+        "MIB": 2**20,
+        "GIB": 2**30,
+        "TIB": 2**40,
+    }
     raw = text.strip().upper()
     number = raw.rstrip("KMGTIB")
-    unit = raw[len(number):]
+    unit = raw[len(number) :]
     try:
         value = float(number)
     except ValueError:
@@ -261,7 +293,9 @@ def shard(specs: list[Spec], max_bytes: int) -> list[list[Spec]]:
     return groups
 
 
-def write_folder_weights(folder: Path, specs: list[Spec], metadata: dict[str, str], max_bytes: int, stem: str = "model") -> dict[str, str]:
+def write_folder_weights(
+    folder: Path, specs: list[Spec], metadata: dict[str, str], max_bytes: int, stem: str = "model"
+) -> dict[str, str]:
     """STEM.safetensors, or shards plus STEM.safetensors.index.json (transformers' names
     when `stem` is "model"); returns the weight files written, each with its sha256."""
     groups = shard(specs, max_bytes)
@@ -273,5 +307,7 @@ def write_folder_weights(folder: Path, specs: list[Spec], metadata: dict[str, st
         written[name] = write_file(folder / name, group, metadata)
         weight_map.update({spec.name: name for spec in group})
     index = {"metadata": {"total_size": sum(s.nbytes for s in specs)}, "weight_map": dict(sorted(weight_map.items()))}
-    (folder / f"{stem}.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (folder / f"{stem}.safetensors.index.json").write_text(
+        json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
     return written

@@ -98,10 +98,17 @@ def _command_spec(name: str, options) -> CommandSpec:
         high = next((m.le for m in info.metadata if hasattr(m, "le")), None)
         base = [a for a in typing.get_args(info.annotation) if a is not type(None)] or [info.annotation]
         spec.options[key] = OptionSpec(
-            key=key, param=param, flag=flag, annotation=info.annotation,
-            is_flag=flag is not None and base == [bool], negative=extra.get("negative"),
+            key=key,
+            param=param,
+            flag=flag,
+            annotation=info.annotation,
+            is_flag=flag is not None and base == [bool],
+            negative=extra.get("negative"),
             multiple=any(typing.get_origin(a) in (list, tuple) for a in base),
-            minimum=low, maximum=high, is_path=_is_path(info.annotation), is_folder=bool(extra.get("folder")),
+            minimum=low,
+            maximum=high,
+            is_path=_is_path(info.annotation),
+            is_folder=bool(extra.get("folder")),
         )
         if flag is None:
             spec.positional.append(key)
@@ -172,7 +179,9 @@ def format_errors(exc: ValidationError, where: str, known: list[str]) -> list[st
 
 def _is_type_tag(part) -> bool:
     """pydantic names the union member that failed ('float', 'int', 'list[str]'): not a key."""
-    return isinstance(part, str) and (part in ("float", "int", "str", "bool") or "[" in part or part.startswith("literal"))
+    return isinstance(part, str) and (
+        part in ("float", "int", "str", "bool") or "[" in part or part.startswith("literal")
+    )
 
 
 # --- reading the file, environment variables and --set ---------------------------------

@@ -53,7 +53,9 @@ def run_stage(stage: Stage, context: unit.Context | None = None) -> int:
         return report(exc)
 
 
-def execute(pipeline: Pipeline, runner: Runner = run_stage, force: bool = False, log: Log = lambda _: None) -> list[StageResult]:
+def execute(
+    pipeline: Pipeline, runner: Runner = run_stage, force: bool = False, log: Log = lambda _: None
+) -> list[StageResult]:
     """Run the stages in order; skip unchanged ones; stop at the first failure.
 
     `runner` runs one stage and returns its exit code (default: the stage's `run`).
@@ -85,7 +87,9 @@ def _execute(pipeline: Pipeline, out: Path, invoke: Runner, force: bool, log: Lo
         results.append(StageResult(stage.name, stage.command, "ran" if ok else "failed", code, seconds, stage.outputs))
         if not ok:
             break
-        state["stages"].append({"name": stage.name, "fingerprint": fingerprint, "code": code, "outputs": _hashes(stage.outputs, out)})
+        state["stages"].append(
+            {"name": stage.name, "fingerprint": fingerprint, "code": code, "outputs": _hashes(stage.outputs, out)}
+        )
     atomic_write_bytes(out / STATE_FILE, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
     return results
 
@@ -112,7 +116,7 @@ def stage_fingerprint(stage: Stage, out: Path | None = None) -> str:
 
 def _portable(arg: str, out: Path | None) -> str:
     prefix = f"{out}{os.sep}" if out is not None else None
-    return "{out}" + os.sep + arg[len(prefix):] if prefix and arg.startswith(prefix) else arg
+    return "{out}" + os.sep + arg[len(prefix) :] if prefix and arg.startswith(prefix) else arg
 
 
 def _is_file_arg(arg: str) -> bool:
@@ -121,14 +125,18 @@ def _is_file_arg(arg: str) -> bool:
     if arg.startswith("-") or not os.path.exists(arg):
         return False
     path = Path(arg)
-    return path.is_file() or (path.is_dir() and any((path / name).is_file() for name in ("config.json", "headprune.json")))
+    return path.is_file() or (
+        path.is_dir() and any((path / name).is_file() for name in ("config.json", "headprune.json"))
+    )
 
 
 def _hash_path(path: str) -> str:
     p = Path(path)
     if p.is_file():
         return sha256_file(p)
-    return sha256_bytes("".join(f"{f.relative_to(p)}:{sha256_file(f)}" for f in sorted(p.rglob("*")) if f.is_file()).encode())
+    return sha256_bytes(
+        "".join(f"{f.relative_to(p)}:{sha256_file(f)}" for f in sorted(p.rglob("*")) if f.is_file()).encode()
+    )
 
 
 def _hashes(paths: list[str], out: Path) -> dict[str, str]:
@@ -153,5 +161,9 @@ def _read_state(out: Path) -> dict[str, dict]:
 def resolved_yaml(pipeline: Pipeline) -> str:
     """The config as it ran: top-level values, and each stage's options and command line."""
     top = pipeline.config.model_dump(exclude={"stages"})
-    stages = [{"name": s.name, "command": s.command, **s.options, "argv": ["headprune", *s.argv]} for s in pipeline.stages]
-    return yaml.safe_dump({**top, "stages": stages}, sort_keys=False, default_flow_style=None, width=float("inf"))  # no wrapping: it would depend on path lengths
+    stages = [
+        {"name": s.name, "command": s.command, **s.options, "argv": ["headprune", *s.argv]} for s in pipeline.stages
+    ]
+    return yaml.safe_dump(
+        {**top, "stages": stages}, sort_keys=False, default_flow_style=None, width=float("inf")
+    )  # no wrapping: it would depend on path lengths

@@ -27,7 +27,12 @@ def _threshold(value: Any) -> None:
 
 
 def _fraction(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value <= 1:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0 <= value <= 1
+    ):
         raise HeadpruneError(f"must be a fraction within [0, 1], got {shorten(value)}")
 
 
@@ -64,7 +69,11 @@ def _cost_schedule(budget: str) -> Callable[[Any], None]:
 CHECKS: dict[tuple[str, str], Callable[[Any], None]] = {
     **{(command, "protect"): _protect for command in ("select", "prune")},
     **{(command, "threshold"): _threshold for command in ("select", "prune")},
-    **{(command, key): _fraction for command in ("select", "prune") for key in ("ratio", "target_params", "target_flops")},
+    **{
+        (command, key): _fraction
+        for command in ("select", "prune")
+        for key in ("ratio", "target_params", "target_flops")
+    },
     ("score", "method"): _method,
     ("score", "weights"): _weights,
     ("iterate", "schedule"): _schedule,

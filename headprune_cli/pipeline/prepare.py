@@ -27,7 +27,14 @@ from headprune_cli.names import did_you_mean
 from headprune_cli.pipeline.option_checks import check_values
 from headprune_cli.outputs import MARKER, check_folder
 from headprune_cli.pipeline.config import (
-    ConfigError, PipelineConfig, apply_overrides, expand_env, format_errors, load_yaml, stage_model, stage_specs,
+    ConfigError,
+    PipelineConfig,
+    apply_overrides,
+    expand_env,
+    format_errors,
+    load_yaml,
+    stage_model,
+    stage_specs,
 )
 from headprune_cli.stages import unit
 
@@ -106,12 +113,16 @@ def _check_stages(entries, specs, problems: list[str]) -> list[Stage]:
         command = entry.get("command")
         if command not in specs or command == "import":  # import is implicit: `model:` an HF folder
             known = [c for c in specs if c != "import"]
-            problems.append(f"{where}.command: {'missing' if command is None else f'unknown command {shorten(command)}'}{did_you_mean(str(command), known)}")
+            problems.append(
+                f"{where}.command: {'missing' if command is None else f'unknown command {shorten(command)}'}{did_you_mean(str(command), known)}"
+            )
             continue
         name = str(entry.get("name") or command)
         where = f"stages.{i} ({name})"
         if not STAGE_NAME.fullmatch(name) or len(name) > 100:
-            problems.append(f"{where}.name: {name!r} must be a plain file name (letters, digits, '_', '-', '.'; no '/' or '..')")
+            problems.append(
+                f"{where}.name: {name!r} must be a plain file name (letters, digits, '_', '-', '.'; no '/' or '..')"
+            )
             continue
         if name in seen:
             problems.append(f"{where}: stage name {shorten(name)} is used twice; give one of them `name:`")
@@ -121,7 +132,9 @@ def _check_stages(entries, specs, problems: list[str]) -> list[Stage]:
         if len(problems) == found:  # values of the right types: now as their command reads them
             check_values(command, entry, where, problems)
         # Unknown keys are reported above; wiring goes on without them to find more problems.
-        options = {k: v for k, v in entry.items() if k in specs[command].options or k in unit.get(command).optional_outputs}
+        options = {
+            k: v for k, v in entry.items() if k in specs[command].options or k in unit.get(command).optional_outputs
+        }
         stages.append(Stage(name, command, options))
     return stages
 
@@ -152,7 +165,9 @@ def _check_files(config: PipelineConfig, stages: list[Stage], specs, problems: l
 
     if isinstance(config.model, str) and Path(config.model).is_dir():
         if not (Path(config.model) / "config.json").is_file():
-            problems.append(f"model: {config.model}: a folder without config.json (neither a checkpoint nor a Hugging Face model)")
+            problems.append(
+                f"model: {config.model}: a folder without config.json (neither a checkpoint nor a Hugging Face model)"
+            )
     elif isinstance(config.model, str):
         try:
             read_info(config.model)
@@ -166,7 +181,12 @@ def _check_files(config: PipelineConfig, stages: list[Stage], specs, problems: l
         spec = specs[stage.command]
         for key, value in stage.options.items():
             option = spec.options.get(key)
-            if option is None or not option.is_path or not isinstance(value, str) or key in unit.get(stage.command).refused:
+            if (
+                option is None
+                or not option.is_path
+                or not isinstance(value, str)
+                or key in unit.get(stage.command).refused
+            ):
                 continue
             if option.is_folder:
                 if not Path(value).exists():
@@ -219,10 +239,16 @@ def _wire(pipeline: Pipeline, specs, problems: list[str]) -> None:
                 produced[key] = str(out / pattern.format(stem=stem))
         needs = wiring.needs + (("data",) if stage.command == "prune" and not _unused("prune", "data", values) else ())
         missing = [k for k in needs if k not in values]
-        if stage.command == "prune" and "plan" not in values and not ("scores" in values and set(SELECT_KEYS) & set(values)):
+        if (
+            stage.command == "prune"
+            and "plan" not in values
+            and not ("scores" in values and set(SELECT_KEYS) & set(values))
+        ):
             missing.append("plan")
         for key in missing:
-            problems.append(f"stages.{i} ({stage.name}): needs `{key}`, which no earlier stage makes and the config does not give{_hint(stage.command, key)}")
+            problems.append(
+                f"stages.{i} ({stage.name}): needs `{key}`, which no earlier stage makes and the config does not give{_hint(stage.command, key)}"
+            )
         for role, key in wiring.makes.items():
             roles[role] = produced[key]
         values.update(produced)
@@ -292,6 +318,7 @@ def _check_out(pipeline: Pipeline, problems: list[str]) -> None:
             if os.path.dirname(resolved) != root or os.path.basename(resolved) in RESERVED:
                 problems.append(f"stages ({stage.name}): output {path} is not a file of its own in {out}")
             elif resolved in owner:
-                problems.append(f"stages ({stage.name}): writes {path}, as stage {owner[resolved]!r} does; rename one with `name:`")
+                problems.append(
+                    f"stages ({stage.name}): writes {path}, as stage {owner[resolved]!r} does; rename one with `name:`"
+                )
             owner.setdefault(resolved, stage.name)
-

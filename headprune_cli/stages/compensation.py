@@ -69,7 +69,13 @@ from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, NeuronGates, removal_gates
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.compensation_solve import (  # noqa: F401  (the solvers' home; re-exported for tests)
-    _kept_weights, _solve_bias, _solve_diag, _solve_lstsq, _Stats, _weights, _write,
+    _kept_weights,
+    _solve_bias,
+    _solve_diag,
+    _solve_lstsq,
+    _Stats,
+    _weights,
+    _write,
 )
 from headprune_cli.stages.compensation_streams import _Original, _Streams
 
@@ -140,7 +146,11 @@ def compensate(
     blocks = adapter.layer_list(model)
     fits = _planned_fits(model, remove_heads, remove_layers, remove_ffn)
     if method == "bias":
-        fits = [f for f in fits if not _skipped_for_bias(f, _projection(adapter, blocks[layout.position(f.layer)], f), result)]
+        fits = [
+            f
+            for f in fits
+            if not _skipped_for_bias(f, _projection(adapter, blocks[layout.position(f.layer)], f), result)
+        ]
     if not fits:
         return result
     streams = _streams_for(model, fits, remove_heads, remove_ffn)
@@ -165,8 +175,16 @@ def _streams_for(model: nn.Module, fits: list[_Fit], remove_heads, remove_ffn) -
     return _Streams(model, blocks, layout.position(fits[-1].layer), head_removal, ffn_removal)
 
 
-def _fit_in_order(streams: _Streams, fits: list[_Fit], drop: set[int], method: str, ridge: float, ffn_fit: str,
-                  result: CompensationResult, progress) -> None:
+def _fit_in_order(
+    streams: _Streams,
+    fits: list[_Fit],
+    drop: set[int],
+    method: str,
+    ridge: float,
+    ffn_fit: str,
+    result: CompensationResult,
+    progress,
+) -> None:
     """One pass over the depth: each block's fits (heads, then FFN), then both streams move on."""
     layout = info_of(streams.model).layout
     done = 0
@@ -175,7 +193,9 @@ def _fit_in_order(streams: _Streams, fits: list[_Fit], drop: set[int], method: s
         here = [f for f in fits if f.layer == layer]
         rewritten: list[_Original] = []
         for k, fit in enumerate(here):
-            _fit_projection(streams, pos, fit, method, ridge, ffn_fit, result, rewritten, advance_full=k == len(here) - 1)
+            _fit_projection(
+                streams, pos, fit, method, ridge, ffn_fit, result, rewritten, advance_full=k == len(here) - 1
+            )
             done += 1
             if progress:
                 progress(done, len(fits))
@@ -203,12 +223,23 @@ def _planned_fits(model: nn.Module, remove_heads, remove_layers: list[int], remo
             kept = [j for j, h in enumerate(layout.heads[pos]) if h not in removed]
             fits.append(_Fit(layer, "attention", out_rows(kept, adapter.attention(blocks[pos]).head_dim)))
         if layer in neurons:
-            fits.append(_Fit(layer, "ffn", torch.tensor(current_positions(layout, layer, neurons[layer]), dtype=torch.long)))
+            fits.append(
+                _Fit(layer, "ffn", torch.tensor(current_positions(layout, layer, neurons[layer]), dtype=torch.long))
+            )
     return fits
 
 
-def _fit_projection(streams: _Streams, pos: int, fit: _Fit, method: str, ridge: float, ffn_fit: str,
-                    result: CompensationResult, rewritten: list[_Original], advance_full: bool) -> None:
+def _fit_projection(
+    streams: _Streams,
+    pos: int,
+    fit: _Fit,
+    method: str,
+    ridge: float,
+    ffn_fit: str,
+    result: CompensationResult,
+    rewritten: list[_Original],
+    advance_full: bool,
+) -> None:
     """Solve for the kept columns of one projection of block `pos` and write them in place
     (its original weights join `rewritten`, for the unpruned run of the block's next fit)."""
     ffn = fit.part == "ffn"
@@ -240,11 +271,12 @@ def _skipped_for_bias(fit: _Fit, o: nn.Module, result: CompensationResult) -> bo
     if o.bias is not None:
         return False
     what = "its FFN down projection" if fit.part == "ffn" else "its output projection"
-    (result.ffn_skipped if fit.part == "ffn" else result.skipped)[fit.layer] = f"{what} has no bias (use --compensate lstsq)"
+    (result.ffn_skipped if fit.part == "ffn" else result.skipped)[fit.layer] = (
+        f"{what} has no bias (use --compensate lstsq)"
+    )
     return True
 
 
 def _like(gate: torch.Tensor, module: nn.Module) -> torch.Tensor:
     """A gate in the projection's device and dtype (a float32 gate would upcast bf16 inputs)."""
     return gate.to(device=module.weight.device, dtype=module.weight.dtype)
-

@@ -47,7 +47,14 @@ class _Streams:
     (x * 1 is exact: the unpruned model), and only while the pruned stream runs a block do
     that block's entries hold the plan's gates (`head_removal`, `ffn_removal`)."""
 
-    def __init__(self, model: nn.Module, blocks, last: int, head_removal: list[torch.Tensor], ffn_removal: list[torch.Tensor] | None):
+    def __init__(
+        self,
+        model: nn.Module,
+        blocks,
+        last: int,
+        head_removal: list[torch.Tensor],
+        ffn_removal: list[torch.Tensor] | None,
+    ):
         self.model, self.blocks, self.last = model, blocks, last
         self.removal = {"head": head_removal, "ffn": ffn_removal or []}
         self.head_gates = [torch.ones_like(g) for g in head_removal]
@@ -84,8 +91,15 @@ class _Streams:
             if pruned:
                 self.pruned[i] = self._run_pruned(pos, i)
 
-    def statistics(self, pos: int, o: nn.Module, cols: torch.Tensor, has_bias: bool, advance_full: bool = True,
-                   rewritten: list[_Original] = ()) -> _Stats:
+    def statistics(
+        self,
+        pos: int,
+        o: nn.Module,
+        cols: torch.Tensor,
+        has_bias: bool,
+        advance_full: bool = True,
+        rewritten: list[_Original] = (),
+    ) -> _Stats:
         """Sum [X 1]^T W [X 1], [X 1]^T W Y, sum_t w_t |Y_t|^2 for projection `o` of block `pos`:
         X = the kept input features `cols` in the pruned stream, Y = `o`'s output in the
         unpruned one, W = diag(w) the per-token weights (token_weights).

@@ -20,15 +20,20 @@ DEFAULT_MAX_SHARD = "5GB"
 
 class ExportOptions(Options):
     checkpoint: Path = option(..., "A headprune checkpoint (or a folder from `export --hf`).", argument=True)
-    onnx: Path | None = option(None, "Write an ONNX file (dynamic batch and sequence axes; causal LMs with past key/values).")
+    onnx: Path | None = option(
+        None, "Write an ONNX file (dynamic batch and sequence axes; causal LMs with past key/values)."
+    )
     hf: Path | None = option(None, "Write an HF-style folder: config, weights, tokenizer, headprune.json.")
     with_onnx: Optional[bool] = option(
-        None, "With --hf: also write DIR/onnx/model.onnx (default: for sentence-transformers models).", negative="--no-onnx",
+        None,
+        "With --hf: also write DIR/onnx/model.onnx (default: for sentence-transformers models).",
+        negative="--no-onnx",
     )
     seq_len: int = option(16, "Sequence length of the example input traced for ONNX.", ge=1)
     opset: int = option(17, "ONNX opset version.", ge=9)
     max_shard_size: str = option(
-        DEFAULT_MAX_SHARD, "--hf: split weights above this size into shards with an index, as transformers does (e.g. 5GB, 500MB).",
+        DEFAULT_MAX_SHARD,
+        "--hf: split weights above this size into shards with an index, as transformers does (e.g. 5GB, 500MB).",
     )
     force: bool = option(False, "Overwrite an existing output (a folder only if headprune wrote it).")
 
@@ -54,9 +59,13 @@ def _export_onnx(opts: ExportOptions, ctx: Context) -> Result:
     from headprune_cli.model.export import export_onnx
 
     model = load(opts.checkpoint)
-    result = export_onnx(model, opts.onnx, seq_len=opts.seq_len, opset=opts.opset, force=opts.force, inputs=[opts.checkpoint])
+    result = export_onnx(
+        model, opts.onnx, seq_len=opts.seq_len, opset=opts.opset, force=opts.force, inputs=[opts.checkpoint]
+    )
     past = [n for n in result.inputs if n.startswith("past_key_values.")]
-    names = [n for n in result.inputs if n not in past] + ([f"past key/values of {len(past) // 2} layers"] if past else [])
+    names = [n for n in result.inputs if n not in past] + (
+        [f"past key/values of {len(past) // 2} layers"] if past else []
+    )
     data = f", weights in {result.external_data}" if result.external_data else ""
     ctx.print(
         f"wrote {opts.onnx} (inputs {', '.join(names)} -> {result.outputs[0]}{' + present key/values' if past else ''}, "
@@ -81,20 +90,44 @@ def _export_folder(opts: ExportOptions, ctx: Context) -> Result:
         model, specs = load(checkpoint), None
     else:  # weights are copied tensor by tensor; the model stays on the meta device
         model, specs = export_specs(checkpoint)
-    export_hf(model, hf, force=opts.force, inputs=[checkpoint], max_shard_size=opts.max_shard_size, specs=specs, with_onnx=with_onnx)
+    export_hf(
+        model,
+        hf,
+        force=opts.force,
+        inputs=[checkpoint],
+        max_shard_size=opts.max_shard_size,
+        specs=specs,
+        with_onnx=with_onnx,
+    )
     layout = folder_config(info_of(model))
-    extras = (", sentence-transformers modules" if is_sentence_transformer(info) else "") + (", onnx/model.onnx" if with_onnx else "")
-    weights = layout.weights if (hf / layout.weights).is_file() else f"{layout.weights.removesuffix('.safetensors')}-*.safetensors shards with an index"
+    extras = (", sentence-transformers modules" if is_sentence_transformer(info) else "") + (
+        ", onnx/model.onnx" if with_onnx else ""
+    )
+    weights = (
+        layout.weights
+        if (hf / layout.weights).is_file()
+        else f"{layout.weights.removesuffix('.safetensors')}-*.safetensors shards with an index"
+    )
     ctx.print(f"wrote {hf}/ (config.json, {weights}, headprune.json{extras})", soft_wrap=True, markup=False)
     if layout.plain:
         ctx.print("transformers loads it as it is (no headprune needed)")
     else:  # one line: why transformers cannot load it, and what serves it instead
-        ctx.print(f"note: transformers cannot load it: {layout.reason}; {remedy(layout, with_onnx)}", soft_wrap=True, markup=False)
+        ctx.print(
+            f"note: transformers cannot load it: {layout.reason}; {remedy(layout, with_onnx)}",
+            soft_wrap=True,
+            markup=False,
+        )
     return Result([str(hf)])
 
 
 STAGE = Stage(
-    "export", ExportOptions, run, stem="export",
-    inputs={"checkpoint": ("model",)}, outputs={"hf": "{stem}"}, makes={}, needs=("checkpoint",),
+    "export",
+    ExportOptions,
+    run,
+    stem="export",
+    inputs={"checkpoint": ("model",)},
+    outputs={"hf": "{stem}"},
+    makes={},
+    needs=("checkpoint",),
     refused={"onnx": "the export stage writes an HF folder; `with_onnx: true` adds onnx/model.onnx to it"},
 )

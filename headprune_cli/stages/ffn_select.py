@@ -104,7 +104,9 @@ def layers_of(table, head_chains, neuron_chains, key: str) -> dict[int, _Layer]:
         if nc is not None:
             prefix = [0.0, *accumulate(s for s, _ in nc.order)]  # loss of removing the first k neurons
             paid = [prefix[count] for count in nc.allowed]
-        out[ch.layer] = _Layer(ch, nc, joint._prices(table, ch, key), joint._paid(ch), getattr(costs[ch.layer], per_neuron), paid)
+        out[ch.layer] = _Layer(
+            ch, nc, joint._prices(table, ch, key), joint._paid(ch), getattr(costs[ch.layer], per_neuron), paid
+        )
     return out
 
 
@@ -204,14 +206,21 @@ def choose_uniform(table, layers: dict[int, _Layer], key: str, limit: float):
     """The (head level, FFN width) pair common to every layer with the least removed score that fits."""
     outside = predict(table.cost, table.kept(), {}, list(layers))[key]
     head_levels = uniform_levels.levels(table, [lay.heads for lay in layers.values()])
-    widths = {l: {len(lay.neurons.order) - p: i for i, p in enumerate(lay.neurons.allowed)} for l, lay in layers.items() if lay.neurons}
+    widths = {
+        l: {len(lay.neurons.order) - p: i for i, p in enumerate(lay.neurons.allowed)}
+        for l, lay in layers.items()
+        if lay.neurons
+    }
     common = sorted(set.intersection(*(set(w) for w in widths.values())), reverse=True) if widths else [None]
     if not common:
         raise UsageError("--uniform: no FFN width is allowed in every layer under --min-ffn/--ffn-multiple-of")
     best = None
     for level in head_levels:
         for width in common:
-            state = {l: [lay.heads.allowed.index(level[l]), widths[l][width] if width is not None and l in widths else 0] for l, lay in layers.items()}
+            state = {
+                l: [lay.heads.allowed.index(level[l]), widths[l][width] if width is not None and l in widths else 0]
+                for l, lay in layers.items()
+            }
             if outside + sum(layers[l].price(*state[l]) for l in state) > limit * (1 + 1e-12):
                 continue
             loss = sum(layers[l].paid(*state[l]) for l in state)
@@ -232,12 +241,19 @@ def select_ffn(table, strategy: str | None, target_params, target_flops, c):
     loss_scale = strategy in (None, "joint") and not fixed and joint.on_loss_scale(table) and bool(table.ffn_loss)
     if strategy == "joint" and not loss_scale:
         joint.check_scale(table)
-        raise UsageError("strategy 'joint' with FFN neurons needs scores by `score --ffn --layers` with loo or refit layers, which measure each layer's FFN too")
+        raise UsageError(
+            "strategy 'joint' with FFN neurons needs scores by `score --ffn --layers` with loo or refit layers, which measure each layer's FFN too"
+        )
     scored = on_one_scale(table) if loss_scale else table
     drop = [] if loss_scale else _layers_to_drop(table, c)
     head_chains = [_chain(scored, layer, c) for layer in sorted(table.heads) if layer not in drop]
-    neuron_chains = [neuron_chain(ch.layer, scored.ffn[ch.layer], table.ffn_kept[ch.layer], c.min_ffn or c.ffn_multiple_of, c.ffn_multiple_of)
-                     for ch in head_chains if ch.layer in scored.ffn]
+    neuron_chains = [
+        neuron_chain(
+            ch.layer, scored.ffn[ch.layer], table.ffn_kept[ch.layer], c.min_ffn or c.ffn_multiple_of, c.ffn_multiple_of
+        )
+        for ch in head_chains
+        if ch.layer in scored.ffn
+    ]
     layers = layers_of(scored, head_chains, neuron_chains, key)
     protected = {layer for layer, _ in c.protect}
     if c.uniform:
@@ -250,7 +266,12 @@ def select_ffn(table, strategy: str | None, target_params, target_flops, c):
     remove_heads, remove_ffn, remove_layers = removal(layers, state, sorted(set(dropped) | set(drop)))
     selection = Selection("joint" if loss_scale else "budget", remove_heads, remove_layers, remove_ffn=remove_ffn)
     kept = table.kept()
-    selection.predicted = {"before": predict(table.cost, kept), "after": predict(table.cost, kept, remove_heads, remove_layers, remove_ffn)}
+    selection.predicted = {
+        "before": predict(table.cost, kept),
+        "after": predict(table.cost, kept, remove_heads, remove_layers, remove_ffn),
+    }
     if selection.predicted["after"][key] > limit * (1 + 1e-12):
-        raise UsageError(f"the budget cannot be met within the constraints (best: {_fraction(selection, target_params)})")
+        raise UsageError(
+            f"the budget cannot be met within the constraints (best: {_fraction(selection, target_params)})"
+        )
     return selection

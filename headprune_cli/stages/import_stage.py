@@ -13,7 +13,8 @@ from headprune_cli.stages.unit import Context, Options, Result, Stage, option
 
 class ImportOptions(Options):
     source: Path = option(
-        ..., "A Hugging Face model folder (config.json + *.safetensors + tokenizer files), a folder from `headprune export --hf`, or a headprune checkpoint.",
+        ...,
+        "A Hugging Face model folder (config.json + *.safetensors + tokenizer files), a folder from `headprune export --hf`, or a headprune checkpoint.",
         argument=True,
     )
     output: Path = option(..., "Checkpoint to write (.safetensors).", "-o", "--output")
@@ -40,7 +41,12 @@ def run(opts: ImportOptions, ctx: Context) -> Result:
 
 
 STAGE = Stage(
-    "import", ImportOptions, run, stem="model",
-    inputs={"source": ("source",)}, outputs={"output": "model.safetensors"},
-    makes={"model": "output", "baseline": "output"}, needs=("source",),
+    "import",
+    ImportOptions,
+    run,
+    stem="model",
+    inputs={"source": ("source",)},
+    outputs={"output": "model.safetensors"},
+    makes={"model": "output", "baseline": "output"},
+    needs=("source",),
 )

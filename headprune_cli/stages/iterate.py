@@ -17,14 +17,29 @@ class IterateOptions(Options):
     data: Path = option(..., "Training data for recovery (and scoring unless --score-data).")
     eval_data: Path = option(..., "Dev set that decides the quality floor.")
     output: Path = option(..., "Where to write the last model above the floor.", "-o", "--output")
-    schedule: Optional[str] = option(None, f"Fractions of the ORIGINAL heads removed after each round (default {','.join(map(str, DEFAULT_SCHEDULE))}).")
-    target_flops: Optional[str] = option(None, "Instead of --schedule: fractions of the ORIGINAL FLOPs per token to keep after each round, falling (e.g. 0.9,0.8,0.7); each round cuts under that budget.")
-    target_params: Optional[str] = option(None, "Instead of --schedule: fractions of the ORIGINAL parameters to keep after each round, falling.")
-    ffn: bool = option(False, "Also score FFN neurons every round and cut them with the heads under the --target-flops/--target-params budget.")
+    schedule: Optional[str] = option(
+        None,
+        f"Fractions of the ORIGINAL heads removed after each round (default {','.join(map(str, DEFAULT_SCHEDULE))}).",
+    )
+    target_flops: Optional[str] = option(
+        None,
+        "Instead of --schedule: fractions of the ORIGINAL FLOPs per token to keep after each round, falling (e.g. 0.9,0.8,0.7); each round cuts under that budget.",
+    )
+    target_params: Optional[str] = option(
+        None, "Instead of --schedule: fractions of the ORIGINAL parameters to keep after each round, falling."
+    )
+    ffn: bool = option(
+        False,
+        "Also score FFN neurons every round and cut them with the heads under the --target-flops/--target-params budget.",
+    )
     method: str = option("taylor", "Scoring method used every round.")
     score_data: Optional[Path] = option(None, "Data for scoring (default: --data).")
     floor: Optional[float] = option(None, "Stop before the dev metric crosses this value.")
-    max_drop: Optional[float] = option(None, "Stop before the dev metric is this much worse than the input's: points for accuracy/F1/fidelity (1.0 = one percentage point, as in `report`), or perplexity.", ge=0)
+    max_drop: Optional[float] = option(
+        None,
+        "Stop before the dev metric is this much worse than the input's: points for accuracy/F1/fidelity (1.0 = one percentage point, as in `report`), or perplexity.",
+        ge=0,
+    )
     epochs: int = option(1, "Recovery epochs per round.", ge=1)
     lr: Optional[float] = option(None, "Recovery learning rate (default by model size).")
     batch_size: int = option(16, "", ge=1)
@@ -39,13 +54,21 @@ class IterateOptions(Options):
         from headprune_cli.stages.importance.registry import check_ffn
         from headprune_cli.stages.iterative import check_schedule
 
-        targets = [(name, text) for name, text in (("flops", self.target_flops), ("params", self.target_params)) if text is not None]
+        targets = [
+            (name, text)
+            for name, text in (("flops", self.target_flops), ("params", self.target_params))
+            if text is not None
+        ]
         if len(targets) > 1:
             raise UsageError("give --target-flops or --target-params, not both")
         if targets and self.schedule is not None:
-            raise UsageError("give --schedule (head fractions) or --target-flops/--target-params (cost fractions), not both")
+            raise UsageError(
+                "give --schedule (head fractions) or --target-flops/--target-params (cost fractions), not both"
+            )
         if self.ffn and not targets:
-            raise UsageError("--ffn needs --target-flops or --target-params: a head fraction says nothing about FFN neurons")
+            raise UsageError(
+                "--ffn needs --target-flops or --target-params: a head fraction says nothing about FFN neurons"
+            )
         if self.ffn:
             check_ffn(self.method)
         default = ",".join(map(str, DEFAULT_SCHEDULE))
@@ -74,12 +97,31 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
         teacher = load_teacher(resolve_teacher(opts.teacher, opts.checkpoint), model)
     train = read_data(opts.data, model, max_length=opts.max_length, seed=opts.seed)
     dev = read_data(opts.eval_data, model, max_length=opts.max_length)
-    calib = read_data(opts.score_data, model, max_length=opts.max_length, need_labels=needs_labels(objective)) if opts.score_data else None
-    cfg = FinetuneConfig(epochs=opts.epochs, lr=opts.lr, batch_size=opts.batch_size, kd_weight=opts.kd_weight, seed=opts.seed)
+    calib = (
+        read_data(opts.score_data, model, max_length=opts.max_length, need_labels=needs_labels(objective))
+        if opts.score_data
+        else None
+    )
+    cfg = FinetuneConfig(
+        epochs=opts.epochs, lr=opts.lr, batch_size=opts.batch_size, kd_weight=opts.kd_weight, seed=opts.seed
+    )
     result = iterative_prune(
-        model, train, dev, schedule=ratios, method=opts.method, score_data=calib, objective=objective, floor=opts.floor,
-        max_drop=opts.max_drop, finetune_config=cfg, teacher=teacher, seed=opts.seed, on_round=lambda r: ctx.print(_line(r, budget)),
-        budget=budget, ffn=opts.ffn, seq_len=opts.max_length,
+        model,
+        train,
+        dev,
+        schedule=ratios,
+        method=opts.method,
+        score_data=calib,
+        objective=objective,
+        floor=opts.floor,
+        max_drop=opts.max_drop,
+        finetune_config=cfg,
+        teacher=teacher,
+        seed=opts.seed,
+        on_round=lambda r: ctx.print(_line(r, budget)),
+        budget=budget,
+        ffn=opts.ffn,
+        seq_len=opts.max_length,
     )
     ctx.print(_table(result, budget))
     save(result.model, opts.output, overwrite=opts.force)
@@ -108,13 +150,25 @@ def _table(result, budget=None):
     for column in (first, "heads", "FFN neurons", "pruned", "recovered", "accepted"):
         table.add_column(column, justify="right")
     for r in result.rounds:
-        table.add_row(_step(r, budget), str(r.heads_kept), str(r.neurons_kept), f"{r.metric_pruned:.4f}", f"{r.metric_recovered:.4f}", "yes" if r.accepted else "no")
+        table.add_row(
+            _step(r, budget),
+            str(r.heads_kept),
+            str(r.neurons_kept),
+            f"{r.metric_pruned:.4f}",
+            f"{r.metric_recovered:.4f}",
+            "yes" if r.accepted else "no",
+        )
     return table
 
 
 STAGE = Stage(
-    "iterate", IterateOptions, run, stem="iterated",
+    "iterate",
+    IterateOptions,
+    run,
+    stem="iterated",
     # rescore -> prune -> recover per step of a schedule of ratios
     inputs={"checkpoint": ("model",), "data": ("train_data",), "eval_data": ("eval_data",), "score_data": ("data",)},
-    outputs={"output": "{stem}.safetensors"}, makes={"model": "output"}, needs=("checkpoint", "data", "eval_data"),
+    outputs={"output": "{stem}.safetensors"},
+    makes={"model": "output"},
+    needs=("checkpoint", "data", "eval_data"),
 )

@@ -96,7 +96,9 @@ def iterative_prune(
     """
     check_schedule(schedule, budget)
     if ffn and budget is None:
-        raise UsageError("FFN neurons are cut under a cost budget: give the schedule as FLOPs or params fractions to keep")
+        raise UsageError(
+            "FFN neurons are cut under a cost budget: give the schedule as FLOPs or params fractions to keep"
+        )
     objective = check_objective(objective, model)
     cfg = finetune_config or FinetuneConfig(epochs=1, seed=seed)
     base = evaluate(model, dev, objective, reference=teacher)[0]
@@ -116,7 +118,9 @@ def iterative_prune(
         if amount is None:
             continue
         scoring = {"batch_size": score_batch_size, "seed": seed, "ffn": ffn, "seq_len": seq_len if budget else None}
-        candidate, selection = _prune_round(current, score_data or train, method, objective, amount, constraints, scoring)
+        candidate, selection = _prune_round(
+            current, score_data or train, method, objective, amount, constraints, scoring
+        )
         metrics = lambda m: {x.name: x.value for x in evaluate(m, dev, objective, reference=teacher)}  # noqa: E731
         trained = finetune(candidate, train, cfg, metrics, base.higher_is_better, teacher)
         pruned_value = trained.history[0].metrics[base.name]
@@ -125,8 +129,17 @@ def iterative_prune(
         ok = _acceptable(base, value, floor, max_drop)
         layout = info_of(trained.model).layout
         cost_now = _cost(trained.model, budget, seq_len) / original_cost if budget else None
-        record = Round(ratio, sum(len(h) for h in layout.heads), selection.remove_heads, pruned_value, value, ok,
-                       selection.remove_ffn, sum(len(layout.kept_neurons(l)) for l in layout.layers), cost_now)
+        record = Round(
+            ratio,
+            sum(len(h) for h in layout.heads),
+            selection.remove_heads,
+            pruned_value,
+            value,
+            ok,
+            selection.remove_ffn,
+            sum(len(layout.kept_neurons(l)) for l in layout.layers),
+            cost_now,
+        )
         result.rounds.append(record)
         if on_round:
             on_round(record)

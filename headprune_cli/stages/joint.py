@@ -30,7 +30,6 @@ from headprune_cli.model.cost_table import CostTable, predict
 from headprune_cli.stages.importance.registry import is_loss_scale, loss_scale_layer_methods
 
 
-
 def on_loss_scale(table) -> bool:
     """Whether the table's head and layer scores can be priced together: layer scores that
     are loss changes, and heads either measured together per layer or loss-scale themselves."""
@@ -164,7 +163,9 @@ def _paid(ch) -> list[float]:
 def _give_back(state: dict[int, int], dropped: list[int], paid: dict, fits) -> None:
     """Undo head steps (the most expensive last step of any layer first) while it still fits."""
     while True:
-        undo = sorted(((paid[l][i] - paid[l][i - 1], l) for l, i in state.items() if i > 0 and l not in dropped), reverse=True)
+        undo = sorted(
+            ((paid[l][i] - paid[l][i - 1], l) for l, i in state.items() if i > 0 and l not in dropped), reverse=True
+        )
         for _, layer in undo:
             trial = {**state, layer: state[layer] - 1}
             if fits(trial):

@@ -39,11 +39,17 @@ def check_amounts(fraction, ms, others: dict) -> None:
     """--latency takes one of --target-latency / --target-ms, and no other amount."""
     given = [name for name, value in others.items() if value is not None]
     if given:
-        raise UsageError(f"--latency prices a latency target; leave out {', '.join(given)} (give --target-latency F or --target-ms X)")
+        raise UsageError(
+            f"--latency prices a latency target; leave out {', '.join(given)} (give --target-latency F or --target-ms X)"
+        )
     if (fraction is None) == (ms is None):
-        raise UsageError("--latency needs exactly one of --target-latency F (a fraction of the profiled latency) or --target-ms X")
+        raise UsageError(
+            "--latency needs exactly one of --target-latency F (a fraction of the profiled latency) or --target-ms X"
+        )
     if fraction is not None and not (math.isfinite(fraction) and 0 < fraction <= 1):
-        raise UsageError(f"--target-latency {fraction} is outside (0, 1] (the fraction of the profiled latency to keep)")
+        raise UsageError(
+            f"--target-latency {fraction} is outside (0, 1] (the fraction of the profiled latency to keep)"
+        )
     if ms is not None and not (math.isfinite(ms) and ms > 0):
         raise UsageError(f"--target-ms {ms} must be a positive number of milliseconds")
 
@@ -87,11 +93,18 @@ def select_by_latency(scores, strategy, budget: LatencyBudget, constraints, choo
     kept = scores.kept()
     selection.predicted = {
         "before": predict(scores.cost, kept),
-        "after": predict(scores.cost, kept, selection.remove_heads, selection.remove_layers, selection.remove_ffn or None),
+        "after": predict(
+            scores.cost, kept, selection.remove_heads, selection.remove_layers, selection.remove_ffn or None
+        ),
     }
     record = {
-        "phase": lat.phase, "device": lat.facts["device"]["name"], "target_ms": target,
-        "target_fraction": target / full, "before_ms": full, "after_ms": ms, "after_fraction": ms / full,
+        "phase": lat.phase,
+        "device": lat.facts["device"]["name"],
+        "target_ms": target,
+        "target_fraction": target / full,
+        "before_ms": full,
+        "after_ms": ms,
+        "after_fraction": ms / full,
         "selections": len(tries),
     }
     return selection, record
@@ -112,7 +125,9 @@ def _search(attempt, fraction: float, target: float):
         # target would otherwise be chosen again by a budget a hair tighter.
         fraction *= target / ms * (1 - 0.002 * 2**tightening)
     if fits is None:
-        raise UsageError(f"the latency target {target:.4g} ms cannot be met within the constraints (best plan: {ms:.4g} ms)")
+        raise UsageError(
+            f"the latency target {target:.4g} ms cannot be met within the constraints (best plan: {ms:.4g} ms)"
+        )
     low, high = fits[0], min(misses, 1.0)
     for _ in range(BISECTIONS):
         if high - low < 1e-4:
@@ -151,14 +166,19 @@ def read_latency(path: str, scores, phase: str = "forward") -> tuple[LatencyTabl
     artifact, sha = read_artifact(path, ("latency",))
     check_belongs(artifact, model_ref(scores).sha256, _scored_shape(scores), str(path))
     if phase not in artifact.phases:
-        raise UsageError(f"{path}: the table has no {phase} profile (it has {', '.join(artifact.phases)}); profile with --context for decode")
+        raise UsageError(
+            f"{path}: the table has no {phase} profile (it has {', '.join(artifact.phases)}); profile with --context for decode"
+        )
     return LatencyTable.from_artifact(artifact, phase), sha
 
 
 def _scored_shape(scores) -> dict:
     kept = {int(k): v for k, v in scores.kept.items()}
-    shape = {"num_heads": list(scores.num_heads), "num_kv_heads": list(scores.num_kv_heads),
-             "heads": {layer: len(heads) for layer, heads in kept.items()}}
+    shape = {
+        "num_heads": list(scores.num_heads),
+        "num_kv_heads": list(scores.num_kv_heads),
+        "heads": {layer: len(heads) for layer, heads in kept.items()},
+    }
     if getattr(scores, "ffn", None) is not None:
         shape["ffn"] = {layer: len(entry.kept_indices()) for layer, entry in scores.ffn.layers.items()}
     return shape
@@ -168,8 +188,17 @@ def check_belongs(artifact, sha256: str, shape: dict, name: str) -> None:
     """Refuse a table profiled on another model: another file, or another shape."""
     model = artifact.model
     if model.sha256 != sha256:
-        raise UsageError(f"{name}: the latency table was profiled on another model (sha256 {model.sha256[:12]}, this one is {sha256[:12]}); profile this model")
-    mine = {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads, "heads": dict(model.heads), "ffn": dict(model.ffn)}
+        raise UsageError(
+            f"{name}: the latency table was profiled on another model (sha256 {model.sha256[:12]}, this one is {sha256[:12]}); profile this model"
+        )
+    mine = {
+        "num_heads": model.num_heads,
+        "num_kv_heads": model.num_kv_heads,
+        "heads": dict(model.heads),
+        "ffn": dict(model.ffn),
+    }
     for key, value in shape.items():
         if mine[key] != value:
-            raise UsageError(f"{name}: the latency table's model has {key} {mine[key]}, this model {value}; profile this model")
+            raise UsageError(
+                f"{name}: the latency table's model has {key} {mine[key]}, this model {value}; profile this model"
+            )

@@ -67,7 +67,9 @@ def rescored_start(space, loss: Callable, evaluations: int, on_evaluation: Calla
                 dropped = frozenset(out.order) | {layer}
                 filled = take_until_fits(space, (zero, dropped))
                 state = filled if filled is not None else (zero, dropped)
-                options.append((filled is None, measure(state), layer, state))  # plans within the budget first, then the lowest loss
+                options.append(
+                    (filled is None, measure(state), layer, state)
+                )  # plans within the budget first, then the lowest loss
         if not options:
             break
         unfit, value, layer, state = min(options)
@@ -85,14 +87,26 @@ def rescored_search_start(table, loss, target_params, target_flops, c, evaluatio
     from headprune_cli.stages.search import SearchResult, selection_of, search_space
 
     if target_params is None and target_flops is None:
-        raise UsageError("--rescore-layers needs --target-flops or --target-params: --ratio counts heads, which dropping a layer does not change")
+        raise UsageError(
+            "--rescore-layers needs --target-flops or --target-params: --ratio counts heads, which dropping a layer does not change"
+        )
     if table.cost is None:
         raise UsageError("a --target-params/--target-flops budget needs the cost table in the scores")
     space = search_space(table, None, None, target_params, target_flops, c)
     found = rescored_start(space, loss, evaluations, on_evaluation)
     if found.state is None:
-        raise UsageError(f"no plan within the budget was found in {evaluations} evaluations of layers dropped one at a time; raise --evaluations")
-    result = SearchResult(selection_of(space, found.state), found.loss, found.loss, found.evaluations, 0, found.history, rescored_layers=found.order)
+        raise UsageError(
+            f"no plan within the budget was found in {evaluations} evaluations of layers dropped one at a time; raise --evaluations"
+        )
+    result = SearchResult(
+        selection_of(space, found.state),
+        found.loss,
+        found.loss,
+        found.evaluations,
+        0,
+        found.history,
+        rescored_layers=found.order,
+    )
     return space, found.state, result, found.seen
 
 
@@ -109,4 +123,6 @@ def check_reachable(table, target_params, target_flops, c) -> None:
     keep_one = [()] if protected else [(layer,) for layer in space.droppable]
     if not any(space.fits((deepest, frozenset(space.droppable) - set(kept))) for kept in keep_one):
         what = "params" if target_params is not None else "FLOPs per token"
-        raise UsageError(f"the budget cannot be met within the constraints, even with all layers but one dropped ({what})")
+        raise UsageError(
+            f"the budget cannot be met within the constraints, even with all layers but one dropped ({what})"
+        )

@@ -32,8 +32,15 @@ def make_plan(
     return plan_artifact(selection, constraints, inputs, list(scores.num_heads), config, num_ffn=num_ffn, **extra)
 
 
-def plan_artifact(selection: Selection, constraints: Constraints, inputs: list[dict], num_heads: list[int], config: dict,
-                  num_ffn: list[int] | None = None, **extra) -> dict:
+def plan_artifact(
+    selection: Selection,
+    constraints: Constraints,
+    inputs: list[dict],
+    num_heads: list[int],
+    config: dict,
+    num_ffn: list[int] | None = None,
+    **extra,
+) -> dict:
     """The plan artifact from its parts. `num_ffn` (the original FFN widths) when the plan
     may cut FFN neurons; `extra` adds optional payload (a search's record)."""
     plan = envelope("plan", inputs, config)
@@ -70,8 +77,14 @@ def find_model(artifact: Envelope, artifact_path: str | None, checkpoint: str | 
     else:
         found = [p for p in candidates(ref.path, artifact_path) if p.is_file()]
         if not found:
-            where = "" if _folder_of(artifact_path) else " in the current folder (an artifact on stdin has no folder of its own)"
-            raise CheckpointError(f"cannot find the model the artifact names ({ref.path}){where}; give the checkpoint path as an argument")
+            where = (
+                ""
+                if _folder_of(artifact_path)
+                else " in the current folder (an artifact on stdin has no folder of its own)"
+            )
+            raise CheckpointError(
+                f"cannot find the model the artifact names ({ref.path}){where}; give the checkpoint path as an argument"
+            )
         path = next((p for p in found if sha256_file(p) == ref.sha256), found[0]) if len(found) > 1 else found[0]
     check_regular(path, "checkpoint file", CheckpointError)  # before any byte is read: never /proc, a FIFO, a device
     return path

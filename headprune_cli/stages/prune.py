@@ -25,7 +25,6 @@ from headprune_cli.stages.selection import Selection
 from headprune_cli.stages.unit import Context, Result, Stage, option
 
 
-
 @dataclass
 class Compensation:
     """Closed-form compensation before the cut: `method` bias|lstsq on calibration `batches`."""
@@ -35,7 +34,14 @@ class Compensation:
     ridge: float = DEFAULT_RIDGE
 
 
-def cut(model, selection: Selection, compensation: Compensation | None = None, *, device: str | None = None, dtype: str = "auto"):
+def cut(
+    model,
+    selection: Selection,
+    compensation: Compensation | None = None,
+    *,
+    device: str | None = None,
+    dtype: str = "auto",
+):
     """Cut `model` in place by `selection`; returns the compensation's result (or None).
 
     With `device`, compensation computes there (in `dtype`) and the model comes back to
@@ -51,8 +57,15 @@ def cut(model, selection: Selection, compensation: Compensation | None = None, *
             from headprune_cli.device import place
 
             placement = place(model, device, dtype, keep_originals=True)
-        result = compensate(model, selection.remove_heads, selection.remove_layers, compensation.batches,
-                            method=compensation.method, ridge=compensation.ridge, remove_ffn=selection.remove_ffn)
+        result = compensate(
+            model,
+            selection.remove_heads,
+            selection.remove_layers,
+            compensation.batches,
+            method=compensation.method,
+            ridge=compensation.ridge,
+            remove_ffn=selection.remove_ffn,
+        )
         if placement is not None:
             from headprune_cli.device import restore
 
@@ -62,7 +75,9 @@ def cut(model, selection: Selection, compensation: Compensation | None = None, *
 
 
 class PruneOptions(SelectionOptions):
-    checkpoint: Optional[Path] = option(None, "Checkpoint to prune (default: the model the plan/scores name).", argument=True)
+    checkpoint: Optional[Path] = option(
+        None, "Checkpoint to prune (default: the model the plan/scores name).", argument=True
+    )
     output: Path = option(..., "Pruned checkpoint to write (.safetensors).", "-o", "--output")
     plan: Optional[str] = option(None, "Plan JSON from `headprune select` ('-': stdin).")
     scores: Optional[str] = option(None, "Scores JSON; select in place with --ratio etc.")
@@ -71,10 +86,17 @@ class PruneOptions(SelectionOptions):
     samples: int = option(256, "Calibration examples to read from --data.")
     max_length: int = option(128, "Tokens per calibration example.")
     batch_size: int = option(16, "Calibration batch size.")
-    ridge: float = option(DEFAULT_RIDGE, "lstsq: strength of the pull towards the current weights, relative to the mean input energy.", ge=0.0)
+    ridge: float = option(
+        DEFAULT_RIDGE,
+        "lstsq: strength of the pull towards the current weights, relative to the mean input energy.",
+        ge=0.0,
+    )
     force: bool = option(False, "Overwrite OUTPUT if it exists.")
     device: str = option("auto", "Where --compensate computes: " + DEVICE_HELP)
-    dtype: str = option("auto", "Compensation's compute dtype: auto (stored), float32, bfloat16, float16; the output keeps the stored dtype.")
+    dtype: str = option(
+        "auto",
+        "Compensation's compute dtype: auto (stored), float32, bfloat16, float16; the output keeps the stored dtype.",
+    )
 
 
 def run(opts: PruneOptions, ctx: Context) -> Result:
@@ -88,8 +110,12 @@ def run(opts: PruneOptions, ctx: Context) -> Result:
     plan, plan_sha = _plan(opts, artifact, source, text)
     path = find_model(artifact, source, opts.checkpoint)
     check_output(opts.output, opts.force, inputs=[path])
-    selection = Selection(plan["strategy"], {int(k): v for k, v in plan["remove_heads"].items()}, plan["remove_layers"],
-                          remove_ffn={int(k): v for k, v in (plan.get("remove_ffn") or {}).items()})
+    selection = Selection(
+        plan["strategy"],
+        {int(k): v for k, v in plan["remove_heads"].items()},
+        plan["remove_layers"],
+        remove_ffn={int(k): v for k, v in (plan.get("remove_ffn") or {}).items()},
+    )
     if opts.compensation == "none":
         digest = _streamed(artifact, path, opts.output, selection, plan_sha)
     else:
@@ -97,7 +123,9 @@ def run(opts: PruneOptions, ctx: Context) -> Result:
     heads = sum(len(v) for v in selection.remove_heads.values())
     neurons = sum(len(v) for v in selection.remove_ffn.values())
     ffn = f", {neurons} FFN neurons" if neurons else ""
-    ctx.print(f"wrote {opts.output}: removed {heads} heads{ffn}, {len(selection.remove_layers)} layers (sha256 {digest[:12]})")
+    ctx.print(
+        f"wrote {opts.output}: removed {heads} heads{ffn}, {len(selection.remove_layers)} layers (sha256 {digest[:12]})"
+    )
     return Result([str(opts.output)])
 
 
@@ -140,7 +168,15 @@ def _streamed(artifact, path: Path, output: Path, selection: Selection, plan_sha
 
     layout = read_layout_only(path, hashed=True)  # the file is hashed while its layout is built
     check_model(artifact, path)
-    return prune_layout(layout, path, output, selection.remove_heads, selection.remove_layers, plan_sha=plan_sha, remove_ffn=selection.remove_ffn)
+    return prune_layout(
+        layout,
+        path,
+        output,
+        selection.remove_heads,
+        selection.remove_layers,
+        plan_sha=plan_sha,
+        remove_ffn=selection.remove_ffn,
+    )
 
 
 def _compensated(artifact, path: Path, opts: PruneOptions, selection: Selection, plan_sha: str, ctx: Context) -> str:
@@ -157,8 +193,10 @@ def _compensated(artifact, path: Path, opts: PruneOptions, selection: Selection,
 
 
 def _tell(result, ctx: Context) -> None:
-    parts = [("attention", result.skipped, result.layers, result.error_before, result.error_after),
-             ("FFN", result.ffn_skipped, result.ffn_layers, result.ffn_error_before, result.ffn_error_after)]
+    parts = [
+        ("attention", result.skipped, result.layers, result.error_before, result.error_after),
+        ("FFN", result.ffn_skipped, result.ffn_layers, result.ffn_error_before, result.ffn_error_after),
+    ]
     for what, skipped, layers, before, after in parts:
         for layer, why in sorted(skipped.items()):
             ctx.print(f"[yellow]warning:[/] {result.method} compensation skipped the {what} of layer {layer}: {why}")
@@ -170,7 +208,17 @@ def _tell(result, ctx: Context) -> None:
 
 
 STAGE = Stage(
-    "prune", PruneOptions, run, stem="pruned",
-    inputs={"checkpoint": ("model",), "plan": ("plan",), "data": ("data",), "latency": ("latency",)},  # data: compensation only; latency: a latency target only
-    outputs={"output": "{stem}.safetensors"}, makes={"model": "output"}, needs=("checkpoint",),
+    "prune",
+    PruneOptions,
+    run,
+    stem="pruned",
+    inputs={
+        "checkpoint": ("model",),
+        "plan": ("plan",),
+        "data": ("data",),
+        "latency": ("latency",),
+    },  # data: compensation only; latency: a latency target only
+    outputs={"output": "{stem}.safetensors"},
+    makes={"model": "output"},
+    needs=("checkpoint",),
 )

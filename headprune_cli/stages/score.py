@@ -8,7 +8,13 @@ from typing import Optional
 
 from headprune_cli.errors import UsageError
 from headprune_cli.outputs import check_output
-from headprune_cli.stages.importance.registry import DEFAULT_LAYER_METHOD, HEAD_METHODS, check_ffn, head_method, layer_method
+from headprune_cli.stages.importance.registry import (
+    DEFAULT_LAYER_METHOD,
+    HEAD_METHODS,
+    check_ffn,
+    head_method,
+    layer_method,
+)
 from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
 
 LAYER_METHOD_HELP = (
@@ -21,7 +27,9 @@ LAYER_METHOD_HELP = (
 
 class ScoreOptions(Options):
     checkpoint: Path = option(..., "A headprune checkpoint.", argument=True)
-    data: Path = option(..., "JSONL/CSV (text[, text_pair][, label]), plain text, or a tokenized .safetensors set.", "--data", "-d")
+    data: Path = option(
+        ..., "JSONL/CSV (text[, text_pair][, label]), plain text, or a tokenized .safetensors set.", "--data", "-d"
+    )
     method: str = option("taylor", f"Importance method: {', '.join(HEAD_METHODS)}.", "--method", "-m")
     objective: Optional[str] = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
     samples: Optional[int] = option(None, "Use the first N examples.", ge=1)
@@ -29,12 +37,16 @@ class ScoreOptions(Options):
     max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
     seed: int = option(0, "Seed for random, fidelity probes and anything stochastic.")
     layers: bool = option(False, "Also score whole layers.")
-    ffn: bool = option(False, "Also score every FFN neuron (gradient, taylor, taylor-weight, fisher, activation, random), in the same pass: `select --target-*` then cuts heads, neurons and layers under one budget.")
+    ffn: bool = option(
+        False,
+        "Also score every FFN neuron (gradient, taylor, taylor-weight, fisher, activation, random), in the same pass: `select --target-*` then cuts heads, neurons and layers under one budget.",
+    )
     layer_method: Optional[str] = option(None, LAYER_METHOD_HELP)
     weights: Optional[list[str]] = option(None, "For combined: METHOD=WEIGHT[,METHOD=WEIGHT] (default taylor=1,loo=1).")
     normalize: bool = option(True, "gradient: divide each layer's scores by their L2 norm.", negative="--no-normalize")
     recompute: Optional[bool] = option(
-        None, "Gradient methods: recompute each block's activations in the backward instead of keeping them (less memory, "
+        None,
+        "Gradient methods: recompute each block's activations in the backward instead of keeping them (less memory, "
         "one more forward per batch, the same scores). Default: on for models of 400 M parameters or more.",
         negative="--no-recompute",
     )
@@ -79,17 +91,35 @@ def run(opts: ScoreOptions, ctx: Context) -> Result:
     place(model, opts.device, opts.dtype)
     objective = check_objective(opts.objective, model)
     max_length = min(opts.max_length, position_limit(model) or opts.max_length)  # the demo model has 64 positions
-    dataset = read_data(opts.data, model, max_length=max_length, samples=opts.samples, seed=opts.seed, need_labels=needs_labels(objective))
+    dataset = read_data(
+        opts.data,
+        model,
+        max_length=max_length,
+        samples=opts.samples,
+        seed=opts.seed,
+        need_labels=needs_labels(objective),
+    )
     with _progress(ctx, rank == 0) as progress:
         result = score_model(
-            model, dataset, opts.method, objective, batch_size=opts.batch_size, seed=opts.seed, normalize=opts.normalize,
-            weights=weights, layers=opts.chosen_layer_method(), progress=progress, ffn=opts.ffn,
+            model,
+            dataset,
+            opts.method,
+            objective,
+            batch_size=opts.batch_size,
+            seed=opts.seed,
+            normalize=opts.normalize,
+            weights=weights,
+            layers=opts.chosen_layer_method(),
+            progress=progress,
+            ffn=opts.ffn,
             recompute=opts.recompute,
         )
     if rank == 0:
         dtype = dtype_name(opts.dtype)
         extra = {"samples": opts.samples, **({"dtype": dtype} if dtype != "auto" else {})}
-        artifact = scores_artifact(model, result, model_path=opts.checkpoint, data_path=opts.data, max_length=max_length, extra_config=extra)
+        artifact = scores_artifact(
+            model, result, model_path=opts.checkpoint, data_path=opts.data, max_length=max_length, extra_config=extra
+        )
         write_artifact(artifact, opts.output)
     _finish_distributed()
     return Result([str(opts.output)] if opts.output is not None else [], value=result)
@@ -100,8 +130,15 @@ def _progress(ctx: Context, show: bool):
     """A rich progress bar on stderr; scorers open one task per pass over the data."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=ctx.console, transient=True, disable=not (show and ctx.progress))
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=ctx.console,
+        transient=True,
+        disable=not (show and ctx.progress),
+    )
 
     def factory(description: str, total: int):
         task = bar.add_task(description, total=total)
@@ -120,7 +157,12 @@ def _finish_distributed() -> None:
 
 
 STAGE = Stage(
-    "score", ScoreOptions, run, stem="scores",
-    inputs={"checkpoint": ("model",), "data": ("data",)}, outputs={"output": "{stem}.json"}, makes={"scores": "output"},
+    "score",
+    ScoreOptions,
+    run,
+    stem="scores",
+    inputs={"checkpoint": ("model",), "data": ("data",)},
+    outputs={"output": "{stem}.json"},
+    makes={"scores": "output"},
     needs=("checkpoint", "data"),
 )

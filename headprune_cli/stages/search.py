@@ -56,7 +56,12 @@ class SearchResult:
     rescored_layers: list[int] | None = None  # with rescore_layers: the layers the start drops, in the order chosen
 
     def summary(self) -> dict:
-        record = {"start_loss": self.start_loss, "best_loss": self.best_loss, "evaluations": self.evaluations, "improvements": self.improvements}
+        record = {
+            "start_loss": self.start_loss,
+            "best_loss": self.best_loss,
+            "evaluations": self.evaluations,
+            "improvements": self.improvements,
+        }
         if self.rescored_layers is not None:
             record["rescored_layers"] = self.rescored_layers
         return record
@@ -79,14 +84,24 @@ class MaskedLoss:
         with torch.no_grad():  # fidelity compares with the unpruned model's own outputs
             self.references = [embed(model, b) for b in self.batches]
 
-    def __call__(self, remove_heads: dict[int, list[int]], remove_layers: list[int], remove_ffn: dict[int, list[int]] | None = None) -> float:
+    def __call__(
+        self,
+        remove_heads: dict[int, list[int]],
+        remove_layers: list[int],
+        remove_ffn: dict[int, list[int]] | None = None,
+    ) -> float:
         from headprune_cli.model.ffn import removal_ffn_gates
         from headprune_cli.model.surgery import HeadGates, NeuronGates, removal_gates, skip_layers
         from headprune_cli.stages.objectives import check_finite, embed, per_example_loss
 
         total = 0.0
         neurons = NeuronGates(self.model, removal_ffn_gates(self.model, remove_ffn)) if remove_ffn else nullcontext()
-        with torch.no_grad(), HeadGates(self.model, removal_gates(self.model, remove_heads)), neurons, skip_layers(self.model, remove_layers):
+        with (
+            torch.no_grad(),
+            HeadGates(self.model, removal_gates(self.model, remove_heads)),
+            neurons,
+            skip_layers(self.model, remove_layers),
+        ):
             for number, (batch, reference) in enumerate(zip(self.batches, self.references)):
                 losses = per_example_loss(embed(self.model, batch), batch, self.objective, reference).double()
                 check_finite(losses, f"held-out batch {number}")
@@ -137,14 +152,20 @@ def search(
     if evaluations < 1:
         raise UsageError(f"the search needs at least 1 evaluation (got {evaluations})")
     if constraints.uniform:
-        raise UsageError("search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform")
+        raise UsageError(
+            "search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform"
+        )
     if rescore_layers:
         from headprune_cli.stages.layer_rescore import rescored_search_start
 
-        space, current, result, seen = rescored_search_start(table, loss, target_params, target_flops, constraints, evaluations, on_evaluation)
+        space, current, result, seen = rescored_search_start(
+            table, loss, target_params, target_flops, constraints, evaluations, on_evaluation
+        )
         best_loss = result.best_loss
     else:
-        start = select(table, None, ratio=ratio, target_params=target_params, target_flops=target_flops, constraints=constraints)
+        start = select(
+            table, None, ratio=ratio, target_params=target_params, target_flops=target_flops, constraints=constraints
+        )
         space = search_space(table, start, ratio, target_params, target_flops, constraints)
         current = _state_of(space, start)
         best_loss = loss(*space.removal(current))
@@ -180,8 +201,13 @@ def search_space(table, start: Selection | None, ratio, target_params, target_fl
     scored = (ffn_select.on_one_scale(table) if table.ffn else joint.on_one_scale(table)) if one_scale else table
     chains = [_chain(scored, layer, c) for layer in sorted(table.heads)]  # the chains the start was chosen on
     if table.ffn and ratio is None:  # --ratio keeps meaning heads; a cost budget searches FFN widths too
-        chains += [ffn_select.neuron_chain(layer, scored.ffn[layer], table.ffn_kept[layer], c.min_ffn or c.ffn_multiple_of, c.ffn_multiple_of)
-                   for layer in sorted(table.heads) if layer in scored.ffn]
+        chains += [
+            ffn_select.neuron_chain(
+                layer, scored.ffn[layer], table.ffn_kept[layer], c.min_ffn or c.ffn_multiple_of, c.ffn_multiple_of
+            )
+            for layer in sorted(table.heads)
+            if layer in scored.ffn
+        ]
     protected = {layer for layer, _ in c.protect}
     droppable = [layer for layer in sorted(table.heads) if layer not in protected]
     if ratio is not None:  # the same number of heads removed as the greedy plan
@@ -197,7 +223,10 @@ def search_space(table, start: Selection | None, ratio, target_params, target_fl
 
         def fits(state: State) -> bool:
             remove_heads, remove_layers, remove_ffn = space.removal(state)
-            return predict(table.cost, table.kept(), remove_heads, remove_layers, remove_ffn)[key] <= limit * (1 + 1e-12)
+            return predict(table.cost, table.kept(), remove_heads, remove_layers, remove_ffn)[key] <= limit * (
+                1 + 1e-12
+            )
+
     space.fits = fits
     return space
 
@@ -213,15 +242,24 @@ def _state_of(space: Space, selection: Selection) -> State:
             removed = sorted(selection.remove_heads.get(ch.layer, []))
             options = [ch.heads_removed(p) for p in ch.allowed]
         matches = [i for i, cut in enumerate(options) if cut == removed]
-        index.append(matches[0] if matches else min(range(len(options)), key=lambda i: abs(len(options[i]) - len(removed))))
+        index.append(
+            matches[0] if matches else min(range(len(options)), key=lambda i: abs(len(options[i]) - len(removed)))
+        )
     return tuple(index), frozenset(selection.remove_layers)
 
 
 def _neighbours(space: Space, state: State, rng: random.Random) -> list[State]:
     index, dropped = state
     kept = [pos for pos, ch in enumerate(space.chains) if ch.layer not in dropped]
-    moves = [(_shifted(index, a, b), dropped) for a in kept for b in kept
-             if a != b and type(space.chains[a]) is type(space.chains[b]) and index[a] > 0 and index[b] + 1 < len(space.chains[b].allowed)]
+    moves = [
+        (_shifted(index, a, b), dropped)
+        for a in kept
+        for b in kept
+        if a != b
+        and type(space.chains[a]) is type(space.chains[b])
+        and index[a] > 0
+        and index[b] + 1 < len(space.chains[b].allowed)
+    ]
     if space.layers_move or any(isinstance(ch, NeuronChain) for ch in space.chains):
         for a in kept:  # trade: one step back in chain a, then the other kind's cheapest steps until it fits
             if index[a] > 0:
@@ -293,6 +331,8 @@ def selection_of(space: Space, state: State) -> Selection:
     selection = Selection("search", remove_heads, remove_layers, remove_ffn=remove_ffn)
     if space.table.cost is not None:
         kept = space.table.kept()
-        selection.predicted = {"before": predict(space.table.cost, kept),
-                               "after": predict(space.table.cost, kept, remove_heads, remove_layers, remove_ffn)}
+        selection.predicted = {
+            "before": predict(space.table.cost, kept),
+            "after": predict(space.table.cost, kept, remove_heads, remove_layers, remove_ffn),
+        }
     return selection

@@ -24,19 +24,32 @@ MIN_PART = 2  # examples each part of the split needs at least
 
 class SearchOptions(ConstraintOptions):
     checkpoint: Path = option(..., "A headprune checkpoint.", argument=True)
-    data: Path = option(..., "Calibration data: one part scores the greedy start, the held-out rest judges every candidate.", "--data", "-d")
+    data: Path = option(
+        ...,
+        "Calibration data: one part scores the greedy start, the held-out rest judges every candidate.",
+        "--data",
+        "-d",
+    )
     ratio: Optional[float] = ratio_option()
     target_params: Optional[float] = target_params_option()
     target_flops: Optional[float] = target_flops_option()
-    evaluations: int = option(DEFAULT_EVALUATIONS, "Candidates measured at most (the greedy start included).", ge=1, le=MAX_EVALUATIONS)
+    evaluations: int = option(
+        DEFAULT_EVALUATIONS, "Candidates measured at most (the greedy start included).", ge=1, le=MAX_EVALUATIONS
+    )
     holdout: float = option(0.5, "Fraction of --data held out to judge candidates.", ge=0.05, le=0.95)
-    method: str = option("taylor", f"Importance method of the greedy start: {', '.join(HEAD_METHODS)}.", "--method", "-m")
+    method: str = option(
+        "taylor", f"Importance method of the greedy start: {', '.join(HEAD_METHODS)}.", "--method", "-m"
+    )
     layers: bool = option(False, "Score layers too, so that a FLOPs/params budget may drop layers.")
     rescore_layers: bool = option(
-        False, "Start from layers chosen one at a time by measured loss (each drop measured with the ones before it dropped, "
+        False,
+        "Start from layers chosen one at a time by measured loss (each drop measured with the ones before it dropped, "
         "the rest of the budget filled by head scores), instead of from single-pass layer scores; needs --target-flops/--target-params.",
     )
-    ffn: bool = option(False, "Score FFN neurons too, so that a FLOPs/params budget searches FFN widths as well (use --method fisher or taylor).")
+    ffn: bool = option(
+        False,
+        "Score FFN neurons too, so that a FLOPs/params budget searches FFN widths as well (use --method fisher or taylor).",
+    )
     layer_method: Optional[str] = option(None, LAYER_METHOD_HELP)
     objective: Optional[str] = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
     samples: Optional[int] = option(None, "Use the first N examples of --data.", ge=1)
@@ -55,14 +68,20 @@ class SearchOptions(ConstraintOptions):
         if self.layer_method is not None and not self.layers:
             raise UsageError("--layer-method needs --layers (it names how whole layers are scored)")
         if self.rescore_layers and self.ratio is not None:
-            raise UsageError("--rescore-layers needs --target-flops or --target-params: --ratio counts heads, which dropping a layer does not change")
+            raise UsageError(
+                "--rescore-layers needs --target-flops or --target-params: --ratio counts heads, which dropping a layer does not change"
+            )
         if self.rescore_layers and self.layers:
             raise UsageError("--rescore-layers measures the layers itself; leave out --layers")
         if self.rescore_layers and self.ffn:
             # the fill would weigh head and neuron scores against each other with no common scale
-            raise UsageError("--rescore-layers fills the budget with heads only; with --ffn use --layers --layer-method loo or refit")
+            raise UsageError(
+                "--rescore-layers fills the budget with heads only; with --ffn use --layers --layer-method loo or refit"
+            )
         if self.uniform:
-            raise UsageError("search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform")
+            raise UsageError(
+                "search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform"
+            )
 
 
 def run(opts: SearchOptions, ctx: Context) -> Result:
@@ -81,7 +100,14 @@ def run(opts: SearchOptions, ctx: Context) -> Result:
     place(model, opts.device, opts.dtype)
     objective = check_objective(opts.objective, model)
     max_length = min(opts.max_length, position_limit(model) or opts.max_length)
-    dataset = read_data(opts.data, model, max_length=max_length, samples=opts.samples, seed=opts.seed, need_labels=needs_labels(objective))
+    dataset = read_data(
+        opts.data,
+        model,
+        max_length=max_length,
+        samples=opts.samples,
+        seed=opts.seed,
+        need_labels=needs_labels(objective),
+    )
     scoring, held_out = _split(dataset, opts.holdout, opts.data)
     if opts.rescore_layers or (not opts.layers and not opts.ffn):
         _check_reachable(model, opts, max_length)
@@ -92,7 +118,8 @@ def run(opts: SearchOptions, ctx: Context) -> Result:
     ctx.print(
         f"search ({result.evaluations} candidates measured, {result.improvements} improvements): held-out loss "
         f"{result.start_loss:.5f} ({_start_name(result)}) -> {result.best_loss:.5f}; removes {sum(len(v) for v in result.selection.remove_heads.values())} heads, "
-        f"{sum(len(v) for v in result.selection.remove_ffn.values())} FFN neurons, {len(result.selection.remove_layers)} layers", highlight=False,
+        f"{sum(len(v) for v in result.selection.remove_ffn.values())} FFN neurons, {len(result.selection.remove_layers)} layers",
+        highlight=False,
     )
     return Result([str(opts.output)] if opts.output is not None else [], value=plan)
 
@@ -100,7 +127,11 @@ def run(opts: SearchOptions, ctx: Context) -> Result:
 def _start_name(result) -> str:
     if result.rescored_layers is None:
         return "greedy"
-    return f"layers rescored: dropped {result.rescored_layers}" if result.rescored_layers else "layers rescored: none dropped"
+    return (
+        f"layers rescored: dropped {result.rescored_layers}"
+        if result.rescored_layers
+        else "layers rescored: none dropped"
+    )
 
 
 def _check_method(opts: SearchOptions) -> None:
@@ -115,7 +146,9 @@ def _split(dataset, holdout: float, path: Path):
     """(scoring part, held-out part): the held-out part is the last rows."""
     held = round(len(dataset) * holdout)
     if held < MIN_PART or len(dataset) - held < MIN_PART:
-        raise DataError(f"{path}: {len(dataset)} examples are too few to split for search (each part needs at least {MIN_PART}; --holdout {holdout:g})")
+        raise DataError(
+            f"{path}: {len(dataset)} examples are too few to split for search (each part needs at least {MIN_PART}; --holdout {holdout:g})"
+        )
     cut = len(dataset) - held
     return dataset.select(0, cut), dataset.select(cut, len(dataset))
 
@@ -130,14 +163,25 @@ def _check_reachable(model, opts: SearchOptions, max_length: int) -> None:
     from headprune_cli.stages.selection import select
 
     layout = info_of(model).layout
-    flat = ScoreTable({layer: {h: 0.0 for h in heads} for layer, heads in zip(layout.layers, layout.heads)},
-                      list(layout.num_heads), list(layout.num_kv_heads), cost=cost_table(model, max_length))
+    flat = ScoreTable(
+        {layer: {h: 0.0 for h in heads} for layer, heads in zip(layout.layers, layout.heads)},
+        list(layout.num_heads),
+        list(layout.num_kv_heads),
+        cost=cost_table(model, max_length),
+    )
     if opts.rescore_layers:
         from headprune_cli.stages.layer_rescore import check_reachable
 
         check_reachable(flat, opts.target_params, opts.target_flops, opts.constraints())
         return
-    select(flat, None, ratio=opts.ratio, target_params=opts.target_params, target_flops=opts.target_flops, constraints=opts.constraints())
+    select(
+        flat,
+        None,
+        ratio=opts.ratio,
+        target_params=opts.target_params,
+        target_flops=opts.target_flops,
+        constraints=opts.constraints(),
+    )
 
 
 def _score(model, scoring, objective: str, opts: SearchOptions, max_length: int):
@@ -145,8 +189,18 @@ def _score(model, scoring, objective: str, opts: SearchOptions, max_length: int)
     from headprune_cli.stages.importance.registry import DEFAULT_LAYER_METHOD
 
     layers = (opts.layer_method or DEFAULT_LAYER_METHOD) if opts.layers else None
-    return score_model(model, scoring, opts.method, objective, batch_size=opts.batch_size, seed=opts.seed, layers=layers,
-                       seq_len=max_length, ffn=opts.ffn, normalize=not opts.ffn)
+    return score_model(
+        model,
+        scoring,
+        opts.method,
+        objective,
+        batch_size=opts.batch_size,
+        seed=opts.seed,
+        layers=layers,
+        seq_len=max_length,
+        ffn=opts.ffn,
+        normalize=not opts.ffn,
+    )
 
 
 def _search(model, table, held_out, objective: str, opts: SearchOptions, ctx: Context):
@@ -155,13 +209,28 @@ def _search(model, table, held_out, objective: str, opts: SearchOptions, ctx: Co
     from headprune_cli.stages.search import MaskedLoss, search
 
     loss = MaskedLoss(model, held_out, objective, opts.batch_size)
-    bar = Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[best]}"), TimeElapsedColumn(),
-                   console=ctx.console, transient=True, disable=not ctx.progress)
+    bar = Progress(
+        TextColumn("search"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[best]}"),
+        TimeElapsedColumn(),
+        console=ctx.console,
+        transient=True,
+        disable=not ctx.progress,
+    )
     with bar:
         task = bar.add_task("search", total=opts.evaluations, best="")
         return search(
-            table, loss, ratio=opts.ratio, target_params=opts.target_params, target_flops=opts.target_flops,
-            constraints=opts.constraints(), evaluations=opts.evaluations, seed=opts.seed, rescore_layers=opts.rescore_layers,
+            table,
+            loss,
+            ratio=opts.ratio,
+            target_params=opts.target_params,
+            target_flops=opts.target_flops,
+            constraints=opts.constraints(),
+            evaluations=opts.evaluations,
+            seed=opts.seed,
+            rescore_layers=opts.rescore_layers,
             on_evaluation=lambda n, best: bar.update(task, completed=n, best=f"best loss {best:.5f}"),
         )
 
@@ -174,18 +243,41 @@ def _plan(model, opts: SearchOptions, result, max_length: int) -> dict:
     info = info_of(model)
     inputs = [input_ref("model", opts.checkpoint, info.loaded_from[1]), input_ref("data", opts.data)]
     config = {
-        "strategy": "search", "ratio": opts.ratio, "target_params": opts.target_params, "target_flops": opts.target_flops,
-        "method": opts.method, "layers": opts.layers, "layer_method": opts.layer_method, "evaluations": opts.evaluations,
+        "strategy": "search",
+        "ratio": opts.ratio,
+        "target_params": opts.target_params,
+        "target_flops": opts.target_flops,
+        "method": opts.method,
+        "layers": opts.layers,
+        "layer_method": opts.layer_method,
+        "evaluations": opts.evaluations,
         **({"rescore_layers": True} if opts.rescore_layers else {}),
-        "holdout": opts.holdout, "samples": opts.samples, "max_length": max_length, "seed": opts.seed,
-        **({"ffn": True} if opts.ffn else {}), **opts.constraints().to_dict(ffn=opts.ffn),
+        "holdout": opts.holdout,
+        "samples": opts.samples,
+        "max_length": max_length,
+        "seed": opts.seed,
+        **({"ffn": True} if opts.ffn else {}),
+        **opts.constraints().to_dict(ffn=opts.ffn),
     }
     num_ffn = list(info.layout.num_ffn) if opts.ffn else None
-    return plan_artifact(result.selection, opts.constraints(), inputs, list(info.layout.num_heads), config, num_ffn=num_ffn, search=result.summary())
+    return plan_artifact(
+        result.selection,
+        opts.constraints(),
+        inputs,
+        list(info.layout.num_heads),
+        config,
+        num_ffn=num_ffn,
+        search=result.summary(),
+    )
 
 
 STAGE = Stage(
-    "search", SearchOptions, run, stem="plan",
-    inputs={"checkpoint": ("model",), "data": ("data",)}, outputs={"output": "{stem}.json"}, makes={"plan": "output"},
+    "search",
+    SearchOptions,
+    run,
+    stem="plan",
+    inputs={"checkpoint": ("model",), "data": ("data",)},
+    outputs={"output": "{stem}.json"},
+    makes={"plan": "output"},
     needs=("checkpoint", "data"),
 )

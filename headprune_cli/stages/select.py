@@ -34,17 +34,30 @@ class ConstraintOptions(Options):
     protect: Optional[str] = option(None, "Heads never removed: LAYER:HEAD,... (original indices).")
     gqa_unit: str = option("group", "GQA layers: remove whole KV 'group's, or query 'head's evenly from every group.")
     uniform: bool = option(
-        False, "Keep the same number of heads (and KV groups, and FFN width) in every layer, chosen by score: "
+        False,
+        "Keep the same number of heads (and KV groups, and FFN width) in every layer, chosen by score: "
         "LLaMA/Mistral/Qwen models then export as plain transformers folders.",
     )
-    min_ffn: Optional[int] = option(None, "FFN neurons every layer keeps at least, when the scores hold neuron scores (default: --ffn-multiple-of).", ge=1)
-    ffn_multiple_of: int = option(8, "FFN widths kept are multiples of this (8: what GPU matrix kernels tile by; 1 on CPUs costs nothing).", ge=1)
+    min_ffn: Optional[int] = option(
+        None,
+        "FFN neurons every layer keeps at least, when the scores hold neuron scores (default: --ffn-multiple-of).",
+        ge=1,
+    )
+    ffn_multiple_of: int = option(
+        8, "FFN widths kept are multiples of this (8: what GPU matrix kernels tile by; 1 on CPUs costs nothing).", ge=1
+    )
 
     def constraints(self) -> Constraints:
         return Constraints(
-            min_heads=self.min_heads, multiple_of=self.multiple_of, protect=parse_protect(self.protect),
-            drop_layers=getattr(self, "drop_layers", 0), layer_threshold=getattr(self, "layer_threshold", None),
-            gqa_unit=self.gqa_unit, uniform=self.uniform, min_ffn=self.min_ffn, ffn_multiple_of=self.ffn_multiple_of,
+            min_heads=self.min_heads,
+            multiple_of=self.multiple_of,
+            protect=parse_protect(self.protect),
+            drop_layers=getattr(self, "drop_layers", 0),
+            layer_threshold=getattr(self, "layer_threshold", None),
+            gqa_unit=self.gqa_unit,
+            uniform=self.uniform,
+            min_ffn=self.min_ffn,
+            ffn_multiple_of=self.ffn_multiple_of,
         )
 
 
@@ -52,20 +65,35 @@ class SelectionOptions(ConstraintOptions):
     """How to choose from scores: the amount (one of ratio, threshold, targets) and the constraints."""
 
     ratio: Optional[float] = ratio_option()
-    strategy: Optional[str] = option(None, "global | layer | threshold | budget | joint (default: from the amount given; a --target-* with loss-scale layer scores is joint).")
+    strategy: Optional[str] = option(
+        None,
+        "global | layer | threshold | budget | joint (default: from the amount given; a --target-* with loss-scale layer scores is joint).",
+    )
     drop_layers: int = option(0, "Also drop the N least important layers (needs layer scores).", ge=0)
     layer_threshold: Optional[float] = option(None, "Also drop layers scoring below T.")
     threshold: Optional[str] = option(None, "Remove heads scoring below T, or below the P-th percentile ('25%').")
     target_params: Optional[float] = target_params_option()
     target_flops: Optional[float] = target_flops_option()
-    latency: Optional[str] = option(None, "Latency table from `headprune profile`: price the budget in measured milliseconds (with --target-latency or --target-ms).")
+    latency: Optional[str] = option(
+        None,
+        "Latency table from `headprune profile`: price the budget in measured milliseconds (with --target-latency or --target-ms).",
+    )
     target_latency: Optional[float] = option(None, "With --latency: keep this fraction of the profiled latency.")
-    target_ms: Optional[float] = option(None, "With --latency: keep the predicted latency at most this many milliseconds.")
-    latency_phase: str = option("forward", "With --latency: price by the table's 'forward' profile, or its 'decode' one (causal LMs profiled with --context).")
+    target_ms: Optional[float] = option(
+        None, "With --latency: keep the predicted latency at most this many milliseconds."
+    )
+    latency_phase: str = option(
+        "forward",
+        "With --latency: price by the table's 'forward' profile, or its 'decode' one (causal LMs profiled with --context).",
+    )
 
     def selection_given(self) -> list[str]:
         """The selection options set to other than their defaults."""
-        return [name for name in SelectionOptions.model_fields if getattr(self, name) != SelectionOptions.model_fields[name].default]
+        return [
+            name
+            for name in SelectionOptions.model_fields
+            if getattr(self, name) != SelectionOptions.model_fields[name].default
+        ]
 
 
 class SelectOptions(SelectionOptions):
@@ -79,19 +107,35 @@ def plan_from_scores(opts: SelectionOptions, source: str, scores=None, scores_sh
     if scores is None:
         scores, scores_sha = read_artifact(source, ("scores",))
     constraints = opts.constraints()
-    if opts.latency is not None or opts.target_latency is not None or opts.target_ms is not None or opts.latency_phase != "forward":
+    if (
+        opts.latency is not None
+        or opts.target_latency is not None
+        or opts.target_ms is not None
+        or opts.latency_phase != "forward"
+    ):
         return _latency_plan(opts, scores, str(source), scores_sha, constraints)
     selection = choose(
-        ScoreTable.from_scores(scores), opts.strategy, ratio=opts.ratio, threshold=opts.threshold,
-        target_params=opts.target_params, target_flops=opts.target_flops, constraints=constraints,
+        ScoreTable.from_scores(scores),
+        opts.strategy,
+        ratio=opts.ratio,
+        threshold=opts.threshold,
+        target_params=opts.target_params,
+        target_flops=opts.target_flops,
+        constraints=constraints,
     )
-    return make_plan(selection, constraints, scores, str(source), scores_sha, _config(opts, selection, constraints, scores))
+    return make_plan(
+        selection, constraints, scores, str(source), scores_sha, _config(opts, selection, constraints, scores)
+    )
 
 
 def _config(opts: SelectionOptions, selection, constraints, scores, **latency) -> dict:
     return {
-        "strategy": selection.strategy, "ratio": opts.ratio, "threshold": opts.threshold,
-        "target_params": opts.target_params, "target_flops": opts.target_flops, **latency,
+        "strategy": selection.strategy,
+        "ratio": opts.ratio,
+        "threshold": opts.threshold,
+        "target_params": opts.target_params,
+        "target_flops": opts.target_flops,
+        **latency,
         **constraints.to_dict(ffn=getattr(scores, "ffn", None) is not None),
     }
 
@@ -101,16 +145,32 @@ def _latency_plan(opts: SelectionOptions, scores, source: str, scores_sha: str, 
     from headprune_cli.schema import input_ref
     from headprune_cli.stages import latency_select
 
-    others = {"--ratio": opts.ratio, "--threshold": opts.threshold, "--target-params": opts.target_params, "--target-flops": opts.target_flops}
+    others = {
+        "--ratio": opts.ratio,
+        "--threshold": opts.threshold,
+        "--target-params": opts.target_params,
+        "--target-flops": opts.target_flops,
+    }
     if opts.latency is None:
-        raise UsageError("--target-latency/--target-ms price the budget by a latency table: give --latency TABLE from `headprune profile`")
+        raise UsageError(
+            "--target-latency/--target-ms price the budget by a latency table: give --latency TABLE from `headprune profile`"
+        )
     latency_select.check_amounts(opts.target_latency, opts.target_ms, others)
     table, table_sha = latency_select.read_latency(opts.latency, scores, opts.latency_phase)
     budget = latency_select.LatencyBudget(table, opts.target_latency, opts.target_ms)
     pick = lambda t, strategy, fraction, c: choose(t, strategy, target_flops=fraction, constraints=c)  # noqa: E731
-    selection, record = latency_select.select_by_latency(ScoreTable.from_scores(scores), opts.strategy, budget, constraints, pick)
-    config = _config(opts, selection, constraints, scores, target_latency=opts.target_latency, target_ms=opts.target_ms,
-                     latency_phase=opts.latency_phase)
+    selection, record = latency_select.select_by_latency(
+        ScoreTable.from_scores(scores), opts.strategy, budget, constraints, pick
+    )
+    config = _config(
+        opts,
+        selection,
+        constraints,
+        scores,
+        target_latency=opts.target_latency,
+        target_ms=opts.target_ms,
+        latency_phase=opts.latency_phase,
+    )
     plan = make_plan(selection, constraints, scores, source, scores_sha, config, latency=record)
     plan["inputs"].append(input_ref("latency", opts.latency, table_sha))
     return plan
@@ -143,6 +203,12 @@ def summary(plan: dict) -> str:
 
 
 STAGE = Stage(
-    "select", SelectOptions, run, stem="plan",
-    inputs={"scores": ("scores",), "latency": ("latency",)}, outputs={"output": "{stem}.json"}, makes={"plan": "output"}, needs=("scores",),
+    "select",
+    SelectOptions,
+    run,
+    stem="plan",
+    inputs={"scores": ("scores",), "latency": ("latency",)},
+    outputs={"output": "{stem}.json"},
+    makes={"plan": "output"},
+    needs=("scores",),
 )

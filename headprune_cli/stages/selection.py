@@ -190,13 +190,17 @@ def _layers_to_drop(table: ScoreTable, c: Constraints) -> list[int]:
     if not table.layers:
         raise UsageError("layer removal needs layer scores, and these scores have none (score layers too)")
     protected = {layer for layer, _ in c.protect}
-    candidates = sorted((s, layer) for layer, s in table.layers.items() if layer in table.heads and layer not in protected)
+    candidates = sorted(
+        (s, layer) for layer, s in table.layers.items() if layer in table.heads and layer not in protected
+    )
     if c.drop_layers:
         if c.drop_layers < 0:
             raise UsageError("--drop-layers must be non-negative")
         drop = [layer for _, layer in candidates[: c.drop_layers]]
         if len(drop) < c.drop_layers:
-            raise UsageError(f"--drop-layers {c.drop_layers}: only {len(drop)} layers can be dropped (others are protected)")
+            raise UsageError(
+                f"--drop-layers {c.drop_layers}: only {len(drop)} layers can be dropped (others are protected)"
+            )
     else:
         drop = [layer for s, layer in candidates if s < c.layer_threshold]
     if len(drop) >= len(table.heads):
@@ -286,7 +290,11 @@ AMOUNT = {name: s.amount for name, s in STRATEGIES.items()}
 
 
 def default_strategy(ratio, threshold, target_params, target_flops) -> str:
-    given = [n for n, v in (("ratio", ratio), ("threshold", threshold), ("target", target_params), ("target", target_flops)) if v is not None]
+    given = [
+        n
+        for n, v in (("ratio", ratio), ("threshold", threshold), ("target", target_params), ("target", target_flops))
+        if v is not None
+    ]
     if len(given) != 1:
         raise UsageError("give exactly one of --ratio, --threshold, --target-params, --target-flops")
     return {"ratio": "global", "threshold": "threshold", "target": "budget"}[given[0]]
@@ -337,7 +345,9 @@ def select(
             "after": predict(table.cost, table.kept(), remove, drop),
         }
     if entry.amount == "target" and not kwargs["fits"](prefixes):
-        raise UsageError(f"the budget cannot be met within the constraints (best: {_fraction(selection, target_params)})")
+        raise UsageError(
+            f"the budget cannot be met within the constraints (best: {_fraction(selection, target_params)})"
+        )
     return selection
 
 
@@ -363,9 +373,14 @@ def select_joint(table: ScoreTable, target_params, target_flops, c: Constraints)
     state, drop = joint.choose(table, chains, droppable, key, limit * (1 + 1e-12))
     remove = {ch.layer: ch.heads_removed(ch.allowed[state[ch.layer]]) for ch in chains if ch.layer not in drop}
     selection = Selection("joint", {k: v for k, v in remove.items() if v}, drop)
-    selection.predicted = {"before": predict(table.cost, table.kept()), "after": predict(table.cost, table.kept(), remove, drop)}
+    selection.predicted = {
+        "before": predict(table.cost, table.kept()),
+        "after": predict(table.cost, table.kept(), remove, drop),
+    }
     if selection.predicted["after"][key] > limit * (1 + 1e-12):
-        raise UsageError(f"the budget cannot be met within the constraints (best: {_fraction(selection, target_params)})")
+        raise UsageError(
+            f"the budget cannot be met within the constraints (best: {_fraction(selection, target_params)})"
+        )
     return selection
 
 

@@ -35,7 +35,9 @@ class SweepSettings:
     max_length: int = 128
     samples: int | None = None
     seed: int = 0
-    targets: list[float] = field(default_factory=list)  # FLOPs fractions: a budget sweep (sweep_budget.py) instead of ratios
+    targets: list[float] = field(
+        default_factory=list
+    )  # FLOPs fractions: a budget sweep (sweep_budget.py) instead of ratios
     routes: list[str] = field(default_factory=list)
     repeats: int = 0  # timed runs per model for the measured speedup (budget sweep); 0 skips
 
@@ -58,7 +60,9 @@ def check_options(opts: SweepSettings) -> None:
         raise UsageError(f"--target-flops must lie in (0, 1] (got {bad[0]:g})")
 
 
-def run_sweep(model: nn.Module, calib, eval_data, opts: SweepSettings, progress: Callable[[str], None] = lambda _: None) -> dict:
+def run_sweep(
+    model: nn.Module, calib, eval_data, opts: SweepSettings, progress: Callable[[str], None] = lambda _: None
+) -> dict:
     """The sweep payload: baseline metrics, one row per (method, ratio), the knees."""
     from headprune_cli.stages.importance.api import score_model
     from headprune_cli.stages.objectives import default_objective, evaluate
@@ -72,32 +76,41 @@ def run_sweep(model: nn.Module, calib, eval_data, opts: SweepSettings, progress:
     rows = []
     for method in opts.methods:
         progress(f"scoring with {method}")
-        table = score_model(model, calib, method, objective, batch_size=opts.batch_size, seed=opts.seed, seq_len=opts.max_length)
+        table = score_model(
+            model, calib, method, objective, batch_size=opts.batch_size, seed=opts.seed, seq_len=opts.max_length
+        )
         for ratio in sorted(opts.ratios):
             progress(f"{method}: ratio {ratio:g}")
             pruned, removed = _pruned_copy(model, table, ratio, calib, opts)
             metrics = metric_dicts(evaluate(pruned, eval_data, objective, reference=model, batch_size=opts.batch_size))
             main = main_metric(task, base_metrics, metrics)
             flops = flops_per_token(pruned, opts.max_length)
-            rows.append({
-                "method": method,
-                "ratio": ratio,
-                "heads_removed": removed,
-                "fraction_removed": removed / total_heads,
-                "metrics": metrics,
-                "main": main.pruned,
-                "drop": main.drop,
-                "rel_drop": main.rel_drop,
-                "params": count_params(pruned),
-                "flops_per_token": flops,
-                "predicted_speedup": base_flops / flops,
-                "within_budget": main.drop <= opts.max_drop,
-            })
+            rows.append(
+                {
+                    "method": method,
+                    "ratio": ratio,
+                    "heads_removed": removed,
+                    "fraction_removed": removed / total_heads,
+                    "metrics": metrics,
+                    "main": main.pruned,
+                    "drop": main.drop,
+                    "rel_drop": main.rel_drop,
+                    "params": count_params(pruned),
+                    "flops_per_token": flops,
+                    "predicted_speedup": base_flops / flops,
+                    "within_budget": main.drop <= opts.max_drop,
+                }
+            )
     main = main_metric(task, base_metrics, base_metrics)
     return {
         "task": task,
         "objective": objective,
-        "main_metric": {"name": main.name, "higher_is_better": main.higher_is_better, "baseline": main.baseline, "unit": main.unit},
+        "main_metric": {
+            "name": main.name,
+            "higher_is_better": main.higher_is_better,
+            "baseline": main.baseline,
+            "unit": main.unit,
+        },
         "baseline_metrics": base_metrics,
         "total_heads": total_heads,
         "max_drop": opts.max_drop,
@@ -112,7 +125,13 @@ def knees(rows: list[dict], methods: list[str]) -> dict[str, dict | None]:
     for method in methods:
         ok = [r for r in rows if r["method"] == method and r["within_budget"]]
         top = max(ok, key=lambda r: r["ratio"]) if ok else None
-        best[method] = None if top is None else {k: top[k] for k in ("ratio", "heads_removed", "fraction_removed", "main", "drop", "predicted_speedup")}
+        best[method] = (
+            None
+            if top is None
+            else {
+                k: top[k] for k in ("ratio", "heads_removed", "fraction_removed", "main", "drop", "predicted_speedup")
+            }
+        )
     return best
 
 
@@ -123,7 +142,9 @@ def _pruned_copy(model: nn.Module, table, ratio: float, calib, opts: SweepSettin
 
     selection = select(table, "global", ratio=ratio)
     pruned = copy.deepcopy(model)
-    compensation = Compensation(opts.compensate, list(batches(calib, opts.batch_size))) if opts.compensate != "none" else None
+    compensation = (
+        Compensation(opts.compensate, list(batches(calib, opts.batch_size))) if opts.compensate != "none" else None
+    )
     cut(pruned, selection, compensation)
     return pruned, sum(len(h) for h in selection.remove_heads.values())
 
@@ -140,13 +161,24 @@ def markdown(result: dict) -> str:
         "",
     ]
     for method, best in result["best"].items():
-        lines.append(f"- **{method}**: " + (
-            f"ratio {best['ratio']:g} ({best['heads_removed']} of {result['total_heads']} heads, {name} {fmt(name, best['main'])}, "
-            f"drop {best['drop']:+.3g} {main['unit']}, predicted speedup {best['predicted_speedup']:.2f}x)" if best else "none of the ratios"
-        ))
-    lines += ["", f"| method | ratio | heads removed | {main['name']} | drop ({main['unit']}) | predicted speedup | within budget |", "|---|---:|---:|---:|---:|---:|:---:|"]
+        lines.append(
+            f"- **{method}**: "
+            + (
+                f"ratio {best['ratio']:g} ({best['heads_removed']} of {result['total_heads']} heads, {name} {fmt(name, best['main'])}, "
+                f"drop {best['drop']:+.3g} {main['unit']}, predicted speedup {best['predicted_speedup']:.2f}x)"
+                if best
+                else "none of the ratios"
+            )
+        )
+    lines += [
+        "",
+        f"| method | ratio | heads removed | {main['name']} | drop ({main['unit']}) | predicted speedup | within budget |",
+        "|---|---:|---:|---:|---:|---:|:---:|",
+    ]
     for r in result["rows"]:
-        lines.append(f"| {r['method']} | {r['ratio']:g} | {r['heads_removed']} | {fmt(name, r['main'])} | {r['drop']:+.3g} | {r['predicted_speedup']:.2f}x | {'yes' if r['within_budget'] else 'no'} |")
+        lines.append(
+            f"| {r['method']} | {r['ratio']:g} | {r['heads_removed']} | {fmt(name, r['main'])} | {r['drop']:+.3g} | {r['predicted_speedup']:.2f}x | {'yes' if r['within_budget'] else 'no'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -162,6 +194,6 @@ def options_dict(opts: SweepSettings) -> dict:
     """The settings as the artifact records them: a ratio sweep's keys, or a budget sweep's."""
     out = asdict(opts)
     budget = ("targets", "routes", "repeats")
-    for key in (("ratios",) if opts.targets else budget):
+    for key in ("ratios",) if opts.targets else budget:
         del out[key]
     return out

@@ -36,7 +36,9 @@ def check_routes(routes: list[str], methods: list[str]) -> None:
                 check_ffn(method)
 
 
-def run_budget_sweep(model: nn.Module, calib, eval_data, opts, progress: Callable[[str], None] = lambda _: None) -> dict:
+def run_budget_sweep(
+    model: nn.Module, calib, eval_data, opts, progress: Callable[[str], None] = lambda _: None
+) -> dict:
     """The budget sweep's payload: one row per (method, route, target), and per route the smallest FLOPs kept within budget."""
     from headprune_cli.stages.importance.api import score_model
     from headprune_cli.stages.objectives import default_objective, evaluate
@@ -50,8 +52,17 @@ def run_budget_sweep(model: nn.Module, calib, eval_data, opts, progress: Callabl
     for method in opts.methods:
         for route in opts.routes:
             progress(f"scoring with {method} ({route})")
-            table = score_model(model, calib, method, objective, batch_size=opts.batch_size, seed=opts.seed,
-                                seq_len=opts.max_length, normalize=False, **ROUTES[route])
+            table = score_model(
+                model,
+                calib,
+                method,
+                objective,
+                batch_size=opts.batch_size,
+                seed=opts.seed,
+                seq_len=opts.max_length,
+                normalize=False,
+                **ROUTES[route],
+            )
             for target in sorted(opts.targets, reverse=True):
                 progress(f"{method} ({route}): FLOPs {target:g}")
                 try:
@@ -60,21 +71,43 @@ def run_budget_sweep(model: nn.Module, calib, eval_data, opts, progress: Callabl
                     progress(f"{method} ({route}): FLOPs {target:g} not reachable ({exc})")
                     continue
                 pruned = _cut_copy(model, selection, calib, opts)
-                metrics = metric_dicts(evaluate(pruned, eval_data, objective, reference=model, batch_size=opts.batch_size))
+                metrics = metric_dicts(
+                    evaluate(pruned, eval_data, objective, reference=model, batch_size=opts.batch_size)
+                )
                 main = main_metric(task, base_metrics, metrics)
                 flops = flops_per_token(pruned, opts.max_length)
-                rows.append({
-                    "method": method, "route": route, "target_flops": target, "metrics": metrics, "main": main.pruned,
-                    "drop": main.drop, "rel_drop": main.rel_drop, "params": count_params(pruned), "flops_per_token": flops,
-                    "flops_kept": flops / base_flops, "predicted_speedup": base_flops / flops,
-                    "measured_speedup": _speedup(model, pruned, opts), "within_budget": main.drop <= opts.max_drop,
-                })
+                rows.append(
+                    {
+                        "method": method,
+                        "route": route,
+                        "target_flops": target,
+                        "metrics": metrics,
+                        "main": main.pruned,
+                        "drop": main.drop,
+                        "rel_drop": main.rel_drop,
+                        "params": count_params(pruned),
+                        "flops_per_token": flops,
+                        "flops_kept": flops / base_flops,
+                        "predicted_speedup": base_flops / flops,
+                        "measured_speedup": _speedup(model, pruned, opts),
+                        "within_budget": main.drop <= opts.max_drop,
+                    }
+                )
     main = main_metric(task, base_metrics, base_metrics)
     return {
-        "task": task, "objective": objective,
-        "main_metric": {"name": main.name, "higher_is_better": main.higher_is_better, "baseline": main.baseline, "unit": main.unit},
-        "baseline_metrics": base_metrics, "total_heads": sum(len(h) for h in info_of(model).layout.heads), "max_drop": opts.max_drop,
-        "rows": [], "best": {},  # the head-ratio sweep's fields, empty in a budget sweep
+        "task": task,
+        "objective": objective,
+        "main_metric": {
+            "name": main.name,
+            "higher_is_better": main.higher_is_better,
+            "baseline": main.baseline,
+            "unit": main.unit,
+        },
+        "baseline_metrics": base_metrics,
+        "total_heads": sum(len(h) for h in info_of(model).layout.heads),
+        "max_drop": opts.max_drop,
+        "rows": [],
+        "best": {},  # the head-ratio sweep's fields, empty in a budget sweep
         "budget": {"routes": list(opts.routes), "rows": rows, "best": _best(rows, opts)},
     }
 
@@ -84,7 +117,9 @@ def _cut_copy(model, selection, calib, opts):
     from headprune_cli.stages.prune import Compensation, cut
 
     pruned = copy.deepcopy(model)
-    compensation = Compensation(opts.compensate, list(batches(calib, opts.batch_size))) if opts.compensate != "none" else None
+    compensation = (
+        Compensation(opts.compensate, list(batches(calib, opts.batch_size))) if opts.compensate != "none" else None
+    )
     cut(pruned, selection, compensation)
     return pruned
 
@@ -107,7 +142,22 @@ def _best(rows: list[dict], opts) -> dict[str, dict | None]:
     for route in opts.routes:
         ok = [r for r in rows if r["route"] == route and r["within_budget"]]
         top = min(ok, key=lambda r: (r["flops_kept"], r["drop"])) if ok else None
-        best[route] = None if top is None else {k: top[k] for k in ("method", "target_flops", "flops_kept", "main", "drop", "predicted_speedup", "measured_speedup")}
+        best[route] = (
+            None
+            if top is None
+            else {
+                k: top[k]
+                for k in (
+                    "method",
+                    "target_flops",
+                    "flops_kept",
+                    "main",
+                    "drop",
+                    "predicted_speedup",
+                    "measured_speedup",
+                )
+            }
+        )
     return best
 
 
@@ -116,18 +166,33 @@ def markdown(payload: dict) -> str:
 
     main, budget = payload["main_metric"], payload["budget"]
     name, unit = main["name"], main["unit"]
-    lines = [f"## headprune sweep: {name} vs FLOPs kept, per route (budget: drop <= {payload['max_drop']:g} {unit})", "",
-             f"Baseline {name}: {fmt(name, main['baseline'])}. Fewest FLOPs kept within the budget:", ""]
+    lines = [
+        f"## headprune sweep: {name} vs FLOPs kept, per route (budget: drop <= {payload['max_drop']:g} {unit})",
+        "",
+        f"Baseline {name}: {fmt(name, main['baseline'])}. Fewest FLOPs kept within the budget:",
+        "",
+    ]
     for route, best in budget["best"].items():
-        lines.append(f"- **{route}**: " + (
-            f"{best['flops_kept']:.0%} of the FLOPs ({best['method']}), {name} {fmt(name, best['main'])}, drop {best['drop']:+.3g} {unit}"
-            + (f", measured speedup {best['measured_speedup']:.2f}x" if best["measured_speedup"] else "") if best else "none of the targets"))
-    lines += ["", f"| method | route | target FLOPs | FLOPs kept | {name} | drop ({unit}) | predicted speedup | measured speedup | within budget |",
-              "|---|---|---:|---:|---:|---:|---:|---:|:---:|"]
+        lines.append(
+            f"- **{route}**: "
+            + (
+                f"{best['flops_kept']:.0%} of the FLOPs ({best['method']}), {name} {fmt(name, best['main'])}, drop {best['drop']:+.3g} {unit}"
+                + (f", measured speedup {best['measured_speedup']:.2f}x" if best["measured_speedup"] else "")
+                if best
+                else "none of the targets"
+            )
+        )
+    lines += [
+        "",
+        f"| method | route | target FLOPs | FLOPs kept | {name} | drop ({unit}) | predicted speedup | measured speedup | within budget |",
+        "|---|---|---:|---:|---:|---:|---:|---:|:---:|",
+    ]
     for r in budget["rows"]:
         measured = f"{r['measured_speedup']:.2f}x" if r["measured_speedup"] else "–"
-        lines.append(f"| {r['method']} | {r['route']} | {r['target_flops']:g} | {r['flops_kept']:.3f} | {fmt(name, r['main'])} | {r['drop']:+.3g} | "
-                     f"{r['predicted_speedup']:.2f}x | {measured} | {'yes' if r['within_budget'] else 'no'} |")
+        lines.append(
+            f"| {r['method']} | {r['route']} | {r['target_flops']:g} | {r['flops_kept']:.3f} | {fmt(name, r['main'])} | {r['drop']:+.3g} | "
+            f"{r['predicted_speedup']:.2f}x | {measured} | {'yes' if r['within_budget'] else 'no'} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -19,8 +19,14 @@ class SweepOptions(Options):
     eval_data: Path = option(..., "Evaluation data for the quality curve.")
     methods: str = option("taylor,gradient,random", "Comma-separated importance methods, e.g. taylor,gradient,random.")
     ratios: str = option(",".join(f"{r:g}" for r in DEFAULT_RATIOS), "Comma-separated fractions of heads to remove.")
-    target_flops: Optional[str] = option(None, "Comma-separated fractions of the FLOPs to keep (e.g. 0.8,0.6,0.5): sweep FLOPs budgets per --routes instead of head ratios.")
-    routes: str = option(",".join(ROUTES), "With --target-flops: what a budget may remove, comma-separated: heads, heads+ffn, heads+ffn+layers.")
+    target_flops: Optional[str] = option(
+        None,
+        "Comma-separated fractions of the FLOPs to keep (e.g. 0.8,0.6,0.5): sweep FLOPs budgets per --routes instead of head ratios.",
+    )
+    routes: str = option(
+        ",".join(ROUTES),
+        "With --target-flops: what a budget may remove, comma-separated: heads, heads+ffn, heads+ffn+layers.",
+    )
     repeats: int = option(5, "With --target-flops: timed runs per model for the measured speedup (0 skips).", ge=0)
     compensate: str = option("none", "none | bias | lstsq (closed-form, on --data).")
     max_drop: float = option(1.0, "Budget: largest allowed drop of the main metric (points, or perplexity).", ge=0)
@@ -28,7 +34,9 @@ class SweepOptions(Options):
     max_length: int = option(128, "Tokens per example (also the FLOPs sequence length).", ge=1)
     samples: Optional[int] = option(None, "Use the first N calibration examples.", ge=1)
     seed: int = option(0, "")
-    output: Optional[Path] = option(None, "Folder for sweep.json, sweep.md and curve.png (else JSON on stdout).", "-o", "--output")
+    output: Optional[Path] = option(
+        None, "Folder for sweep.json, sweep.md and curve.png (else JSON on stdout).", "-o", "--output"
+    )
     force: bool = option(False, "Overwrite existing output files.")
     device: str = device_option()
     dtype: str = dtype_option()
@@ -36,11 +44,17 @@ class SweepOptions(Options):
     def settings(self) -> SweepSettings:
         budget = self.target_flops is not None
         settings = SweepSettings(
-            methods=comma_list(self.methods, str, "--methods"), ratios=comma_list(self.ratios, float, "--ratios"),
-            compensate=self.compensate, max_drop=self.max_drop, batch_size=self.batch_size,
-            max_length=self.max_length, samples=self.samples, seed=self.seed,
+            methods=comma_list(self.methods, str, "--methods"),
+            ratios=comma_list(self.ratios, float, "--ratios"),
+            compensate=self.compensate,
+            max_drop=self.max_drop,
+            batch_size=self.batch_size,
+            max_length=self.max_length,
+            samples=self.samples,
+            seed=self.seed,
             targets=comma_list(self.target_flops, float, "--target-flops") if budget else [],
-            routes=comma_list(self.routes, str, "--routes") if budget else [], repeats=self.repeats if budget else 0,
+            routes=comma_list(self.routes, str, "--routes") if budget else [],
+            repeats=self.repeats if budget else 0,
         )
         check_options(settings)
         if budget:
@@ -95,10 +109,26 @@ def _write_views(payload: dict, outputs: dict, max_drop: float) -> None:
 def _tell(payload: dict, ctx: Context) -> None:
     if payload.get("budget"):
         for route, best in payload["budget"]["best"].items():
-            ctx.print(f"{route}: " + (f"fewest FLOPs kept within budget {best['flops_kept']:.1%} (drop {best['drop']:+.3g})" if best else "no target within budget"), highlight=False)
+            ctx.print(
+                f"{route}: "
+                + (
+                    f"fewest FLOPs kept within budget {best['flops_kept']:.1%} (drop {best['drop']:+.3g})"
+                    if best
+                    else "no target within budget"
+                ),
+                highlight=False,
+            )
         return
     for method, best in payload["best"].items():
-        ctx.print(f"{method}: " + (f"largest ratio within budget {best['ratio']:g} (drop {best['drop']:+.3g})" if best else "no ratio within budget"), highlight=False)
+        ctx.print(
+            f"{method}: "
+            + (
+                f"largest ratio within budget {best['ratio']:g} (drop {best['drop']:+.3g})"
+                if best
+                else "no ratio within budget"
+            ),
+            highlight=False,
+        )
 
 
 def _artifact(model, opts: SweepOptions, settings: SweepSettings, payload: dict) -> dict:
@@ -106,7 +136,11 @@ def _artifact(model, opts: SweepOptions, settings: SweepSettings, payload: dict)
     from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (registers the `sweep` kind)
     from headprune_cli.stages.sweep import options_dict
 
-    inputs = [input_ref("model", opts.checkpoint, model.headprune.loaded_from[1]), input_ref("data", opts.data), input_ref("eval_data", opts.eval_data)]
+    inputs = [
+        input_ref("model", opts.checkpoint, model.headprune.loaded_from[1]),
+        input_ref("data", opts.data),
+        input_ref("eval_data", opts.eval_data),
+    ]
     artifact = {**envelope("sweep", inputs, options_dict(settings)), **payload}
     KINDS["sweep"].model_validate(artifact)  # never write what cannot be read back
     return artifact
@@ -127,7 +161,12 @@ def _outputs(output: Path | None, force: bool, inputs) -> dict:
 
 
 STAGE = Stage(
-    "sweep", SweepOptions, run, stem="sweep",
+    "sweep",
+    SweepOptions,
+    run,
+    stem="sweep",
     inputs={"checkpoint": ("model",), "data": ("data",), "eval_data": ("eval_data",)},
-    outputs={"output": "{stem}"}, makes={"sweep": "output"}, needs=("checkpoint", "data", "eval_data"),
+    outputs={"output": "{stem}"},
+    makes={"sweep": "output"},
+    needs=("checkpoint", "data", "eval_data"),
 )

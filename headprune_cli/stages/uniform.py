@@ -28,8 +28,12 @@ def levels(table: "ScoreTable", chains: list["_Chain"]) -> list[Level]:
     options = [_kept_counts(table, ch) for ch in chains]
     common = set.intersection(*(set(o) for o in options)) if options else set()
     if not common:
-        allowed = "; ".join(f"layer {ch.layer}: {sorted({q for q, _ in o}, reverse=True)}" for ch, o in zip(chains, options))
-        raise UsageError(f"--uniform: no head count is allowed in every layer under these constraints (heads each layer may keep: {allowed})")
+        allowed = "; ".join(
+            f"layer {ch.layer}: {sorted({q for q, _ in o}, reverse=True)}" for ch, o in zip(chains, options)
+        )
+        raise UsageError(
+            f"--uniform: no head count is allowed in every layer under these constraints (heads each layer may keep: {allowed})"
+        )
     ordered = sorted(common, key=lambda counts: (-counts[0], -counts[1]))
     return [{ch.layer: o[counts] for ch, o in zip(chains, options)} for counts in ordered]
 

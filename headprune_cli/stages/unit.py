@@ -34,13 +34,25 @@ class Options(BaseModel):
         # A repeatable option (`--weights a=1 --weights b=2`) may be one value in YAML.
         if isinstance(values, dict):
             for name, info in cls.model_fields.items():
-                if name in values and _is_list(info.annotation) and not isinstance(values[name], (list, tuple, type(None))):
+                if (
+                    name in values
+                    and _is_list(info.annotation)
+                    and not isinstance(values[name], (list, tuple, type(None)))
+                ):
                     values = {**values, name: [values[name]]}
         return values
 
 
-def option(default: Any = ..., help: str = "", *flags: str, ge: float | None = None, le: float | None = None,
-           negative: str | None = None, argument: bool = False, folder: bool = False) -> Any:
+def option(
+    default: Any = ...,
+    help: str = "",
+    *flags: str,
+    ge: float | None = None,
+    le: float | None = None,
+    negative: str | None = None,
+    argument: bool = False,
+    folder: bool = False,
+) -> Any:
     """A field of an options model with what its command-line option needs: `flags`
     ('-o', '--output'; default --FIELD-NAME), `negative` ('--no-normalize'), whether it is
     a positional `argument`, whether a path names a `folder` rather than a file to read."""

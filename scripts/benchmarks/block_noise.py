@@ -37,11 +37,14 @@ def main() -> None:
 
         return run
 
-    calls = {"loaded (file-mapped)": call(block), "deep copy (heap)": call(copy.deepcopy(block)),
-             f"variant at width {width - 8}": call(variant(model, block, width=width - 8))}
+    calls = {
+        "loaded (file-mapped)": call(block),
+        "deep copy (heap)": call(copy.deepcopy(block)),
+        f"variant at width {width - 8}": call(variant(model, block, width=width - 8)),
+    }
     times = {name: [] for name in calls}
     for r in range(ROUNDS):
-        for name, run in (list(calls.items()) if r % 2 == 0 else list(reversed(calls.items()))):
+        for name, run in list(calls.items()) if r % 2 == 0 else list(reversed(calls.items())):
             timer = benchmark.Timer("run()", globals={"run": run}, num_threads=1)
             times[name].append(timer.blocked_autorange(min_run_time=0.3).median * 1000)
     for name, values in times.items():

@@ -42,8 +42,14 @@ def tiny_bert():
     import transformers as T
 
     torch.manual_seed(0)
-    config = T.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                          intermediate_size=48, max_position_embeddings=64)
+    config = T.BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=64,
+    )
     model = T.BertModel(config).eval()
     info_of(model).pooling = {"mode": "mean", "normalize": True}
     return model
@@ -53,10 +59,12 @@ def text_lines(path: Path = TEXT) -> list[str]:
     return [line for line in path.read_text().splitlines() if line.strip()]
 
 
-def split_text(model, calibration: int, held_out: int | None = None, max_length: int = 64) -> tuple[Dataset, Dataset | None]:
+def split_text(
+    model, calibration: int, held_out: int | None = None, max_length: int = 64
+) -> tuple[Dataset, Dataset | None]:
     """Calibration = the first `calibration` lines; held out = up to `held_out` lines after them (None for 0)."""
     lines = text_lines()
-    held = lines[calibration:] if held_out is None else lines[calibration:calibration + held_out]
+    held = lines[calibration:] if held_out is None else lines[calibration : calibration + held_out]
     with tempfile.TemporaryDirectory() as tmp:
         calib_path, held_path = Path(tmp) / "calib.txt", Path(tmp) / "held.txt"
         calib_path.write_text("\n".join(lines[:calibration]) + "\n")

@@ -25,8 +25,15 @@ from tests.support.compensation_reference import compensate_old  # the earlier a
 
 def build(layers: int, hidden: int) -> torch.nn.Module:
     torch.manual_seed(0)
-    config = T.LlamaConfig(vocab_size=1000, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=8,
-                           num_key_value_heads=8, intermediate_size=2 * hidden, pad_token_id=0)
+    config = T.LlamaConfig(
+        vocab_size=1000,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        intermediate_size=2 * hidden,
+        pad_token_id=0,
+    )
     return T.LlamaForCausalLM(config).eval()
 
 
@@ -39,7 +46,10 @@ def calibration(batches: int, batch: int, seq: int) -> list[dict]:
 def run(fn, base, remove, data) -> tuple[float, int, torch.nn.Module]:
     model = copy.deepcopy(base)
     count = [0]
-    hooks = [b.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1)) for b in adapter_for(model).layer_list(model)]
+    hooks = [
+        b.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+        for b in adapter_for(model).layer_list(model)
+    ]
     start = time.perf_counter()
     fn(model, remove, [], data, method="lstsq")
     seconds = time.perf_counter() - start
@@ -61,7 +71,7 @@ def main() -> None:
     remove = {layer: [0, 5] for layer in range(args.layers)}
     times = {"old": [], "new": []}
     for repeat in range(args.repeats):
-        for name in (("old", "new") if repeat % 2 == 0 else ("new", "old")):
+        for name in ("old", "new") if repeat % 2 == 0 else ("new", "old"):
             seconds, blocks, model = run(compensate_old if name == "old" else compensate, base, remove, data)
             times[name].append(seconds)
             if name == "old":
@@ -71,16 +81,20 @@ def main() -> None:
     diff = max((a - b).abs().max().item() for a, b in zip(old_model.parameters(), new_model.parameters()))
     old_s, new_s = statistics.median(times["old"]), statistics.median(times["new"])
     print(f"## Compensation (lstsq): streaming vs whole-model\n")
-    print(f"Random-weight LLaMA, {args.layers} layers, hidden {args.hidden}, 8 heads (2 removed in every layer), "
-          f"{args.batches} batches of 8x64 tokens, 2 threads; medians of {args.repeats} interleaved runs. "
-          f"Command: `OMP_NUM_THREADS=2 python -m scripts.benchmarks.compensation --layers {args.layers} "
-          f"--hidden {args.hidden} --batches {args.batches} --repeats {args.repeats}`.\n")
+    print(
+        f"Random-weight LLaMA, {args.layers} layers, hidden {args.hidden}, 8 heads (2 removed in every layer), "
+        f"{args.batches} batches of 8x64 tokens, 2 threads; medians of {args.repeats} interleaved runs. "
+        f"Command: `OMP_NUM_THREADS=2 python -m scripts.benchmarks.compensation --layers {args.layers} "
+        f"--hidden {args.hidden} --batches {args.batches} --repeats {args.repeats}`.\n"
+    )
     print("| algorithm | block forwards | seconds (median) |")
     print("|---|---:|---:|")
     print(f"| whole-model per pruned layer (before) | {old_blocks} | {old_s:.2f} |")
     print(f"| streaming, block by block (now) | {new_blocks} | {new_s:.2f} |")
-    print(f"\nRatio old/new: {old_blocks / new_blocks:.2f}x block forwards, {old_s / new_s:.2f}x wall time; "
-          f"largest weight difference {diff:.1e}.")
+    print(
+        f"\nRatio old/new: {old_blocks / new_blocks:.2f}x block forwards, {old_s / new_s:.2f}x wall time; "
+        f"largest weight difference {diff:.1e}."
+    )
 
 
 if __name__ == "__main__":

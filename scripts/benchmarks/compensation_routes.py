@@ -23,8 +23,12 @@ from pathlib import Path
 
 import torch
 
-ROUTES = {"heads+layers": "scores-heads+layers.json", "heads+ffn/fisher": "scores-heads+ffn-fisher.json",
-          "heads+ffn/taylor": "scores-heads+ffn-taylor.json", "heads+ffn+layers": "scores-heads+ffn+layers.json"}
+ROUTES = {
+    "heads+layers": "scores-heads+layers.json",
+    "heads+ffn/fisher": "scores-heads+ffn-fisher.json",
+    "heads+ffn/taylor": "scores-heads+ffn-taylor.json",
+    "heads+ffn+layers": "scores-heads+ffn+layers.json",
+}
 
 
 def energy(base, batches, remove_ffn) -> None:
@@ -33,7 +37,10 @@ def energy(base, batches, remove_ffn) -> None:
     adapter = adapter_for(base)
     downs = [adapter.ffn(block).down for block in adapter.layer_list(base)]
     seen: dict[int, list] = {pos: [] for pos in range(len(downs))}
-    hooks = [d.register_forward_hook(lambda m, a, o, pos=pos: seen[pos].append((a[0].detach(), o.detach()))) for pos, d in enumerate(downs)]
+    hooks = [
+        d.register_forward_hook(lambda m, a, o, pos=pos: seen[pos].append((a[0].detach(), o.detach())))
+        for pos, d in enumerate(downs)
+    ]
     with torch.no_grad():
         for batch in batches:
             base(**batch)
@@ -48,9 +55,11 @@ def energy(base, batches, remove_ffn) -> None:
         part = x[:, removed] @ down.weight.detach().double()[:, removed].T
         first = torch.cat([_first_tokens(b["attention_mask"]) for b in batches])  # [CLS] of every text
         tokens = y[:, top] ** 2
-        print(f"layer {pos}: dimension {top} holds {float(dims[top] / dims.sum()):.1%} of the FFN output energy, "
-              f"the first token of each text ({float(first.float().mean()):.1%} of the tokens) {float(tokens[first].sum() / tokens.sum()):.1%} of that; "
-              f"the removed neurons' share of the output energy: {float((part * part).sum() / (y * y).sum()):.1%}")
+        print(
+            f"layer {pos}: dimension {top} holds {float(dims[top] / dims.sum()):.1%} of the FFN output energy, "
+            f"the first token of each text ({float(first.float().mean()):.1%} of the tokens) {float(tokens[first].sum() / tokens.sum()):.1%} of that; "
+            f"the removed neurons' share of the output energy: {float((part * part).sum() / (y * y).sum()):.1%}"
+        )
 
 
 def _first_tokens(mask: torch.Tensor) -> torch.Tensor:
@@ -83,11 +92,17 @@ def main() -> None:
     cal_batches = [{k: v for k, v in b.items() if k != "labels"} for b in batches(calib, 16)]  # prune's default batch
     ridges = [float(r) for r in args.ridges.split(",")]
     fits = [("none", "full", 0.1)] + [(m, f, r) for r in ridges for m, f in (("lstsq", "full"), ("lstsq", "diag"))]
-    tables = {route: ScoreTable.from_scores(read_artifact(str(work / ROUTES[route]), ("scores",))[0]) for route in args.routes.split(",")}
+    tables = {
+        route: ScoreTable.from_scores(read_artifact(str(work / ROUTES[route]), ("scores",))[0])
+        for route in args.routes.split(",")
+    }
     if args.energy:
         energy(base, cal_batches, select(tables["heads+ffn/fisher"], target_flops=0.6).remove_ffn)
-    print("| route | target | layers dropped | heads removed | FFN neurons removed | FLOPs | none | "
-          + " | ".join(f"{'lstsq' if f == 'full' else 'diagonal'} (ridge {r:g})" for _, f, r in fits[1:]) + " |")
+    print(
+        "| route | target | layers dropped | heads removed | FFN neurons removed | FLOPs | none | "
+        + " | ".join(f"{'lstsq' if f == 'full' else 'diagonal'} (ridge {r:g})" for _, f, r in fits[1:])
+        + " |"
+    )
     print("|---|---:|---|---:|---:|---:|" + "---:|" * len(fits))
     for target in (float(t) for t in args.targets.split(",") if t.strip()):  # --targets "": the energy only
         for route, table in tables.items():
@@ -95,13 +110,24 @@ def main() -> None:
             cells = []
             for method, fit, ridge in fits:
                 model = copy.deepcopy(base)
-                compensate(model, sel.remove_heads, sel.remove_layers, cal_batches, method=method, ridge=ridge,
-                           remove_ffn=sel.remove_ffn, ffn_fit=fit)
+                compensate(
+                    model,
+                    sel.remove_heads,
+                    sel.remove_layers,
+                    cal_batches,
+                    method=method,
+                    ridge=ridge,
+                    remove_ffn=sel.remove_ffn,
+                    ffn_fit=fit,
+                )
                 apply_plan(model, sel.remove_heads, sel.remove_layers, remove_ffn=sel.remove_ffn)
                 cells.append(f"{100 * evaluate(model, held, 'fidelity', reference=base)[0].value:.2f}")
             before, after = sel.predicted["before"]["flops_per_token"], sel.predicted["after"]["flops_per_token"]
-            print(f"| {route} | {target:g} | {sel.remove_layers or '-'} | {sum(map(len, sel.remove_heads.values()))} | "
-                  f"{sum(map(len, sel.remove_ffn.values()))} | {after / before:.3f} | " + " | ".join(cells) + " |", flush=True)
+            print(
+                f"| {route} | {target:g} | {sel.remove_layers or '-'} | {sum(map(len, sel.remove_heads.values()))} | "
+                f"{sum(map(len, sel.remove_ffn.values()))} | {after / before:.3f} | " + " | ".join(cells) + " |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

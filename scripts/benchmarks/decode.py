@@ -42,9 +42,11 @@ from headprune_cli.stages.report.serving import Generation, decode_prediction, k
 
 from .speed import llama_shaped, remove_fraction
 
-HEADER = ("| batch | KV cache B/token: baseline → pruned, predicted (measured in the cache) | prefill ms: baseline / pruned | prefill speedup: predicted / measured "
-          "| decode tokens/s: baseline / pruned | decode speedup: predicted (bytes) / measured | decode FLOP ratio |\n"
-          "|---:|---|---|---|---|---|---:|")
+HEADER = (
+    "| batch | KV cache B/token: baseline → pruned, predicted (measured in the cache) | prefill ms: baseline / pruned | prefill speedup: predicted / measured "
+    "| decode tokens/s: baseline / pruned | decode speedup: predicted (bytes) / measured | decode FLOP ratio |\n"
+    "|---:|---|---|---|---|---|---:|"
+)
 
 
 def _prefill_ms(model, ids) -> dict[str, float]:
@@ -93,8 +95,17 @@ class Decoder:
         return {"decode": (time.perf_counter() - start) * 1000.0}
 
 
-def bench_batch(models: dict, batch: int, context: int, tokens: int, threads: int, repeats: int, prefill_repeats: int, warmup: int,
-                measure_prefill: bool = True) -> dict:
+def bench_batch(
+    models: dict,
+    batch: int,
+    context: int,
+    tokens: int,
+    threads: int,
+    repeats: int,
+    prefill_repeats: int,
+    warmup: int,
+    measure_prefill: bool = True,
+) -> dict:
     predicted = decode_prediction(models["baseline"], models["pruned"], Generation(batch, context, tokens))
     ids = {name: prompt_ids(model, batch, context) for name, model in models.items()}
     torch.set_num_threads(threads)
@@ -108,8 +119,13 @@ def bench_batch(models: dict, batch: int, context: int, tokens: int, threads: in
         prefill_ms = {name: t["prefill"] for name, t in timed_prefill.items()}
     kv = kv_section(models["baseline"], models["pruned"])
     row = {
-        "batch": batch, "context": context, "tokens": tokens, "threads": threads,
-        "repeats": repeats, "prefill_repeats": prefill_repeats, "warmup": warmup,
+        "batch": batch,
+        "context": context,
+        "tokens": tokens,
+        "threads": threads,
+        "repeats": repeats,
+        "prefill_repeats": prefill_repeats,
+        "warmup": warmup,
         "kv_bytes_per_token": {"baseline": kv["baseline"]["total"], "pruned": kv["pruned"]["total"]},
         "kv_ratio": kv["ratio"],
         "kv_measured": {name: real_kv_bytes_per_token(model) for name, model in models.items()},
@@ -127,9 +143,18 @@ def bench_batch(models: dict, batch: int, context: int, tokens: int, threads: in
     return row
 
 
-def decode_rows(quick: bool, threads: int = 2, repeats: int = 5, prefill_repeats: int = 3, warmup: int = 1,
-                layers: int = 4, context: int = 1024, tokens: int = 16, batches: tuple[int, ...] = (1, 8),
-                prefill_batches: tuple[int, ...] | None = None) -> dict:
+def decode_rows(
+    quick: bool,
+    threads: int = 2,
+    repeats: int = 5,
+    prefill_repeats: int = 3,
+    warmup: int = 1,
+    layers: int = 4,
+    context: int = 1024,
+    tokens: int = 16,
+    batches: tuple[int, ...] = (1, 8),
+    prefill_batches: tuple[int, ...] | None = None,
+) -> dict:
     """`prefill_batches`: the batches whose prefill is timed too (default: all of `batches`)."""
     torch.manual_seed(0)
     if quick:
@@ -141,7 +166,9 @@ def decode_rows(quick: bool, threads: int = 2, repeats: int = 5, prefill_repeats
     models = {"baseline": baseline, "pruned": remove_fraction(baseline, 0.5)}
     print(HEADER, file=sys.stderr)
     timed = batches if prefill_batches is None else prefill_batches
-    rows = [bench_batch(models, b, context, tokens, threads, repeats, prefill_repeats, warmup, b in timed) for b in batches]
+    rows = [
+        bench_batch(models, b, context, tokens, threads, repeats, prefill_repeats, warmup, b in timed) for b in batches
+    ]
     return {"model": name, "removed": "2 of 4 KV groups (8 of 16 query heads) in every layer", "rows": rows}
 
 
@@ -150,9 +177,12 @@ def markdown_row(r: dict) -> str:
     return (
         f"| {r['batch']} | {kv['baseline']:,} → {kv['pruned']:,} ({real['baseline']:,.0f} → {real['pruned']:,.0f}), "
         f"-{1 - r['kv_ratio']:.0%} | "
-        + (f"{pf['baseline']['median_ms']:.0f} / {pf['pruned']['median_ms']:.0f} | {r['predicted_prefill']:.2f}x / **{r['measured_prefill']:.2f}x** | "
-           if pf else f"not timed | {r['predicted_prefill']:.2f}x / not timed | ") +
-        f"{tps['baseline']:.1f} / {tps['pruned']:.1f} | "
+        + (
+            f"{pf['baseline']['median_ms']:.0f} / {pf['pruned']['median_ms']:.0f} | {r['predicted_prefill']:.2f}x / **{r['measured_prefill']:.2f}x** | "
+            if pf
+            else f"not timed | {r['predicted_prefill']:.2f}x / not timed | "
+        )
+        + f"{tps['baseline']:.1f} / {tps['pruned']:.1f} | "
         f"{r['predicted_decode']:.2f}x / **{r['measured_decode']:.2f}x** | {r['decode_flops_speedup']:.2f}x |"
     )
 
@@ -163,8 +193,11 @@ def markdown(result: dict) -> list[str]:
         f"{result['model']}; {result['removed']}. Context {first['context']} tokens: prefill = one forward over a "
         f"{first['context']}-token prompt; decode = {first['tokens']} steps after a {first['context']}-token KV cache; "
         f"{first['threads']} threads; medians of {first['repeats']} interleaved decode runs and "
-        f"{first['prefill_repeats']} interleaved prefill runs after warm-up.", "",
-        HEADER, *map(markdown_row, result["rows"]), "",
+        f"{first['prefill_repeats']} interleaved prefill runs after warm-up.",
+        "",
+        HEADER,
+        *map(markdown_row, result["rows"]),
+        "",
     ]
 
 
@@ -184,19 +217,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--prefill-batches", help="batches whose prefill is timed too (default: every batch)")
     parser.add_argument("--json", type=Path, help="also write the measurements here")
-    parser.add_argument("--out", type=Path, help="replace section 11 of this Markdown file (BENCHMARKS.md) with the result")
+    parser.add_argument(
+        "--out", type=Path, help="replace section 11 of this Markdown file (BENCHMARKS.md) with the result"
+    )
     args = parser.parse_args(argv)
     prefill_batches = tuple(int(b) for b in args.prefill_batches.split(",")) if args.prefill_batches else None
     load_before = bench.loadavg()
-    result = decode_rows(args.quick, args.threads, args.repeats, args.prefill_repeats, args.warmup, args.layers,
-                         args.context, args.tokens, tuple(int(b) for b in args.batches.split(",")), prefill_batches)
+    result = decode_rows(
+        args.quick,
+        args.threads,
+        args.repeats,
+        args.prefill_repeats,
+        args.warmup,
+        args.layers,
+        args.context,
+        args.tokens,
+        tuple(int(b) for b in args.batches.split(",")),
+        prefill_batches,
+    )
     print("\n".join(markdown(result)))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     if args.out:
-        command = "OMP_NUM_THREADS=%s python -m scripts.benchmarks.decode %s" % (os.environ.get("OMP_NUM_THREADS", "unset"), " ".join(argv if argv is not None else sys.argv[1:]))
-        alone = {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                 "machine": bench.machine(args.threads), "load_before": load_before, "load_after": bench.loadavg()}
+        command = "OMP_NUM_THREADS=%s python -m scripts.benchmarks.decode %s" % (
+            os.environ.get("OMP_NUM_THREADS", "unset"),
+            " ".join(argv if argv is not None else sys.argv[1:]),
+        )
+        alone = {
+            "command": command.strip(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": bench.machine(args.threads),
+            "load_before": load_before,
+            "load_after": bench.loadavg(),
+        }
         before = args.out.read_text() if args.out.exists() else ""
         args.out.write_text(bench_report.splice(before, bench_report.decode_section(result, alone)))
     return 0

@@ -76,13 +76,24 @@ class Task:
             start = time.time()
             result = score_model(self.model, self.calib, "taylor", layers=layer_method, batch_size=32)
             self.score_seconds[layer_method] = time.time() - start
-            artifact = scores_artifact(self.model, result, model_path=self.checkpoint, data_path=self.calib_path, max_length=self.max_length)
+            artifact = scores_artifact(
+                self.model, result, model_path=self.checkpoint, data_path=self.calib_path, max_length=self.max_length
+            )
             self.tables[layer_method] = ScoreTable.from_scores(Scores.model_validate(artifact))
         return self.tables[layer_method]
 
-    def cut(self, remove_heads: dict, remove_layers: list, lr: float | None = None, epochs: int = 1, steps: int | None = None) -> dict:
+    def cut(
+        self,
+        remove_heads: dict,
+        remove_layers: list,
+        lr: float | None = None,
+        epochs: int = 1,
+        steps: int | None = None,
+    ) -> dict:
         """Prune a copy, evaluate, recover, evaluate (memoised: tables share their cuts)."""
-        key = json.dumps([sorted((int(k), sorted(v)) for k, v in remove_heads.items()), sorted(remove_layers), lr, epochs, steps])
+        key = json.dumps(
+            [sorted((int(k), sorted(v)) for k, v in remove_heads.items()), sorted(remove_layers), lr, epochs, steps]
+        )
         if key not in self.cuts:
             self.cuts[key] = self._cut(remove_heads, remove_layers, lr, epochs, steps)
         return dict(self.cuts[key])
@@ -96,8 +107,14 @@ class Task:
         start = time.time()
         result = finetune(pruned, self.train, cfg, teacher=self.model)
         after = accuracy(result.model, self.dev)
-        return {"model": result.model, "before": before, "after": after, "lr": result.lr, "seconds": time.time() - start,
-                "steps": result.steps}
+        return {
+            "model": result.model,
+            "before": before,
+            "after": after,
+            "lr": result.lr,
+            "seconds": time.time() - start,
+            "steps": result.steps,
+        }
 
 
 def layer_table(task: Task, name: str, drop: int, methods=LAYER_METHODS, steps: int | None = None) -> list[dict]:
@@ -107,9 +124,19 @@ def layer_table(task: Task, name: str, drop: int, methods=LAYER_METHODS, steps: 
         chosen = select(t, "global", ratio=0.0, constraints=Constraints(drop_layers=drop)).remove_layers
         log(name, method, "drops", chosen)
         r = task.cut({}, chosen, steps=steps)
-        rows.append({"model": name, "method": method, "scores": {k: round(v, 4) for k, v in t.layers.items()},
-                     "dropped": chosen, "base": task.base, "before": r["before"], "after": r["after"], "lr": r["lr"],
-                     "score_s": task.score_seconds[method]})
+        rows.append(
+            {
+                "model": name,
+                "method": method,
+                "scores": {k: round(v, 4) for k, v in t.layers.items()},
+                "dropped": chosen,
+                "base": task.base,
+                "before": r["before"],
+                "after": r["after"],
+                "lr": r["lr"],
+                "score_s": task.score_seconds[method],
+            }
+        )
     return rows
 
 
@@ -119,12 +146,24 @@ def curve(task: Task, layer_method: str, budgets: list[float], drops: list[int],
     cuts = []
     for f in budgets:
         try:  # heads alone reach only so far (softmax, FFN and embeddings stay)
-            cuts.append(("heads only", f"budget --target-flops {f}", select(t, "budget", target_flops=f, constraints=Constraints(min_heads=1))))
+            cuts.append(
+                (
+                    "heads only",
+                    f"budget --target-flops {f}",
+                    select(t, "budget", target_flops=f, constraints=Constraints(min_heads=1)),
+                )
+            )
         except UsageError as exc:
             log("heads only", f, "skipped:", exc)
         cuts.append(("joint", f"joint --target-flops {f}", select(t, "joint", target_flops=f)))
     for n in drops:
-        cuts.append(("layers only", f"--drop-layers {n}", select(t, "global", ratio=0.0, constraints=Constraints(drop_layers=n))))
+        cuts.append(
+            (
+                "layers only",
+                f"--drop-layers {n}",
+                select(t, "global", ratio=0.0, constraints=Constraints(drop_layers=n)),
+            )
+        )
     rows, models = [], {"baseline": task.model}
     for kind, how, sel in cuts:
         log(kind, how, "layers", sel.remove_layers, "heads", sum(map(len, sel.remove_heads.values())))
@@ -132,8 +171,18 @@ def curve(task: Task, layer_method: str, budgets: list[float], drops: list[int],
         name = f"{kind}: {how}"
         models[name] = r.pop("model")
         after = predict(t.cost, t.kept(), sel.remove_heads, sel.remove_layers)["flops_per_token"]
-        rows.append({"kind": kind, "how": how, "layers": sel.remove_layers, "heads": sum(map(len, sel.remove_heads.values())),
-                     "predicted": full / after, "base": task.base, **r, "name": name})
+        rows.append(
+            {
+                "kind": kind,
+                "how": how,
+                "layers": sel.remove_layers,
+                "heads": sum(map(len, sel.remove_heads.values())),
+                "predicted": full / after,
+                "base": task.base,
+                **r,
+                "name": name,
+            }
+        )
     log("latency of", len(models), "models")
     seq = min(128, max_sequence(task.model) or 128)
     inputs = {n: synthetic_inputs(m, 16, seq)[0] for n, m in models.items()}
@@ -146,23 +195,32 @@ def curve(task: Task, layer_method: str, budgets: list[float], drops: list[int],
 
 
 def markdown_layers(rows: list[dict]) -> str:
-    out = ["| model | layer method | layer scores | dropped | accuracy before recovery | after 1 epoch | drop after (points) | lr | scoring s |",
-           "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    out = [
+        "| model | layer method | layer scores | dropped | accuracy before recovery | after 1 epoch | drop after (points) | lr | scoring s |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         scores = ", ".join(f"{v:.3g}" for v in r["scores"].values())
-        out.append(f"| {r['model']} | {r['method']} | {scores} | {r['dropped']} | {r['before']:.2f} | {r['after']:.2f} | "
-                   f"{r['after'] - r['base']:+.2f} | {r['lr']:g} | {r['score_s']:.0f} |")
+        out.append(
+            f"| {r['model']} | {r['method']} | {scores} | {r['dropped']} | {r['before']:.2f} | {r['after']:.2f} | "
+            f"{r['after'] - r['base']:+.2f} | {r['lr']:g} | {r['score_s']:.0f} |"
+        )
     return "\n".join(out)
 
 
 def markdown_curve(rows: list[dict]) -> str:
     base = rows[-1]["baseline_ms"]
-    out = [f"Baseline {rows[0]['base']:.2f}% dev accuracy, {base:.0f} ms per batch of 16 x 128 tokens.", "",
-           "| selection | how | layers dropped | heads removed | predicted speedup | measured speedup | drop before recovery | drop after 1 epoch | recovery s |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        f"Baseline {rows[0]['base']:.2f}% dev accuracy, {base:.0f} ms per batch of 16 x 128 tokens.",
+        "",
+        "| selection | how | layers dropped | heads removed | predicted speedup | measured speedup | drop before recovery | drop after 1 epoch | recovery s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in sorted(rows[:-1], key=lambda r: (r["kind"], r["predicted"])):
-        out.append(f"| {r['kind']} | `{r['how']}` | {r['layers']} | {r['heads']} | {r['predicted']:.2f}x | {r['measured']:.2f}x | "
-                   f"{r['before'] - r['base']:+.2f} | {r['after'] - r['base']:+.2f} | {r['seconds']:.0f} |")
+        out.append(
+            f"| {r['kind']} | `{r['how']}` | {r['layers']} | {r['heads']} | {r['predicted']:.2f}x | {r['measured']:.2f}x | "
+            f"{r['before'] - r['base']:+.2f} | {r['after'] - r['base']:+.2f} | {r['seconds']:.0f} |"
+        )
     return "\n".join(out)
 
 
@@ -176,10 +234,16 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=256, help="Calibration rows for scoring.")
     parser.add_argument("--second", type=Path, default=None, help="A second checkpoint of the task (another seed).")
     parser.add_argument("--budgets", default="0.8,0.7,0.6,0.5")
-    parser.add_argument("--epochs", type=int, default=1, help="Recovery epochs per cut of the curve (0: the cut alone).")
+    parser.add_argument(
+        "--epochs", type=int, default=1, help="Recovery epochs per cut of the curve (0: the cut alone)."
+    )
     parser.add_argument("--drops", default="1,2,3")
-    parser.add_argument("--layer-method", default="loo", help="Layer scores the curve's joint and layers-only rows use.")
-    parser.add_argument("--layer-methods", default=",".join(LAYER_METHODS), help="Layer methods the comparison table runs.")
+    parser.add_argument(
+        "--layer-method", default="loo", help="Layer scores the curve's joint and layers-only rows use."
+    )
+    parser.add_argument(
+        "--layer-methods", default=",".join(LAYER_METHODS), help="Layer methods the comparison table runs."
+    )
     args = parser.parse_args()
     torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "2")))
 
@@ -188,8 +252,13 @@ def main() -> None:
     parts, results = [], {"baseline": task.base}
     methods = tuple(args.layer_methods.split(","))
     if args.only in (None, "curve"):
-        rows = curve(task, args.layer_method, [float(x) for x in args.budgets.split(",")], [int(x) for x in args.drops.split(",")],
-                     args.epochs)
+        rows = curve(
+            task,
+            args.layer_method,
+            [float(x) for x in args.budgets.split(",")],
+            [int(x) for x in args.drops.split(",")],
+            args.epochs,
+        )
         results["curve"] = [{k: v for k, v in r.items() if k != "model"} for r in rows]
         parts.append(markdown_curve(rows))
         emit(args, parts, results)
@@ -214,8 +283,13 @@ def main() -> None:
             lrs.append({"lr": lr, "before": r["before"], "after": r["after"]})
             log("lr", lr, r["after"])
         results["lr"] = lrs
-        parts.append("| lr | x table rate | accuracy after 1 epoch | drop (points) |\n|---:|---:|---:|---:|\n" + "\n".join(
-            f"| {r['lr']:g} | {r['lr'] / base_lr:g} | {r['after']:.2f} | {r['after'] - task.base:+.2f} |" for r in lrs))
+        parts.append(
+            "| lr | x table rate | accuracy after 1 epoch | drop (points) |\n|---:|---:|---:|---:|\n"
+            + "\n".join(
+                f"| {r['lr']:g} | {r['lr'] / base_lr:g} | {r['after']:.2f} | {r['after'] - task.base:+.2f} |"
+                for r in lrs
+            )
+        )
     emit(args, parts, results)
 
 

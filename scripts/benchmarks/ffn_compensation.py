@@ -31,7 +31,12 @@ from headprune_cli.stages.compensation import compensate  # noqa: E402
 from headprune_cli.stages.objectives import evaluate  # noqa: E402
 
 TEXT = Path(__file__).resolve().parents[2] / "examples" / "minilm_text.txt"
-VARIANTS = [("none", "none", "full"), ("bias", "bias", "full"), ("lstsq", "lstsq", "full"), ("diagonal", "lstsq", "diag")]
+VARIANTS = [
+    ("none", "none", "full"),
+    ("bias", "bias", "full"),
+    ("lstsq", "lstsq", "full"),
+    ("diagonal", "lstsq", "diag"),
+]
 
 
 def activation_rms(model, data: list[dict], module_of) -> list[torch.Tensor]:
@@ -46,6 +51,7 @@ def activation_rms(model, data: list[dict], module_of) -> list[torch.Tensor]:
             mask = current["mask"].bool()
             x = x[mask]
             sums[pos] = (x * x).sum(0) if sums[pos] is None else sums[pos] + (x * x).sum(0)
+
         return record
 
     current = {}
@@ -112,16 +118,28 @@ def main() -> None:
     cal_batches = list(batches(calibration, 16))
     remove_ffn = ffn_plan(base, cal_batches, args.share, args.select, args.seed)
     remove_heads = head_plan(base, cal_batches, args.heads)
-    print(f"all-MiniLM-L6-v2, {sum(map(len, remove_ffn.values()))} FFN neurons removed ({args.share:.0%} of every layer, "
-          f"by {args.select}), {sum(map(len, remove_heads.values()))} heads; calibration {len(calibration)} texts, "
-          f"held-out {len(held_out)}\n")
-    print("| compensation | ridge | held-out fidelity | 1 - cos held-out | 1 - cos calibration | mean FFN error before -> after |")
+    print(
+        f"all-MiniLM-L6-v2, {sum(map(len, remove_ffn.values()))} FFN neurons removed ({args.share:.0%} of every layer, "
+        f"by {args.select}), {sum(map(len, remove_heads.values()))} heads; calibration {len(calibration)} texts, "
+        f"held-out {len(held_out)}\n"
+    )
+    print(
+        "| compensation | ridge | held-out fidelity | 1 - cos held-out | 1 - cos calibration | mean FFN error before -> after |"
+    )
     print("|---|---:|---:|---:|---:|---|")
     for name, method, fit in VARIANTS:
-        for ridge in (args.ridge if method == "lstsq" else [None]):
+        for ridge in args.ridge if method == "lstsq" else [None]:
             model = copy.deepcopy(base)
-            result = compensate(model, remove_heads, [], cal_batches, method=method, ridge=ridge or 0.1,
-                                remove_ffn=remove_ffn, ffn_fit=fit)
+            result = compensate(
+                model,
+                remove_heads,
+                [],
+                cal_batches,
+                method=method,
+                ridge=ridge or 0.1,
+                remove_ffn=remove_ffn,
+                ffn_fit=fit,
+            )
             apply_plan(model, remove_heads, [], remove_ffn=remove_ffn)
             held = evaluate(model, held_out, "fidelity", reference=base)[0].value
             cal = evaluate(model, calibration, "fidelity", reference=base)[0].value

@@ -24,8 +24,19 @@ import json
 import sys
 from pathlib import Path
 
-SHAPE = dict(vocab_size=32000, hidden_size=2048, num_hidden_layers=22, num_attention_heads=16, num_key_value_heads=4,
-             head_dim=128, intermediate_size=5632, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+SHAPE = dict(
+    vocab_size=32000,
+    hidden_size=2048,
+    num_hidden_layers=22,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=128,
+    intermediate_size=5632,
+    max_position_embeddings=2048,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 FFN_SHARE = 0.25
 
 
@@ -54,7 +65,10 @@ def plan() -> tuple[dict, dict]:
     cut = int(width * FFN_SHARE)
     # two of the four KV groups, different ones per layer: 8 query heads (LlamaConfig needs
     # hidden_size % heads == 0, so 12 heads at hidden 2048 has no plain config)
-    remove_heads = {layer: [h for g in (layer % kv, (layer + 1) % kv) for h in range(g * group, (g + 1) * group)] for layer in range(layers)}
+    remove_heads = {
+        layer: [h for g in (layer % kv, (layer + 1) % kv) for h in range(g * group, (g + 1) * group)]
+        for layer in range(layers)
+    }
     remove_ffn = {layer: sorted(torch.randperm(width, generator=generator)[:cut].tolist()) for layer in range(layers)}
     return remove_heads, remove_ffn
 
@@ -81,7 +95,14 @@ def export(work: Path) -> None:
     shutil.rmtree(work / "hf", ignore_errors=True)
     model, specs = export_specs(work / "pruned.safetensors")
     export_hf(model, work / "hf", specs=specs, with_onnx=False)
-    print(json.dumps({"plain": folder_config(info_of(model)).plain, "config": json.loads((work / "hf" / "config.json").read_text())}))
+    print(
+        json.dumps(
+            {
+                "plain": folder_config(info_of(model)).plain,
+                "config": json.loads((work / "hf" / "config.json").read_text()),
+            }
+        )
+    )
 
 
 def ids():
@@ -101,7 +122,7 @@ def logits(work: Path) -> None:
         save_file({"logits": model(ids()).logits.contiguous()}, str(work / "headprune_logits.safetensors"))
 
 
-PLAIN = '''
+PLAIN = """
 import sys
 class _NoHeadprune:
     def find_spec(self, name, path=None, target=None):
@@ -120,7 +141,7 @@ want = load_file(work + "/headprune_logits.safetensors")["logits"]
 print("max |transformers - headprune| =", float((got - want).abs().max()), "intermediate_size =", model.config.intermediate_size,
       "heads =", model.config.num_attention_heads, "kv heads =", model.config.num_key_value_heads)
 assert not [m for m in sys.modules if m.startswith("headprune_cli")]
-'''
+"""
 
 
 def plain(work: Path) -> None:

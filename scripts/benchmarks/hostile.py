@@ -40,8 +40,15 @@ def run_one(tree: Path, args: list, limit: int) -> dict:
         "print(r.returncode, round(time.perf_counter() - t, 1), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024);"
         "print((r.stderr.strip().splitlines() or [''])[-1][:150])"
     )
-    out = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "headprune_cli", *map(str, args)],
-                         env=env, cwd=tree, preexec_fn=limited, capture_output=True, text=True, timeout=1800)
+    out = subprocess.run(
+        [sys.executable, "-c", probe, sys.executable, "-m", "headprune_cli", *map(str, args)],
+        env=env,
+        cwd=tree,
+        preexec_fn=limited,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     first, _, last = out.stdout.partition("\n")
     code, seconds, rss = first.split()
     return {"code": int(code), "seconds": float(seconds), "peak_mb": int(rss), "stderr": last.strip()}
@@ -66,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
             args = make(folder)
             for tree in trees:
                 r = run_one(tree, args, int(opts.limit_gb * (1 << 30)))
-                print(f"| {name} | {tree.name} | {r['code']} | {r['peak_mb']} | {r['seconds']} | {r['stderr'].replace('|', '/')} |", flush=True)
+                print(
+                    f"| {name} | {tree.name} | {r['code']} | {r['peak_mb']} | {r['seconds']} | {r['stderr'].replace('|', '/')} |",
+                    flush=True,
+                )
                 for extra in folder.glob("long-scores.json"):
                     extra.unlink()
     return 0

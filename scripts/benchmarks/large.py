@@ -51,7 +51,9 @@ tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
 tok.save({str(folder / "tokenizer.json")!r})
 """
     subprocess.run([sys.executable, "-c", code], check=True)
-    (folder / "tokenizer_config.json").write_text(json.dumps({"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+    )
 
 
 def measure(name: str, argv: list[str], env: dict) -> dict:
@@ -70,7 +72,13 @@ def measure(name: str, argv: list[str], env: dict) -> dict:
 
 
 MARKER = "<!-- scripts/benchmarks/large.py -->"  # scripts/benchmarks/suite.py keeps everything from here on
-TARGETS = {"headprune load": 1.3, "headprune score": 1.3, "headprune prune": 0.5, "headprune export --hf": 0.5, "headprune inspect": 0.25}
+TARGETS = {
+    "headprune load": 1.3,
+    "headprune score": 1.3,
+    "headprune prune": 0.5,
+    "headprune export --hf": 0.5,
+    "headprune inspect": 0.25,
+}
 
 
 def render(summary: dict, command: str) -> str:
@@ -78,11 +86,14 @@ def render(summary: dict, command: str) -> str:
     c = summary["config"]
     load = os.getloadavg()
     lines = [
-        MARKER, "## 8. Large models: memory and time per stage", "",
+        MARKER,
+        "## 8. Large models: memory and time per stage",
+        "",
         f"Random-weight LLaMA in bf16 ({c['layers']} layers, hidden {c['hidden']}, {c['heads']} query / {c['kv_heads']} KV heads, "
         f"head_dim {c['head_dim']}, intermediate {c['intermediate']}, vocab {c['vocab']}), saved sharded by `save_pretrained`; "
         f"checkpoint {size / 1e9:.2f} GB. Each stage runs in its own process; peak RSS from wait4, divided by the size of the checkpoint the stage reads (export reads the pruned one). "
-        "Targets: load and score <= 1.3x the checkpoint, prune and export <= 0.5x, inspect <= 0.25x.", "",
+        "Targets: load and score <= 1.3x the checkpoint, prune and export <= 0.5x, inspect <= 0.25x.",
+        "",
         f"- command: `nice {command}`",
         f"- load average after the run: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} (shared machine: wall times are noisy; the ratios were measured side by side)",
         "",
@@ -92,12 +103,18 @@ def render(summary: dict, command: str) -> str:
     for r in summary["stages"]:
         target = TARGETS.get(r["stage"])
         verdict = "" if target is None else f"<= {target} {'ok' if r['rss_ratio'] <= target else 'MISSED'}"
-        lines.append(f"| {r['stage']} | {r['wall_s']:.1f} | {r['peak_rss_bytes'] / 2**30:.2f} | {r['input_bytes'] / 1e9:.2f} | {r['rss_ratio']:.2f} | {verdict} |")
+        lines.append(
+            f"| {r['stage']} | {r['wall_s']:.1f} | {r['peak_rss_bytes'] / 2**30:.2f} | {r['input_bytes'] / 1e9:.2f} | {r['rss_ratio']:.2f} | {verdict} |"
+        )
     lines.append("")
-    for key, what in (("prune_plus_export_over_from_pretrained_plus_save", "prune + export (two commands)"),
-                      ("run_prune_export_over_from_pretrained_plus_save", "`headprune run` of prune + export (one process)")):
+    for key, what in (
+        ("prune_plus_export_over_from_pretrained_plus_save", "prune + export (two commands)"),
+        ("run_prune_export_over_from_pretrained_plus_save", "`headprune run` of prune + export (one process)"),
+    ):
         ratio = summary[key]
-        lines.append(f"- {what} wall time / (from_pretrained + save_pretrained) wall time: {ratio:.2f} (target <= 2: {'ok' if ratio <= 2 else 'MISSED'})")
+        lines.append(
+            f"- {what} wall time / (from_pretrained + save_pretrained) wall time: {ratio:.2f} (target <= 2: {'ok' if ratio <= 2 else 'MISSED'})"
+        )
     lines.append("")
     return "\n".join(lines)
 
@@ -112,11 +129,16 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--intermediate", type=int, default=5632)
     parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--score-method", default="taylor",
-                        help="score's --method (taylor needs a backward pass: in bf16 on a CPU torch runs it through its slow "
-                             "reference gemm, over 15 minutes here; random measures the load-and-forward path in minutes)")
+    parser.add_argument(
+        "--score-method",
+        default="taylor",
+        help="score's --method (taylor needs a backward pass: in bf16 on a CPU torch runs it through its slow "
+        "reference gemm, over 15 minutes here; random measures the load-and-forward path in minutes)",
+    )
     parser.add_argument("--json", type=Path, help="Also write the results here.")
-    parser.add_argument("--out", type=Path, help="Write the section into this markdown file (BENCHMARKS.md), replacing an earlier one.")
+    parser.add_argument(
+        "--out", type=Path, help="Write the section into this markdown file (BENCHMARKS.md), replacing an earlier one."
+    )
     args = parser.parse_args()
 
     work = args.work
@@ -126,18 +148,55 @@ def main() -> None:
     make_model(args, hf)
     lines = [" ".join(f"w{(i * 7919 + j * 104729) % (args.vocab - 4) + 4}" for j in range(48)) for i in range(8)]
     (work / "data.txt").write_text("\n".join(lines) + "\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     hp = [sys.executable, "-m", "headprune_cli"]
     ckpt, small = work / "model.safetensors", work / "small.safetensors"
     py = [sys.executable, "-c"]
     stages = [
-        ("transformers from_pretrained", py + [f"import transformers as T; T.AutoModelForCausalLM.from_pretrained({str(hf)!r})"]),
-        ("transformers from_pretrained+save", py + [f"import transformers as T; T.AutoModelForCausalLM.from_pretrained({str(hf)!r}).save_pretrained({str(work / 'resaved')!r})"]),
+        (
+            "transformers from_pretrained",
+            py + [f"import transformers as T; T.AutoModelForCausalLM.from_pretrained({str(hf)!r})"],
+        ),
+        (
+            "transformers from_pretrained+save",
+            py
+            + [
+                f"import transformers as T; T.AutoModelForCausalLM.from_pretrained({str(hf)!r}).save_pretrained({str(work / 'resaved')!r})"
+            ],
+        ),
         ("headprune import", hp + ["import", str(hf), "-o", str(ckpt)]),
         ("headprune inspect", hp + ["inspect", str(ckpt), "--json"]),
         ("headprune load", py + [f"import headprune_cli; headprune_cli.load({str(ckpt)!r})"]),
-        ("headprune score", hp + ["score", str(ckpt), "--method", args.score_method, "--data", str(work / "data.txt"), "--samples", "8", "--max-length", "32", "--batch-size", "8", "-o", str(work / "scores.json")]),
-        ("headprune select", hp + ["select", str(work / "scores.json"), "--ratio", "0.25", "-o", str(work / "plan.json")]),
+        (
+            "headprune score",
+            hp
+            + [
+                "score",
+                str(ckpt),
+                "--method",
+                args.score_method,
+                "--data",
+                str(work / "data.txt"),
+                "--samples",
+                "8",
+                "--max-length",
+                "32",
+                "--batch-size",
+                "8",
+                "-o",
+                str(work / "scores.json"),
+            ],
+        ),
+        (
+            "headprune select",
+            hp + ["select", str(work / "scores.json"), "--ratio", "0.25", "-o", str(work / "plan.json")],
+        ),
         ("headprune prune", hp + ["prune", str(ckpt), "--plan", str(work / "plan.json"), "-o", str(small)]),
         ("headprune export --hf", hp + ["export", str(small), "--hf", str(work / "exported")]),
         # The same two stages in one process: torch and transformers start once.
@@ -153,9 +212,13 @@ def main() -> None:
     streamed = by["headprune prune"]["wall_s"] + by["headprune export --hf"]["wall_s"]
     summary = {
         "checkpoint_bytes": size,
-        "config": {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab")},
+        "config": {
+            k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab")
+        },
         "prune_plus_export_over_from_pretrained_plus_save": round(streamed / baseline, 2),
-        "run_prune_export_over_from_pretrained_plus_save": round(by["headprune run: prune + export"]["wall_s"] / baseline, 2),
+        "run_prune_export_over_from_pretrained_plus_save": round(
+            by["headprune run: prune + export"]["wall_s"] / baseline, 2
+        ),
         "stages": results,
     }
     text = render(summary, " ".join(["python", "-m", "scripts.benchmarks.large", *sys.argv[1:]]))
@@ -170,7 +233,8 @@ def main() -> None:
 def _prune_export_config(work: Path, checkpoint: Path) -> Path:
     """A `headprune run` config that prunes by the plan and exports, into work/run."""
     config = {
-        "model": str(checkpoint), "out": str(work / "run"),
+        "model": str(checkpoint),
+        "out": str(work / "run"),
         "stages": [{"command": "prune", "plan": str(work / "plan.json")}, {"command": "export"}],
     }
     path = work / "prune-export.yaml"
@@ -185,7 +249,7 @@ def replace_section(old: str, text: str) -> str:
         return old.rstrip("\n") + "\n\n" + text
     after = start + len(MARKER) + 1
     ends = [i for i in (old.find("\n<!-- ", after), old.find("\n## ", old.find("\n", after) + 1)) if i >= 0]
-    rest = old[min(ends) + 1:] if ends else ""
+    rest = old[min(ends) + 1 :] if ends else ""
     return old[:start] + text.rstrip("\n") + "\n" + ("\n" + rest if rest else "")
 
 

@@ -104,8 +104,19 @@ def profile(t: Task, folder: Path, args) -> Path:
 
     out = folder / "latency.json"
     if not out.is_file():
-        stage.run(stage.ProfileOptions(model=t.checkpoint, output=out, batch_size=args.batch_size, seq_len=t.seq_len,
-                                       threads=args.threads, rounds=args.rounds, min_time=args.min_time, points=args.points), _ctx())
+        stage.run(
+            stage.ProfileOptions(
+                model=t.checkpoint,
+                output=out,
+                batch_size=args.batch_size,
+                seq_len=t.seq_len,
+                threads=args.threads,
+                rounds=args.rounds,
+                min_time=args.min_time,
+                points=args.points,
+            ),
+            _ctx(),
+        )
     return out
 
 
@@ -117,25 +128,59 @@ def decode_rows(t: Task, folder: Path, scores: Path, args) -> list[dict]:
 
     table = folder / f"latency-decode{args.decode_context}.json"
     if not table.is_file():
-        profile_stage.run(profile_stage.ProfileOptions(model=t.checkpoint, output=table, batch_size=args.batch_size, seq_len=t.seq_len,
-                                                       threads=args.threads, rounds=args.rounds, min_time=args.min_time,
-                                                       points=args.points, context=args.decode_context), _ctx())
+        profile_stage.run(
+            profile_stage.ProfileOptions(
+                model=t.checkpoint,
+                output=table,
+                batch_size=args.batch_size,
+                seq_len=t.seq_len,
+                threads=args.threads,
+                rounds=args.rounds,
+                min_time=args.min_time,
+                points=args.points,
+                context=args.decode_context,
+            ),
+            _ctx(),
+        )
     rows = []
     for target in args.targets:
         name = f"decode{args.decode_context}-{target}"
-        plan, model, rep = folder / f"plan-{name}.json", folder / f"pruned-{name}.safetensors", folder / f"report-{name}.json"
+        plan, model, rep = (
+            folder / f"plan-{name}.json",
+            folder / f"pruned-{name}.safetensors",
+            folder / f"report-{name}.json",
+        )
         if not plan.is_file():
-            select.run(select.SelectOptions(scores=str(scores), output=plan, latency=str(table), target_latency=target,
-                                            latency_phase="decode"), _ctx())
+            select.run(
+                select.SelectOptions(
+                    scores=str(scores), output=plan, latency=str(table), target_latency=target, latency_phase="decode"
+                ),
+                _ctx(),
+            )
         if not model.is_file():
             prune.run(prune.PruneOptions(plan=str(plan), output=model), _ctx())
         if not rep.is_file():
-            report.run(report.ReportStageOptions(model=model, baseline=str(t.checkpoint), data=t.eval, batch_size=args.batch_size,
-                                                 seq_len=t.seq_len, threads=args.threads, repeats=args.repeats,
-                                                 decode_prompt=args.decode_context, decode_tokens=args.decode_tokens,
-                                                 json_out=str(rep)), _ctx())
+            report.run(
+                report.ReportStageOptions(
+                    model=model,
+                    baseline=str(t.checkpoint),
+                    data=t.eval,
+                    batch_size=args.batch_size,
+                    seq_len=t.seq_len,
+                    threads=args.threads,
+                    repeats=args.repeats,
+                    decode_prompt=args.decode_context,
+                    decode_tokens=args.decode_tokens,
+                    json_out=str(rep),
+                ),
+                _ctx(),
+            )
         rows.append(decode_facts(target, json.loads(plan.read_text()), json.loads(rep.read_text())))
-        print(f"{t.name} decode latency {target}: " + ", ".join(f"{k} {v}" for k, v in rows[-1].items() if k != "removed"), file=sys.stderr)
+        print(
+            f"{t.name} decode latency {target}: "
+            + ", ".join(f"{k} {v}" for k, v in rows[-1].items() if k != "removed"),
+            file=sys.stderr,
+        )
     return rows
 
 
@@ -144,14 +189,21 @@ def decode_facts(target: float, plan: dict, rep: dict) -> dict:
     before, after = plan["predicted"]["before"], plan["predicted"]["after"]
     table_speedup = record["before_ms"] / record["after_ms"]
     return {
-        "target_latency": target, "phase": record["phase"], "table_ms": {"baseline": record["before_ms"], "pruned": record["after_ms"]},
-        "table_speedup": table_speedup, "measured_decode_speedup": measured["decode_speedup"],
+        "target_latency": target,
+        "phase": record["phase"],
+        "table_ms": {"baseline": record["before_ms"], "pruned": record["after_ms"]},
+        "table_speedup": table_speedup,
+        "measured_decode_speedup": measured["decode_speedup"],
         "measured_over_table": measured["decode_speedup"] / table_speedup,
         "bytes_predicted_decode_speedup": measured["decode_speedup"] / measured["decode_vs_predicted"],
         "flops_ratio": after["flops_per_token"] / before["flops_per_token"],
-        "decode_tokens_per_s": measured["decode_tokens_per_s"], "kv_bytes_per_token": rep["kv_cache"]["pruned"]["total"],
-        "removed": {"heads": sum(map(len, plan["remove_heads"].values())), "neurons": sum(map(len, (plan.get("remove_ffn") or {}).values())),
-                    "layers": len(plan["remove_layers"])},
+        "decode_tokens_per_s": measured["decode_tokens_per_s"],
+        "kv_bytes_per_token": rep["kv_cache"]["pruned"]["total"],
+        "removed": {
+            "heads": sum(map(len, plan["remove_heads"].values())),
+            "neurons": sum(map(len, (plan.get("remove_ffn") or {}).values())),
+            "layers": len(plan["remove_layers"]),
+        },
     }
 
 
@@ -160,8 +212,18 @@ def score(t: Task, folder: Path) -> Path:
 
     out = folder / "scores.json"
     if not out.is_file():
-        stage.run(stage.ScoreOptions(checkpoint=t.checkpoint, data=t.calib, objective=t.objective, method="fisher",
-                                     ffn=True, max_length=t.seq_len, output=out), _ctx())
+        stage.run(
+            stage.ScoreOptions(
+                checkpoint=t.checkpoint,
+                data=t.calib,
+                objective=t.objective,
+                method="fisher",
+                ffn=True,
+                max_length=t.seq_len,
+                output=out,
+            ),
+            _ctx(),
+        )
     return out
 
 
@@ -170,16 +232,31 @@ def plan_prune_report(t: Task, folder: Path, name: str, scores: Path, table: Pat
     from headprune_cli.stages import prune, select
     from headprune_cli.stages.report import stage as report
 
-    plan, model, rep = folder / f"plan-{name}.json", folder / f"pruned-{name}.safetensors", folder / f"report-{name}.json"
+    plan, model, rep = (
+        folder / f"plan-{name}.json",
+        folder / f"pruned-{name}.safetensors",
+        folder / f"report-{name}.json",
+    )
     if not plan.is_file():
         latency = {"latency": str(table)} if "target_latency" in amount else {}
         select.run(select.SelectOptions(scores=str(scores), output=plan, **latency, **amount), _ctx())
     if not model.is_file():
         prune.run(prune.PruneOptions(plan=str(plan), output=model), _ctx())
     if not rep.is_file():
-        report.run(report.ReportStageOptions(model=model, baseline=str(t.checkpoint), data=t.eval, batch_size=args.batch_size,
-                                             seq_len=t.seq_len, threads=args.threads, repeats=args.repeats,
-                                             latency=table, json_out=str(rep)), _ctx())
+        report.run(
+            report.ReportStageOptions(
+                model=model,
+                baseline=str(t.checkpoint),
+                data=t.eval,
+                batch_size=args.batch_size,
+                seq_len=t.seq_len,
+                threads=args.threads,
+                repeats=args.repeats,
+                latency=table,
+                json_out=str(rep),
+            ),
+            _ctx(),
+        )
     return facts(json.loads(plan.read_text()), json.loads(rep.read_text()))
 
 
@@ -190,14 +267,25 @@ def facts(plan: dict, rep: dict) -> dict:
     predicted = lat.get("predicted_ms") or {}
     return {
         "flops_ratio": after["flops_per_token"] / before["flops_per_token"],
-        "metric": main["name"], "baseline": main["baseline"], "pruned": main["pruned"], "drop": main["drop"], "unit": main["unit"],
+        "metric": main["name"],
+        "baseline": main["baseline"],
+        "pruned": main["pruned"],
+        "drop": main["drop"],
+        "unit": main["unit"],
         "measured_ms": {side: measured["latency_ms"][side]["median_ms"] for side in ("baseline", "pruned")},
-        "predicted_ms": predicted, "comparable": lat.get("comparable"),
-        "measured_speedup": measured["speedup"], "table_speedup": lat.get("predicted_speedup"),
+        "predicted_ms": predicted,
+        "comparable": lat.get("comparable"),
+        "measured_speedup": measured["speedup"],
+        "table_speedup": lat.get("predicted_speedup"),
         "flops_speedup": rep["cost"]["predicted_speedup"],
-        "measured_over_predicted_ms": measured["latency_ms"]["pruned"]["median_ms"] / predicted["pruned"] if predicted else None,
-        "removed": {"heads": sum(map(len, plan["remove_heads"].values())), "neurons": sum(map(len, (plan.get("remove_ffn") or {}).values())),
-                    "layers": len(plan["remove_layers"])},
+        "measured_over_predicted_ms": measured["latency_ms"]["pruned"]["median_ms"] / predicted["pruned"]
+        if predicted
+        else None,
+        "removed": {
+            "heads": sum(map(len, plan["remove_heads"].values())),
+            "neurons": sum(map(len, (plan.get("remove_ffn") or {}).values())),
+            "layers": len(plan["remove_layers"]),
+        },
     }
 
 
@@ -233,7 +321,11 @@ def run_task(name: str, args) -> list[dict]:
     rows = []
     for target in args.targets if args.forward else ():
         by_ms = plan_prune_report(t, folder, f"latency-{target}", scores, table, args, target_latency=target)
-        by_flops = None if args.bisect == 0 else flops_match(t, folder, scores, table, by_ms["measured_speedup"], args, start=by_ms["flops_ratio"])
+        by_flops = (
+            None
+            if args.bisect == 0
+            else flops_match(t, folder, scores, table, by_ms["measured_speedup"], args, start=by_ms["flops_ratio"])
+        )
         rows.append({"task": name, "target_latency": target, "latency_priced": by_ms, "flops_priced": by_flops})
         print(line(rows[-1]), file=sys.stderr)
     if args.decode_context:
@@ -244,14 +336,22 @@ def run_task(name: str, args) -> list[dict]:
 def line(row: dict) -> str:
     a, b = row["latency_priced"], row["flops_priced"]
     ratio = a["measured_over_predicted_ms"]
-    head = (f"{row['task']} latency {row['target_latency']}: measured/predicted {ratio:.3f}" if ratio else f"{row['task']}: table not comparable")
+    head = (
+        f"{row['task']} latency {row['target_latency']}: measured/predicted {ratio:.3f}"
+        if ratio
+        else f"{row['task']}: table not comparable"
+    )
     table = f"{a['table_speedup']:.3f}" if a["table_speedup"] else "n/a"
-    head += (f"; speedup table {table} measured {a['measured_speedup']:.3f} FLOPs {a['flops_speedup']:.3f}"
-             f"; {a['metric']} {a['pruned']:.4f} at {a['measured_ms']['pruned']:.2f} ms")
+    head += (
+        f"; speedup table {table} measured {a['measured_speedup']:.3f} FLOPs {a['flops_speedup']:.3f}"
+        f"; {a['metric']} {a['pruned']:.4f} at {a['measured_ms']['pruned']:.2f} ms"
+    )
     if b is None:
         return head
-    return head + (f" (speedup {a['measured_speedup']:.3f}) vs FLOPs-priced {b['pruned']:.4f} at {b['measured_ms']['pruned']:.2f} ms"
-                   f" (speedup {b['measured_speedup']:.3f}, target_flops {b['target_flops']:.3f})")
+    return head + (
+        f" (speedup {a['measured_speedup']:.3f}) vs FLOPs-priced {b['pruned']:.4f} at {b['measured_ms']['pruned']:.2f} ms"
+        f" (speedup {b['measured_speedup']:.3f}, target_flops {b['target_flops']:.3f})"
+    )
 
 
 def main() -> None:
@@ -265,18 +365,36 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="profile's timing rounds per point")
     parser.add_argument("--points", type=int, default=9, help="profile's grid points per layer (its default: 9)")
     parser.add_argument("--min-time", type=float, default=0.05, help="profile's seconds per round and point")
-    parser.add_argument("--bisect", type=int, default=5, help="FLOPs targets tried per latency target (0: no FLOPs-priced plan)")
-    parser.add_argument("--llama-seq-len", type=int, default=128, help="the llama task's prompt length (profile and report)")
-    parser.add_argument("--decode-context", type=int, default=0, help="causal LMs: also price plans by a decode profile at this KV-cache length")
-    parser.add_argument("--decode-tokens", type=int, default=16, help="report's decode steps after the --decode-context prompt")
-    parser.add_argument("--no-forward", dest="forward", action="store_false", help="skip the forward-priced plans (the decode ones only)")
+    parser.add_argument(
+        "--bisect", type=int, default=5, help="FLOPs targets tried per latency target (0: no FLOPs-priced plan)"
+    )
+    parser.add_argument(
+        "--llama-seq-len", type=int, default=128, help="the llama task's prompt length (profile and report)"
+    )
+    parser.add_argument(
+        "--decode-context",
+        type=int,
+        default=0,
+        help="causal LMs: also price plans by a decode profile at this KV-cache length",
+    )
+    parser.add_argument(
+        "--decode-tokens", type=int, default=16, help="report's decode steps after the --decode-context prompt"
+    )
+    parser.add_argument(
+        "--no-forward",
+        dest="forward",
+        action="store_false",
+        help="skip the forward-priced plans (the decode ones only)",
+    )
     parser.add_argument("--match", type=float, default=0.02, help="measured speedups this close count as equal")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     args.targets = [float(x) for x in args.targets.split(",")]
     rows = [row for name in args.tasks.split(",") for row in run_task(name, args)]
     if args.json:
-        args.json.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"settings": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

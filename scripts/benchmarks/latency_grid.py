@@ -36,7 +36,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", nargs="+", required=True, help="NAME=latency.json")
     parser.add_argument("--reports", nargs="+", type=Path, required=True, help="folders of report-*.json")
-    parser.add_argument("--baseline", type=Path, help="the profiled model (default: model.safetensors in the first folder)")
+    parser.add_argument(
+        "--baseline", type=Path, help="the profiled model (default: model.safetensors in the first folder)"
+    )
     args = parser.parse_args()
     tables = {}
     for spec in args.tables:
@@ -63,10 +65,16 @@ def main() -> None:
             row["flops"] = report["cost"]["predicted_speedup"]
             for name, value in row.items():
                 errors[name].append(value / measured - 1)
-            print(f"| {folder.name}/{pruned.stem} | {measured:.3f}x | " + " | ".join(f"{row[n]:.3f}x" for n in [*tables, "flops"]) + " |")
+            print(
+                f"| {folder.name}/{pruned.stem} | {measured:.3f}x | "
+                + " | ".join(f"{row[n]:.3f}x" for n in [*tables, "flops"])
+                + " |"
+            )
     for name, errs in errors.items():
-        print(f"{name}: {len(errs)} models, predicted/measured - 1: mean {statistics.mean(errs):+.3f}, "
-              f"mean |.| {statistics.mean(abs(e) for e in errs):.3f}, worst {max(errs, key=abs):+.3f}")
+        print(
+            f"{name}: {len(errs)} models, predicted/measured - 1: mean {statistics.mean(errs):+.3f}, "
+            f"mean |.| {statistics.mean(abs(e) for e in errs):.3f}, worst {max(errs, key=abs):+.3f}"
+        )
 
 
 if __name__ == "__main__":

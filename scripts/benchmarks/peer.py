@@ -82,13 +82,23 @@ def torch_pruning_prune(model, calib: Dataset, ratio: float):
     attentions = [m for m in pruned.modules() if isinstance(m, BertSelfAttention)]
     num_heads = {proj: m.num_attention_heads for m in attentions for proj in (m.query, m.key, m.value)}
     before = sum(m.num_attention_heads for m in attentions)
-    ignored = [m for m in pruned.modules() if isinstance(m, torch.nn.Embedding)
-               or (isinstance(m, torch.nn.Linear) and m not in num_heads)]
+    ignored = [
+        m
+        for m in pruned.modules()
+        if isinstance(m, torch.nn.Embedding) or (isinstance(m, torch.nn.Linear) and m not in num_heads)
+    ]
     example = {k: v[:2] for k, v in next(batches(calib, 16)).items()}
     pruner = tp.pruner.MetaPruner(
-        pruned, example, importance=tp.importance.TaylorImportance(), global_pruning=True,
-        pruning_ratio=ratio, num_heads=num_heads, prune_num_heads=True, prune_head_dims=False,
-        head_pruning_ratio=ratio, output_transform=lambda out: out.last_hidden_state.sum(),
+        pruned,
+        example,
+        importance=tp.importance.TaylorImportance(),
+        global_pruning=True,
+        pruning_ratio=ratio,
+        num_heads=num_heads,
+        prune_num_heads=True,
+        prune_head_dims=False,
+        head_pruning_ratio=ratio,
+        output_transform=lambda out: out.last_hidden_state.sum(),
         ignored_layers=ignored,
     )
     pruned.zero_grad()
@@ -106,7 +116,9 @@ def torch_pruning_prune(model, calib: Dataset, ratio: float):
 def check_same_removal(peer_removed: int, headprune_removed: int) -> None:
     """A peer row is only comparable at the same number of removed heads."""
     if peer_removed != headprune_removed:
-        raise ValueError(f"peer removed {peer_removed} heads, headprune {headprune_removed}: not comparable, row refused")
+        raise ValueError(
+            f"peer removed {peer_removed} heads, headprune {headprune_removed}: not comparable, row refused"
+        )
 
 
 # --- measurements -----------------------------------------------------------------------
@@ -202,13 +214,23 @@ def run(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for key, model in models.items():
-            reload = "-" if key == "unpruned" else (tp_reloads(model, held, tmp) if key.startswith("torch") else headprune_reloads(model, held, tmp))
-            rows.append({
-                "model": key, "heads_removed": removed[key], "heads_total": total,
-                "fidelity": fidelity(model, base, held), "prune_seconds": round(seconds[key], 2),
-                "latency_ms": timed[key].median_ms, "speedup": timed["unpruned"].median_ms / timed[key].median_ms,
-                "reloads": reload,
-            })
+            reload = (
+                "-"
+                if key == "unpruned"
+                else (tp_reloads(model, held, tmp) if key.startswith("torch") else headprune_reloads(model, held, tmp))
+            )
+            rows.append(
+                {
+                    "model": key,
+                    "heads_removed": removed[key],
+                    "heads_total": total,
+                    "fidelity": fidelity(model, base, held),
+                    "prune_seconds": round(seconds[key], 2),
+                    "latency_ms": timed[key].median_ms,
+                    "speedup": timed["unpruned"].median_ms / timed[key].median_ms,
+                    "reloads": reload,
+                }
+            )
         onnx_keys = ["unpruned", "headprune taylor + lstsq"]
         paths = {k: tmp / f"{i}.onnx" for i, k in enumerate(onnx_keys)}
         for k in onnx_keys:
@@ -217,9 +239,18 @@ def run(args) -> dict:
     return {
         "command": " ".join(["python", "-m", "scripts.benchmarks.peer", *sys.argv[1:]]),
         "machine": {"cpus": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()},
-        "setting": {"model": "tiny-bert (random)" if args.quick else "all-MiniLM-L6-v2", "ratio": args.ratio,
-                    "batch": args.batch, "seq_len": args.seq_len, "threads": args.threads, "repeats": args.repeats,
-                    "calibration": len(calib), "held_out": len(held), "peer": peer, "peer_refused": refused},
+        "setting": {
+            "model": "tiny-bert (random)" if args.quick else "all-MiniLM-L6-v2",
+            "ratio": args.ratio,
+            "batch": args.batch,
+            "seq_len": args.seq_len,
+            "threads": args.threads,
+            "repeats": args.repeats,
+            "calibration": len(calib),
+            "held_out": len(held),
+            "peer": peer,
+            "peer_refused": refused,
+        },
         "rows": rows,
         "onnxruntime": {k: {"median_ms": v, "speedup": ort_ms["unpruned"] / v} for k, v in ort_ms.items()},
     }
@@ -250,10 +281,14 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny random BERT, no peer: seconds (the test suite runs this)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny random BERT, no peer: seconds (the test suite runs this)"
+    )
     parser.add_argument("--no-peer", action="store_true", help="skip Torch-Pruning")
     parser.add_argument("--ratio", type=float, default=0.5)
-    parser.add_argument("--calibration", type=int, default=128, help="first N lines of the text calibrate; the rest is held out")
+    parser.add_argument(
+        "--calibration", type=int, default=128, help="first N lines of the text calibrate; the rest is held out"
+    )
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--threads", type=int, default=2)

@@ -77,11 +77,15 @@ def quality_rows(model, calib_set, held_set, methods=METHODS, ratios=(0.3, 0.5),
 
 
 def markdown(rows: dict, ratios, seeds: int) -> str:
-    lines = ["| method | " + " | ".join(f"{r:.0%} removed | {r:.0%} + lstsq" for r in ratios) + " |",
-             "|---|" + "---:|" * (2 * len(ratios))]
+    lines = [
+        "| method | " + " | ".join(f"{r:.0%} removed | {r:.0%} + lstsq" for r in ratios) + " |",
+        "|---|" + "---:|" * (2 * len(ratios)),
+    ]
     for method, by_ratio in rows.items():
         label = f"random (mean of {seeds} seeds)" if method == "random" else method
-        lines.append(f"| {label} | " + " | ".join(f"{by_ratio[r][0]:.4f} | {by_ratio[r][1]:.4f}" for r in ratios) + " |")
+        lines.append(
+            f"| {label} | " + " | ".join(f"{by_ratio[r][0]:.4f} | {by_ratio[r][1]:.4f}" for r in ratios) + " |"
+        )
     return "\n".join(lines)
 
 

@@ -84,10 +84,16 @@ def main() -> None:
     data = read_data(args.data, model, max_length=args.max_length, need_labels=True)
     head_grads, neuron_grads = example_gradients(model, data, "classification")
     plan = json.loads(open(args.plan).read())
-    plan["remove_heads"] = {str(layer): new for layer, grads in enumerate(head_grads)
-                            if (new := rearranged(plan["remove_heads"].get(str(layer), []), grads))}
-    plan["remove_ffn"] = {str(layer): new for layer, grads in enumerate(neuron_grads)
-                          if (new := rearranged(plan["remove_ffn"].get(str(layer), []), grads))}
+    plan["remove_heads"] = {
+        str(layer): new
+        for layer, grads in enumerate(head_grads)
+        if (new := rearranged(plan["remove_heads"].get(str(layer), []), grads))
+    }
+    plan["remove_ffn"] = {
+        str(layer): new
+        for layer, grads in enumerate(neuron_grads)
+        if (new := rearranged(plan["remove_ffn"].get(str(layer), []), grads))
+    }
     with open(args.output, "w") as out:
         json.dump(plan, out)
 

@@ -48,8 +48,17 @@ def prune(model, calib, method: str, ratio: float, seed: int):
     return pruned
 
 
-def recovery_rows(demo: Path, ratio: float = 0.4, method: str = "taylor", epochs: int = 3, lr: float | None = None,
-                  kd_weight: float = 0.5, seed: int = 0, iterative: bool = False, train_rows: int | None = None) -> list[dict]:
+def recovery_rows(
+    demo: Path,
+    ratio: float = 0.4,
+    method: str = "taylor",
+    epochs: int = 3,
+    lr: float | None = None,
+    kd_weight: float = 0.5,
+    seed: int = 0,
+    iterative: bool = False,
+    train_rows: int | None = None,
+) -> list[dict]:
     """Baseline, pruned, recovered with CE and with KD (and iteratively): dev accuracy each.
 
     train_rows: use only the first N training rows (quick mode)."""
@@ -64,23 +73,48 @@ def recovery_rows(demo: Path, ratio: float = 0.4, method: str = "taylor", epochs
     cfg = FinetuneConfig(epochs=epochs, lr=lr, seed=seed)
     for name, teacher, kd in (("recovered: CE", None, 0.0), (f"recovered: KD (a={kd_weight})", base, kd_weight)):
         start = time.perf_counter()
-        result = finetune(copy.deepcopy(pruned), train, FinetuneConfig(**{**cfg.__dict__, "kd_weight": kd}), teacher=teacher)
-        rows.append((f"{name}, {epochs} epochs of {len(train)} rows, lr {result.lr:g}", heads(result.model),
-                     accuracy(result.model, dev), time.perf_counter() - start))
+        result = finetune(
+            copy.deepcopy(pruned), train, FinetuneConfig(**{**cfg.__dict__, "kd_weight": kd}), teacher=teacher
+        )
+        rows.append(
+            (
+                f"{name}, {epochs} epochs of {len(train)} rows, lr {result.lr:g}",
+                heads(result.model),
+                accuracy(result.model, dev),
+                time.perf_counter() - start,
+            )
+        )
     if iterative:
         start = time.perf_counter()
         schedule = [r for r in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6) if r < ratio] + [ratio]
-        it = iterative_prune(base, train, calib, schedule=schedule, method=method, score_data=calib,
-                             finetune_config=FinetuneConfig(epochs=1, lr=lr, seed=seed), teacher=base if kd_weight else None)
-        rows.append((f"iterative {schedule}, 1 epoch/round, KD", heads(it.model), accuracy(it.model, dev), time.perf_counter() - start))
+        it = iterative_prune(
+            base,
+            train,
+            calib,
+            schedule=schedule,
+            method=method,
+            score_data=calib,
+            finetune_config=FinetuneConfig(epochs=1, lr=lr, seed=seed),
+            teacher=base if kd_weight else None,
+        )
+        rows.append(
+            (
+                f"iterative {schedule}, 1 epoch/round, KD",
+                heads(it.model),
+                accuracy(it.model, dev),
+                time.perf_counter() - start,
+            )
+        )
     return [dict(zip(("model", "heads", "accuracy", "seconds"), r)) for r in rows]
 
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| model | heads | dev accuracy | vs baseline (points) | recovery time (s) |", "|---|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['heads']} | {r['accuracy'] * 100:.2f} | "
-                     f"{(r['accuracy'] - rows[0]['accuracy']) * 100:+.2f} | {r['seconds']:.0f} |")
+        lines.append(
+            f"| {r['model']} | {r['heads']} | {r['accuracy'] * 100:.2f} | "
+            f"{(r['accuracy'] - rows[0]['accuracy']) * 100:+.2f} | {r['seconds']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -97,7 +131,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    rows = recovery_rows(args.demo, args.ratio, args.method, args.epochs, args.lr, args.kd_weight, args.seed, args.iterative)
+    rows = recovery_rows(
+        args.demo, args.ratio, args.method, args.epochs, args.lr, args.kd_weight, args.seed, args.iterative
+    )
     print(markdown(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -49,9 +49,15 @@ def score_cost(model, dataset, batch_size: int, repeats: int) -> dict:
         t_score.append(timed(score))
         t_plain.append(timed(plain))
     model.zero_grad(set_to_none=True)
-    return {"examples": len(dataset), "tokens": int(dataset.input_ids.shape[1]), "batch": batch_size,
-            "repeats": repeats, "score_s": statistics.median(t_score), "plain_s": statistics.median(t_plain),
-            "ratio": statistics.median(t_score) / statistics.median(t_plain)}
+    return {
+        "examples": len(dataset),
+        "tokens": int(dataset.input_ids.shape[1]),
+        "batch": batch_size,
+        "repeats": repeats,
+        "score_s": statistics.median(t_score),
+        "plain_s": statistics.median(t_plain),
+        "ratio": statistics.median(t_score) / statistics.median(t_plain),
+    }
 
 
 def main() -> int:

@@ -63,16 +63,23 @@ def main() -> None:
     phase[0] = "data"
     dataset = read_data(args.data, model, max_length=args.max_length)
     phase[0] = "forward"
-    result = score_model(model, dataset, args.method, args.objective, batch_size=args.batch_size, ffn=args.ffn,
-                         normalize=not args.ffn)
+    result = score_model(
+        model, dataset, args.method, args.objective, batch_size=args.batch_size, ffn=args.ffn, normalize=not args.ffn
+    )
     phase[0] = "artifact"
-    artifact = scores_artifact(model, result, model_path=args.checkpoint, data_path=args.data, max_length=args.max_length)
+    artifact = scores_artifact(
+        model, result, model_path=args.checkpoint, data_path=args.data, max_length=args.max_length
+    )
     phase[0] = "write"
     write_artifact(artifact, args.output)
     phase[0] = "end"
     time.sleep(0.05)
     size_kb = os.path.getsize(args.checkpoint) / 1024
-    print(json.dumps({name: {"peak_rss_kb": kb, "of_checkpoint": round(kb / size_kb, 3)} for name, kb in peaks.items()}, indent=1))
+    print(
+        json.dumps(
+            {name: {"peak_rss_kb": kb, "of_checkpoint": round(kb / size_kb, 3)} for name, kb in peaks.items()}, indent=1
+        )
+    )
 
 
 if __name__ == "__main__":

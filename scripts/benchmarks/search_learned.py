@@ -51,11 +51,25 @@ def _ctx():
 def task(seed: int, demo: bool) -> dict:
     if demo:
         d = ROOT / "examples" / "demo"
-        return dict(name=f"demo-s{seed}", model=d / "model.safetensors", calib=d / "calib.jsonl", dev=d / "dev.jsonl",
-                    train=d / "train.jsonl", seed=seed, length=32)
+        return dict(
+            name=f"demo-s{seed}",
+            model=d / "model.safetensors",
+            calib=d / "calib.jsonl",
+            dev=d / "dev.jsonl",
+            train=d / "train.jsonl",
+            seed=seed,
+            length=32,
+        )
     model = CACHE / ("model.safetensors" if seed == 0 else f"model-seed{seed}.safetensors")
-    return dict(name=f"debian-s{seed}", model=model, calib=CACHE / "calib.jsonl", dev=CACHE / "dev.jsonl",
-                train=CACHE / "train.jsonl", seed=seed, length=32)
+    return dict(
+        name=f"debian-s{seed}",
+        model=model,
+        calib=CACHE / "calib.jsonl",
+        dev=CACHE / "dev.jsonl",
+        train=CACHE / "train.jsonl",
+        seed=seed,
+        length=32,
+    )
 
 
 def accuracy(path: Path, t: dict) -> float:
@@ -74,8 +88,18 @@ def scores(t: dict, folder: Path, layers: bool) -> Path:
     out = folder / ("scores-taylor-loo.json" if layers else "scores-taylor.json")
     if not out.is_file():
         extra = dict(layers=True, layer_method="loo") if layers else {}
-        stage.run(stage.ScoreOptions(checkpoint=t["model"], data=t["calib"], method="taylor", max_length=t["length"],
-                                     seed=t["seed"], output=out, **extra), _ctx())
+        stage.run(
+            stage.ScoreOptions(
+                checkpoint=t["model"],
+                data=t["calib"],
+                method="taylor",
+                max_length=t["length"],
+                seed=t["seed"],
+                output=out,
+                **extra,
+            ),
+            _ctx(),
+        )
     return out
 
 
@@ -95,10 +119,26 @@ def search_plan(t: dict, folder: Path, kind: str, value: float, evaluations: int
     out = folder / f"plan-search{'-rescore' if rescore else ''}-{kind}-{value}.json"
     record = folder / (out.stem + ".time.json")
     if not out.is_file():
-        extra = {"rescore_layers": True} if rescore else ({"layers": True, "layer_method": "loo"} if kind != "ratio" else {})
+        extra = (
+            {"rescore_layers": True}
+            if rescore
+            else ({"layers": True, "layer_method": "loo"} if kind != "ratio" else {})
+        )
         start = time.perf_counter()
-        stage.run(stage.SearchOptions(checkpoint=t["model"], data=t["calib"], method="taylor", max_length=t["length"], seed=t["seed"],
-                                      evaluations=evaluations, output=out, **{kind: value}, **extra), _ctx())
+        stage.run(
+            stage.SearchOptions(
+                checkpoint=t["model"],
+                data=t["calib"],
+                method="taylor",
+                max_length=t["length"],
+                seed=t["seed"],
+                evaluations=evaluations,
+                output=out,
+                **{kind: value},
+                **extra,
+            ),
+            _ctx(),
+        )
         record.write_text(json.dumps({"wall_s": time.perf_counter() - start, "load": os.getloadavg()[0]}))
     return out, json.loads(record.read_text())
 
@@ -108,7 +148,12 @@ def prune(t: dict, plan: Path, out: Path, compensation: str) -> Path:
 
     if not out.is_file():
         data = t["calib"] if compensation != "none" else None
-        stage.run(stage.PruneOptions(plan=str(plan), output=out, compensation=compensation, data=data, max_length=t["length"]), _ctx())
+        stage.run(
+            stage.PruneOptions(
+                plan=str(plan), output=out, compensation=compensation, data=data, max_length=t["length"]
+            ),
+            _ctx(),
+        )
     return out
 
 
@@ -117,23 +162,51 @@ def finetune(t: dict, source: Path, out: Path, learn: bool) -> Path:
 
     if not out.is_file():
         extra = dict(learn_gates=True, ratio=LEARN_RATIO, gates_out=out.with_suffix(".gates.json")) if learn else {}
-        stage.run(stage.FinetuneOptions(checkpoint=source, data=t["train"], output=out, teacher="auto", epochs=1,
-                                        max_length=t["length"], seed=t["seed"], **extra), _ctx())
+        stage.run(
+            stage.FinetuneOptions(
+                checkpoint=source,
+                data=t["train"],
+                output=out,
+                teacher="auto",
+                epochs=1,
+                max_length=t["length"],
+                seed=t["seed"],
+                **extra,
+            ),
+            _ctx(),
+        )
     return out
 
 
-def plan_row(t, name, kind, value, plan_path: Path, timing: dict, folder: Path, baseline: float, compensation: str) -> dict:
+def plan_row(
+    t, name, kind, value, plan_path: Path, timing: dict, folder: Path, baseline: float, compensation: str
+) -> dict:
     plan = json.loads(plan_path.read_text())
-    pruned = prune(t, plan_path, folder / (plan_path.stem.replace("plan-", "") + f".{compensation}.safetensors"), compensation)
+    pruned = prune(
+        t, plan_path, folder / (plan_path.stem.replace("plan-", "") + f".{compensation}.safetensors"), compensation
+    )
     predicted = plan["predicted"]
     acc = accuracy(pruned, t)
-    return dict(model=t["name"], route=name, cut=f"--{kind.replace('_', '-')} {value}", accuracy=acc, drop=acc - baseline,
-                heads=sum(len(v) for v in plan["remove_heads"].values()), layers=plan["remove_layers"],
-                flops=predicted["after"]["flops_per_token"] / predicted["before"]["flops_per_token"],
-                compensation=compensation, search=plan.get("search"), wall_s=timing.get("wall_s"), load=timing.get("load"), checkpoint=str(pruned))
+    return dict(
+        model=t["name"],
+        route=name,
+        cut=f"--{kind.replace('_', '-')} {value}",
+        accuracy=acc,
+        drop=acc - baseline,
+        heads=sum(len(v) for v in plan["remove_heads"].values()),
+        layers=plan["remove_layers"],
+        flops=predicted["after"]["flops_per_token"] / predicted["before"]["flops_per_token"],
+        compensation=compensation,
+        search=plan.get("search"),
+        wall_s=timing.get("wall_s"),
+        load=timing.get("load"),
+        checkpoint=str(pruned),
+    )
 
 
-def run_model(t: dict, work: Path, evaluations: int, learn: bool, rescore: bool, sink, cuts=CUTS, compensation="lstsq") -> None:
+def run_model(
+    t: dict, work: Path, evaluations: int, learn: bool, rescore: bool, sink, cuts=CUTS, compensation="lstsq"
+) -> None:
     folder = work / t["name"]
     folder.mkdir(parents=True, exist_ok=True)
     baseline = accuracy(t["model"], t)
@@ -150,10 +223,26 @@ def run_model(t: dict, work: Path, evaluations: int, learn: bool, rescore: bool,
         greedy_cut = folder / f"greedy-ratio-{LEARN_RATIO}.lstsq.safetensors"
         tuned = finetune(t, greedy_cut, folder / f"greedy-ratio-{LEARN_RATIO}.lstsq.kd1.safetensors", learn=False)
         acc = accuracy(tuned, t)
-        sink(dict(model=t["name"], route="greedy + lstsq + 1 epoch KD", cut=f"--ratio {LEARN_RATIO}", accuracy=acc, drop=acc - baseline))
+        sink(
+            dict(
+                model=t["name"],
+                route="greedy + lstsq + 1 epoch KD",
+                cut=f"--ratio {LEARN_RATIO}",
+                accuracy=acc,
+                drop=acc - baseline,
+            )
+        )
         learned = finetune(t, t["model"], folder / f"learned-ratio-{LEARN_RATIO}.safetensors", learn=True)
         acc = accuracy(learned, t)
-        sink(dict(model=t["name"], route="learned (--learn-gates), 1 epoch", cut=f"--ratio {LEARN_RATIO}", accuracy=acc, drop=acc - baseline))
+        sink(
+            dict(
+                model=t["name"],
+                route="learned (--learn-gates), 1 epoch",
+                cut=f"--ratio {LEARN_RATIO}",
+                accuracy=acc,
+                drop=acc - baseline,
+            )
+        )
 
 
 def masked(rows: list[dict], work: Path, demo: bool) -> str:
@@ -167,27 +256,41 @@ def masked(rows: list[dict], work: Path, demo: bool) -> str:
     from headprune_cli.stages.objectives import evaluate
     from headprune_cli.stages.search import MaskedLoss
 
-    lines = ["| model | route | cut | masked dev accuracy | masked dev loss | held-out calibration loss |", "|---|---|---|---:|---:|---:|"]
+    lines = [
+        "| model | route | cut | masked dev accuracy | masked dev loss | held-out calibration loss |",
+        "|---|---|---|---:|---:|---:|",
+    ]
     for name in dict.fromkeys(r["model"] for r in rows if "checkpoint" in r):
         t = task(int(name.rsplit("-s", 1)[1]), demo)
         model = load(t["model"])
-        dev, calib = read_data(t["dev"], model, max_length=t["length"]), read_data(t["calib"], model, max_length=t["length"])
+        dev, calib = (
+            read_data(t["dev"], model, max_length=t["length"]),
+            read_data(t["calib"], model, max_length=t["length"]),
+        )
         dev_loss = MaskedLoss(model, dev, "classification", 32)
-        held_loss = MaskedLoss(model, calib.select(len(calib) - round(len(calib) * 0.5), len(calib)), "classification", 32)
+        held_loss = MaskedLoss(
+            model, calib.select(len(calib) - round(len(calib) * 0.5), len(calib)), "classification", 32
+        )
         for r in rows:
             if r["model"] != name or "checkpoint" not in r:
                 continue
-            plan = json.loads((work / name / ("plan-" + Path(r["checkpoint"]).name.rsplit(".", 2)[0] + ".json")).read_text())
+            plan = json.loads(
+                (work / name / ("plan-" + Path(r["checkpoint"]).name.rsplit(".", 2)[0] + ".json")).read_text()
+            )
             heads, layers = {int(k): v for k, v in plan["remove_heads"].items()}, plan["remove_layers"]
             with torch.no_grad(), HeadGates(model, removal_gates(model, heads)), skip_layers(model, layers):
                 acc = 100 * next(m.value for m in evaluate(model, dev, "classification") if m.name == "accuracy")
-            lines.append(f"| {name} | {r['route']} | {r['cut']} | {acc:.2f} | {dev_loss(heads, layers):.4f} | {held_loss(heads, layers):.4f} |")
+            lines.append(
+                f"| {name} | {r['route']} | {r['cut']} | {acc:.2f} | {dev_loss(heads, layers):.4f} | {held_loss(heads, layers):.4f} |"
+            )
     return "\n".join(lines)
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | route | cut | compensation | heads removed | layers dropped | FLOPs | dev accuracy | drop (points) | search: evaluations, held-out loss start -> best | search wall s (load) |",
-             "|---|---|---|---|---:|---|---:|---:|---:|---|---:|"]
+    lines = [
+        "| model | route | cut | compensation | heads removed | layers dropped | FLOPs | dev accuracy | drop (points) | search: evaluations, held-out loss start -> best | search wall s (load) |",
+        "|---|---|---|---|---:|---|---:|---:|---:|---|---:|",
+    ]
     for r in rows:
         s = r.get("search")
         searched = f"{s['evaluations']}, {s['start_loss']:.4f} -> {s['best_loss']:.4f}" if s else ""
@@ -195,8 +298,10 @@ def markdown(rows: list[dict]) -> str:
             searched += f" (rescored: dropped {s['rescored_layers']} in that order)"
         wall = f"{r['wall_s']:.0f} ({r['load']:.1f})" if r.get("wall_s") else ""
         flops = f"{r['flops']:.3f}" if "flops" in r else ""
-        lines.append(f"| {r['model']} | {r['route']} | {r['cut']} | {r.get('compensation', '')} | {r.get('heads', '')} | {r.get('layers', '')} | {flops} | "
-                     f"{r['accuracy']:.2f} | {r['drop']:+.2f} | {searched} | {wall} |")
+        lines.append(
+            f"| {r['model']} | {r['route']} | {r['cut']} | {r.get('compensation', '')} | {r.get('heads', '')} | {r.get('layers', '')} | {flops} | "
+            f"{r['accuracy']:.2f} | {r['drop']:+.2f} | {searched} | {wall} |"
+        )
     return "\n".join(lines)
 
 
@@ -208,11 +313,15 @@ def main() -> None:
     p.add_argument("--no-learn", action="store_true", help="skip the two training rows")
     p.add_argument("--rescore", action="store_true", help="also search --rescore-layers at the FLOPs target")
     p.add_argument("--demo", action="store_true", help="the bundled toy classifier instead (a smoke run of every path)")
-    p.add_argument("--cuts", nargs="+", help="instead of the issue's three: KIND=VALUE, e.g. target_flops=0.6 ratio=0.5")
+    p.add_argument(
+        "--cuts", nargs="+", help="instead of the issue's three: KIND=VALUE, e.g. target_flops=0.6 ratio=0.5"
+    )
     p.add_argument("--compensation", default="lstsq", choices=["none", "bias", "lstsq"])
     p.add_argument("--json", type=Path)
     p.add_argument("--tables-from", type=Path, nargs="+")
-    p.add_argument("--masked", action="store_true", help="with --tables-from: each plan as masks, dev accuracy and loss")
+    p.add_argument(
+        "--masked", action="store_true", help="with --tables-from: each plan as masks, dev accuracy and loss"
+    )
     a = p.parse_args()
     if a.tables_from:
         rows = [r for f in a.tables_from for r in json.loads(f.read_text())]

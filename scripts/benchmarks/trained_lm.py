@@ -80,8 +80,7 @@ class Bench:
     def shown(self, args: list[str]) -> str:
         """The command as a reader types it: $M is the model, $CALIB the calibration text, $W the work folder."""
         text = shlex.join(["headprune", *args])
-        return (text.replace(str(self.model_path), "$M").replace(str(self.calib), "$CALIB")
-                .replace(str(self.work), "$W"))
+        return text.replace(str(self.model_path), "$M").replace(str(self.calib), "$CALIB").replace(str(self.work), "$W")
 
     def headprune(self, *args: str) -> str:
         """Run one CLI command (outputs replaced with --force where it takes one); stdout."""
@@ -148,7 +147,9 @@ def variants(keeps, with_bias):
 def prune_variants(bench: Bench, section: str, prefix: str, scores, keeps, with_bias: bool) -> None:
     for keep, uniform, comp in variants(keeps, with_bias):
         label = f"{prefix}keep {keep} {'uniform' if uniform else 'per-layer'} {comp}"
-        bench.try_prune(section, label, scores, "--target-params", keep, *(["--uniform"] if uniform else []), compensate=comp)
+        bench.try_prune(
+            section, label, scores, "--target-params", keep, *(["--uniform"] if uniform else []), compensate=comp
+        )
 
 
 def kv_rows(bench: Bench, keeps=("0.95", "0.90")) -> None:
@@ -162,8 +163,17 @@ def ffn_rows(bench: Bench, keeps=("0.80", "0.50")) -> None:
     all_heads = str(bench.base.config.num_attention_heads)
     for keep, uniform, comp in variants(keeps, with_bias=True):
         label = f"keep {keep} {'uniform' if uniform else 'per-layer'} {comp}"
-        bench.try_prune("ffn", label, scores, "--target-params", keep, "--min-heads", all_heads,
-                        *(["--uniform"] if uniform else []), compensate=comp)
+        bench.try_prune(
+            "ffn",
+            label,
+            scores,
+            "--target-params",
+            keep,
+            "--min-heads",
+            all_heads,
+            *(["--uniform"] if uniform else []),
+            compensate=comp,
+        )
 
 
 def both_rows(bench: Bench, keeps=("0.80", "0.50")) -> None:
@@ -178,7 +188,9 @@ def layer_scores(bench: Bench, method: str):
 def layer_rows(bench: Bench, drops=("2", "3")) -> None:
     for method in ("cosine", "loo", "refit"):
         for drop in drops + (str(int(drops[-1]) + 1),) * (method == "refit"):
-            bench.try_prune("layers", f"{method} drop {drop}", layer_scores(bench, method), "--ratio", "0", "--drop-layers", drop)
+            bench.try_prune(
+                "layers", f"{method} drop {drop}", layer_scores(bench, method), "--ratio", "0", "--drop-layers", drop
+            )
 
 
 def joint_rows(bench: Bench, keeps=("0.80", "0.50")) -> None:
@@ -197,15 +209,27 @@ def peer_rows(bench: Bench, python: str, keeps=("0.80", "0.50")) -> None:
         out = bench.work / f"peer-keep{keep}"
         command = [python, str(script), bench.summary["hf_folder"], "--keep", keep, "-o", str(out)]
         start = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": str(bench.threads)})
+        done = subprocess.run(
+            command, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": str(bench.threads)}
+        )
         if done.returncode != 0:
             raise RuntimeError(f"peer failed: {done.stderr.strip()[-1500:]}")
         info = json.loads(done.stdout)
         model = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True).eval()
         ppl = next(m.value for m in evaluate(model, bench.dataset, "causal-lm") if m.name == "perplexity")
-        shown = shlex.join(["python", "scripts/benchmarks/trained_lm_peer.py", "$M_HF", "--keep", keep, "-o", f"$W/peer-keep{keep}"])
-        bench.rows.append(Row("peer", f"Torch-Pruning keep {keep}", [shown], info["parameters"], ppl,
-                              {"ratio": info["ratio"], "config": info["config"], "seconds": round(time.perf_counter() - start, 1)}))
+        shown = shlex.join(
+            ["python", "scripts/benchmarks/trained_lm_peer.py", "$M_HF", "--keep", keep, "-o", f"$W/peer-keep{keep}"]
+        )
+        bench.rows.append(
+            Row(
+                "peer",
+                f"Torch-Pruning keep {keep}",
+                [shown],
+                info["parameters"],
+                ppl,
+                {"ratio": info["ratio"], "config": info["config"], "seconds": round(time.perf_counter() - start, 1)},
+            )
+        )
         log(f"peer    keep {keep}: removed {bench.removed(info['parameters']):.1%} ppl {ppl:.2f} ({info['config']})")
 
 
@@ -218,10 +242,24 @@ def finetune_rows(bench: Bench, docs: int, keep: str = "0.50") -> None:
     for row in sorted(cuts, key=lambda r: r.perplexity)[:1]:  # the best retraining-free cut at `keep`
         source = Path(row.extra["checkpoint"])
         out = source.with_name(source.stem + "-ft.safetensors")
-        args = ["finetune", str(source), "--data", str(train), "--teacher", "auto", "--epochs", "1", "-o", str(out), "--force"]
+        args = [
+            "finetune",
+            str(source),
+            "--data",
+            str(train),
+            "--teacher",
+            "auto",
+            "--epochs",
+            "1",
+            "-o",
+            str(out),
+            "--force",
+        ]
         bench.headprune(*args)
         ppl, params = bench.perplexity(out)
-        bench.rows.append(Row("finetune", row.label, row.commands + [bench.shown(args)], params, ppl, {"before": row.perplexity}))
+        bench.rows.append(
+            Row("finetune", row.label, row.commands + [bench.shown(args)], params, ppl, {"before": row.perplexity})
+        )
         log(f"finetune {row.label}: {row.perplexity:.2f} -> {ppl:.2f}")
 
 
@@ -233,32 +271,49 @@ def decode_rows(bench: Bench, repeats: int, context: int = 512) -> list[dict]:
 
     base = AutoModelForCausalLM.from_pretrained(bench.summary["hf_folder"], local_files_only=True).eval()
     results = []
-    for row in [r for r in bench.rows if "uniform" in r.label and r.label.endswith("lstsq") and r.section in ("kv", "ffn", "both", "joint")
-                ]:
+    for row in [
+        r
+        for r in bench.rows
+        if "uniform" in r.label and r.label.endswith("lstsq") and r.section in ("kv", "ffn", "both", "joint")
+    ]:
         folder = Path(row.extra["checkpoint"]).with_suffix(".hf")
         bench.headprune("export", row.extra["checkpoint"], "--hf", str(folder), "--force")
         pruned = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True).eval()
         for batch in (1, 8):
             predicted = decode_prediction(base, pruned, Generation(batch, context, 16))
             measured = measure_decode(base, pruned, predicted, bench.threads, repeats, 1)
-            results.append({"label": f"{row.section} {row.label}", "batch": batch, "predicted_decode": predicted["predicted_decode_speedup"],
-                            "tokens_per_s": measured["decode_tokens_per_s"], "decode_speedup": measured["decode_speedup"],
-                            "export": bench.shown(["export", row.extra["checkpoint"], "--hf", str(folder)])})
-            log(f"decode {row.label} batch {batch}: {measured['decode_tokens_per_s']} predicted {predicted['predicted_decode_speedup']:.2f}x")
+            results.append(
+                {
+                    "label": f"{row.section} {row.label}",
+                    "batch": batch,
+                    "predicted_decode": predicted["predicted_decode_speedup"],
+                    "tokens_per_s": measured["decode_tokens_per_s"],
+                    "decode_speedup": measured["decode_speedup"],
+                    "export": bench.shown(["export", row.extra["checkpoint"], "--hf", str(folder)]),
+                }
+            )
+            log(
+                f"decode {row.label} batch {batch}: {measured['decode_tokens_per_s']} predicted {predicted['predicted_decode_speedup']:.2f}x"
+            )
     return results
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--apt-lists", type=Path, help="as for make_trained_lm (the model is built or found in the cache)")
+    parser.add_argument(
+        "--apt-lists", type=Path, help="as for make_trained_lm (the model is built or found in the cache)"
+    )
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="small")
-    parser.add_argument("--quick", action="store_true", help="the tiny recipe, one cut per section: a check of this script")
+    parser.add_argument(
+        "--quick", action="store_true", help="the tiny recipe, one cut per section: a check of this script"
+    )
     parser.add_argument("--cache", type=Path, default=default_cache())
     parser.add_argument("--work", type=Path, default=Path("/tmp/trained-lm-bench"))
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--peer-python", help="python of a venv with torch-pruning (the peer rows need it)")
-    parser.add_argument("--keeps", default="0.80,0.50",
-                        help="fractions of all parameters to keep (the budgets of the kv-free sections)")
+    parser.add_argument(
+        "--keeps", default="0.80,0.50", help="fractions of all parameters to keep (the budgets of the kv-free sections)"
+    )
     parser.add_argument("--eval-docs", type=int, default=1000)
     parser.add_argument("--finetune-docs", type=int, default=2000)
     parser.add_argument("--decode-repeats", type=int, default=5)
@@ -289,9 +344,17 @@ def main(argv: list[str] | None = None) -> None:
     if "finetune" in chosen:
         finetune_rows(bench, args.finetune_docs, "0.80" if quick else keeps[-1])
     decode = decode_rows(bench, args.decode_repeats, 64 if quick else 512) if "decode" in chosen else []
-    result = {"model": summary, "baseline_perplexity": base_ppl, "baseline_parameters": bench.base_params,
-              "eval_docs": args.eval_docs, "rows": [asdict(r) for r in bench.rows], "decode": decode, "failures": bench.failures,
-              "seconds": round(time.perf_counter() - started, 1), "load_after": os.getloadavg()}
+    result = {
+        "model": summary,
+        "baseline_perplexity": base_ppl,
+        "baseline_parameters": bench.base_params,
+        "eval_docs": args.eval_docs,
+        "rows": [asdict(r) for r in bench.rows],
+        "decode": decode,
+        "failures": bench.failures,
+        "seconds": round(time.perf_counter() - started, 1),
+        "load_after": os.getloadavg(),
+    }
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     from scripts.benchmarks.trained_lm_report import markdown

@@ -52,10 +52,18 @@ def prune(model, ratio: float, example):
             num_heads[m.v_proj] = model.config.num_key_value_heads
     gqa = model.config.num_attention_heads != model.config.num_key_value_heads
     pruner = tp.pruner.BasePruner(
-        model, example_inputs=example, importance=tp.importance.GroupMagnitudeImportance(p=2, group_reduction="mean"),
-        global_pruning=False, output_transform=lambda x: x.logits, pruning_ratio=ratio,
-        ignored_layers=[model.lm_head], num_heads=num_heads, prune_num_heads=True, prune_head_dims=False,
-        head_pruning_ratio=ratio, round_to=4,
+        model,
+        example_inputs=example,
+        importance=tp.importance.GroupMagnitudeImportance(p=2, group_reduction="mean"),
+        global_pruning=False,
+        output_transform=lambda x: x.logits,
+        pruning_ratio=ratio,
+        ignored_layers=[model.lm_head],
+        num_heads=num_heads,
+        prune_num_heads=True,
+        prune_head_dims=False,
+        head_pruning_ratio=ratio,
+        round_to=4,
     )
     for group in pruner.step(interactive=True):
         group.prune()
@@ -116,9 +124,19 @@ def main() -> None:
     baseline = count(base)
     ratio, model = bisect_ratio(base, args.keep * baseline, example)
     model.save_pretrained(args.output)
-    print(json.dumps({"ratio": ratio, "parameters": count(model), "baseline_parameters": baseline,
-                      "config": {k: getattr(model.config, k) for k in ("hidden_size", "num_attention_heads",
-                                                                        "num_key_value_heads", "intermediate_size")}}))
+    print(
+        json.dumps(
+            {
+                "ratio": ratio,
+                "parameters": count(model),
+                "baseline_parameters": baseline,
+                "config": {
+                    k: getattr(model.config, k)
+                    for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

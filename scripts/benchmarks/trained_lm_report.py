@@ -16,15 +16,22 @@ def markdown(result: dict) -> str:
         removed = 1 - row["parameters"] / base_params
         extra = f" (before: {row['extra']['before']:.2f})" if "before" in row["extra"] else ""
         commands = "<br>".join(f"`{c}`" for c in row["commands"])
-        lines.append(f"| {row['section']} | {row['label']} | {removed:.1%} | {row['perplexity']:.2f}{extra} | "
-                     f"{row['perplexity'] / base_ppl - 1:+.1%} | {commands} |")
+        lines.append(
+            f"| {row['section']} | {row['label']} | {removed:.1%} | {row['perplexity']:.2f}{extra} | "
+            f"{row['perplexity'] / base_ppl - 1:+.1%} | {commands} |"
+        )
     if result["decode"]:
-        lines += ["", "| cut (uniform, exported) | batch | decode tokens/s baseline / pruned | speedup predicted / measured |",
-                  "|---|---:|---|---|"]
+        lines += [
+            "",
+            "| cut (uniform, exported) | batch | decode tokens/s baseline / pruned | speedup predicted / measured |",
+            "|---|---:|---|---|",
+        ]
         for d in result["decode"]:
             tps = d["tokens_per_s"]
-            lines.append(f"| {d['label']} | {d['batch']} | {tps['baseline']:.1f} / {tps['pruned']:.1f} | "
-                         f"{d['predicted_decode']:.2f}x / **{d['decode_speedup']:.2f}x** |")
+            lines.append(
+                f"| {d['label']} | {d['batch']} | {tps['baseline']:.1f} / {tps['pruned']:.1f} | "
+                f"{d['predicted_decode']:.2f}x / **{d['decode_speedup']:.2f}x** |"
+            )
     for failure in result.get("failures", []):
         lines.append(f"- refused: {failure}")
     lines += ["", f"Benchmark wall time {result['seconds']:.0f} s; load average after {result['load_after']}."]

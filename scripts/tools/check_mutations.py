@@ -23,44 +23,74 @@ ROOT = Path(__file__).resolve().parents[2]
 # name: (file, original text, mutated text, the test that must fail)
 MUTATIONS = {
     "max-drop <= to <": (
-        "headprune_cli/stages/report/build.py", "main.drop <= max_drop))", "main.drop < max_drop))",
-        "tests/stages/report/test_policy.py::test_max_drop_passes_at_the_threshold_and_fails_one_ulp_below"),
+        "headprune_cli/stages/report/build.py",
+        "main.drop <= max_drop))",
+        "main.drop < max_drop))",
+        "tests/stages/report/test_policy.py::test_max_drop_passes_at_the_threshold_and_fails_one_ulp_below",
+    ),
     "max-rel-drop <= to <": (
-        "headprune_cli/stages/report/build.py", "main.rel_drop <= max_rel_drop))", "main.rel_drop < max_rel_drop))",
-        "tests/stages/report/test_policy.py::test_max_rel_drop_passes_at_the_threshold_and_fails_one_ulp_below"),
+        "headprune_cli/stages/report/build.py",
+        "main.rel_drop <= max_rel_drop))",
+        "main.rel_drop < max_rel_drop))",
+        "tests/stages/report/test_policy.py::test_max_rel_drop_passes_at_the_threshold_and_fails_one_ulp_below",
+    ),
     "min-speedup >= to >": (
-        "headprune_cli/stages/report/build.py", "speedup >= min_speedup))", "speedup > min_speedup))",
-        "tests/stages/report/test_policy.py::test_min_speedup_passes_at_the_threshold_and_fails_one_ulp_above"),
+        "headprune_cli/stages/report/build.py",
+        "speedup >= min_speedup))",
+        "speedup > min_speedup))",
+        "tests/stages/report/test_policy.py::test_min_speedup_passes_at_the_threshold_and_fails_one_ulp_above",
+    ),
     "finetune returns the last epoch": (
-        "headprune_cli/stages/finetune/train.py", "        if self.best is not None:\n            self.model.load_state_dict(self.best)",
-        "        pass", "tests/stages/finetune/test_training.py::test_the_returned_weights_are_the_best_epochs"),
+        "headprune_cli/stages/finetune/train.py",
+        "        if self.best is not None:\n            self.model.load_state_dict(self.best)",
+        "        pass",
+        "tests/stages/finetune/test_training.py::test_the_returned_weights_are_the_best_epochs",
+    ),
     "torchrun gradients halved": (
-        "headprune_cli/stages/finetune/train.py", "(loss_sum * self.ctx.world / grand).backward()", "(loss_sum / grand).backward()",
-        "tests/stages/finetune/test_command.py::test_torchrun_sgd_updates_match_one_process_far_below_the_update_size"),
+        "headprune_cli/stages/finetune/train.py",
+        "(loss_sum * self.ctx.world / grand).backward()",
+        "(loss_sum / grand).backward()",
+        "tests/stages/finetune/test_command.py::test_torchrun_sgd_updates_match_one_process_far_below_the_update_size",
+    ),
     "target-flops budgets params": (
-        "headprune_cli/stages/selection.py", 'key = "params" if target_params is not None else "flops_per_token"\n    fraction',
-        'key = "params"\n    fraction', "tests/stages/selection/test_budget.py::test_target_flops_budgets_flops_and_target_params_budgets_params"),
+        "headprune_cli/stages/selection.py",
+        'key = "params" if target_params is not None else "flops_per_token"\n    fraction',
+        'key = "params"\n    fraction',
+        "tests/stages/selection/test_budget.py::test_target_flops_budgets_flops_and_target_params_budgets_params",
+    ),
     "baseline auto skips sha256": (
-        "headprune_cli/stages/report/build.py", "    if sha256_file(path) != root:", "    if False:",
-        "tests/stages/report/test_policy.py::test_baseline_auto_refuses_a_root_whose_bytes_changed"),
+        "headprune_cli/stages/report/build.py",
+        "    if sha256_file(path) != root:",
+        "    if False:",
+        "tests/stages/report/test_policy.py::test_baseline_auto_refuses_a_root_whose_bytes_changed",
+    ),
     "sweep skips compensation": (
-        "headprune_cli/stages/sweep.py", 'if opts.compensate != "none":', "if False:",
-        "tests/stages/test_sweep.py::test_sweep_compensation_changes_the_result_to_what_compensating_by_hand_gives"),
+        "headprune_cli/stages/sweep.py",
+        'if opts.compensate != "none":',
+        "if False:",
+        "tests/stages/test_sweep.py::test_sweep_compensation_changes_the_result_to_what_compensating_by_hand_gives",
+    ),
     "protect validation removed": (
         "headprune_cli/stages/selection.py",
         "    for layer, head in c.protect:\n        if head not in table.heads.get(layer, {}):",
         "    for layer, head in ():\n        if head not in table.heads.get(layer, {}):",
-        "tests/stages/selection/test_select.py::test_select_bad_input_is_one_error_line_and_writes_nothing"),
+        "tests/stages/selection/test_select.py::test_select_bad_input_is_one_error_line_and_writes_nothing",
+    ),
     "a crash passes for a refusal": (
-        "headprune_cli/cli/app.py", "        return _internal(exc)", "        return _fail(str(exc), EXIT_ERROR)",
-        "tests/cli/test_error_mapping.py::test_bug_is_an_internal_error_not_a_refusal"),
+        "headprune_cli/cli/app.py",
+        "        return _internal(exc)",
+        "        return _fail(str(exc), EXIT_ERROR)",
+        "tests/cli/test_error_mapping.py::test_bug_is_an_internal_error_not_a_refusal",
+    ),
 }
 
 
 def check(name: str) -> str:
     path, old, new, test = MUTATIONS[name]
     with tempfile.TemporaryDirectory(prefix="hp-mutation-") as tmp:
-        files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+        files = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.split()
         for f in files:
             if (ROOT / f).is_file():
                 (Path(tmp) / f).parent.mkdir(parents=True, exist_ok=True)
@@ -70,9 +100,21 @@ def check(name: str) -> str:
         if source.count(old) < 1:
             return f"STALE   {name}: the original text is no longer in {path}"
         target.write_text(source.replace(old, new, 1))
-        env = {**os.environ, "PYTHONPATH": tmp, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": tmp,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
         start = time.monotonic()
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test], cwd=tmp, env=env, capture_output=True, text=True)
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         took = time.monotonic() - start
         verdict = "CAUGHT " if run.returncode == 1 else "MISSED " if run.returncode == 0 else f"ERROR{run.returncode} "
         return f"{verdict} {name}: {test} ({took:.0f} s)"

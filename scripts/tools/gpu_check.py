@@ -79,15 +79,28 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     print(f"torch {torch.__version__}, {gpu_name}, device under test {args.device}, work folder {work}", flush=True)
     model = work / "llama.safetensors"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "tools" / "make_causal_lm.py"), "--out", str(model), "--steps", str(args.steps)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "tools" / "make_causal_lm.py"),
+            "--out",
+            str(model),
+            "--steps",
+            str(args.steps),
+        ],
+        check=True,
+    )
     common = ["--method", "taylor", "--data", TEXT, "--samples", "64"]
     seconds = {}
     for name, device in (("cpu", "cpu"), ("cuda", args.device)):
         seconds[name] = headprune("score", model, *common, "--device", device, "-o", work / f"scores-{name}.json")
     cpu, gpu = head_scores(work / "scores-cpu.json"), head_scores(work / "scores-cuda.json")
     worst = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(cpu, gpu))
-    check(f"score float32, {args.device} vs cpu", worst <= 1e-3 and spearman(cpu, gpu) > 0.999,
-          f"max relative difference {worst:.2e}, Spearman {spearman(cpu, gpu):.4f}; {seconds['cpu']:.1f} s cpu, {seconds['cuda']:.1f} s cuda")
+    check(
+        f"score float32, {args.device} vs cpu",
+        worst <= 1e-3 and spearman(cpu, gpu) > 0.999,
+        f"max relative difference {worst:.2e}, Spearman {spearman(cpu, gpu):.4f}; {seconds['cpu']:.1f} s cpu, {seconds['cuda']:.1f} s cuda",
+    )
     headprune("score", model, *common, "--device", args.device, "--dtype", "bfloat16", "-o", work / "scores-bf16.json")
     rho = spearman(cpu, head_scores(work / "scores-bf16.json"))
     check(f"score bfloat16 on {args.device} vs float32", rho >= 0.9, f"Spearman {rho:.4f}")
@@ -96,28 +109,76 @@ def main() -> int:
     from safetensors.torch import load_file
 
     for name, device in (("cpu", "cpu"), ("cuda", args.device)):
-        headprune("prune", model, "--plan", work / "plan.json", "--compensate", "lstsq", "--data", TEXT, "--device", device,
-                  "-o", work / f"pruned-{name}.safetensors")
+        headprune(
+            "prune",
+            model,
+            "--plan",
+            work / "plan.json",
+            "--compensate",
+            "lstsq",
+            "--data",
+            TEXT,
+            "--device",
+            device,
+            "-o",
+            work / f"pruned-{name}.safetensors",
+        )
     a, b = load_file(work / "pruned-cpu.safetensors"), load_file(work / "pruned-cuda.safetensors")
     diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     dtypes = {str(t.dtype) for t in b.values()} == {str(t.dtype) for t in load_file(model).values()}
-    check(f"prune --compensate lstsq, {args.device} vs cpu", set(a) == set(b) and diff <= 1e-3 and dtypes,
-          f"max |difference| {diff:.2e}, stored dtypes kept: {dtypes}")
+    check(
+        f"prune --compensate lstsq, {args.device} vs cpu",
+        set(a) == set(b) and diff <= 1e-3 and dtypes,
+        f"max |difference| {diff:.2e}, stored dtypes kept: {dtypes}",
+    )
 
-    took = headprune("finetune", work / "pruned-cuda.safetensors", "--data", TEXT, "--steps", "20", "--device", args.device,
-                     "-o", work / "tuned.safetensors")
+    took = headprune(
+        "finetune",
+        work / "pruned-cuda.safetensors",
+        "--data",
+        TEXT,
+        "--steps",
+        "20",
+        "--device",
+        args.device,
+        "-o",
+        work / "tuned.safetensors",
+    )
     tuned = load_file(work / "tuned.safetensors")
     changed = any(not torch.equal(tuned[k], b[k]) for k in b)
-    check(f"finetune --device {args.device}", changed and {t.dtype for t in tuned.values()} == {t.dtype for t in b.values()},
-          f"20 steps in {took:.1f} s, weights changed: {changed}")
+    check(
+        f"finetune --device {args.device}",
+        changed and {t.dtype for t in tuned.values()} == {t.dtype for t in b.values()},
+        f"20 steps in {took:.1f} s, weights changed: {changed}",
+    )
 
-    headprune("report", "--model", work / "tuned.safetensors", "--data", TEXT, "--device", args.device, "--repeats", "5",
-              "--decode-prompt", "64", "--decode-tokens", "32", "--decode-batch", "8", "--json", work / "report.json")
+    headprune(
+        "report",
+        "--model",
+        work / "tuned.safetensors",
+        "--data",
+        TEXT,
+        "--device",
+        args.device,
+        "--repeats",
+        "5",
+        "--decode-prompt",
+        "64",
+        "--decode-tokens",
+        "32",
+        "--decode-batch",
+        "8",
+        "--json",
+        work / "report.json",
+    )
     report = json.loads((work / "report.json").read_text())
     decode = report["measured"]["decode"]
-    check(f"report --device {args.device} (prefill, decode)", decode is not None and decode["decode_speedup"] > 0,
-          f"forward speedup {report['measured']['speedup']:.2f}x, prefill {decode['prefill_speedup']:.2f}x, "
-          f"decode {decode['decode_speedup']:.2f}x (predicted {report['cost']['decode']['predicted_decode_speedup']:.2f}x)")
+    check(
+        f"report --device {args.device} (prefill, decode)",
+        decode is not None and decode["decode_speedup"] > 0,
+        f"forward speedup {report['measured']['speedup']:.2f}x, prefill {decode['prefill_speedup']:.2f}x, "
+        f"decode {decode['decode_speedup']:.2f}x (predicted {report['cost']['decode']['predicted_decode_speedup']:.2f}x)",
+    )
     print("all GPU checks passed" if not FAILED else f"failed: {', '.join(FAILED)}")
     return 1 if FAILED else 0
 

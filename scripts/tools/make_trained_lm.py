@@ -57,15 +57,50 @@ RECIPES = {
     # parameters. Smaller than a "real" small LM on purpose: two CPU cores shared with
     # other jobs train ~2500 tokens/s at this size (~900/s at 19 M), and 30 minutes of
     # that is ~1.5 M tokens; a bigger model would learn less in the same time.
-    "full": Recipe(layers=8, hidden=256, heads=8, kv_heads=4, ffn=768, vocab=8192, block=256,
-                   batch=16, steps=360, lr=2e-3, warmup=30),
+    "full": Recipe(
+        layers=8,
+        hidden=256,
+        heads=8,
+        kv_heads=4,
+        ffn=768,
+        vocab=8192,
+        block=256,
+        batch=16,
+        steps=360,
+        lr=2e-3,
+        warmup=30,
+    ),
     # What 2 cores shared by several jobs train in ~15-25 minutes (measured: the `full`
     # recipe ran at ~30 s/step under a load average of 11): 4.0 M parameters, 8 query /
     # 4 KV heads of dim 24, 6 layers, 600 k training tokens.
-    "small": Recipe(layers=6, hidden=192, heads=8, kv_heads=4, ffn=512, vocab=4096, block=128,
-                    batch=16, steps=300, lr=3e-3, warmup=20),
-    "tiny": Recipe(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=384, block=64,
-                   batch=8, steps=30, lr=3e-3, warmup=5, max_train_docs=400, eval_length=64),
+    "small": Recipe(
+        layers=6,
+        hidden=192,
+        heads=8,
+        kv_heads=4,
+        ffn=512,
+        vocab=4096,
+        block=128,
+        batch=16,
+        steps=300,
+        lr=3e-3,
+        warmup=20,
+    ),
+    "tiny": Recipe(
+        layers=2,
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        ffn=128,
+        vocab=384,
+        block=64,
+        batch=8,
+        steps=30,
+        lr=3e-3,
+        warmup=5,
+        max_train_docs=400,
+        eval_length=64,
+    ),
 }
 
 
@@ -79,8 +114,13 @@ def recipe_key(recipe: Recipe, corpus_sha: str, seed: int, threads: int) -> str:
     import transformers
 
     spec = {
-        "format": FORMAT, "recipe": dataclasses.asdict(recipe), "corpus": corpus_sha, "seed": seed,
-        "threads": threads, "torch": torch.__version__, "transformers": transformers.__version__,
+        "format": FORMAT,
+        "recipe": dataclasses.asdict(recipe),
+        "corpus": corpus_sha,
+        "seed": seed,
+        "threads": threads,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "tokenizers": tokenizers.__version__,
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
@@ -93,7 +133,10 @@ def train_tokenizer(texts: list[str], vocab: int):
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab, min_frequency=2, special_tokens=SPECIAL, show_progress=False,
+        vocab_size=vocab,
+        min_frequency=2,
+        special_tokens=SPECIAL,
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
@@ -118,11 +161,21 @@ def build_model(recipe: Recipe):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=recipe.vocab, hidden_size=recipe.hidden, num_hidden_layers=recipe.layers,
-        num_attention_heads=recipe.heads, num_key_value_heads=recipe.kv_heads,
-        head_dim=recipe.hidden // recipe.heads, intermediate_size=recipe.ffn, hidden_act="silu",
-        max_position_embeddings=max(1024, recipe.block), rope_theta=10000.0, pad_token_id=0,
-        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.02,
+        vocab_size=recipe.vocab,
+        hidden_size=recipe.hidden,
+        num_hidden_layers=recipe.layers,
+        num_attention_heads=recipe.heads,
+        num_key_value_heads=recipe.kv_heads,
+        head_dim=recipe.hidden // recipe.heads,
+        intermediate_size=recipe.ffn,
+        hidden_act="silu",
+        max_position_embeddings=max(1024, recipe.block),
+        rope_theta=10000.0,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        initializer_range=0.02,
     )
     return LlamaForCausalLM(config)
 
@@ -143,14 +196,15 @@ def train(model, stream, recipe: Recipe, seed: int, log) -> list[float]:
     order = torch.randperm(len(blocks), generator=generator)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=recipe.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=recipe.lr, betas=(0.9, 0.95)
+    )
     model.train()
     losses, start, cursor = [], time.perf_counter(), 0
     for step in range(recipe.steps):
         if cursor + recipe.batch > len(order):  # next epoch: a new fixed permutation
             order, cursor = torch.randperm(len(blocks), generator=generator), 0
-        ids = blocks[order[cursor: cursor + recipe.batch]]
+        ids = blocks[order[cursor : cursor + recipe.batch]]
         cursor += recipe.batch
         for group in opt.param_groups:
             group["lr"] = learning_rate(recipe, step)
@@ -161,8 +215,10 @@ def train(model, stream, recipe: Recipe, seed: int, log) -> list[float]:
         opt.step()
         losses.append(loss.item())
         if (step + 1) % 20 == 0 or step + 1 == recipe.steps:
-            log(f"step {step + 1}/{recipe.steps} loss {sum(losses[-20:]) / len(losses[-20:]):.3f} "
-                f"{time.perf_counter() - start:.0f}s")
+            log(
+                f"step {step + 1}/{recipe.steps} loss {sum(losses[-20:]) / len(losses[-20:]):.3f} "
+                f"{time.perf_counter() - start:.0f}s"
+            )
     model.eval()
     return losses
 
@@ -243,14 +299,23 @@ def build(docs, recipe: Recipe, seed: int, threads: int, cache: Path, log=print)
     valid = read_data(work / "valid.txt", loaded, max_length=recipe.eval_length)
     ppl = next(m.value for m in evaluate(loaded, valid, "causal-lm") if m.name == "perplexity")
     summary = {
-        "recipe": dataclasses.asdict(recipe), "seed": seed, "threads": threads, "key": key,
-        "parameters": params, "train_tokens_seen": recipe.steps * recipe.batch * recipe.block,
-        "train_tokens_available": len(stream), "train_seconds": round(seconds, 1),
+        "recipe": dataclasses.asdict(recipe),
+        "seed": seed,
+        "threads": threads,
+        "key": key,
+        "parameters": params,
+        "train_tokens_seen": recipe.steps * recipe.batch * recipe.block,
+        "train_tokens_available": len(stream),
+        "train_seconds": round(seconds, 1),
         "first_train_loss": round(sum(losses[:5]) / len(losses[:5]), 4),
         "final_train_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4),
         "valid_perplexity": round(ppl, 3),
-        "unigram_perplexity": round(unigram_perplexity(tokenizer, splits["train"], splits["valid"], recipe.eval_length), 3),
-        "docs": {k: len(v) for k, v in splits.items()}, "corpus_sha256": corpus_sha, "checkpoint_sha256": sha,
+        "unigram_perplexity": round(
+            unigram_perplexity(tokenizer, splits["train"], splits["valid"], recipe.eval_length), 3
+        ),
+        "docs": {k: len(v) for k, v in splits.items()},
+        "corpus_sha256": corpus_sha,
+        "checkpoint_sha256": sha,
     }
     (work / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     if out.exists():
@@ -260,8 +325,13 @@ def build(docs, recipe: Recipe, seed: int, threads: int, cache: Path, log=print)
 
 
 def with_paths(summary: dict, folder: Path) -> dict:
-    names = {"checkpoint": "model.safetensors", "hf_folder": "hf", "train": "train.txt", "calib": "calib.txt",
-             "valid": "valid.txt"}
+    names = {
+        "checkpoint": "model.safetensors",
+        "hf_folder": "hf",
+        "train": "train.txt",
+        "calib": "calib.txt",
+        "valid": "valid.txt",
+    }
     return summary | {k: str(folder / v) for k, v in names.items()} | {"folder": str(folder)}
 
 

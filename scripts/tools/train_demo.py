@@ -122,7 +122,10 @@ def train(model, tokenizer, steps: int, batch: int, seed: int, dev) -> None:
         sched.step()
         if step % 250 == 0 or step == steps:
             acc = accuracy(model, *dev)
-            print(f"step {step:5d}  loss {loss.item():.4f}  dev acc {acc:.4f}  {time.perf_counter() - start:.0f}s", flush=True)
+            print(
+                f"step {step:5d}  loss {loss.item():.4f}  dev acc {acc:.4f}  {time.perf_counter() - start:.0f}s",
+                flush=True,
+            )
     model.eval()
 
 
@@ -145,7 +148,11 @@ def main() -> None:
 
     tokenizer = make_tokenizer()
     # Disjoint seeds per split; the training stream uses its own seed too.
-    splits = {"train": make_rows(args.seed + 1, 2000), "dev": make_rows(args.seed + 2, 500), "calib": make_rows(args.seed + 3, 128)}
+    splits = {
+        "train": make_rows(args.seed + 1, 2000),
+        "dev": make_rows(args.seed + 2, 500),
+        "calib": make_rows(args.seed + 3, 128),
+    }
     dev = encode(tokenizer, splits["dev"])
 
     model = build_model(tokenizer.get_vocab_size())

@@ -32,8 +32,11 @@ def _raising(exc: BaseException):
     return command
 
 
-@pytest.mark.parametrize("exc", [ValueError("bad index"), KeyError("heads"), RecursionError(), PanicException("regex backtrack limit")],
-                         ids=["ValueError", "KeyError", "RecursionError", "PanicException"])
+@pytest.mark.parametrize(
+    "exc",
+    [ValueError("bad index"), KeyError("heads"), RecursionError(), PanicException("regex backtrack limit")],
+    ids=["ValueError", "KeyError", "RecursionError", "PanicException"],
+)
 def test_bug_is_an_internal_error_not_a_refusal(exc, cli, monkeypatch, tmp_path):
     monkeypatch.setattr(select_stage, "read_artifact", _raising(exc), raising=True)
     (tmp_path / "s.json").write_text("{}")
@@ -46,12 +49,16 @@ def test_bug_is_an_internal_error_not_a_refusal(exc, cli, monkeypatch, tmp_path)
         assert_refused(result, 1, type(exc).__name__)
 
 
-@pytest.mark.parametrize(("exc", "code", "message"), [
-    (UsageError("--ratio must be in [0, 1]"), 2, "--ratio must be"),
-    (PlanError("head 9 out of range"), 1, "out of range"),
-    (OSError(errno.ENOSPC, "No space left on device"), 1, "No space left on device"),
-    (PermissionError(errno.EACCES, "Permission denied", "out.json"), 1, "Permission denied"),
-], ids=["usage", "plan", "ENOSPC", "EACCES"])
+@pytest.mark.parametrize(
+    ("exc", "code", "message"),
+    [
+        (UsageError("--ratio must be in [0, 1]"), 2, "--ratio must be"),
+        (PlanError("head 9 out of range"), 1, "out of range"),
+        (OSError(errno.ENOSPC, "No space left on device"), 1, "No space left on device"),
+        (PermissionError(errno.EACCES, "Permission denied", "out.json"), 1, "Permission denied"),
+    ],
+    ids=["usage", "plan", "ENOSPC", "EACCES"],
+)
 def test_refusals_and_environment_failures_keep_their_codes(exc, code, message, cli, monkeypatch, tmp_path):
     monkeypatch.setattr(select_stage, "read_artifact", _raising(exc))
     (tmp_path / "s.json").write_text("{}")
@@ -77,9 +84,13 @@ def test_panic_through_the_console_entry_point(debug, tmp_path):
     """The real process exit status and stderr, as a CI job sees them; the traceback only on request."""
     (tmp_path / "s.json").write_text("{}")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HEADPRUNE_DEBUG": debug}
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(tmp_path / "s.json")], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(tmp_path / "s.json")], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode == 70, proc.stderr
-    assert proc.stderr.splitlines()[-1].startswith("Internal error: PanicException: called `Result::unwrap()`"), proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("Internal error: PanicException: called `Result::unwrap()`"), (
+        proc.stderr
+    )
     assert ("Traceback" in proc.stderr) == bool(debug), proc.stderr
     if not debug:
         assert proc.stderr.count("\n") == 1, proc.stderr
@@ -88,9 +99,17 @@ def test_panic_through_the_console_entry_point(debug, tmp_path):
 def test_the_console_entry_point_delivers_what_it_printed_before_it_leaves():
     """run() leaves with os._exit (no interpreter teardown, BENCHMARKS §8): what a command
     printed into a pipe, which Python buffers, must still arrive whole."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | {"PYTHONPATH": str(ROOT)}  # a pipe is block-buffered
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | {
+        "PYTHONPATH": str(ROOT)
+    }  # a pipe is block-buffered
     demo = ROOT / "examples/demo/model.safetensors"
-    proc = subprocess.run([sys.executable, "-m", "headprune_cli", "inspect", str(demo), "--json"], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "headprune_cli", "inspect", str(demo), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     facts = json.loads(proc.stdout)
     assert facts["layers"] and proc.stdout.endswith("\n")

@@ -21,7 +21,21 @@ def base(tmp_path_factory) -> Path:
     shutil.copy(DEMO / "model.safetensors", folder / "model.safetensors")
     rows = (DEMO / "dev.jsonl").read_text().splitlines()[:12]
     (folder / "data.jsonl").write_text("\n".join(rows) + "\n")
-    assert main(["score", str(folder / "model.safetensors"), "--data", str(folder / "data.jsonl"), "--method", "random", "-o", str(folder / "scores.json")]) == 0
+    assert (
+        main(
+            [
+                "score",
+                str(folder / "model.safetensors"),
+                "--data",
+                str(folder / "data.jsonl"),
+                "--method",
+                "random",
+                "-o",
+                str(folder / "scores.json"),
+            ]
+        )
+        == 0
+    )
     assert main(["select", str(folder / "scores.json"), "--ratio", "0.25", "-o", str(folder / "plan.json")]) == 0
     return folder
 

@@ -59,7 +59,18 @@ def _env() -> dict:
 # --- a training-state folder is deleted after success, so it must be ours -------
 def test_state_dir_dot_keeps_the_working_directory(work, cli):
     before = snapshot(work)
-    result = cli("finetune", "model.safetensors", "--data", "data.jsonl", "--steps", "1", "-o", "ft.safetensors", "--state-dir", ".")
+    result = cli(
+        "finetune",
+        "model.safetensors",
+        "--data",
+        "data.jsonl",
+        "--steps",
+        "1",
+        "-o",
+        "ft.safetensors",
+        "--state-dir",
+        ".",
+    )
     assert result.code == 2 and result.err.startswith("Error: ") and result.err.count("\n") == 1, result.err
     assert snapshot(work) == before
 
@@ -76,12 +87,36 @@ def test_state_dir_dot_in_yaml_keeps_the_working_directory(work, cli):
 
 def test_only_a_state_folder_headprune_made_is_removed(work, cli):
     """The default OUT.state is made, marked, and removed after success."""
-    result = cli("finetune", "model.safetensors", "--data", "data.jsonl", "--steps", "2", "--save-every", "1", "-o", "ft.safetensors")
+    result = cli(
+        "finetune",
+        "model.safetensors",
+        "--data",
+        "data.jsonl",
+        "--steps",
+        "2",
+        "--save-every",
+        "1",
+        "-o",
+        "ft.safetensors",
+    )
     assert result.code == 0, result.err
     assert (work / "ft.safetensors").is_file() and not (work / "ft.safetensors.state").exists()
     # an empty folder the user made is adopted (marked while in use), then removed with its contents
     (work / "st").mkdir()
-    result = cli("finetune", "model.safetensors", "--data", "data.jsonl", "--steps", "2", "--save-every", "1", "-o", "ft2.safetensors", "--state-dir", "st")
+    result = cli(
+        "finetune",
+        "model.safetensors",
+        "--data",
+        "data.jsonl",
+        "--steps",
+        "2",
+        "--save-every",
+        "1",
+        "-o",
+        "ft2.safetensors",
+        "--state-dir",
+        "st",
+    )
     assert result.code == 0, result.err
     assert not (work / "st").exists()
 
@@ -105,17 +140,45 @@ def test_dollar_in_a_file_name_is_not_a_variable(work, monkeypatch):
     shutil.copy(work / "data.jsonl", work / "a$b.jsonl")
     monkeypatch.setenv("HP_MODEL", "model.safetensors")
     monkeypatch.delenv("b", raising=False)
-    pipeline = prepare(json.loads(_config(work, [{"command": "score"}], data="a$b.jsonl", model="${HP_MODEL}").read_text()))
+    pipeline = prepare(
+        json.loads(_config(work, [{"command": "score"}], data="a$b.jsonl", model="${HP_MODEL}").read_text())
+    )
     assert pipeline.config.data == "a$b.jsonl" and pipeline.config.model == "model.safetensors"
     assert "a$b.jsonl" in pipeline.stages[0].argv
 
 
 # --- a refused or failed command leaves no empty folder ------------------------
-@pytest.mark.parametrize("args", [
-    ["report", "--model", "child.safetensors", "--data", "data.jsonl", "--min-speedup", "1", "--repeats", "0", "--plot", "plots"],
-    ["report", "--model", "child.safetensors", "--data", "missing.jsonl", "--plot", "plots"],
-    ["sweep", "model.safetensors", "--data", "data.jsonl", "--eval-data", "missing.jsonl", "--methods", "random", "-o", "plots"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [
+            "report",
+            "--model",
+            "child.safetensors",
+            "--data",
+            "data.jsonl",
+            "--min-speedup",
+            "1",
+            "--repeats",
+            "0",
+            "--plot",
+            "plots",
+        ],
+        ["report", "--model", "child.safetensors", "--data", "missing.jsonl", "--plot", "plots"],
+        [
+            "sweep",
+            "model.safetensors",
+            "--data",
+            "data.jsonl",
+            "--eval-data",
+            "missing.jsonl",
+            "--methods",
+            "random",
+            "-o",
+            "plots",
+        ],
+    ],
+)
 def test_refused_command_leaves_no_empty_folder(work, cli, args):
     result = cli(*args)
     assert result.code in (1, 2) and result.err.count("\n") == 1, result.err
@@ -135,9 +198,13 @@ def test_second_run_on_a_locked_out_folder_is_refused(work):
     with exclusive(make_folder(work / "out"), "`headprune run`"):  # as a first run holds it
         second = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=work)
     assert second.returncode == 1, second.stderr
-    assert second.stderr.startswith("Error: ") and second.stderr.count("\n") == 1 and "in use by another" in second.stderr
+    assert (
+        second.stderr.startswith("Error: ") and second.stderr.count("\n") == 1 and "in use by another" in second.stderr
+    )
     assert sorted(p.name for p in (work / "out").iterdir()) == [MARKER]
-    after = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=work)  # the lock went with its holder
+    after = subprocess.run(
+        command, capture_output=True, text=True, env=_env(), cwd=work
+    )  # the lock went with its holder
     assert after.returncode == 0, after.stderr
     assert (work / "out" / "scores.json").is_file()
 
@@ -163,11 +230,19 @@ SLOW_WRITE = textwrap.dedent("""
 def test_signal_during_a_write_cleans_up_and_exits_130(work, cli, signum):
     script = work / "slow_write.py"
     script.write_text(SLOW_WRITE)
-    assert cli("score", "model.safetensors", "--data", "data.jsonl", "--method", "random", "-o", "scores.json").code == 0
+    assert (
+        cli("score", "model.safetensors", "--data", "data.jsonl", "--method", "random", "-o", "scores.json").code == 0
+    )
     before = snapshot(work)
-    proc = subprocess.Popen([sys.executable, str(script), "prune", "--scores", "scores.json", "--ratio", "0.5", "-o", "small.safetensors"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=work,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "prune", "--scores", "scores.json", "--ratio", "0.5", "-o", "small.safetensors"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=work,
+        stdin=subprocess.DEVNULL,
+    )
     tmp = Path(work / proc.stdout.readline().strip())
     assert tmp.name.endswith(".tmp") and tmp.is_file()
     proc.send_signal(signum)
@@ -209,12 +284,23 @@ def _trainer_files(folder: Path) -> dict[str, Path]:
     TINY["bert"]().save_pretrained(hf)  # metadata {"format": "pt"}: no headprune key
     (folder / "trainer_state.json").write_text(json.dumps({"best_metric": 0.91, "kind": "trainer"}))
     (folder / "renamed.bin").write_bytes((hf / "model.safetensors").read_bytes())  # content decides, not the name
-    return {"weights": hf / "model.safetensors", "config": hf / "config.json",
-            "json": folder / "trainer_state.json", "renamed": folder / "renamed.bin"}
+    return {
+        "weights": hf / "model.safetensors",
+        "config": hf / "config.json",
+        "json": folder / "trainer_state.json",
+        "renamed": folder / "renamed.bin",
+    }
 
 
-@pytest.mark.parametrize("target, what", [("weights", "a safetensors file"), ("config", "a JSON file"),
-                                          ("json", "a JSON file"), ("renamed", "a safetensors file")])
+@pytest.mark.parametrize(
+    "target, what",
+    [
+        ("weights", "a safetensors file"),
+        ("config", "a JSON file"),
+        ("json", "a JSON file"),
+        ("renamed", "a safetensors file"),
+    ],
+)
 def test_force_never_replaces_weights_or_json_another_tool_wrote(work, cli, target, what):
     path = _trainer_files(work)[target]
     before = snapshot(work)
@@ -227,13 +313,28 @@ def test_force_replaces_headprune_outputs_and_other_files(work, cli):
     """Earlier checkpoints and artifacts are replaced, and so is a file that is neither
     safetensors nor JSON (a report or plot headprune cannot mark)."""
     (work / "notes.md").write_text("an old report\n")
-    assert cli("score", "model.safetensors", "--data", "data.jsonl", "--method", "random", "-o", "scores.json").code == 0
+    assert (
+        cli("score", "model.safetensors", "--data", "data.jsonl", "--method", "random", "-o", "scores.json").code == 0
+    )
     assert cli("select", "scores.json", "--ratio", "0.25", "-o", "plan.json").code == 0
     assert cli("select", "scores.json", "--ratio", "0.5", "-o", "plan.json", "--force").code == 0
     assert json.loads((work / "plan.json").read_text())["config"]["ratio"] == 0.5
     assert cli("import", "model.safetensors", "-o", "child.safetensors", "--force").code == 0
     replaced, original = load(work / "child.safetensors").state_dict(), load(work / "model.safetensors").state_dict()
     assert all(replaced[k].equal(original[k]) for k in original)  # the import of the model, not the pruned child
-    assert cli("report", "--model", "child.safetensors", "--baseline", "model.safetensors", "--data", "data.jsonl",
-               "--markdown", "notes.md", "--force").code == 0
+    assert (
+        cli(
+            "report",
+            "--model",
+            "child.safetensors",
+            "--baseline",
+            "model.safetensors",
+            "--data",
+            "data.jsonl",
+            "--markdown",
+            "notes.md",
+            "--force",
+        ).code
+        == 0
+    )
     assert (work / "notes.md").read_text() != "an old report\n"

@@ -30,7 +30,10 @@ def _limited() -> None:
 def run_limited(args: list) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "headprune_cli", *map(str, args)],
-        preexec_fn=_limited, capture_output=True, text=True, timeout=600,
+        preexec_fn=_limited,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 

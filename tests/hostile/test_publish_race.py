@@ -57,7 +57,9 @@ def one_winner(results, barrier: bool) -> int:
     code, out, err = results[1 - winners[0]]
     lines = [line for line in err.splitlines() if line.startswith("Error: ")]
     assert len(lines) == 1 and "Traceback" not in err, err
-    raced = code == 1 and ("now exists: another process wrote it" in lines[0] or "now exists: another process created it" in lines[0])
+    raced = code == 1 and (
+        "now exists: another process wrote it" in lines[0] or "now exists: another process created it" in lines[0]
+    )
     checked = code == 2 and "exists; pass --force" in lines[0]  # it came second to the first check
     assert raced or (checked and not barrier), err
     return winners[0]
@@ -81,8 +83,12 @@ def test_two_prunes_of_one_new_checkpoint(work):
     rename it races through is the one select's 20 rounds exercise."""
     for round_ in range(1):
         out = f"small-{round_}.safetensors"
-        results = race(work, ["prune", "model.safetensors", "--plan", "plan.json", "-o", out],
-                       ["prune", "model.safetensors", "--scores", "scores.json", "--ratio", "0.5", "-o", out], barrier_script(work, f"p{round_}"))
+        results = race(
+            work,
+            ["prune", "model.safetensors", "--plan", "plan.json", "-o", out],
+            ["prune", "model.safetensors", "--scores", "scores.json", "--ratio", "0.5", "-o", out],
+            barrier_script(work, f"p{round_}"),
+        )
         winner = one_winner(results, barrier=True)
         from headprune_cli import load
         from headprune_cli.model.layout import info_of
@@ -94,7 +100,9 @@ def test_two_prunes_of_one_new_checkpoint(work):
 
 def test_two_exports_of_one_new_folder(work):
     """One round (two model loads): the folder built beside its target, renamed without replacing."""
-    results = race(work, *[["export", "model.safetensors", "--hf", "exported"]] * 2, script=barrier_script(work, "export"))
+    results = race(
+        work, *[["export", "model.safetensors", "--hf", "exported"]] * 2, script=barrier_script(work, "export")
+    )
     one_winner(results, barrier=True)
     assert (work / "exported" / "config.json").is_file() and leftovers(work) == []
 

@@ -63,7 +63,12 @@ def demo(tmp_path: Path, cli) -> Path:
     shutil.copy(DEMO / "model.safetensors", tmp_path / "model.safetensors")
     rows = (DEMO / "dev.jsonl").read_text().splitlines()[:16]
     (tmp_path / "data.jsonl").write_text("\n".join(rows) + "\n")
-    assert cli("score", tmp_path / "model.safetensors", "--data", tmp_path / "data.jsonl", "-o", tmp_path / "scores.json").code == 0
+    assert (
+        cli(
+            "score", tmp_path / "model.safetensors", "--data", tmp_path / "data.jsonl", "-o", tmp_path / "scores.json"
+        ).code
+        == 0
+    )
     assert cli("select", tmp_path / "scores.json", "--ratio", "0.25", "-o", tmp_path / "plan.json").code == 0
     return tmp_path
 
@@ -79,10 +84,26 @@ def test_disk_full_inside_safetensors_is_one_line(demo: Path, cli, monkeypatch):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     monkeypatch.setattr(state, "save_file", full_disk)
-    result = cli("finetune", demo / "model.safetensors", "--data", demo / "data.jsonl", "--steps", "2", "--save-every", "1",
-                 "--state-dir", demo / "st", "-o", demo / "out.safetensors")
+    result = cli(
+        "finetune",
+        demo / "model.safetensors",
+        "--data",
+        demo / "data.jsonl",
+        "--steps",
+        "2",
+        "--save-every",
+        "1",
+        "--state-dir",
+        demo / "st",
+        "-o",
+        demo / "out.safetensors",
+    )
     last = result.err.splitlines()[-1]  # after the progress bar: the one error line
-    assert result.code == 1 and last.startswith("Error: could not save the training state") and last.endswith("No space left on device"), result.err
+    assert (
+        result.code == 1
+        and last.startswith("Error: could not save the training state")
+        and last.endswith("No space left on device")
+    ), result.err
     assert "Traceback" not in result.err and result.err.count("Error:") == 1 and not (demo / "out.safetensors").exists()
     assert not list((demo / "st").glob(".step-*"))
 
@@ -91,10 +112,26 @@ def test_file_size_limit_is_one_line(demo: Path):
     """A real EFBIG: the prune output is larger than RLIMIT_FSIZE allows."""
     before = snapshot(demo)
     result = subprocess.run(
-        [sys.executable, "-m", "headprune_cli", "prune", str(demo / "model.safetensors"), "--plan", str(demo / "plan.json"), "-o", str(demo / "small.safetensors")],
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000)), capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "headprune_cli",
+            "prune",
+            str(demo / "model.safetensors"),
+            "--plan",
+            str(demo / "plan.json"),
+            "-o",
+            str(demo / "small.safetensors"),
+        ],
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000)),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    assert result.returncode == 1 and result.stderr == f"Error: could not write {demo / 'small.safetensors'}: File too large\n", result.stderr
+    assert (
+        result.returncode == 1
+        and result.stderr == f"Error: could not write {demo / 'small.safetensors'}: File too large\n"
+    ), result.stderr
     assert snapshot(demo) == before
 
 
@@ -116,8 +153,23 @@ def test_perplexity_overflow_is_a_gate_failure(tmp_path: Path, cli):
     save(broken, tmp_path / "broken.safetensors")
     ids = torch.randint(2, VOCAB, (6, 10), generator=torch.Generator().manual_seed(0))
     save_file({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, str(tmp_path / "eval.safetensors"))
-    result = cli("report", "--model", tmp_path / "broken.safetensors", "--baseline", tmp_path / "base.safetensors", "--data", tmp_path / "eval.safetensors",
-                 "--max-drop", "1", "--repeats", "0", "--json", tmp_path / "r.json", "--markdown", tmp_path / "r.md")
+    result = cli(
+        "report",
+        "--model",
+        tmp_path / "broken.safetensors",
+        "--baseline",
+        tmp_path / "base.safetensors",
+        "--data",
+        tmp_path / "eval.safetensors",
+        "--max-drop",
+        "1",
+        "--repeats",
+        "0",
+        "--json",
+        tmp_path / "r.json",
+        "--markdown",
+        tmp_path / "r.md",
+    )
     assert result.code == 3, result.err
     assert result.err.splitlines()[-1].startswith("FAIL: gate max-drop failed") and "Traceback" not in result.err
     assert "1.798e+308" in result.err and len(result.err) < 2000

@@ -21,7 +21,18 @@ from headprune_cli.schema import parse_artifact
 
 from tests.support import TINY
 
-_KEYS = ["format", "version", "family", "architecture", "config", "layout", "task", "tokenizer_config", "pooling", "provenance"]
+_KEYS = [
+    "format",
+    "version",
+    "family",
+    "architecture",
+    "config",
+    "layout",
+    "task",
+    "tokenizer_config",
+    "pooling",
+    "provenance",
+]
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 40) | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
@@ -79,7 +90,20 @@ def test_random_bytes_are_refused_as_checkpoints(tmp_path_factory, data):
 @given(
     kind=st.sampled_from(["scores", "plan", "report", "other"]),
     fields=st.dictionaries(
-        st.sampled_from(["schema_version", "inputs", "config", "heads", "kept", "remove_heads", "num_heads", "shape", "created", "cost"]),
+        st.sampled_from(
+            [
+                "schema_version",
+                "inputs",
+                "config",
+                "heads",
+                "kept",
+                "remove_heads",
+                "num_heads",
+                "shape",
+                "created",
+                "cost",
+            ]
+        ),
         _json_values,
         max_size=6,
     ),

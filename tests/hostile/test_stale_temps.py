@@ -36,7 +36,9 @@ SLOW_WRITE = textwrap.dedent("""
 def _killed_mid_write(work: Path) -> tuple[object, int, Path]:
     script = work.parent / "slow_write.py"
     script.write_text(SLOW_WRITE)
-    process = headprune("prune", "model.safetensors", "--plan", "plan.json", "-o", "small.safetensors", cwd=work, script=script)
+    process = headprune(
+        "prune", "model.safetensors", "--plan", "plan.json", "-o", "small.safetensors", cwd=work, script=script
+    )
     pid, tmp = process.stdout.readline().split()
     tmp = work / Path(tmp).name
     assert TEMP_PATTERN.match(tmp.name) and tmp.stat().st_size > 100_000  # a model-sized leftover
@@ -67,7 +69,9 @@ def test_the_next_write_removes_what_a_killed_session_left(work, cli):
     result = cli("select", work / "scores.json", "--ratio", "0.5", "-o", work / "again.json")
     assert result.code == 0, result.err
     notes = [line for line in result.err.splitlines() if line.startswith("Note:")]
-    assert notes == [f"Note: removed 1 temporary file ({size_kb:.1f} KB) that a killed headprune left in {work}"], result.err
+    assert notes == [f"Note: removed 1 temporary file ({size_kb:.1f} KB) that a killed headprune left in {work}"], (
+        result.err
+    )
     assert not tmp.exists() and not (work / "small.safetensors").exists()
 
 
@@ -76,7 +80,10 @@ def test_a_worker_killed_under_the_watcher_is_cleaned_up_at_once(work):
     assert worker != process.pid  # the command runs in a child of the process started
     os.kill(worker, signal.SIGKILL)  # the OOM killer's way
     code, _, err = finished(process)
-    assert code == 128 + signal.SIGKILL and err == "Error: killed by SIGKILL; its temporaries were removed\n", (code, err)
+    assert code == 128 + signal.SIGKILL and err == "Error: killed by SIGKILL; its temporaries were removed\n", (
+        code,
+        err,
+    )
     assert not tmp.exists() and not (work / "small.safetensors").exists()
 
 

@@ -28,7 +28,12 @@ def with_pre_tokenizer(folder: Path, pattern: str, name: str) -> Path:
     (length,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8 : 8 + length])
     tokenizer = json.loads(header["__metadata__"]["headprune.tokenizer"])
-    tokenizer["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+    tokenizer["pre_tokenizer"] = {
+        "type": "Split",
+        "pattern": {"Regex": pattern},
+        "behavior": "Isolated",
+        "invert": False,
+    }
     header["__metadata__"]["headprune.tokenizer"] = json.dumps(tokenizer)
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
@@ -53,7 +58,19 @@ def run_in_process(capfd, *args) -> tuple[int, str, str]:
 CASES = {
     "score": lambda f, m, d: ["score", m, "--data", d, "--method", "random", "-o", f / "s.json"],
     "finetune": lambda f, m, d: ["finetune", m, "--data", d, "--steps", "1", "-o", f / "o.safetensors"],
-    "report": lambda f, m, d: ["report", "--model", m, "--baseline", f / "model.safetensors", "--data", d, "--repeats", "0", "--json", f / "r.json"],
+    "report": lambda f, m, d: [
+        "report",
+        "--model",
+        m,
+        "--baseline",
+        f / "model.safetensors",
+        "--data",
+        d,
+        "--repeats",
+        "0",
+        "--json",
+        f / "r.json",
+    ],
 }
 
 
@@ -91,7 +108,17 @@ def test_the_installed_command_prints_one_line_and_no_panic(work):
 def test_an_ordinary_tokenizer_passes_the_probes_and_reads_the_same_ids(work, capfd):
     """The demo tokenizer (whitespace split) meets no probe failure, and a tokenizer's
     harmless output on descriptor 2 is passed on, not swallowed."""
-    code, _, err = run_in_process(capfd, "score", work / "model.safetensors", "--data", work / "data.jsonl", "--method", "random", "-o", work / "s.json")
+    code, _, err = run_in_process(
+        capfd,
+        "score",
+        work / "model.safetensors",
+        "--data",
+        work / "data.jsonl",
+        "--method",
+        "random",
+        "-o",
+        work / "s.json",
+    )
     assert code == 0, err
     assert len(PROBES) == 8 and all(len(p) == 49 for p in PROBES)
 

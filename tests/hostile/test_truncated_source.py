@@ -40,10 +40,14 @@ HOOK = textwrap.dedent("""
 """)
 
 
-def hook(victim: Path, *, module: str = "streaming", function: str = "read_tensor", before: bool = False, after: int = 2) -> Path:
+def hook(
+    victim: Path, *, module: str = "streaming", function: str = "read_tensor", before: bool = False, after: int = 2
+) -> Path:
     """A script that truncates `victim` to 4 KB at the given call of `module.function`, then runs headprune."""
     script = victim.parent.parent / "hook.py"
-    script.write_text(HOOK.format(module=module, function=function, before=before, after=-1 if before else after, victim=str(victim)))
+    script.write_text(
+        HOOK.format(module=module, function=function, before=before, after=-1 if before else after, victim=str(victim))
+    )
     return script
 
 
@@ -63,8 +67,14 @@ def test_prune_of_a_source_truncated_while_read(work, moment):
     size = source.stat().st_size
     script = hook(source, before=moment == "before-mapping")
     keep = [work / "plan.json", work / "scores.json", work / "data.jsonl"]
-    process = headprune("prune", source, "--plan", work / "plan.json", "-o", work / "small.safetensors", cwd=work, script=script)
-    reported = f"truncated from {size} to 4096 bytes); nothing was written" if moment == "after-mapping" else "truncated to 4096 bytes"
+    process = headprune(
+        "prune", source, "--plan", work / "plan.json", "-o", work / "small.safetensors", cwd=work, script=script
+    )
+    reported = (
+        f"truncated from {size} to 4096 bytes); nothing was written"
+        if moment == "after-mapping"
+        else "truncated to 4096 bytes"
+    )
     _refused_and_clean(work, process, source, keep, [work / "small.safetensors"], reported)
 
 
@@ -72,7 +82,9 @@ def test_export_hf_of_a_source_truncated_while_read(work):
     source = work / "model.safetensors"
     size = source.stat().st_size
     process = headprune("export", source, "--hf", work / "exported", cwd=work, script=hook(source, after=3))
-    _refused_and_clean(work, process, source, [work / "plan.json"], [work / "exported"], f"truncated from {size} to 4096")
+    _refused_and_clean(
+        work, process, source, [work / "plan.json"], [work / "exported"], f"truncated from {size} to 4096"
+    )
 
 
 @pytest.fixture
@@ -80,7 +92,9 @@ def hf_folder(work) -> Path:
     import torch
 
     torch.manual_seed(0)
-    model = T.BertModel(T.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48))
+    model = T.BertModel(
+        T.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
+    )
     model.save_pretrained(work / "hf")
     return work / "hf"
 
@@ -92,7 +106,14 @@ def test_import_of_a_shard_truncated_while_read(work, hf_folder):
     config, size = (hf_folder / "config.json").read_bytes(), shard.stat().st_size
     script = hook(shard, module="importer", function="_from_pretrained", after=1)
     process = headprune("import", hf_folder, "-o", work / "imported.safetensors", cwd=work, script=script)
-    _refused_and_clean(work, process, shard, [hf_folder / "config.json"], [work / "imported.safetensors"], f"truncated from {size} to 4096")
+    _refused_and_clean(
+        work,
+        process,
+        shard,
+        [hf_folder / "config.json"],
+        [work / "imported.safetensors"],
+        f"truncated from {size} to 4096",
+    )
     assert (hf_folder / "config.json").read_bytes() == config
 
 

@@ -26,7 +26,10 @@ def test_decode_section_alone_replaces_only_its_section(tmp_path):
     for r in rows:
         kv = r["kv_bytes_per_token"]
         assert kv == {"baseline": 256, "pruned": 128} and r["kv_ratio"] == 0.5
-        assert r["kv_measured"] == {"baseline": 256.0, "pruned": 128.0}  # the prediction is the cache transformers fills
+        assert r["kv_measured"] == {
+            "baseline": 256.0,
+            "pruned": 128.0,
+        }  # the prediction is the cache transformers fills
         assert r["predicted_decode"] > 1 and r["predicted_prefill"] > 1
         assert r["measured_decode"] > 0 and r["measured_prefill"] > 0
         assert r["decode_ms"]["baseline"]["runs"] == 2 and r["prefill_ms"]["pruned"]["runs"] == 1

@@ -47,10 +47,21 @@ def test_bench_quick_fills_every_table(tmp_path):
     """scripts/benchmarks/suite.py --quick runs every section's code path on tiny models and writes
     the same document BENCHMARKS.md gets; re-rendering its JSON gives the same text."""
     out, raw = tmp_path / "bench.md", tmp_path / "bench.json"
-    assert suite.main(["--quick", "--threads", "1", "--out", str(out), "--json", str(raw)]) == 0  # 1: xdist workers share the cores
+    assert (
+        suite.main(["--quick", "--threads", "1", "--out", str(out), "--json", str(raw)]) == 0
+    )  # 1: xdist workers share the cores
     text = out.read_text()
-    for heading in ("## 1. Scoring cost", "## 2. Speed", "## 3. Quality", "## 4. Recovery", "## 5. Pipeline wall time",
-                    "## 6. Peer comparison", "## 7. onnxruntime latency", "Which method to pick", "## 11. Serving a causal LM"):
+    for heading in (
+        "## 1. Scoring cost",
+        "## 2. Speed",
+        "## 3. Quality",
+        "## 4. Recovery",
+        "## 5. Pipeline wall time",
+        "## 6. Peer comparison",
+        "## 7. onnxruntime latency",
+        "Which method to pick",
+        "## 11. Serving a causal LM",
+    ):
         assert heading in text, heading
     result = json.loads(raw.read_text())
     assert result["mode"] == "quick" and result["machine"]["threads"] == 1

@@ -19,7 +19,7 @@ from tests.support import TINY, run_without_headprune, saved_model, write_scores
 
 # Loads every folder named on the command line with AutoModelForCausalLM (fp32), runs the
 # prompt in inputs.safetensors with the KV cache on, and writes logits and cache bytes.
-LOAD_PLAIN = '''
+LOAD_PLAIN = """
 import json
 import torch
 from safetensors.torch import load_file, save_file
@@ -36,7 +36,7 @@ for folder in sys.argv[1:]:
     out[folder + ".logits"] = result.logits.contiguous()
     out[folder + ".kv_bytes"] = torch.tensor(nbytes)  # for the prompt's tokens; same prompt for all
 save_file(out, "outputs.safetensors")
-'''
+"""
 
 
 def prune_uniform(tmp_path, cli, family: str, extra=()) -> tuple:
@@ -63,7 +63,10 @@ def test_uniform_llama_and_qwen3_load_in_plain_transformers(tmp_path, cli):
         "qwen3": prune_uniform(tmp_path, cli, "qwen3", extra=("--drop-layers", "1")),  # layer count changes too
     }
     gen = torch.Generator().manual_seed(0)
-    inputs = {"input_ids": torch.randint(2, 60, (2, 9), generator=gen), "attention_mask": torch.ones(2, 9, dtype=torch.long)}
+    inputs = {
+        "input_ids": torch.randint(2, 60, (2, 9), generator=gen),
+        "attention_mask": torch.ones(2, 9, dtype=torch.long),
+    }
     inputs["attention_mask"][0, :2] = 0  # left padding, as batched generation has
     save_file(inputs, tmp_path / "inputs.safetensors")
     names = [folder.name for folders in runs.values() for folder in folders]
@@ -72,7 +75,10 @@ def test_uniform_llama_and_qwen3_load_in_plain_transformers(tmp_path, cli):
     for family, (base, small) in runs.items():
         config = json.loads((small / "config.json").read_text())
         layout = info_of(headprune_cli.load(small)).layout
-        assert (config["num_attention_heads"], config["num_key_value_heads"]) == (len(layout.heads[0]), len(layout.kv_heads[0]))
+        assert (config["num_attention_heads"], config["num_key_value_heads"]) == (
+            len(layout.heads[0]),
+            len(layout.kv_heads[0]),
+        )
         assert config["head_dim"] == info_of(headprune_cli.load(base)).config.get("head_dim")
         for folder in (base, small):
             with torch.no_grad():

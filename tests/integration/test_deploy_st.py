@@ -21,7 +21,7 @@ SENTENCES = ["Pruning attention heads makes models faster.", "A cat sat on the m
 # 2. The nearest route that runs here: onnxruntime on onnx/model.onnx, the folder's
 #    tokenizer, and sentence-transformers' own Pooling and Normalize modules loaded from
 #    the folder's module configs.
-SERVE = '''
+SERVE = """
 import json
 import numpy as np
 import onnxruntime as ort
@@ -52,7 +52,7 @@ features = Pooling.load(folder, subfolder="1_Pooling")(features)
 out["ort"] = Normalize()(features)["sentence_embedding"]
 save_file(out, "embeddings.safetensors")
 print(json.dumps(report))
-'''
+"""
 
 
 def headprune_embeddings(model, tokenizer_folder) -> torch.Tensor:
@@ -77,7 +77,9 @@ def test_pruned_minilm_serves_through_onnx_without_headprune(minilm_dir, tmp_pat
     assert json.loads((folder / "1_Pooling" / "config.json").read_text())["pooling_mode_mean_tokens"] is True
     assert json.loads((folder / "sentence_bert_config.json").read_text())["max_seq_length"] == 256  # from the import
 
-    report = json.loads(run_without_headprune(SERVE, tmp_path, str(folder), json.dumps(SENTENCES)).strip().splitlines()[-1])
+    report = json.loads(
+        run_without_headprune(SERVE, tmp_path, str(folder), json.dumps(SENTENCES)).strip().splitlines()[-1]
+    )
     got = load_file(tmp_path / "embeddings.safetensors")
     want = headprune_embeddings(headprune_cli.load(tmp_path / "small.safetensors"), minilm_dir)
     routes = ["ort"] + (["st_onnx"] if "st_onnx" in got else [])

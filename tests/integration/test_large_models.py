@@ -176,7 +176,9 @@ def test_streamed_prune_writes_the_bytes_of_the_in_memory_path(name, tmp_path, m
         raise AssertionError("the streamed path must not materialise the model")
 
     monkeypatch.setattr(checkpoint, "fill", no_model)
-    digest = prune_file(tmp_path / "m.safetensors", tmp_path / "streamed.safetensors", heads, layers, plan_sha="ab" * 32)
+    digest = prune_file(
+        tmp_path / "m.safetensors", tmp_path / "streamed.safetensors", heads, layers, plan_sha="ab" * 32
+    )
     written = (tmp_path / "streamed.safetensors").read_bytes()
     assert written == (tmp_path / "memory.safetensors").read_bytes()
     assert digest == hashlib.sha256(written).hexdigest()  # hashed while writing, checked on the bytes
@@ -187,12 +189,16 @@ def test_write_file_returns_the_sha256_of_the_bytes_it_wrote(tmp_path):
     generator = torch.Generator().manual_seed(0)
     specs = [
         tensorfile.Spec(f"t{i}", dtype, (n,), lambda n=n, dtype=dtype: torch.randn(n, generator=generator).to(dtype))
-        for i, (n, dtype) in enumerate([(0, torch.float32), (3, torch.bfloat16), (1 << 20, torch.float32), (7, torch.float16)] * 5)
+        for i, (n, dtype) in enumerate(
+            [(0, torch.float32), (3, torch.bfloat16), (1 << 20, torch.float32), (7, torch.float16)] * 5
+        )
     ]
     digest = tensorfile.write_file(tmp_path / "t.safetensors", specs, {"k": "v"})
     assert digest == hashlib.sha256((tmp_path / "t.safetensors").read_bytes()).hexdigest()
     model = TINY["bert"]()
-    assert save(model, tmp_path / "m.safetensors") == hashlib.sha256((tmp_path / "m.safetensors").read_bytes()).hexdigest()
+    assert (
+        save(model, tmp_path / "m.safetensors") == hashlib.sha256((tmp_path / "m.safetensors").read_bytes()).hexdigest()
+    )
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama-gqa", "bert", "reference"])
@@ -217,8 +223,18 @@ def test_inspect_reads_no_weight(tmp_path, cli, monkeypatch):
     import safetensors
     import safetensors.torch
 
-    hashers = ((checkpoint, "hash_ahead"), (checkpoint, "weights_sha"), (checkpoint, "sha256_file"))  # no pass over the weights to hash them
-    for target, attr in ((safetensors, "safe_open"), (safetensors.torch, "load_file"), (tensorfile, "read_tensor"), (checkpoint, "fill"), *hashers):
+    hashers = (
+        (checkpoint, "hash_ahead"),
+        (checkpoint, "weights_sha"),
+        (checkpoint, "sha256_file"),
+    )  # no pass over the weights to hash them
+    for target, attr in (
+        (safetensors, "safe_open"),
+        (safetensors.torch, "load_file"),
+        (tensorfile, "read_tensor"),
+        (checkpoint, "fill"),
+        *hashers,
+    ):
         monkeypatch.setattr(target, attr, refuse)
     result = cli("inspect", tmp_path / "m.safetensors", "--json", "--seq-len", "32")
     assert result.code == 0, result.err
@@ -227,14 +243,18 @@ def test_inspect_reads_no_weight(tmp_path, cli, monkeypatch):
     assert table.code == 0 and table.err == table_before.err and re.search(r"\d+/\d+ heads", table.err)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float8_e5m2, torch.float8_e4m3fn])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float8_e5m2, torch.float8_e4m3fn]
+)
 def test_all_finite_finds_one_bad_element_anywhere(dtype):
     """The NaN/inf check every loaded and streamed tensor goes through, against isfinite in float64."""
     from headprune_cli.model.materialize import all_finite
 
     clean = torch.linspace(-3, 3, 3_000_001).to(dtype)
     assert all_finite(clean) and all_finite(clean[:0])
-    bads = [float("nan"), float("inf"), -float("inf")] if dtype != torch.float8_e4m3fn else [float("nan")]  # e4m3fn has no inf
+    bads = (
+        [float("nan"), float("inf"), -float("inf")] if dtype != torch.float8_e4m3fn else [float("nan")]
+    )  # e4m3fn has no inf
     for bad in bads:
         for position in (0, 1_048_577, 3_000_000):
             tensor = clean.clone()

@@ -23,7 +23,10 @@ from pathlib import Path
 from tests.support import ROOT, ForkServer
 
 README = ROOT / "README.md"
-BLOCK = re.compile(r"(?:<!-- readme-test: skip \((?P<why>[^)]+)\) -->\n)?```(?P<lang>[a-z]*)\n(?P<body>.*?)^```", re.DOTALL | re.MULTILINE)
+BLOCK = re.compile(
+    r"(?:<!-- readme-test: skip \((?P<why>[^)]+)\) -->\n)?```(?P<lang>[a-z]*)\n(?P<body>.*?)^```",
+    re.DOTALL | re.MULTILINE,
+)
 MAX_SKIPS = 4
 
 
@@ -38,7 +41,11 @@ def readme_blocks(text: str) -> list[dict]:
 def test_block_parser_sees_languages_lines_and_skips():
     text = "intro\n```bash\necho a\n```\n<!-- readme-test: skip (needs a GPU) -->\n```python\nprint(1)\n```\n```yaml\nk: v\n```\n"
     blocks = readme_blocks(text)
-    assert [(b["lang"], b["line"], b["skip"]) for b in blocks] == [("bash", 3, None), ("python", 7, "needs a GPU"), ("yaml", 10, None)]
+    assert [(b["lang"], b["line"], b["skip"]) for b in blocks] == [
+        ("bash", 3, None),
+        ("python", 7, "needs a GPU"),
+        ("yaml", 10, None),
+    ]
     assert blocks[0]["body"] == "echo a\n"
 
 
@@ -50,7 +57,11 @@ def test_every_readme_example_runs_in_order(tmp_path):
     work.mkdir(), server.mkdir()
     for name in ("examples", "configs", "scripts"):
         (work / name).symlink_to(ROOT / name)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(ROOT),
+    }
     with ForkServer(server, env) as shim_env:
         _run_blocks(blocks, work, shim_env)
 
@@ -59,7 +70,11 @@ def _run_blocks(blocks: list[dict], cwd: Path, env: dict) -> None:
     for block in blocks:
         if block["skip"]:
             continue
-        argv = ["bash", "-euo", "pipefail", "-c", block["body"]] if block["lang"] == "bash" else [sys.executable, "-c", block["body"]]
+        argv = (
+            ["bash", "-euo", "pipefail", "-c", block["body"]]
+            if block["lang"] == "bash"
+            else [sys.executable, "-c", block["body"]]
+        )
         result = _run(argv, cwd, env)
         assert result.returncode == 0, (
             f"README.md line {block['line']}: this {block['lang']} block exited {result.returncode}:\n{block['body']}"
@@ -71,7 +86,9 @@ def _run_blocks(blocks: list[dict], cwd: Path, env: dict) -> None:
 
 def _run(argv: list[str], cwd: Path, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
     """Run a block in its own process group, so a block that times out leaves nothing running."""
-    process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -87,10 +104,12 @@ def test_the_fork_server_shim_behaves_as_the_installed_command(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     (tmp_path / "m.safetensors").symlink_to(ROOT / "examples" / "demo" / "model.safetensors")  # relative: cwd travels
     (tmp_path / "x.yaml").write_text("model: ${HP_TEST_MODEL}\ndata: d.jsonl\nstages:\n  - command: score\n")
-    script = ('headprune inspect m.safetensors --json | python -c "import json, sys; print(json.load(sys.stdin)[\'family\'])"\n'
-              'headprune select missing.json -o plan.json || echo "exit $?"\n'
-              'echo "{" | headprune select - -o plan.json 2>/dev/null || echo "stdin exit $?"\n'
-              'HP_TEST_MODEL=nowhere.safetensors headprune run x.yaml --check 2>&1 | head -c 300\n')
+    script = (
+        "headprune inspect m.safetensors --json | python -c \"import json, sys; print(json.load(sys.stdin)['family'])\"\n"
+        'headprune select missing.json -o plan.json || echo "exit $?"\n'
+        'echo "{" | headprune select - -o plan.json 2>/dev/null || echo "stdin exit $?"\n'
+        "HP_TEST_MODEL=nowhere.safetensors headprune run x.yaml --check 2>&1 | head -c 300\n"
+    )
     with ForkServer(tmp_path, env) as shim_env:
         result = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, env=shim_env)
     lines = result.stdout.splitlines()

@@ -66,10 +66,25 @@ def test_training_lowers_the_loss_and_the_checkpoint_scores_text(tiny):
 def test_headprune_prunes_the_trained_model(tiny, tmp_path, cli):
     scores, small = tmp_path / "scores.json", tmp_path / "small.safetensors"
     assert cli("score", tiny["checkpoint"], "--data", tiny["calib"], "--method", "taylor", "-o", scores).code == 0
-    result = cli("prune", "--scores", scores, "--ratio", "0.5", "--uniform", "-o", small, "--compensate", "lstsq",
-                 "--data", tiny["calib"])
+    result = cli(
+        "prune",
+        "--scores",
+        scores,
+        "--ratio",
+        "0.5",
+        "--uniform",
+        "-o",
+        small,
+        "--compensate",
+        "lstsq",
+        "--data",
+        tiny["calib"],
+    )
     assert result.code == 0, result.err
-    assert [len(kept) for kept in info_of(headprune_cli.load(small)).layout.kv_heads] == [1, 1]  # 1 of 2 groups, every layer
+    assert [len(kept) for kept in info_of(headprune_cli.load(small)).layout.kv_heads] == [
+        1,
+        1,
+    ]  # 1 of 2 groups, every layer
 
 
 def test_splits_follow_the_source_hash(tiny):

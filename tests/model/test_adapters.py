@@ -67,10 +67,26 @@ def test_keeps_kv_cache_is_whether_the_forward_returns_one(name):
 # transformers 5's ViT attention reads an undeclared `head_dim` through getattr, which
 # headprune does not rely on (its ViT exports keep headprune's weights file when heads go).
 CONFIGS = {
-    "bert": lambda: T.BertModel(T.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48, head_dim=4)),
-    "distilbert": lambda: T.DistilBertModel(T.DistilBertConfig(vocab_size=60, dim=32, n_layers=1, n_heads=4, hidden_dim=48, head_dim=4)),
+    "bert": lambda: T.BertModel(
+        T.BertConfig(
+            vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48, head_dim=4
+        )
+    ),
+    "distilbert": lambda: T.DistilBertModel(
+        T.DistilBertConfig(vocab_size=60, dim=32, n_layers=1, n_heads=4, hidden_dim=48, head_dim=4)
+    ),
     "gpt2": lambda: T.GPT2Model(T.GPT2Config(vocab_size=60, n_embd=32, n_layer=1, n_head=4, head_dim=4)),
-    "llama": lambda: T.LlamaModel(T.LlamaConfig(vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4, intermediate_size=48, head_dim=4)),
+    "llama": lambda: T.LlamaModel(
+        T.LlamaConfig(
+            vocab_size=60,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            intermediate_size=48,
+            head_dim=4,
+        )
+    ),
 }
 
 

@@ -56,7 +56,9 @@ def test_hf_folder_round_trip_is_bit_identical(tmp_path, name):
     folder = export_hf(model, tmp_path / "out")
     names = {p.name for p in folder.iterdir()}
     # Weights are model.safetensors only where transformers can load them (tests/integration/test_deploy.py).
-    assert {"config.json", "headprune.json"} <= names and len(names & {"model.safetensors", "headprune.safetensors"}) == 1
+    assert {"config.json", "headprune.json"} <= names and len(
+        names & {"model.safetensors", "headprune.safetensors"}
+    ) == 1
     back = headprune_cli.load(folder)
     assert heads_per_layer(back) == heads_per_layer(model)
     assert info_of(back).layout == info_of(model).layout
@@ -69,14 +71,20 @@ def test_hf_folder_round_trip_is_bit_identical(tmp_path, name):
 def test_hf_folder_carries_tokenizer_and_pooling(tmp_path):
     model = TINY["bert"]()
     info = info_of(model)
-    info.tokenizer = json.dumps({"version": "1.0", "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}})
+    info.tokenizer = json.dumps(
+        {"version": "1.0", "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}}
+    )
     info.tokenizer_config = {"pad_token": "[PAD]", "model_max_length": 128}
     info.pooling = {"mode": "mean", "normalize": True}
     folder = export_hf(model, tmp_path / "out")
     assert (folder / "tokenizer.json").read_text() == info.tokenizer
     assert json.loads((folder / "tokenizer_config.json").read_text())["pad_token"] == "[PAD]"
     back = info_of(headprune_cli.load(folder))
-    assert (back.tokenizer, back.tokenizer_config, back.pooling) == (info.tokenizer, info.tokenizer_config, info.pooling)
+    assert (back.tokenizer, back.tokenizer_config, back.pooling) == (
+        info.tokenizer,
+        info.tokenizer_config,
+        info.pooling,
+    )
 
 
 @pytest.mark.parametrize("shard", ["5GB", "20KB"])

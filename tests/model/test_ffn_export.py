@@ -22,7 +22,7 @@ from tests.support import run_without_headprune
 
 # Loads every folder named on the command line with its own transformers class (fp32),
 # runs the inputs saved for it and writes the output.
-LOAD_PLAIN = '''
+LOAD_PLAIN = """
 import json
 import torch
 import transformers
@@ -41,7 +41,7 @@ for folder in sys.argv[1:]:
     config = model.config.to_dict()
     out[folder + ".width"] = torch.tensor(config.get("intermediate_size") or config.get("n_inner") or config.get("hidden_dim"))
 save_file(out, "outputs.safetensors")
-'''
+"""
 
 # Uniform plans: every layer keeps the same FFN width; heads cut uniformly where a config
 # can state it (LLaMA family), layer 1 dropped.
@@ -134,10 +134,16 @@ def test_a_head_count_llama_config_refuses_is_not_written_as_plain(tmp_path):
     # 3 of 4 heads at hidden 32 would write a config.json that from_pretrained cannot read
     model = apply_plan(TINY["llama"](), {0: [1], 1: [1], 2: [1]}, [], {0: [0], 1: [0], 2: [0]})
     layout = folder_config(info_of(model))
-    assert not layout.plain and "refuses the pruned counts" in layout.reason and "multiple of the number of attention heads" in layout.reason
+    assert (
+        not layout.plain
+        and "refuses the pruned counts" in layout.reason
+        and "multiple of the number of attention heads" in layout.reason
+    )
     folder = export_hf(model, tmp_path / "out")
     assert not (folder / "model.safetensors").exists()
     assert json.loads((folder / "config.json").read_text())["num_attention_heads"] == 4  # the unpruned counts
     with pytest.raises(OSError, match="no file named model.safetensors"):
         T.LlamaForCausalLM.from_pretrained(str(folder))
-    assert torch.equal(model_output(headprune_cli.load(folder), model_inputs("llama")), model_output(model, model_inputs("llama")))
+    assert torch.equal(
+        model_output(headprune_cli.load(folder), model_inputs("llama")), model_output(model, model_inputs("llama"))
+    )

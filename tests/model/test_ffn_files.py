@@ -33,12 +33,22 @@ def test_streamed_ffn_prune_writes_the_bytes_of_the_in_memory_path(name, tmp_pat
         raise AssertionError("the streamed path must not materialise the model")
 
     monkeypatch.setattr(checkpoint, "fill", no_model)
-    digest = prune_file(tmp_path / "m.safetensors", tmp_path / "streamed.safetensors", heads, layers, plan_sha="ab" * 32, remove_ffn=neurons)
+    digest = prune_file(
+        tmp_path / "m.safetensors",
+        tmp_path / "streamed.safetensors",
+        heads,
+        layers,
+        plan_sha="ab" * 32,
+        remove_ffn=neurons,
+    )
     written = (tmp_path / "streamed.safetensors").read_bytes()
     assert written == (tmp_path / "memory.safetensors").read_bytes()
     assert digest == hashlib.sha256(written).hexdigest()
     monkeypatch.undo()
-    assert torch.equal(model_output(load(tmp_path / "streamed.safetensors"), model_inputs(name)), model_output(model, model_inputs(name)))
+    assert torch.equal(
+        model_output(load(tmp_path / "streamed.safetensors"), model_inputs(name)),
+        model_output(model, model_inputs(name)),
+    )
 
 
 def test_streamed_prune_of_an_ffn_pruned_file_cuts_again_in_original_indices(tmp_path):
@@ -62,7 +72,10 @@ def test_layout_stores_ffn_as_runs_only_when_cut(tmp_path):
     apply_plan(model, {0: [1]}, [], {2: [0, 1, 2, 10, 47]})
     assert "ffn" not in json.loads(json.dumps(Layout.to_dict(_heads_only(model))))
     save(model, tmp_path / "cut.safetensors")
-    assert _layout_meta(tmp_path / "cut.safetensors")["ffn"] == {"width": [48, 48, 48], "kept": {"2": [[3, 10], [11, 47]]}}
+    assert _layout_meta(tmp_path / "cut.safetensors")["ffn"] == {
+        "width": [48, 48, 48],
+        "kept": {"2": [[3, 10], [11, 47]]},
+    }
 
 
 def _heads_only(model):
@@ -73,7 +86,18 @@ def _heads_only(model):
 def test_ranges_round_trip_and_refuse_non_canonical_runs():
     for indices in ([], [0], [0, 1, 2], [1, 3, 4, 9], list(range(0, 100, 2))):
         assert from_ranges(to_ranges(indices), 100) == indices
-    for runs in ([[0, 0]], [[2, 1]], [[0, 2], [2, 3]], [[3, 4], [0, 1]], [[0, 101]], [[-1, 2]], [[0, 1.0]], [[0, True]], "0-3", [[0, 1, 2]]):
+    for runs in (
+        [[0, 0]],
+        [[2, 1]],
+        [[0, 2], [2, 3]],
+        [[3, 4], [0, 1]],
+        [[0, 101]],
+        [[-1, 2]],
+        [[0, 1.0]],
+        [[0, True]],
+        "0-3",
+        [[0, 1, 2]],
+    ):
         assert from_ranges(runs, 100) is None, runs
 
 
@@ -91,7 +115,10 @@ def _rewrite_layout(path, out, change):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda d: d["ffn"].update(width=[40, 48, 48]), r"FFN widths \[40, 48, 48\] differ from the config's \[48, 48, 48\]"),
+        (
+            lambda d: d["ffn"].update(width=[40, 48, 48]),
+            r"FFN widths \[40, 48, 48\] differ from the config's \[48, 48, 48\]",
+        ),
         (lambda d: d["ffn"]["kept"].update({"2": [[0, 60]]}), "malformed FFN layout"),
         (lambda d: d["ffn"]["kept"].update({"2": [[0, 48]]}), r"FFN neurons of layer 2 out of range, or none cut"),
         (lambda d: d["ffn"]["kept"].update({"1": [[0, 3]]}), r"FFN neurons listed for layer 1, which it does not keep"),
@@ -111,8 +138,13 @@ def test_a_bad_stored_ffn_layout_is_refused(tmp_path, change, message):
 def test_stored_widths_that_do_not_match_the_tensors_are_refused(tmp_path):
     model = apply_plan(TINY["llama"](), {}, [], {2: [0, 1]})
     save(model, tmp_path / "m.safetensors")
-    _rewrite_layout(tmp_path / "m.safetensors", tmp_path / "bad.safetensors", lambda d: d["ffn"]["kept"].update({"2": [[0, 47]]}))
-    with pytest.raises(CheckpointError, match=r"'model.layers.2.mlp.down_proj.weight' has shape \[32, 46\], the layout needs \[32, 47\]"):
+    _rewrite_layout(
+        tmp_path / "m.safetensors", tmp_path / "bad.safetensors", lambda d: d["ffn"]["kept"].update({"2": [[0, 47]]})
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=r"'model.layers.2.mlp.down_proj.weight' has shape \[32, 46\], the layout needs \[32, 47\]",
+    ):
         load(tmp_path / "bad.safetensors")
 
 
@@ -122,12 +154,16 @@ def test_a_checkpoint_from_before_ffn_pruning_reads_as_full_widths(tmp_path):
     layout = info_of(model).layout
     assert layout.ffn == {} and layout.num_ffn and all(w == layout.ffn_width(i) for i, w in enumerate(layout.num_ffn))
     save(model, tmp_path / "again.safetensors")
-    assert checkpoint.read_metadata(tmp_path / "again.safetensors")["layout"] == checkpoint.read_metadata(demo)["layout"]
+    assert (
+        checkpoint.read_metadata(tmp_path / "again.safetensors")["layout"] == checkpoint.read_metadata(demo)["layout"]
+    )
 
 
 def test_the_command_line_refuses_a_bad_ffn_layout_in_one_line(tmp_path, cli):
     from tests.support import assert_refused
 
     save(apply_plan(TINY["bert"](), {}, [], {0: [1]}), tmp_path / "m.safetensors")
-    _rewrite_layout(tmp_path / "m.safetensors", tmp_path / "bad.safetensors", lambda d: d["ffn"]["kept"].update({"0": [[5, 2]]}))
+    _rewrite_layout(
+        tmp_path / "m.safetensors", tmp_path / "bad.safetensors", lambda d: d["ffn"]["kept"].update({"0": [[5, 2]]})
+    )
     assert_refused(cli("inspect", tmp_path / "bad.safetensors"), 1, "malformed FFN layout")

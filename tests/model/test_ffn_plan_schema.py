@@ -12,9 +12,13 @@ from headprune_cli.schema import dumps, envelope, ffn_fields, parse_artifact
 def _plan(**extra) -> dict:
     plan = envelope("plan", [], {})
     plan.update(
-        strategy="global", constraints={}, remove_heads={"0": [1]}, remove_layers=[2],
+        strategy="global",
+        constraints={},
+        remove_heads={"0": [1]},
+        remove_layers=[2],
         predicted={"before": {"params": 10, "flops_per_token": 20.0}, "after": {"params": 8, "flops_per_token": 16.0}},
-        num_heads=[4, 4, 4], **extra,
+        num_heads=[4, 4, 4],
+        **extra,
     )
     return plan
 

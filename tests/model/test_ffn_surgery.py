@@ -94,7 +94,10 @@ def test_every_layer_cut_loads(tmp_path):
     model = TINY["llama"]()
     apply_plan(model, {}, [], {layer: list(range(10)) for layer in range(3)})
     save(model, tmp_path / "m.safetensors")
-    assert torch.equal(model_output(load(tmp_path / "m.safetensors"), model_inputs("llama")), model_output(model, model_inputs("llama")))
+    assert torch.equal(
+        model_output(load(tmp_path / "m.safetensors"), model_inputs("llama")),
+        model_output(model, model_inputs("llama")),
+    )
 
 
 def test_neuron_gate_gradients_are_one_backward_pass():

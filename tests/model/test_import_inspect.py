@@ -72,10 +72,18 @@ def _bad_files(tmp_path):
     from safetensors.torch import save_file
 
     save_file({"w": torch.zeros(2)}, str(tmp_path / "plain.safetensors"))
-    _with_metadata(good, tmp_path / "family.safetensors", lambda meta: meta.update({"headprune.family": "nosuchfamily"}))
-    config = {**json.loads(json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])["__metadata__"]["headprune.config"]), "hidden_act": "no-such-act"}
-    _with_metadata(good, tmp_path / "unbuildable.safetensors", lambda meta: meta.update({"headprune.config": json.dumps(config)}))
+    _with_metadata(
+        good, tmp_path / "family.safetensors", lambda meta: meta.update({"headprune.family": "nosuchfamily"})
+    )
+    config = {
+        **json.loads(json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])["__metadata__"]["headprune.config"]),
+        "hidden_act": "no-such-act",
+    }
+    _with_metadata(
+        good, tmp_path / "unbuildable.safetensors", lambda meta: meta.update({"headprune.config": json.dumps(config)})
+    )
     (tmp_path / "noconfig").mkdir()
+
     def metadata(name, edit):
         _with_metadata(good, tmp_path / name, edit)
 
@@ -136,7 +144,6 @@ def test_import_never_overwrites_without_force(tmp_path, cli):
 def test_metadata_that_lies_about_shapes_is_refused_naming_the_file(tmp_path, cli):
     from headprune_cli.model.surgery import apply_plan
 
-
     model = TINY["bert"]()
     apply_plan(model, {0: [0]}, [])
     layout = info_of(model).layout
@@ -157,7 +164,11 @@ def test_metadata_that_lies_about_shapes_is_refused_naming_the_file(tmp_path, cl
         run = lambda path: cli(command[0], path, *command[1:])  # noqa: E731
         assert_refused(run(lie), 1, f"{lie}: tensor '{layer}' has shape [32, 24], the layout needs [32, 32]")
         assert_refused(run(wide), 1, f"{wide}: config intermediate_size=4000 matches no stored tensor's shape")
-    assert_refused(cli("import", nan, "-o", out), 1, f"{nan}: tensor 'bert.encoder.layer.1.output.dense.weight' contains NaN or inf")
+    assert_refused(
+        cli("import", nan, "-o", out),
+        1,
+        f"{nan}: tensor 'bert.encoder.layer.1.output.dense.weight' contains NaN or inf",
+    )
     assert not out.exists()
 
 
@@ -165,7 +176,6 @@ def test_a_layout_the_model_cannot_take_is_refused_naming_the_file(tmp_path, cli
     """Layouts that pass the header checks but not surgery: uneven GQA groups, and key/value
     heads that are not the ones the kept query heads use."""
     from headprune_cli.model.surgery import apply_plan
-
 
     model = TINY["llama-gqa"]()  # 8 query heads in 2 groups of 4
     apply_plan(model, {0: [0, 1, 2, 3]}, [])  # layer 0 keeps group 1: heads 4-7, kv head 1
@@ -183,8 +193,16 @@ def test_a_layout_the_model_cannot_take_is_refused_naming_the_file(tmp_path, cli
     uneven = edited("uneven.safetensors", lambda layout: layout["heads"].__setitem__(1, [1, 2, 3, 4, 5, 6, 7]))
     wrong_kv = edited("kv.safetensors", lambda layout: layout["kv_heads"].__setitem__(0, [0]))
     for command in (["inspect"], ["import", "-o", tmp_path / "out.safetensors"]):
-        assert_refused(cli(command[0], uneven, *command[1:]), 1, f"{uneven}: its layout cannot be applied: layer 1: grouped-query attention")
-        assert_refused(cli(command[0], wrong_kv, *command[1:]), 1, f"{wrong_kv}: its layout's key/value heads do not match its query heads")
+        assert_refused(
+            cli(command[0], uneven, *command[1:]),
+            1,
+            f"{uneven}: its layout cannot be applied: layer 1: grouped-query attention",
+        )
+        assert_refused(
+            cli(command[0], wrong_kv, *command[1:]),
+            1,
+            f"{wrong_kv}: its layout's key/value heads do not match its query heads",
+        )
     assert not (tmp_path / "out.safetensors").exists()
 
 
@@ -192,7 +210,6 @@ def test_a_weights_file_safetensors_cannot_open_is_refused_naming_it(tmp_path, c
     """Our header checks are stricter than safetensors', so this guards against what they
     may miss: safetensors' own error, on one line, with the file's name."""
     import safetensors
-
 
     save(TINY["bert"](), tmp_path / "m.safetensors")
 
@@ -210,14 +227,23 @@ def test_a_checkpoint_keeps_its_tokenizer_pooling_build_options_and_provenance(t
     records its parent (relative to itself) and its plan."""
     from headprune_cli.model.checkpoint import read_info
 
-    model = T.BertModel(T.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48), add_pooling_layer=False)
+    model = T.BertModel(
+        T.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48),
+        add_pooling_layer=False,
+    )
     info = info_of(model)
-    info.tokenizer = json.dumps({"version": "1.0", "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}})
+    info.tokenizer = json.dumps(
+        {"version": "1.0", "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}}
+    )
     info.tokenizer_config = {"pad_token": "[PAD]", "model_max_length": 16}
     info.pooling = {"mode": "mean", "normalize": True}
     save(model, tmp_path / "m.safetensors", plan_sha="cd" * 32)
     stored = read_info(tmp_path / "m.safetensors")
-    assert (stored.tokenizer, stored.tokenizer_config, stored.pooling) == (info.tokenizer, info.tokenizer_config, info.pooling)
+    assert (stored.tokenizer, stored.tokenizer_config, stored.pooling) == (
+        info.tokenizer,
+        info.tokenizer_config,
+        info.pooling,
+    )
     assert stored.build_options == info.build_options == {"add_pooling_layer": False}
     assert stored.provenance["plan"] == "cd" * 32
     info.provenance = {"parent": None, "plan": "ab" * 32, "root": None}  # a model that never came from a file
@@ -229,9 +255,19 @@ def test_a_checkpoint_keeps_its_tokenizer_pooling_build_options_and_provenance(t
     assert child["parent_path"] == child["root_path"] == "../m.safetensors" and child["plan"] == "ef" * 32
 
     optional = ("tokenizer", "tokenizer_config", "pooling", "build_options", "provenance")  # older files lack them
-    _with_metadata(tmp_path / "m.safetensors", tmp_path / "older.safetensors", lambda meta: [meta.pop(f"headprune.{k}") for k in optional])
+    _with_metadata(
+        tmp_path / "m.safetensors",
+        tmp_path / "older.safetensors",
+        lambda meta: [meta.pop(f"headprune.{k}") for k in optional],
+    )
     older = read_info(tmp_path / "older.safetensors")
-    assert (older.tokenizer, older.tokenizer_config, older.pooling, older.build_options, older.provenance) == (None, {}, {}, {}, {})
+    assert (older.tokenizer, older.tokenizer_config, older.pooling, older.build_options, older.provenance) == (
+        None,
+        {},
+        {},
+        {},
+        {},
+    )
 
 
 def test_save_refuses_a_model_whose_config_disagrees_with_its_layout(tmp_path):
@@ -245,12 +281,15 @@ def test_save_refuses_a_model_whose_config_disagrees_with_its_layout(tmp_path):
     assert not target.exists()
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("tokenizer_config", "{not json", "metadata 'tokenizer_config' is not valid JSON"),
-    ("pooling", "[1]", "metadata 'pooling' has the wrong type"),
-    ("build_options", "{not json", "metadata 'build_options' is not valid JSON"),
-    ("provenance", "7", "metadata 'provenance' has the wrong type"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("tokenizer_config", "{not json", "metadata 'tokenizer_config' is not valid JSON"),
+        ("pooling", "[1]", "metadata 'pooling' has the wrong type"),
+        ("build_options", "{not json", "metadata 'build_options' is not valid JSON"),
+        ("provenance", "7", "metadata 'provenance' has the wrong type"),
+    ],
+)
 def test_broken_optional_metadata_is_refused_naming_the_key_and_file(tmp_path, cli, key, value, message):
     save(TINY["bert"](), tmp_path / "good.safetensors")
     bad = tmp_path / "bad.safetensors"
@@ -260,7 +299,6 @@ def test_broken_optional_metadata_is_refused_naming_the_key_and_file(tmp_path, c
 
 def test_save_never_replaces_a_file_unless_asked(tmp_path):
     from headprune_cli.errors import UsageError
-
 
     target = tmp_path / "m.safetensors"
     target.write_bytes(b"the only copy")
@@ -291,18 +329,34 @@ def test_an_export_folder_is_read_with_its_tokenizer_and_a_broken_one_is_refused
     from headprune_cli.model.checkpoint import read_info
     from headprune_cli.model.export import export_hf
 
-
     model = TINY["bert"]()
-    info_of(model).tokenizer = json.dumps({"version": "1.0", "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}})
+    info_of(model).tokenizer = json.dumps(
+        {"version": "1.0", "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}}
+    )
     folder = export_hf(model, tmp_path / "good")
     assert read_info(folder).tokenizer == info_of(model).tokenizer
     cases = {
-        "not-json": (b"{not json", "{dir}/headprune.json: not valid JSON (Expecting property name enclosed in double quotes"),
-        "format": (lambda d: d.update(format="something-else"), "{dir}/headprune.json: not a headprune export (format is not 'headprune-folder')"),
-        "version": (lambda d: d.update(version="99"), "{dir}/headprune.json: export format version '99' is not supported (need 1)"),
+        "not-json": (
+            b"{not json",
+            "{dir}/headprune.json: not valid JSON (Expecting property name enclosed in double quotes",
+        ),
+        "format": (
+            lambda d: d.update(format="something-else"),
+            "{dir}/headprune.json: not a headprune export (format is not 'headprune-folder')",
+        ),
+        "version": (
+            lambda d: d.update(version="99"),
+            "{dir}/headprune.json: export format version '99' is not supported (need 1)",
+        ),
         "keys": (lambda d: d.pop("layout"), "{dir}/headprune.json: export metadata lacks layout"),
-        "escape": (lambda d: d.update(weights="../good/model.safetensors"), "{dir}/headprune.json: weights '../good/model.safetensors' is not one of model.safetensors, headprune.safetensors"),
-        "missing": (lambda d: d.update(weights="headprune.safetensors"), "{dir}: no headprune.safetensors (or headprune.safetensors.index.json)"),
+        "escape": (
+            lambda d: d.update(weights="../good/model.safetensors"),
+            "{dir}/headprune.json: weights '../good/model.safetensors' is not one of model.safetensors, headprune.safetensors",
+        ),
+        "missing": (
+            lambda d: d.update(weights="headprune.safetensors"),
+            "{dir}: no headprune.safetensors (or headprune.safetensors.index.json)",
+        ),
     }
     for name, (edit, message) in cases.items():
         broken = _edited_export(folder, tmp_path, name, edit)

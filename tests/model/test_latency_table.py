@@ -22,7 +22,11 @@ def test_below_the_smallest_point_the_first_segment_extends_never_below_zero():
 
 
 def _table(attention: dict, ffn: dict, outside=1.0, group=1) -> LatencyTable:
-    layers = {0: LayerCurves(0, group, Curve.of(list(attention), list(attention.values())), Curve.of(list(ffn), list(ffn.values())))}
+    layers = {
+        0: LayerCurves(
+            0, group, Curve.of(list(attention), list(attention.values())), Curve.of(list(ffn), list(ffn.values()))
+        )
+    }
     return LatencyTable(outside, layers, "forward", {"device": {"name": "x"}})
 
 
@@ -48,8 +52,26 @@ def test_the_whole_block_timed_twice_is_one_estimate_so_the_unpruned_model_costs
 def test_linear_prices_reproduce_a_linear_table_exactly_and_split_gqa_units_by_flops():
     """Per unit 1 ms (4 query heads + 1 KV head, FLOPs 4 x 10 : 10), per neuron 0.125 ms."""
     table = _table({1: 3.0, 2: 4.0, 4: 6.0}, {8: 3.0, 16: 4.0, 32: 6.0}, group=4)
-    cost = CostTable(16, 100, 50.0, [LayerCost(0, 10, 99.0, 1.0, 10.0, 1.0, 10.0, group_size=4, ffn_width=32,
-                                                ffn_neuron_params=1.0, ffn_neuron_flops=7.0)])
+    cost = CostTable(
+        16,
+        100,
+        50.0,
+        [
+            LayerCost(
+                0,
+                10,
+                99.0,
+                1.0,
+                10.0,
+                1.0,
+                10.0,
+                group_size=4,
+                ffn_width=32,
+                ffn_neuron_params=1.0,
+                ffn_neuron_flops=7.0,
+            )
+        ],
+    )
     ms = priced(table, cost)
     layer = ms.layers[0]
     assert layer.q_head_flops == pytest.approx(0.8 / 4) and layer.kv_head_flops == pytest.approx(0.2)

@@ -27,8 +27,10 @@ def ort_greedy(path, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> tuple
     tokens, mask, scores = ids.numpy(), mask.numpy(), []
     new = tokens
     for _ in range(steps):
-        positions = np.clip(mask.cumsum(-1) - 1, 0, None)[:, -new.shape[1]:]
-        logits, *present = session.run(None, {"input_ids": new, "attention_mask": mask, "position_ids": positions, **feeds})
+        positions = np.clip(mask.cumsum(-1) - 1, 0, None)[:, -new.shape[1] :]
+        logits, *present = session.run(
+            None, {"input_ids": new, "attention_mask": mask, "position_ids": positions, **feeds}
+        )
         scores.append(logits[:, -1])
         new = logits[:, -1].argmax(-1)[:, None].astype(np.int64)
         tokens = np.concatenate([tokens, new], axis=1)
@@ -51,8 +53,13 @@ def test_onnx_decodes_like_generate_on_uneven_layouts(tmp_path, name):
     mask[0, :3] = 0  # left padding
     with torch.no_grad():
         want = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0,
-            output_logits=True, return_dict_in_generate=True,
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=5,
+            do_sample=False,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
         )
     tokens, scores = ort_greedy(tmp_path / "m.onnx", ids, mask, steps=5)
     assert np.array_equal(tokens, want.sequences.numpy())
@@ -68,7 +75,8 @@ def test_large_models_use_external_data(tmp_path, monkeypatch):
     assert result.external_data == "m.onnx.data"
     graph = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
     assert graph.graph.initializer and all(  # every weight lives in the data file
-        t.data_location == onnx.TensorProto.EXTERNAL and t.external_data[0].value == "m.onnx.data" for t in graph.graph.initializer
+        t.data_location == onnx.TensorProto.EXTERNAL and t.external_data[0].value == "m.onnx.data"
+        for t in graph.graph.initializer
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]  # no stray tensor files
     tokens, _ = ort_greedy(tmp_path / "m.onnx", torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.long), steps=2)

@@ -56,7 +56,9 @@ def test_a_skipped_block_passes_its_input_through_however_it_was_called():
 
     hidden, extra = torch.randn(2, 3, 4), torch.randn(1)
     assert _identity_hook(None, (hidden,), {}, torch.zeros(2, 3, 4)) is hidden
-    by_keyword = _identity_hook(None, (), {"hidden_states": hidden, "attention_mask": None}, (torch.zeros(2, 3, 4), extra))
+    by_keyword = _identity_hook(
+        None, (), {"hidden_states": hidden, "attention_mask": None}, (torch.zeros(2, 3, 4), extra)
+    )
     assert by_keyword[0] is hidden and by_keyword[1] is extra and len(by_keyword) == 2
 
 
@@ -104,7 +106,9 @@ def test_removing_every_head_of_a_layer_needs_the_layer_dropped():
 
 def test_gqa_groups_must_stay_equal():
     model = TINY["llama-gqa"]()  # 8 query heads, 2 KV heads: groups {0..3}, {4..7}
-    with pytest.raises(ArchitectureError, match=r"same number of query heads \(would keep kv head 0: 3, kv head 1: 4\)"):
+    with pytest.raises(
+        ArchitectureError, match=r"same number of query heads \(would keep kv head 0: 3, kv head 1: 4\)"
+    ):
         apply_plan(model, {0: [0]}, [])
     apply_plan(model, {0: [0, 4]}, [])  # one query head from each group keeps groups equal
     layout = info_of(model).layout
@@ -160,7 +164,10 @@ def test_save_is_deterministic(tmp_path):
 def test_base_model_without_pooler_round_trips(tmp_path):
     import transformers as T
 
-    model = T.BertModel(T.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48), add_pooling_layer=False)
+    model = T.BertModel(
+        T.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48),
+        add_pooling_layer=False,
+    )
     model.eval()
     save(model, tmp_path / "m.safetensors")
     again = load(tmp_path / "m.safetensors")

@@ -17,7 +17,16 @@ from headprune_cli.cli import main
 from headprune_cli.pipeline.execute import STATE_FILE
 from tests.support import ROOT
 
-ARTIFACTS = ("scores.json", "plan.json", "pruned.safetensors", "finetuned.safetensors", "report.json", "report.md", "resolved.yaml", STATE_FILE)
+ARTIFACTS = (
+    "scores.json",
+    "plan.json",
+    "pruned.safetensors",
+    "finetuned.safetensors",
+    "report.json",
+    "report.md",
+    "resolved.yaml",
+    STATE_FILE,
+)
 STAGES = ["score", "select", "prune", "finetune", "report"]
 
 
@@ -131,7 +140,7 @@ def test_scripts_demo_runs_the_real_minilm_and_reports_a_real_trade_off(tmp_path
     """What `bash scripts/demo.sh` runs: all-MiniLM-L6-v2, heads, FFN neurons and layers under one
     FLOPs budget, lstsq compensation, fidelity measured on held-out text."""
     script = (ROOT / "scripts" / "demo.sh").read_text()
-    assert "headprune run configs/minilm.yaml" in script and "cat \"$OUT/report.md\"" in script
+    assert "headprune run configs/minilm.yaml" in script and 'cat "$OUT/report.md"' in script
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("MINILM_DIR", str(minilm_dir))
     out = tmp_path / "minilm"
@@ -155,12 +164,25 @@ def test_an_export_stage_writes_the_deployable_folder_of_the_model_before_it(tmp
     from headprune_cli import load
 
     demo = ROOT / "examples/demo"
-    stages = [{"command": "score", "method": "random"}, {"command": "select", "ratio": 0.25}, {"command": "prune"}, {"command": "export"}]
-    cfg = {"model": str(demo / "model.safetensors"), "data": str(demo / "calib.jsonl"), "out": str(tmp_path / "run"), "stages": stages}
+    stages = [
+        {"command": "score", "method": "random"},
+        {"command": "select", "ratio": 0.25},
+        {"command": "prune"},
+        {"command": "export"},
+    ]
+    cfg = {
+        "model": str(demo / "model.safetensors"),
+        "data": str(demo / "calib.jsonl"),
+        "out": str(tmp_path / "run"),
+        "stages": stages,
+    }
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     assert main(["run", str(tmp_path / "run.yaml")]) == 0
     pruned, exported = load(tmp_path / "run/pruned.safetensors"), load(tmp_path / "run/export")
-    assert pruned.headprune.layout == exported.headprune.layout and pruned.headprune.layout != load(demo / "model.safetensors").headprune.layout
+    assert (
+        pruned.headprune.layout == exported.headprune.layout
+        and pruned.headprune.layout != load(demo / "model.safetensors").headprune.layout
+    )
     ours, theirs = pruned.state_dict(), exported.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     stages[3]["onnx"] = "m.onnx"

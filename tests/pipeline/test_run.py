@@ -265,8 +265,12 @@ def _make_causal_lm(path: Path) -> None:
     import sys
 
     script = ROOT / "scripts" / "tools" / "make_causal_lm.py"
-    subprocess.run([sys.executable, str(script), "--out", str(path), "--steps", "0"], check=True, cwd=ROOT,
-                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    subprocess.run(
+        [sys.executable, str(script), "--out", str(path), "--steps", "0"],
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def test_prune_reads_data_only_to_compensate(workdir):

@@ -26,9 +26,19 @@ FAMILY_PLANS = {"llama-gqa": "gqa8-drop", "qwen3": "gqa8-drop", "mistral": "gqa-
 def _sliding_qwen2():
     # Per-layer attention masks (sliding vs full): each block must get its own arguments.
     torch.manual_seed(0)
-    config = T.Qwen2Config(vocab_size=60, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                           intermediate_size=48, use_sliding_window=True, sliding_window=4, max_window_layers=1,
-                           layer_types=["full_attention", "sliding_attention", "sliding_attention"], pad_token_id=0)
+    config = T.Qwen2Config(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=1,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+        pad_token_id=0,
+    )
     return T.Qwen2ForCausalLM(config).eval()
 
 
@@ -40,7 +50,12 @@ def _vit_calibration(n: int) -> list[dict]:
 # Every family once (with a dropped layer), bias on two families that have an o-projection bias,
 # and a model whose blocks get different masks.
 CASES = [(f, FAMILY_PLANS.get(f, "mha-drop"), "lstsq") for f in sorted(TINY)]
-CASES += [("bert", "mha", "bias"), ("gpt2", "mha", "bias"), ("reference", "mha", "lstsq"), ("qwen2-sliding", "gqa-drop", "lstsq")]
+CASES += [
+    ("bert", "mha", "bias"),
+    ("gpt2", "mha", "bias"),
+    ("reference", "mha", "lstsq"),
+    ("qwen2-sliding", "gqa-drop", "lstsq"),
+]
 
 
 @pytest.mark.parametrize(("family", "plan", "method"), CASES)
@@ -61,8 +76,15 @@ def test_streaming_equals_the_old_algorithm(family, plan, method):
 
 def _deep_llama(layers: int):
     torch.manual_seed(0)
-    config = T.LlamaConfig(vocab_size=60, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
-                           num_key_value_heads=4, intermediate_size=48, pad_token_id=0)
+    config = T.LlamaConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=48,
+        pad_token_id=0,
+    )
     return T.LlamaForCausalLM(config).eval()
 
 

@@ -76,14 +76,17 @@ def test_bias_lowers_the_ffn_output_error_where_the_down_projection_has_a_bias(f
     assert changed and all(n.endswith("bias") for n in changed), changed
 
 
-@pytest.mark.parametrize(("family", "heads", "drop"), [
-    ("reference", DEFAULT_HEADS, [1]),
-    ("bert", DEFAULT_HEADS, []),
-    ("distilbert", {1: [0, 3]}, []),
-    ("gpt2", DEFAULT_HEADS, [1]),
-    ("llama-gqa", HEADS["llama-gqa"], [1]),
-    ("vit", {}, []),
-])
+@pytest.mark.parametrize(
+    ("family", "heads", "drop"),
+    [
+        ("reference", DEFAULT_HEADS, [1]),
+        ("bert", DEFAULT_HEADS, []),
+        ("distilbert", {1: [0, 3]}, []),
+        ("gpt2", DEFAULT_HEADS, [1]),
+        ("llama-gqa", HEADS["llama-gqa"], [1]),
+        ("vit", {}, []),
+    ],
+)
 def test_the_cut_model_equals_the_compensated_model_with_its_units_gated(family, heads, drop):
     base = TINY[family]()
     remove_ffn = {l: n for l, n in half_of_every_ffn(base).items() if l not in drop}
@@ -91,8 +94,12 @@ def test_the_cut_model_equals_the_compensated_model_with_its_units_gated(family,
     result = compensate(model, heads, drop, calibration(family), method="lstsq", remove_ffn=remove_ffn)
     assert result.ffn_layers == sorted(remove_ffn) and result.layers == sorted(l for l in heads if l not in drop)
     inputs = model_inputs(family)
-    with torch.no_grad(), HeadGates(model, removal_gates(model, heads)), \
-            NeuronGates(model, removal_ffn_gates(model, remove_ffn)), skip_layers(model, drop):
+    with (
+        torch.no_grad(),
+        HeadGates(model, removal_gates(model, heads)),
+        NeuronGates(model, removal_ffn_gates(model, remove_ffn)),
+        skip_layers(model, drop),
+    ):
         gated = model_output(model, inputs)
     apply_plan(model, heads, drop, remove_ffn=remove_ffn)
     torch.testing.assert_close(model_output(model, inputs), gated, rtol=1e-4, atol=1e-5)
@@ -130,11 +137,15 @@ def test_the_same_calibration_data_gives_bit_identical_weights():
     states = []
     for _ in range(2):
         model = copy.deepcopy(base)
-        compensate(model, DEFAULT_HEADS, [1], calibration("gpt2"), remove_ffn={l: n for l, n in remove_ffn.items() if l != 1})
+        compensate(
+            model, DEFAULT_HEADS, [1], calibration("gpt2"), remove_ffn={l: n for l, n in remove_ffn.items() if l != 1}
+        )
         states.append(model.state_dict())
     assert states[0].keys() == states[1].keys()
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
-    assert not torch.equal(states[0]["transformer.h.0.mlp.c_proj.weight"], base.state_dict()["transformer.h.0.mlp.c_proj.weight"])
+    assert not torch.equal(
+        states[0]["transformer.h.0.mlp.c_proj.weight"], base.state_dict()["transformer.h.0.mlp.c_proj.weight"]
+    )
 
 
 def test_a_plan_with_neither_heads_nor_neurons_returns_without_running_the_model():
@@ -177,9 +188,16 @@ def _ridge_diag(x: torch.Tensor, y: torch.Tensor, w0: torch.Tensor, b0: torch.Te
     return w0 * solved[:d, None], (solved[d:] if b0 is not None else None)
 
 
-@pytest.mark.parametrize(("family", "fit", "drop"), [
-    ("gpt2", "full", []), ("gpt2", "diag", [1]), ("llama-gqa", "full", [1]), ("llama-gqa", "diag", []), ("bert", "full", []),
-])
+@pytest.mark.parametrize(
+    ("family", "fit", "drop"),
+    [
+        ("gpt2", "full", []),
+        ("gpt2", "diag", [1]),
+        ("llama-gqa", "full", [1]),
+        ("llama-gqa", "diag", []),
+        ("bert", "full", []),
+    ],
+)
 def test_the_refit_solves_the_least_squares_problem_it_states(family, fit, drop):
     """Every cut layer's down projection solves its ridge problem on X = the kept neurons'
     activations in the compensated, gated model (earlier layers and the block's own heads
@@ -221,8 +239,12 @@ def _real(x: torch.Tensor, batch: dict) -> torch.Tensor:
 def _down_inputs(model, layer: int, data, heads, remove_ffn, drop) -> torch.Tensor:
     seen = []
     hook = down(model, layer).register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
-    with torch.no_grad(), HeadGates(model, removal_gates(model, heads)), \
-            NeuronGates(model, removal_ffn_gates(model, remove_ffn)), skip_layers(model, drop):
+    with (
+        torch.no_grad(),
+        HeadGates(model, removal_gates(model, heads)),
+        NeuronGates(model, removal_ffn_gates(model, remove_ffn)),
+        skip_layers(model, drop),
+    ):
         for batch in data:
             model(**batch)
     hook.remove()
@@ -244,8 +266,15 @@ def _deep_llama(layers: int):
     import transformers as T
 
     torch.manual_seed(0)
-    config = T.LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
-                           num_key_value_heads=4, intermediate_size=48, pad_token_id=0)
+    config = T.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=48,
+        pad_token_id=0,
+    )
     return T.LlamaForCausalLM(config).eval()
 
 
@@ -257,7 +286,9 @@ def test_heads_and_ffn_of_every_layer_take_one_pass_over_the_depth(layers):
     blocks = adapter_for(model).layer_list(model)
     hooks = [b.register_forward_hook(lambda *_: counts.__setitem__("block", counts["block"] + 1)) for b in blocks]
     hooks.append(model.register_forward_pre_hook(lambda *_: counts.__setitem__("model", counts["model"] + 1)))
-    result = compensate(model, {l: [1] for l in range(layers)}, [], data, remove_ffn={l: [0, 5, 7] for l in range(layers)})
+    result = compensate(
+        model, {l: [1] for l in range(layers)}, [], data, remove_ffn={l: [0, 5, 7] for l in range(layers)}
+    )
     for h in hooks:
         h.remove()
     assert result.layers == result.ffn_layers == list(range(layers))

@@ -31,7 +31,11 @@ FAMILIES = [("reference", "jsonl"), ("bert", "jsonl"), ("gpt2", "text"), ("llama
 def _setup(tmp_path, name: str, kind: str, rows: int = 10):
     model = give_tokenizer(TINY[name](), encoder=kind == "jsonl")
     labels = 3 if name == "bert" else 2
-    path = write_jsonl(tmp_path / "d.jsonl", rows, num_labels=labels) if kind == "jsonl" else write_text(tmp_path / "d.txt", rows)
+    path = (
+        write_jsonl(tmp_path / "d.jsonl", rows, num_labels=labels)
+        if kind == "jsonl"
+        else write_text(tmp_path / "d.txt", rows)
+    )
     return model, read_data(path, model), path
 
 
@@ -42,15 +46,24 @@ def test_neuron_fisher_and_gradient_are_the_per_example_mask_gradients(tmp_path,
     result = score_model(model, data, "fisher", batch_size=4, ffn=True)
     plain = score_model(model, data, "gradient", batch_size=4, normalize=False, ffn=True)
     # The same quantities from explicit per-example neuron gates, one example at a time.
-    ctx = ScoreContext(model, data, info_of(model).task if info_of(model).task != "embedding" else "fidelity", batch_size=1)
+    ctx = ScoreContext(
+        model, data, info_of(model).task if info_of(model).task != "embedding" else "fidelity", batch_size=1
+    )
     ctx.objective = result.objective
     layout = info_of(model).layout
     widths = [layout.ffn_width(l) for l in layout.layers]
     sq = [torch.zeros(w, dtype=torch.float64) for w in widths]
     ab = [torch.zeros(w, dtype=torch.float64) for w in widths]
     for i in range(len(data)):
-        batch = {k: v for k, v in {"input_ids": data.input_ids[i : i + 1], "attention_mask": data.attention_mask[i : i + 1],
-                                   "labels": None if data.labels is None else data.labels[i : i + 1]}.items() if v is not None}
+        batch = {
+            k: v
+            for k, v in {
+                "input_ids": data.input_ids[i : i + 1],
+                "attention_mask": data.attention_mask[i : i + 1],
+                "labels": None if data.labels is None else data.labels[i : i + 1],
+            }.items()
+            if v is not None
+        }
         gates = [torch.ones(w, dtype=torch.float64, requires_grad=True) for w in widths]
         with NeuronGates(model, gates):
             loss = batch_losses(ctx, batch, i).sum()
@@ -79,7 +92,11 @@ def test_the_neuron_tap_sums_the_float64_products_of_its_inputs(tmp_path, dtype)
     assert torch.equal(grad, before)  # autograd passes the same gradient on: the tap must not write into it
     term = grad.double() * x.double()
     per_example = term.sum(1)
-    for key, want in (("abs", per_example.abs().sum(0)), ("sq", (per_example**2).sum(0)), ("taylor", term.abs().sum((0, 1)))):
+    for key, want in (
+        ("abs", per_example.abs().sum(0)),
+        ("sq", (per_example**2).sum(0)),
+        ("taylor", term.abs().sum((0, 1))),
+    ):
         torch.testing.assert_close(taps.sums[key][1], want, rtol=1e-12, atol=0, msg=key)
     assert not taps.sums["abs"][0].any()  # only the layer the hook belongs to
 
@@ -98,7 +115,9 @@ def test_the_artifact_stores_neuron_scores_compactly_and_reads_them_back(tmp_pat
     for layer in direct.ffn:
         assert table.ffn[layer] == pytest.approx(direct.ffn[layer], rel=1e-6)  # float32 in the file
     again = tmp_path / "again.json"
-    assert cli("score", tmp_path / "m.safetensors", "--data", path, "--method", "taylor", "--ffn", "-o", again).code == 0
+    assert (
+        cli("score", tmp_path / "m.safetensors", "--data", path, "--method", "taylor", "--ffn", "-o", again).code == 0
+    )
     assert again.read_bytes() == out.read_bytes()
     plain = tmp_path / "plain.json"
     assert cli("score", tmp_path / "m.safetensors", "--data", path, "--method", "taylor", "-o", plain).code == 0
@@ -109,7 +128,9 @@ def test_the_artifact_stores_neuron_scores_compactly_and_reads_them_back(tmp_pat
 def test_methods_that_cannot_score_neurons_are_refused_before_any_work(tmp_path, cli, method):
     model, _, path = _setup(tmp_path, "reference", "jsonl")
     save(model, tmp_path / "m.safetensors")
-    result = cli("score", tmp_path / "m.safetensors", "--data", path, "--method", method, "--ffn", "-o", tmp_path / "s.json")
+    result = cli(
+        "score", tmp_path / "m.safetensors", "--data", path, "--method", method, "--ffn", "-o", tmp_path / "s.json"
+    )
     assert_refused(result, 2, f"method '{method}' scores no FFN neurons")
     assert not (tmp_path / "s.json").exists()
 
@@ -156,14 +177,18 @@ def test_loss_scale_layer_scores_weigh_layers_against_heads_and_neurons(tmp_path
     selection = select(table, target_flops=0.6)
     assert selection.strategy == "joint" and 1 in selection.remove_layers
     assert 1 not in selection.remove_ffn and 1 not in selection.remove_heads
-    assert selection.predicted["after"]["flops_per_token"] <= 0.6 * selection.predicted["before"]["flops_per_token"] * (1 + 1e-12)
+    assert selection.predicted["after"]["flops_per_token"] <= 0.6 * selection.predicted["before"]["flops_per_token"] * (
+        1 + 1e-12
+    )
 
 
 def test_a_neuron_multiple_no_width_satisfies_is_refused(tmp_path, cli):
     model, _, path = _setup(tmp_path, "reference", "jsonl")
     save(model, tmp_path / "m.safetensors")
     scores = tmp_path / "s.json"
-    assert cli("score", tmp_path / "m.safetensors", "--data", path, "--method", "fisher", "--ffn", "-o", scores).code == 0
+    assert (
+        cli("score", tmp_path / "m.safetensors", "--data", path, "--method", "fisher", "--ffn", "-o", scores).code == 0
+    )
     result = cli("select", scores, "--target-flops", "0.5", "--ffn-multiple-of", "64", "-o", tmp_path / "p.json")
     assert_refused(result, 2, "--ffn-multiple-of 64")
     assert not (tmp_path / "p.json").exists()
@@ -173,7 +198,9 @@ def test_a_corrupt_neuron_score_block_is_refused(tmp_path, cli):
     model, _, path = _setup(tmp_path, "reference", "jsonl")
     save(model, tmp_path / "m.safetensors")
     scores = tmp_path / "s.json"
-    assert cli("score", tmp_path / "m.safetensors", "--data", path, "--method", "fisher", "--ffn", "-o", scores).code == 0
+    assert (
+        cli("score", tmp_path / "m.safetensors", "--data", path, "--method", "fisher", "--ffn", "-o", scores).code == 0
+    )
     data = json.loads(scores.read_text())
     data["ffn"]["layers"]["1"]["scores"] = data["ffn"]["layers"]["1"]["scores"][:-8]
     scores.write_text(json.dumps(data))
@@ -208,8 +235,24 @@ def test_a_budget_sweep_gives_one_curve_per_route(tmp_path, cli, monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
     demo = Path(__file__).resolve().parents[2] / "examples" / "demo"
     out = tmp_path / "sweep"
-    result = cli("sweep", demo / "model.safetensors", "--data", demo / "calib.jsonl", "--eval-data", demo / "dev.jsonl",
-                 "--methods", "fisher", "--target-flops", "0.7,0.4", "--repeats", "0", "--samples", "32", "-o", out)
+    result = cli(
+        "sweep",
+        demo / "model.safetensors",
+        "--data",
+        demo / "calib.jsonl",
+        "--eval-data",
+        demo / "dev.jsonl",
+        "--methods",
+        "fisher",
+        "--target-flops",
+        "0.7,0.4",
+        "--repeats",
+        "0",
+        "--samples",
+        "32",
+        "-o",
+        out,
+    )
     assert result.code == 0, result.err
     data = json.loads((out / "sweep.json").read_text())
     rows = data["budget"]["rows"]

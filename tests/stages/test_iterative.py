@@ -26,7 +26,9 @@ CFG = FinetuneConfig(steps=2, lr=1e-3, batch_size=16)
 
 def test_rounds_follow_the_schedule_of_original_heads():
     model = TINY["reference"]()  # 4 + 3 + 4 = 11 heads
-    result = iterative_prune(model, _dataset(32, 0), _dataset(16, 1), schedule=(0.2, 0.5), method="taylor", finetune_config=CFG)
+    result = iterative_prune(
+        model, _dataset(32, 0), _dataset(16, 1), schedule=(0.2, 0.5), method="taylor", finetune_config=CFG
+    )
     assert [r.heads_kept for r in result.rounds] == [9, 5]  # round(0.2 * 11) = 2, round(0.5 * 11) = 6 removed
     assert all(r.accepted for r in result.rounds) and not result.stopped_early
     assert sum(len(h) for h in result.model.headprune.layout.heads) == 5
@@ -35,7 +37,9 @@ def test_rounds_follow_the_schedule_of_original_heads():
 
 def test_a_floor_that_would_be_crossed_keeps_the_last_good_model():
     model = TINY["reference"]()
-    result = iterative_prune(model, _dataset(32, 0), _dataset(16, 1), schedule=(0.2, 0.5), finetune_config=CFG, floor=1.01)
+    result = iterative_prune(
+        model, _dataset(32, 0), _dataset(16, 1), schedule=(0.2, 0.5), finetune_config=CFG, floor=1.01
+    )
     assert len(result.rounds) == 1 and result.stopped_early and not result.rounds[0].accepted
     assert sum(len(h) for h in result.model.headprune.layout.heads) == 11
 
@@ -54,16 +58,43 @@ def test_iterate_command_writes_the_pruned_model(cli, tmp_path):
     save(TINY["reference"](), tmp_path / "m.safetensors")
     for name, seed in (("train", 0), ("dev", 1)):
         d = _dataset(32, seed)
-        save_file({"input_ids": d.input_ids, "attention_mask": d.attention_mask, "labels": d.labels}, str(tmp_path / f"{name}.safetensors"))
-    res = cli("iterate", tmp_path / "m.safetensors", "--data", tmp_path / "train.safetensors", "--eval-data", tmp_path / "dev.safetensors",
-              "--schedule", "0.2,0.4", "--lr", "1e-3", "--teacher", "self", "-o", tmp_path / "out.safetensors")
+        save_file(
+            {"input_ids": d.input_ids, "attention_mask": d.attention_mask, "labels": d.labels},
+            str(tmp_path / f"{name}.safetensors"),
+        )
+    res = cli(
+        "iterate",
+        tmp_path / "m.safetensors",
+        "--data",
+        tmp_path / "train.safetensors",
+        "--eval-data",
+        tmp_path / "dev.safetensors",
+        "--schedule",
+        "0.2,0.4",
+        "--lr",
+        "1e-3",
+        "--teacher",
+        "self",
+        "-o",
+        tmp_path / "out.safetensors",
+    )
     assert res.code == 0, res.err
     assert "round 40%" in res.err and res.out == ""
     out = load(tmp_path / "out.safetensors")
     assert sum(len(h) for h in out.headprune.layout.heads) == 7  # 11 - round(0.4 * 11)
     assert out.headprune.provenance["parent"] is not None
-    bad = cli("iterate", tmp_path / "m.safetensors", "--data", tmp_path / "train.safetensors", "--eval-data", tmp_path / "dev.safetensors",
-              "--schedule", "0.4,0.2", "-o", tmp_path / "bad.safetensors")
+    bad = cli(
+        "iterate",
+        tmp_path / "m.safetensors",
+        "--data",
+        tmp_path / "train.safetensors",
+        "--eval-data",
+        tmp_path / "dev.safetensors",
+        "--schedule",
+        "0.4,0.2",
+        "-o",
+        tmp_path / "bad.safetensors",
+    )
     assert bad.code == 2 and "schedule" in bad.err and not (tmp_path / "bad.safetensors").exists()
 
 
@@ -71,7 +102,9 @@ def test_max_drop_is_in_points_in_iterate_as_in_report_and_sweep():
     # 0.75 -> 0.7421875 is 0.78125 points worse (exact in binary): within 0.79, not within 0.78.
     base, value = Metric("accuracy", 0.75, True), 0.7421875
     assert _acceptable(base, value, None, 0.79) and not _acceptable(base, value, None, 0.78)
-    main = main_metric("classification", [base.to_dict()], [{"name": "accuracy", "value": value, "higher_is_better": True}])
+    main = main_metric(
+        "classification", [base.to_dict()], [{"name": "accuracy", "value": value, "higher_is_better": True}]
+    )
     assert (main.drop, main.unit) == (0.78125, "points")  # sweep's within_budget reads this same drop
     assert [g.passed for g in gates(main, None, max_drop=0.79)] == [True]
     assert [g.passed for g in gates(main, None, max_drop=0.78)] == [False]
@@ -82,8 +115,18 @@ def test_max_drop_is_in_points_in_iterate_as_in_report_and_sweep():
 
 
 def test_iterate_refuses_a_negative_max_drop(cli, tmp_path):
-    result = cli("iterate", tmp_path / "m.safetensors", "--data", tmp_path / "d.jsonl", "--eval-data", tmp_path / "d.jsonl",
-                 "--max-drop", "-1", "-o", tmp_path / "out.safetensors")
+    result = cli(
+        "iterate",
+        tmp_path / "m.safetensors",
+        "--data",
+        tmp_path / "d.jsonl",
+        "--eval-data",
+        tmp_path / "d.jsonl",
+        "--max-drop",
+        "-1",
+        "-o",
+        tmp_path / "out.safetensors",
+    )
     assert result.code == 2 and "--max-drop" in result.err
 
 
@@ -104,8 +147,18 @@ def test_flops_rounds_rescore_neurons_and_cut_them_with_the_heads():
 
     model = TINY["reference"]()  # 11 heads, 3 x 48 FFN neurons
     start = _flops(model)
-    result = iterative_prune(model, _dataset(32, 0), _dataset(16, 1), schedule=(0.8, 0.6), method="taylor", finetune_config=CFG,
-                             budget="flops", ffn=True, seq_len=8, constraints=Constraints(ffn_multiple_of=4))
+    result = iterative_prune(
+        model,
+        _dataset(32, 0),
+        _dataset(16, 1),
+        schedule=(0.8, 0.6),
+        method="taylor",
+        finetune_config=CFG,
+        budget="flops",
+        ffn=True,
+        seq_len=8,
+        constraints=Constraints(ffn_multiple_of=4),
+    )
     assert [r.ratio for r in result.rounds] == [0.8, 0.6] and all(r.accepted for r in result.rounds)
     for r in result.rounds:
         assert r.cost_kept <= r.ratio + 1e-9 and r.cost_kept > r.ratio - 0.1  # the budget of the ORIGINAL model, met
@@ -118,7 +171,9 @@ def test_flops_rounds_rescore_neurons_and_cut_them_with_the_heads():
 
 def test_a_budget_without_ffn_cuts_heads_only_and_ffn_needs_a_budget():
     model = TINY["reference"]()
-    result = iterative_prune(model, _dataset(32, 0), _dataset(16, 1), schedule=(0.9,), finetune_config=CFG, budget="params", seq_len=8)
+    result = iterative_prune(
+        model, _dataset(32, 0), _dataset(16, 1), schedule=(0.9,), finetune_config=CFG, budget="params", seq_len=8
+    )
     (r,) = result.rounds
     assert r.heads_kept < 11 and not r.remove_ffn and _neurons(result.model) == 144 and r.cost_kept <= 0.9
     with pytest.raises(UsageError, match="budget"):
@@ -136,17 +191,43 @@ def test_iterate_command_cuts_ffn_neurons_under_a_flops_schedule(cli, tmp_path):
     save(TINY["reference"](), tmp_path / "m.safetensors")
     for name, seed in (("train", 0), ("dev", 1)):
         d = _dataset(32, seed)
-        save_file({"input_ids": d.input_ids, "attention_mask": d.attention_mask, "labels": d.labels}, str(tmp_path / f"{name}.safetensors"))
-    common = ["--data", tmp_path / "train.safetensors", "--eval-data", tmp_path / "dev.safetensors", "--lr", "1e-3", "--max-length", "8"]
-    res = cli("iterate", tmp_path / "m.safetensors", *common, "--target-flops", "0.8,0.7", "--ffn", "--method", "fisher",
-              "-o", tmp_path / "out.safetensors")
+        save_file(
+            {"input_ids": d.input_ids, "attention_mask": d.attention_mask, "labels": d.labels},
+            str(tmp_path / f"{name}.safetensors"),
+        )
+    common = [
+        "--data",
+        tmp_path / "train.safetensors",
+        "--eval-data",
+        tmp_path / "dev.safetensors",
+        "--lr",
+        "1e-3",
+        "--max-length",
+        "8",
+    ]
+    res = cli(
+        "iterate",
+        tmp_path / "m.safetensors",
+        *common,
+        "--target-flops",
+        "0.8,0.7",
+        "--ffn",
+        "--method",
+        "fisher",
+        "-o",
+        tmp_path / "out.safetensors",
+    )
     assert res.code == 0, res.err
     assert "round flops 70%" in res.err and "FFN neurons" in res.err
     out = load(tmp_path / "out.safetensors")
     assert _neurons(out) < 144 and _flops(out) <= 0.7 * _flops(TINY["reference"]()) * (1 + 1e-9)
-    for extra, message in ((["--ffn"], "--ffn needs --target-flops"), (["--target-flops", "0.8", "--schedule", "0.2"], "not both"),
-                           (["--target-flops", "0.8", "--schedule", "0.1,0.2,0.3,0.4"], "not both"),  # the default, said out loud
-                           (["--target-flops", "0.6,0.8"], "fall"), (["--target-flops", "0.8", "--ffn", "--method", "loo"], "loo")):
+    for extra, message in (
+        (["--ffn"], "--ffn needs --target-flops"),
+        (["--target-flops", "0.8", "--schedule", "0.2"], "not both"),
+        (["--target-flops", "0.8", "--schedule", "0.1,0.2,0.3,0.4"], "not both"),  # the default, said out loud
+        (["--target-flops", "0.6,0.8"], "fall"),
+        (["--target-flops", "0.8", "--ffn", "--method", "loo"], "loo"),
+    ):
         bad = cli("iterate", tmp_path / "m.safetensors", *common, *extra, "-o", tmp_path / "bad.safetensors")
         assert bad.code == 2 and message in bad.err, (extra, bad.err)
         assert not (tmp_path / "bad.safetensors").exists()

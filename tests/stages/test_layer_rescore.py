@@ -24,7 +24,11 @@ def _paired_loss(calls: list):
     def loss(remove_heads, remove_layers, remove_ffn):
         calls.append(({k: list(v) for k, v in remove_heads.items()}, list(remove_layers)))
         pair = 5.0 if {2, 3} <= set(remove_layers) else 0.0
-        return sum(LAYER_ALONE[layer] for layer in remove_layers) + pair + 0.001 * sum(len(v) for v in remove_heads.values())
+        return (
+            sum(LAYER_ALONE[layer] for layer in remove_layers)
+            + pair
+            + 0.001 * sum(len(v) for v in remove_heads.values())
+        )
 
     return loss
 
@@ -45,18 +49,33 @@ def test_rescoring_avoids_the_pair_that_single_pass_layer_scores_pick():
     assert result.rescored_layers == [3, 1]  # the cheapest alone first, then the cheapest given that one
     assert result.start_loss == pytest.approx(0.31) and result.best_loss <= result.start_loss
     assert result.selection.remove_layers == [1, 3]
-    assert result.evaluations == len(calls) <= 30 and ({}, []) not in calls  # heads alone cannot fit: the unpruned model is not measured
+    assert (
+        result.evaluations == len(calls) <= 30 and ({}, []) not in calls
+    )  # heads alone cannot fit: the unpruned model is not measured
     assert result.history == sorted(result.history, reverse=True)  # the best plan within the budget so far
     greedy_calls: list = []
     greedy = search(table, _paired_loss(greedy_calls), target_flops=0.55, evaluations=30)
-    assert greedy.start_loss > 5.0 and greedy.best_loss > result.best_loss  # the climb alone does not swap a layer for a layer
+    assert (
+        greedy.start_loss > 5.0 and greedy.best_loss > result.best_loss
+    )  # the climb alone does not swap a layer for a layer
 
 
 def test_every_rescored_plan_keeps_the_budget_and_the_constraints():
-    table = mha({layer: [0.1 * (h + layer) for h in range(6)] for layer in range(4)}, layer_scores={0: 1.0, 1: 0.1, 2: 0.2, 3: 0.3})
+    table = mha(
+        {layer: [0.1 * (h + layer) for h in range(6)] for layer in range(4)},
+        layer_scores={0: 1.0, 1: 0.1, 2: 0.2, 3: 0.3},
+    )
     constraints = Constraints(min_heads=2, multiple_of=2, protect=((1, 0),))
     calls: list = []
-    result = search(table, _paired_loss(calls), target_flops=0.45, constraints=constraints, evaluations=25, seed=4, rescore_layers=True)
+    result = search(
+        table,
+        _paired_loss(calls),
+        target_flops=0.45,
+        constraints=constraints,
+        evaluations=25,
+        seed=4,
+        rescore_layers=True,
+    )
     limit = 0.45 * predict(table.cost, table.kept())["flops_per_token"] * (1 + 1e-12)
     assert result.evaluations == len(calls) <= 25 and len(calls) > 4
     for heads, layers in calls:
@@ -68,8 +87,13 @@ def test_every_rescored_plan_keeps_the_budget_and_the_constraints():
             assert not heads  # a measurement that does not fit is of the layers alone, to choose the next by
     check_constraints(table, constraints, result.selection)
     assert result.selection.predicted["after"]["flops_per_token"] <= limit
-    again = search(table, _paired_loss([]), target_flops=0.45, constraints=constraints, evaluations=25, seed=4, rescore_layers=True)
-    assert again.selection.remove_heads == result.selection.remove_heads and again.selection.remove_layers == result.selection.remove_layers
+    again = search(
+        table, _paired_loss([]), target_flops=0.45, constraints=constraints, evaluations=25, seed=4, rescore_layers=True
+    )
+    assert (
+        again.selection.remove_heads == result.selection.remove_heads
+        and again.selection.remove_layers == result.selection.remove_layers
+    )
 
 
 def test_rescored_search_on_the_demo_classifier_writes_a_plan_that_prunes(cli, tmp_path, monkeypatch):
@@ -79,16 +103,31 @@ def test_rescored_search_on_the_demo_classifier_writes_a_plan_that_prunes(cli, t
 
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
     out = tmp_path / "plan.json"
-    result = cli("search", DEMO / "model.safetensors", "--data", DEMO / "calib.jsonl", "--target-flops", "0.5",
-                 "--rescore-layers", "--evaluations", "12", "-o", out)
+    result = cli(
+        "search",
+        DEMO / "model.safetensors",
+        "--data",
+        DEMO / "calib.jsonl",
+        "--target-flops",
+        "0.5",
+        "--rescore-layers",
+        "--evaluations",
+        "12",
+        "-o",
+        out,
+    )
     assert result.code == 0, result.err
     plan = json.loads(out.read_text())
     record = plan["search"]
     assert plan["config"]["rescore_layers"] is True and record["evaluations"] <= 12
     assert sorted(record["rescored_layers"]) == plan["remove_layers"] or record["improvements"] > 0
-    assert plan["predicted"]["after"]["flops_per_token"] <= 0.5 * plan["predicted"]["before"]["flops_per_token"] * (1 + 1e-12)
+    assert plan["predicted"]["after"]["flops_per_token"] <= 0.5 * plan["predicted"]["before"]["flops_per_token"] * (
+        1 + 1e-12
+    )
     model = load(DEMO / "model.safetensors")
     data = read_data(DEMO / "calib.jsonl", model, max_length=64)
     held = MaskedLoss(model, data.select(len(data) - round(len(data) * 0.5), len(data)), "classification", 32)
-    assert held({int(k): v for k, v in plan["remove_heads"].items()}, plan["remove_layers"]) == pytest.approx(record["best_loss"], rel=1e-9)
+    assert held({int(k): v for k, v in plan["remove_heads"].items()}, plan["remove_layers"]) == pytest.approx(
+        record["best_loss"], rel=1e-9
+    )
     assert cli("prune", "--plan", out, "-o", tmp_path / "small.safetensors").code == 0

@@ -16,7 +16,17 @@ from headprune_cli.stages.compensation import compensate
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
 
-from tests.support import TINY, assert_refused, calibration, model_inputs, model_output, saved_model, snapshot, tensor_data, write_scores
+from tests.support import (
+    TINY,
+    assert_refused,
+    calibration,
+    model_inputs,
+    model_output,
+    saved_model,
+    snapshot,
+    tensor_data,
+    write_scores,
+)
 
 
 def outputs(path_or_model, family="bert"):
@@ -206,8 +216,10 @@ def test_score_select_prune_pipe(tmp_path):
     tensors["labels"] = labels
     save_file(tensors, str(data))
     score = f"{exe} score m.safetensors --method taylor --data calib.safetensors"
-    for tail, name in [(f"{exe} select --ratio 0.3 | {exe} prune -o a.safetensors", "a"),
-                       (f"{exe} prune --ratio 0.3 --min-heads 1 -o b.safetensors", "b")]:
+    for tail, name in [
+        (f"{exe} select --ratio 0.3 | {exe} prune -o a.safetensors", "a"),
+        (f"{exe} prune --ratio 0.3 --min-heads 1 -o b.safetensors", "b"),
+    ]:
         run = subprocess.run(f"{score} | {tail}", shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr
         assert run.stdout == ""

@@ -16,13 +16,24 @@ from headprune_cli.stages.importance.neurons import NeuronTaps
 from headprune_cli.model.surgery import HeadGates
 from tests.support import TINY, give_tokenizer, write_jsonl, write_text
 
-FAMILIES = [("reference", "jsonl"), ("bert", "jsonl"), ("distilbert", "jsonl"), ("gpt2", "text"), ("llama-gqa", "text"), ("qwen3", "text")]
+FAMILIES = [
+    ("reference", "jsonl"),
+    ("bert", "jsonl"),
+    ("distilbert", "jsonl"),
+    ("gpt2", "text"),
+    ("llama-gqa", "text"),
+    ("qwen3", "text"),
+]
 
 
 def _setup(tmp_path, name: str, kind: str):
     model = give_tokenizer(TINY[name](), encoder=kind == "jsonl")
     labels = 3 if name == "bert" else 2
-    path = write_jsonl(tmp_path / "d.jsonl", 10, num_labels=labels) if kind == "jsonl" else write_text(tmp_path / "d.txt", 10)
+    path = (
+        write_jsonl(tmp_path / "d.jsonl", 10, num_labels=labels)
+        if kind == "jsonl"
+        else write_text(tmp_path / "d.txt", 10)
+    )
     return model, read_data(path, model), path
 
 
@@ -48,7 +59,11 @@ def _saved_bytes(model, data, enabled: bool) -> int:
         kept.append(t.numel() * t.element_size())
         return t
 
-    with recompute.recomputed_blocks(model, enabled), HeadGates(model, gates), NeuronTaps(ctx).attached(batch["attention_mask"]):
+    with (
+        recompute.recomputed_blocks(model, enabled),
+        HeadGates(model, gates),
+        NeuronTaps(ctx).attached(batch["attention_mask"]),
+    ):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = batch_losses(ctx, batch, 0).sum()
         torch.autograd.grad(loss, gates)
@@ -94,6 +109,11 @@ def test_score_writes_the_same_bytes_with_and_without_recompute(tmp_path, cli, m
     outs = []
     for flag in ("--recompute", "--no-recompute"):
         out = tmp_path / f"s{flag}.json"
-        assert cli("score", tmp_path / "m.safetensors", "--data", path, "--method", "fisher", "--ffn", flag, "-o", out).code == 0
+        assert (
+            cli(
+                "score", tmp_path / "m.safetensors", "--data", path, "--method", "fisher", "--ffn", flag, "-o", out
+            ).code
+            == 0
+        )
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]

@@ -18,8 +18,11 @@ DEMO = ROOT / "examples" / "demo"
 
 
 def _table(scores: list[list[float]]) -> ScoreTable:
-    return ScoreTable(heads={l: dict(enumerate(row)) for l, row in enumerate(scores)}, num_heads=[len(r) for r in scores],
-                      num_kv_heads=[len(r) for r in scores])
+    return ScoreTable(
+        heads={l: dict(enumerate(row)) for l, row in enumerate(scores)},
+        num_heads=[len(r) for r in scores],
+        num_kv_heads=[len(r) for r in scores],
+    )
 
 
 def _quadratic(weights):
@@ -43,7 +46,9 @@ def test_search_finds_the_spread_out_plan_that_greedy_scores_miss():
     result = search(table, loss, ratio=0.25, evaluations=50)
     assert result.start_loss == 9.0 and result.best_loss == 3.0 and result.improvements >= 1
     assert {k: len(v) for k, v in result.selection.remove_heads.items()} == {0: 1, 1: 1, 2: 1}
-    assert result.selection.remove_heads[1] == [0] and result.selection.remove_heads[2] == [0]  # the lowest-scored head of each layer
+    assert result.selection.remove_heads[1] == [0] and result.selection.remove_heads[2] == [
+        0
+    ]  # the lowest-scored head of each layer
     assert result.history == sorted(result.history, reverse=True) and result.evaluations <= 50
 
 
@@ -93,8 +98,21 @@ def _held_out_loss(plan: dict, fraction: float = 0.5) -> float:
 def test_search_on_the_demo_classifier_measures_its_plan_and_prunes_with_it(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
     out = tmp_path / "plan.json"
-    args = ["search", DEMO / "model.safetensors", "--data", DEMO / "calib.jsonl", "--target-flops", "0.5", "--layers",
-            "--layer-method", "loo", "--evaluations", "30", "-o", out]
+    args = [
+        "search",
+        DEMO / "model.safetensors",
+        "--data",
+        DEMO / "calib.jsonl",
+        "--target-flops",
+        "0.5",
+        "--layers",
+        "--layer-method",
+        "loo",
+        "--evaluations",
+        "30",
+        "-o",
+        out,
+    ]
     result = cli(*args)
     assert result.code == 0, result.err
     plan = json.loads(out.read_text())
@@ -112,16 +130,29 @@ def test_search_on_the_demo_classifier_measures_its_plan_and_prunes_with_it(cli,
     assert pruned.is_file()
 
 
-@pytest.mark.parametrize(("extra", "code", "message"), [
-    (["--ratio", "0.5", "--evaluations", "0"], 2, "--evaluations"),
-    (["--ratio", "0.5", "--evaluations", "1000000"], 2, "--evaluations"),
-    ([], 2, "exactly one of --ratio"),
-    (["--ratio", "0.5", "--target-flops", "0.5"], 2, "exactly one of --ratio"),
-    (["--ratio", "0.5", "--uniform"], 2, "--uniform"),
-    (["--ratio", "0.5", "--samples", "3"], 1, "too few to split"),
-    (["--target-flops", "0.01"], 2, "cannot be met"),
-    (["--ratio", "0.5", "--layer-method", "loo"], 2, "needs --layers"),
-], ids=["zero-evaluations", "absurd-evaluations", "no-amount", "two-amounts", "uniform", "data-too-small", "unreachable", "layer-method-alone"])
+@pytest.mark.parametrize(
+    ("extra", "code", "message"),
+    [
+        (["--ratio", "0.5", "--evaluations", "0"], 2, "--evaluations"),
+        (["--ratio", "0.5", "--evaluations", "1000000"], 2, "--evaluations"),
+        ([], 2, "exactly one of --ratio"),
+        (["--ratio", "0.5", "--target-flops", "0.5"], 2, "exactly one of --ratio"),
+        (["--ratio", "0.5", "--uniform"], 2, "--uniform"),
+        (["--ratio", "0.5", "--samples", "3"], 1, "too few to split"),
+        (["--target-flops", "0.01"], 2, "cannot be met"),
+        (["--ratio", "0.5", "--layer-method", "loo"], 2, "needs --layers"),
+    ],
+    ids=[
+        "zero-evaluations",
+        "absurd-evaluations",
+        "no-amount",
+        "two-amounts",
+        "uniform",
+        "data-too-small",
+        "unreachable",
+        "layer-method-alone",
+    ],
+)
 def test_bad_search_requests_are_refused_and_write_nothing(cli, tmp_path, extra, code, message):
     out = tmp_path / "plan.json"
     result = cli("search", DEMO / "model.safetensors", "--data", DEMO / "calib.jsonl", *extra, "-o", out)
@@ -147,8 +178,21 @@ def test_search_with_ffn_neurons_measures_its_plan_and_keeps_the_widths_aligned(
     from headprune_cli.stages.search import MaskedLoss
 
     out = tmp_path / "plan.json"
-    result = cli("search", DEMO / "model.safetensors", "--data", DEMO / "calib.jsonl", "--target-flops", "0.4", "--ffn",
-                 "--method", "fisher", "--evaluations", "15", "-o", out)
+    result = cli(
+        "search",
+        DEMO / "model.safetensors",
+        "--data",
+        DEMO / "calib.jsonl",
+        "--target-flops",
+        "0.4",
+        "--ffn",
+        "--method",
+        "fisher",
+        "--evaluations",
+        "15",
+        "-o",
+        out,
+    )
     assert result.code == 0, result.err
     plan = json.loads(out.read_text())
     assert plan["remove_ffn"] and plan["num_ffn"] == [128] * 4
@@ -158,6 +202,13 @@ def test_search_with_ffn_neurons_measures_its_plan_and_keeps_the_widths_aligned(
     data = read_data(DEMO / "calib.jsonl", model, max_length=64)
     half = len(data) - round(len(data) * 0.5)
     loss = MaskedLoss(model, data.select(half, len(data)), "classification", 32)
-    measured = loss({int(k): v for k, v in plan["remove_heads"].items()}, plan["remove_layers"], {int(k): v for k, v in plan["remove_ffn"].items()})
-    assert measured == pytest.approx(plan["search"]["best_loss"], rel=1e-9) and plan["search"]["best_loss"] <= plan["search"]["start_loss"]
+    measured = loss(
+        {int(k): v for k, v in plan["remove_heads"].items()},
+        plan["remove_layers"],
+        {int(k): v for k, v in plan["remove_ffn"].items()},
+    )
+    assert (
+        measured == pytest.approx(plan["search"]["best_loss"], rel=1e-9)
+        and plan["search"]["best_loss"] <= plan["search"]["start_loss"]
+    )
     assert cli("prune", "--plan", out, "-o", tmp_path / "small.safetensors").code == 0

@@ -32,13 +32,14 @@ def _context(progress: bool = True) -> tuple[Context, io.StringIO]:
     return Context(Console(file=text, width=200), progress=progress), text
 
 
-
-
-
-
 # --- which way a metric improves: one table ---------------------------------------
 def test_each_metric_states_its_direction_and_an_unknown_one_is_refused():
-    assert [objectives.metric(n, 1.0).higher_is_better for n in ("accuracy", "macro_f1", "fidelity", "perplexity")] == [True, True, True, False]
+    assert [objectives.metric(n, 1.0).higher_is_better for n in ("accuracy", "macro_f1", "fidelity", "perplexity")] == [
+        True,
+        True,
+        True,
+        False,
+    ]
     with pytest.raises(UsageError, match="'bleu' has no known direction"):
         objectives.higher_is_better("bleu")
 
@@ -53,18 +54,34 @@ def _rows():
 def test_finetune_keeps_the_best_epoch_by_the_metrics_own_direction(name, best):
     """No direction given: perplexity 0.3 (epoch 1) is best, accuracy 0.9 (before training) is."""
     scores = iter([0.9, 0.3, 0.5])
-    result = finetune(TINY["reference"](), _rows(), FinetuneConfig(epochs=2, lr=1e-3, batch_size=16), eval_fn=lambda m: {name: next(scores)})
+    result = finetune(
+        TINY["reference"](),
+        _rows(),
+        FinetuneConfig(epochs=2, lr=1e-3, batch_size=16),
+        eval_fn=lambda m: {name: next(scores)},
+    )
     assert result.best_epoch == best
 
 
 def test_finetune_refuses_a_metric_of_unknown_direction_before_training():
     steps = []
     with pytest.raises(UsageError, match="'bleu' has no known direction"):
-        finetune(TINY["reference"](), _rows(), FinetuneConfig(steps=2, lr=1e-3), eval_fn=lambda m: {"bleu": 1.0},
-                 on_step=lambda *args: steps.append(args))
+        finetune(
+            TINY["reference"](),
+            _rows(),
+            FinetuneConfig(steps=2, lr=1e-3),
+            eval_fn=lambda m: {"bleu": 1.0},
+            on_step=lambda *args: steps.append(args),
+        )
     assert steps == []
     # Said explicitly, any metric goes.
-    result = finetune(TINY["reference"](), _rows(), FinetuneConfig(steps=1, lr=1e-3), eval_fn=lambda m: {"bleu": 1.0}, higher_is_better=False)
+    result = finetune(
+        TINY["reference"](),
+        _rows(),
+        FinetuneConfig(steps=1, lr=1e-3),
+        eval_fn=lambda m: {"bleu": 1.0},
+        higher_is_better=False,
+    )
     assert result.best_epoch == 0
 
 
@@ -88,7 +105,9 @@ def test_stage_defaults_agree_with_the_library_dataclasses():
     from headprune_cli.stages.report.build import DEFAULT_SEQ_LEN as REPORT_SEQ
 
     for name in ("batch_size", "threads", "device", "dtype"):
-        assert ProfileOptions.model_fields[name].default == report_stage.ReportStageOptions.model_fields[name].default, name
+        assert (
+            ProfileOptions.model_fields[name].default == report_stage.ReportStageOptions.model_fields[name].default
+        ), name
     assert PROFILE_SEQ == REPORT_SEQ
     assert export_stage.ExportOptions.model_fields["max_shard_size"].default == DEFAULT_MAX_SHARD
 
@@ -97,8 +116,13 @@ def test_stage_defaults_agree_with_the_library_dataclasses():
 def test_a_failed_gate_is_exit_code_3_after_every_output_is_written(pruned):
     folder = pruned.parent
     opts = report_stage.ReportStageOptions(
-        model=pruned, data=folder / "dev.safetensors", min_speedup=1e6, json_out=str(folder / "r.json"),
-        markdown_out=folder / "r.md", junit_out=folder / "r.xml", **FAST_REPORT,
+        model=pruned,
+        data=folder / "dev.safetensors",
+        min_speedup=1e6,
+        json_out=str(folder / "r.json"),
+        markdown_out=folder / "r.md",
+        junit_out=folder / "r.xml",
+        **FAST_REPORT,
     )
     ctx, text = _context()
     result = report_stage.run(opts, ctx)
@@ -120,8 +144,13 @@ def test_a_report_without_gates_is_exit_code_0(pruned):
 
 
 def test_report_refuses_a_speed_gate_without_timing_before_any_work(pruned):
-    opts = report_stage.ReportStageOptions(model=pruned, data=pruned.parent / "dev.safetensors", min_speedup=1.0, repeats=0,
-                                           json_out=str(pruned.parent / "r.json"))
+    opts = report_stage.ReportStageOptions(
+        model=pruned,
+        data=pruned.parent / "dev.safetensors",
+        min_speedup=1.0,
+        repeats=0,
+        json_out=str(pruned.parent / "r.json"),
+    )
     with pytest.raises(UsageError, match="--min-speedup needs latency"):
         report_stage.run(opts, _context()[0])
     assert not (pruned.parent / "r.json").exists()
@@ -131,8 +160,14 @@ def test_report_refuses_a_speed_gate_without_timing_before_any_work(pruned):
 @pytest.mark.parametrize("progress", [True, False])
 def test_finetune_run_writes_the_model_and_shows_its_table_with_or_without_a_bar(pruned, progress):
     folder = pruned.parent
-    opts = finetune_stage.FinetuneOptions(checkpoint=pruned, data=folder / "train.safetensors", eval_data=folder / "dev.safetensors",
-                                          output=folder / "out.safetensors", steps=2, lr=1e-3)
+    opts = finetune_stage.FinetuneOptions(
+        checkpoint=pruned,
+        data=folder / "train.safetensors",
+        eval_data=folder / "dev.safetensors",
+        output=folder / "out.safetensors",
+        steps=2,
+        lr=1e-3,
+    )
     ctx, text = _context(progress)
     result = finetune_stage.run(opts, ctx)
     assert result.outputs == [str(folder / "out.safetensors")] and result.exit_code == 0
@@ -147,7 +182,9 @@ def test_finetune_run_writes_the_model_and_shows_its_table_with_or_without_a_bar
 def test_import_run_copies_a_checkpoint_and_refuses_a_missing_source(pruned, tmp_path):
     ctx, text = _context()
     result = import_stage.run(import_stage.ImportOptions(source=pruned, output=tmp_path / "copy.safetensors"), ctx)
-    assert result.outputs == [str(tmp_path / "copy.safetensors")] and result.value == sha256_file(tmp_path / "copy.safetensors")
+    assert result.outputs == [str(tmp_path / "copy.safetensors")] and result.value == sha256_file(
+        tmp_path / "copy.safetensors"
+    )
     assert f"sha256 {result.value[:12]}" in text.getvalue()
     with pytest.raises(CheckpointError, match="no such folder or file"):
         import_stage.run(import_stage.ImportOptions(source=tmp_path / "absent", output=tmp_path / "x.safetensors"), ctx)
@@ -162,6 +199,8 @@ def test_export_run_writes_a_folder_that_imports_back(pruned, tmp_path):
         export_stage.run(export_stage.ExportOptions(checkpoint=pruned, onnx=tmp_path / "m.onnx", with_onnx=True), ctx)
     result = export_stage.run(export_stage.ExportOptions(checkpoint=pruned, hf=tmp_path / "folder"), ctx)
     assert result.outputs == [str(tmp_path / "folder")] and (tmp_path / "folder" / "config.json").is_file()
-    back = import_stage.run(import_stage.ImportOptions(source=tmp_path / "folder", output=tmp_path / "back.safetensors"), ctx)
+    back = import_stage.run(
+        import_stage.ImportOptions(source=tmp_path / "folder", output=tmp_path / "back.safetensors"), ctx
+    )
     assert load(tmp_path / "back.safetensors").headprune.layout.heads == load(pruned).headprune.layout.heads
     assert back.exit_code == 0 and f"wrote {tmp_path / 'folder'}/" in text.getvalue()

@@ -28,21 +28,41 @@ def setup(tmp_path_factory):
 
 
 def _sweep(cli, folder, *extra):
-    return cli("sweep", folder / "m.safetensors", "--data", folder / "calib.jsonl", "--eval-data", folder / "dev.jsonl",
-               "--max-length", "16", "--batch-size", "8", *extra)
+    return cli(
+        "sweep",
+        folder / "m.safetensors",
+        "--data",
+        folder / "calib.jsonl",
+        "--eval-data",
+        folder / "dev.jsonl",
+        "--max-length",
+        "16",
+        "--batch-size",
+        "8",
+        *extra,
+    )
 
 
 def test_sweep_writes_curve_table_and_knee(setup, cli, tmp_path):
-    result = _sweep(cli, setup, "--methods", "taylor,random", "--ratios", "0.3,0.6", "--max-drop", "5", "-o", tmp_path / "out")
+    result = _sweep(
+        cli, setup, "--methods", "taylor,random", "--ratios", "0.3,0.6", "--max-drop", "5", "-o", tmp_path / "out"
+    )
     assert result.code == 0, result.err
     assert result.out == ""
     sweep, _ = read_artifact(tmp_path / "out" / "sweep.json", ("sweep",))
     data = json.loads((tmp_path / "out" / "sweep.json").read_text())
-    assert [(r["method"], r["ratio"]) for r in data["rows"]] == [("taylor", 0.3), ("taylor", 0.6), ("random", 0.3), ("random", 0.6)]
+    assert [(r["method"], r["ratio"]) for r in data["rows"]] == [
+        ("taylor", 0.3),
+        ("taylor", 0.6),
+        ("random", 0.3),
+        ("random", 0.6),
+    ]
     total = data["total_heads"]
     assert total == 11
     for row in data["rows"]:
-        assert row["heads_removed"] == round(row["ratio"] * total) or abs(row["heads_removed"] - row["ratio"] * total) <= 1
+        assert (
+            row["heads_removed"] == round(row["ratio"] * total) or abs(row["heads_removed"] - row["ratio"] * total) <= 1
+        )
         assert row["within_budget"] == (row["drop"] <= 5)
         assert row["predicted_speedup"] > 1
     # The knee: the largest ratio within budget, per method.
@@ -90,8 +110,22 @@ def test_sweep_compensation_changes_the_result_to_what_compensating_by_hand_give
     save(give_tokenizer(TINY["gpt2"](), encoder=False), tmp_path / "m.safetensors")
     write_text(tmp_path / "calib.txt", 16, seed=1)
     write_text(tmp_path / "dev.txt", 16, seed=2)
-    common = ["sweep", tmp_path / "m.safetensors", "--data", tmp_path / "calib.txt", "--eval-data", tmp_path / "dev.txt",
-              "--max-length", "16", "--batch-size", "8", "--methods", "taylor", "--ratios", "0.4"]
+    common = [
+        "sweep",
+        tmp_path / "m.safetensors",
+        "--data",
+        tmp_path / "calib.txt",
+        "--eval-data",
+        tmp_path / "dev.txt",
+        "--max-length",
+        "16",
+        "--batch-size",
+        "8",
+        "--methods",
+        "taylor",
+        "--ratios",
+        "0.4",
+    ]
     rows = {}
     for how in ("none", "lstsq"):
         result = cli(*common, "--compensate", how)
@@ -128,6 +162,18 @@ def test_bad_options(setup, cli, args, code, message):
 
 def test_eval_data_of_another_task_is_an_error(setup, cli, tmp_path):
     (tmp_path / "plain.txt").write_text("w1 w2 w3\nw4 w5\n")
-    result = cli("sweep", setup / "m.safetensors", "--data", setup / "calib.jsonl", "--eval-data", tmp_path / "plain.txt",
-                 "--max-length", "16", "--methods", "random", "--ratios", "0.5")
+    result = cli(
+        "sweep",
+        setup / "m.safetensors",
+        "--data",
+        setup / "calib.jsonl",
+        "--eval-data",
+        tmp_path / "plain.txt",
+        "--max-length",
+        "16",
+        "--methods",
+        "random",
+        "--ratios",
+        "0.5",
+    )
     assert result.code == 1 and "label" in result.err

@@ -15,7 +15,21 @@ from .data import give_tokenizer, sentences, word_tokenizer, write_jsonl, write_
 from .deploy import run_without_headprune
 from .forkserver import ForkServer
 from .hostile_files import BOMBS
-from .models import CAUSAL, PLANS, TINY, VOCAB, calibration, counted_macs, ffn_plan, gqa_plan, model_inputs, model_output, plan_for, pruned, width_of
+from .models import (
+    CAUSAL,
+    PLANS,
+    TINY,
+    VOCAB,
+    calibration,
+    counted_macs,
+    ffn_plan,
+    gqa_plan,
+    model_inputs,
+    model_output,
+    plan_for,
+    pruned,
+    width_of,
+)
 from .processes import PANIC_TEXT, assert_one_error, env, finished, headprune, leftovers
 from .refusals import CliResult, assert_refused, snapshot
 from .reports import FAST_REPORT, run_report
@@ -26,8 +40,49 @@ from .selection import check_constraints, mha, requests, synthetic_cost, tables
 ROOT = Path(__file__).resolve().parents[2]  # the repository: examples/, configs/, scripts/, README.md
 
 __all__ = [
-    "ROOT", "BOMBS", "saved_root", "tensor_set", "PANIC_TEXT", "assert_one_error", "env", "finished", "headprune", "leftovers", "ffn_plan", "gqa_plan", "plan_for", "width_of", "CAUSAL", "FAST_REPORT", "PLANS", "TINY", "VOCAB", "CliResult", "ForkServer", "assert_refused", "calibration",
-    "check_constraints", "compensate_old", "counted_macs", "give_tokenizer", "mha", "model_inputs", "model_output",
-    "pruned", "requests", "run_report", "run_without_headprune", "saved_model", "scores_for", "sentences", "snapshot",
-    "synthetic_cost", "tables", "tensor_data", "word_tokenizer", "write_jsonl", "write_scores", "write_text",
+    "ROOT",
+    "BOMBS",
+    "saved_root",
+    "tensor_set",
+    "PANIC_TEXT",
+    "assert_one_error",
+    "env",
+    "finished",
+    "headprune",
+    "leftovers",
+    "ffn_plan",
+    "gqa_plan",
+    "plan_for",
+    "width_of",
+    "CAUSAL",
+    "FAST_REPORT",
+    "PLANS",
+    "TINY",
+    "VOCAB",
+    "CliResult",
+    "ForkServer",
+    "assert_refused",
+    "calibration",
+    "check_constraints",
+    "compensate_old",
+    "counted_macs",
+    "give_tokenizer",
+    "mha",
+    "model_inputs",
+    "model_output",
+    "pruned",
+    "requests",
+    "run_report",
+    "run_without_headprune",
+    "saved_model",
+    "scores_for",
+    "sentences",
+    "snapshot",
+    "synthetic_cost",
+    "tables",
+    "tensor_data",
+    "word_tokenizer",
+    "write_jsonl",
+    "write_scores",
+    "write_text",
 ]

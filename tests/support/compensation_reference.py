@@ -20,8 +20,15 @@ from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, removal_gates, skip_layers
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.compensation import (
-    DEFAULT_RIDGE, METHODS, CompensationResult, _kept_weights, _solve_bias, _solve_lstsq, _Stats,
-    _weights, _write,
+    DEFAULT_RIDGE,
+    METHODS,
+    CompensationResult,
+    _kept_weights,
+    _solve_bias,
+    _solve_lstsq,
+    _Stats,
+    _weights,
+    _write,
 )
 from headprune_cli.stages.compensation_streams import token_weights
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 # -I drops PYTHONPATH, the user site and the script's folder from sys.path; the finder
 # below also blocks an installed (editable) headprune_cli. The script checks both.
-_PRELUDE = '''
+_PRELUDE = """
 import sys
 
 class _NoHeadprune:
@@ -25,11 +25,11 @@ except ImportError:
     pass
 else:
     raise SystemExit("headprune_cli is importable; the test would prove nothing")
-'''
+"""
 
-_EPILOGUE = '''
+_EPILOGUE = """
 assert not [m for m in sys.modules if m.partition(".")[0] == "headprune_cli"]
-'''
+"""
 
 
 def run_without_headprune(script: str, cwd: Path, *args: str) -> str:
@@ -38,7 +38,11 @@ def run_without_headprune(script: str, cwd: Path, *args: str) -> str:
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(
         [sys.executable, "-I", "-c", _PRELUDE + script + _EPILOGUE, *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout

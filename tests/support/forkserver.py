@@ -97,8 +97,14 @@ class ForkServer:
 
     def __enter__(self) -> dict:
         address = str(self.folder / "headprune.sock")
-        self.process = subprocess.Popen([sys.executable, "-c", SERVER, address], env=self.env, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, text=True, start_new_session=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", SERVER, address],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         if self.process.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the fork server did not start (exit {self.process.wait()})")
         bin_dir = self.folder / "bin"

@@ -20,9 +20,21 @@ def _point(ms: float, spread: float = 0.0) -> dict:
     return {"median_ms": ms, "q1_ms": ms * (1 - spread), "q3_ms": ms * (1 + spread)}
 
 
-def latency_table(model_path: Path, shape: dict, attention, ffn=lambda layer, width: 0.0, outside: float = 1.0,
-                  unit_grid=None, width_grid=None, device: dict = CPU, batch: int = 8, seq_len: int = 128,
-                  threads: int = 2, dtype: str = "float32", sha256: str | None = None) -> dict:
+def latency_table(
+    model_path: Path,
+    shape: dict,
+    attention,
+    ffn=lambda layer, width: 0.0,
+    outside: float = 1.0,
+    unit_grid=None,
+    width_grid=None,
+    device: dict = CPU,
+    batch: int = 8,
+    seq_len: int = 128,
+    threads: int = 2,
+    dtype: str = "float32",
+    sha256: str | None = None,
+) -> dict:
     """A latency artifact for the model at `model_path` whose `shape` is model_shape's dict.
 
     `attention(layer, units)` is the block's ms at that many units with the full FFN;
@@ -44,9 +56,15 @@ def latency_table(model_path: Path, shape: dict, attention, ffn=lambda layer, wi
         }
     artifact = envelope("latency", [input_ref("model", model_path)], {"hand": True})
     artifact.update(
-        device=device, torch_version=torch.__version__, threads=threads, batch=batch, seq_len=seq_len, dtype=dtype,
+        device=device,
+        torch_version=torch.__version__,
+        threads=threads,
+        batch=batch,
+        seq_len=seq_len,
+        dtype=dtype,
         model={**shape, "sha256": sha256 or sha256_file(model_path)},
-        grid={"points": 3}, timing={"hand": True},
+        grid={"points": 3},
+        timing={"hand": True},
         phases={"forward": {"context": None, "outside": _point(outside), "layers": layers}},
     )
     return artifact
@@ -64,8 +82,10 @@ def shape_of(model, model_path: Path) -> dict:
 
 def write_latency(path: Path, model, model_path: Path, **kwargs) -> Path:
     """A table pricing every attention unit 1 ms and every FFN neuron 0.01 ms, plus 1 ms fixed per layer."""
-    defaults = {"attention": lambda layer, units: 1.0 + units + 0.01 * shape["ffn"][str(layer)],
-                "ffn": lambda layer, width: 0.01 * (shape["ffn"][str(layer)] - width)}
+    defaults = {
+        "attention": lambda layer, units: 1.0 + units + 0.01 * shape["ffn"][str(layer)],
+        "ffn": lambda layer, width: 0.01 * (shape["ffn"][str(layer)] - width),
+    }
     shape = shape_of(model, model_path)
     path.write_text(dumps(latency_table(model_path, shape, **{**defaults, **kwargs})))
     return path

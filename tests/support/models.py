@@ -27,18 +27,148 @@ def _seeded(build):
 
 # name -> factory. Causal LMs and GQA variants included; every config is tiny.
 TINY = {
-    "reference": _seeded(lambda: ReferenceEncoder(ReferenceConfig(vocab_size=VOCAB, heads_per_layer=[4, 3, 4], hidden_size=32, head_dim=8, intermediate_size=48))),
-    "bert": _seeded(lambda: T.BertForSequenceClassification(T.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48, num_labels=3))),
-    "roberta": _seeded(lambda: T.RobertaModel(T.RobertaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48, pad_token_id=1))),
-    "electra": _seeded(lambda: T.ElectraModel(T.ElectraConfig(vocab_size=VOCAB, embedding_size=32, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48))),
-    "distilbert": _seeded(lambda: T.DistilBertForSequenceClassification(T.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=3, n_heads=4, hidden_dim=48))),
-    "gpt2": _seeded(lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=3, n_head=4, bos_token_id=0, eos_token_id=0))),
-    "llama": _seeded(lambda: T.LlamaForCausalLM(T.LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, intermediate_size=48, bos_token_id=0, eos_token_id=0, pad_token_id=0))),
-    "llama-gqa": _seeded(lambda: T.LlamaForCausalLM(T.LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2, head_dim=4, intermediate_size=48, bos_token_id=0, eos_token_id=0, pad_token_id=0))),
-    "mistral": _seeded(lambda: T.MistralForCausalLM(T.MistralConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48, bos_token_id=0, eos_token_id=0, pad_token_id=0))),
-    "qwen2": _seeded(lambda: T.Qwen2ForCausalLM(T.Qwen2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48, bos_token_id=0, eos_token_id=0, pad_token_id=0))),
-    "qwen3": _seeded(lambda: T.Qwen3ForCausalLM(T.Qwen3Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2, head_dim=8, intermediate_size=48, bos_token_id=0, eos_token_id=0, pad_token_id=0))),
-    "vit": _seeded(lambda: T.ViTModel(T.ViTConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48, image_size=16, patch_size=8))),
+    "reference": _seeded(
+        lambda: ReferenceEncoder(
+            ReferenceConfig(
+                vocab_size=VOCAB, heads_per_layer=[4, 3, 4], hidden_size=32, head_dim=8, intermediate_size=48
+            )
+        )
+    ),
+    "bert": _seeded(
+        lambda: T.BertForSequenceClassification(
+            T.BertConfig(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                intermediate_size=48,
+                num_labels=3,
+            )
+        )
+    ),
+    "roberta": _seeded(
+        lambda: T.RobertaModel(
+            T.RobertaConfig(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                intermediate_size=48,
+                pad_token_id=1,
+            )
+        )
+    ),
+    "electra": _seeded(
+        lambda: T.ElectraModel(
+            T.ElectraConfig(
+                vocab_size=VOCAB,
+                embedding_size=32,
+                hidden_size=32,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                intermediate_size=48,
+            )
+        )
+    ),
+    "distilbert": _seeded(
+        lambda: T.DistilBertForSequenceClassification(
+            T.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=3, n_heads=4, hidden_dim=48)
+        )
+    ),
+    "gpt2": _seeded(
+        lambda: T.GPT2LMHeadModel(
+            T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=3, n_head=4, bos_token_id=0, eos_token_id=0)
+        )
+    ),
+    "llama": _seeded(
+        lambda: T.LlamaForCausalLM(
+            T.LlamaConfig(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                intermediate_size=48,
+                bos_token_id=0,
+                eos_token_id=0,
+                pad_token_id=0,
+            )
+        )
+    ),
+    "llama-gqa": _seeded(
+        lambda: T.LlamaForCausalLM(
+            T.LlamaConfig(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                num_hidden_layers=3,
+                num_attention_heads=8,
+                num_key_value_heads=2,
+                head_dim=4,
+                intermediate_size=48,
+                bos_token_id=0,
+                eos_token_id=0,
+                pad_token_id=0,
+            )
+        )
+    ),
+    "mistral": _seeded(
+        lambda: T.MistralForCausalLM(
+            T.MistralConfig(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                intermediate_size=48,
+                bos_token_id=0,
+                eos_token_id=0,
+                pad_token_id=0,
+            )
+        )
+    ),
+    "qwen2": _seeded(
+        lambda: T.Qwen2ForCausalLM(
+            T.Qwen2Config(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                intermediate_size=48,
+                bos_token_id=0,
+                eos_token_id=0,
+                pad_token_id=0,
+            )
+        )
+    ),
+    "qwen3": _seeded(
+        lambda: T.Qwen3ForCausalLM(
+            T.Qwen3Config(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                num_hidden_layers=3,
+                num_attention_heads=8,
+                num_key_value_heads=2,
+                head_dim=8,
+                intermediate_size=48,
+                bos_token_id=0,
+                eos_token_id=0,
+                pad_token_id=0,
+            )
+        )
+    ),
+    "vit": _seeded(
+        lambda: T.ViTModel(
+            T.ViTConfig(
+                hidden_size=32,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                intermediate_size=48,
+                image_size=16,
+                patch_size=8,
+            )
+        )
+    ),
 }
 CAUSAL = ("gpt2", "llama", "llama-gqa", "mistral", "qwen2", "qwen3")
 

@@ -15,15 +15,29 @@ PANIC_TEXT = ("panicked", "stack backtrace", "RUST_BACKTRACE", "Traceback", "pyo
 
 
 def env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def headprune(*args, cwd: Path, script: Path | None = None, **popen) -> subprocess.Popen:
     """A real `headprune` process (the console entry point, watcher included); `script`
     runs a hook file first that ends by calling that entry point."""
     program = [str(script)] if script is not None else ["-m", "headprune_cli"]
-    return subprocess.Popen([sys.executable, *program, *map(str, args)], cwd=cwd, env=env(), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, *program, *map(str, args)],
+        cwd=cwd,
+        env=env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def finished(process: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
@@ -33,7 +47,11 @@ def finished(process: subprocess.Popen, timeout: float = 120) -> tuple[int, str,
 
 def leftovers(folder: Path) -> list[str]:
     """Temporaries anywhere under `folder`: headprune's naming, or any hidden *.tmp."""
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if TEMP_PATTERN.match(p.name) or (p.name.startswith(".") and p.name.endswith(".tmp")))
+    return sorted(
+        str(p.relative_to(folder))
+        for p in folder.rglob("*")
+        if TEMP_PATTERN.match(p.name) or (p.name.startswith(".") and p.name.endswith(".tmp"))
+    )
 
 
 def assert_one_error(code: int, err: str, expected_code: int, fragment: str) -> None:

@@ -24,7 +24,9 @@ def assert_refused(result: CliResult, code: int, message: str) -> None:
     lets the command crash further on is caught.
     """
     assert code in (EXIT_ERROR, EXIT_USAGE, EXIT_GATE_FAILED), f"{code} is not a refusal code"
-    assert result.code != EXIT_INTERNAL and not result.err.startswith("Internal error"), f"crashed instead of refusing: {result}"
+    assert result.code != EXIT_INTERNAL and not result.err.startswith("Internal error"), (
+        f"crashed instead of refusing: {result}"
+    )
     assert result.code == code, result
     assert result.err.startswith("Error: ") and result.err.count("\n") == 1 and result.err.endswith("\n"), result.err
     assert message.lower() in result.err.lower(), (message, result.err)

@@ -64,4 +64,3 @@ def tensor_data(tmp_path: Path, n: int = 24, seq: int = 10, vocab: int = 60, see
     path = tmp_path / "calib.safetensors"
     save_file({"input_ids": ids, "attention_mask": mask}, str(path))
     return path
-

@@ -10,8 +10,16 @@ from headprune_cli.stages.selection import Constraints, ScoreTable
 
 def synthetic_cost(num_heads, num_kv_heads) -> CostTable:
     layers = [
-        LayerCost(layer=i, fixed_params=1000, fixed_flops=2000.0, q_head_params=50.0, q_head_flops=100.0,
-                  kv_head_params=30.0, kv_head_flops=60.0, group_size=n // kv)
+        LayerCost(
+            layer=i,
+            fixed_params=1000,
+            fixed_flops=2000.0,
+            q_head_params=50.0,
+            q_head_flops=100.0,
+            kv_head_params=30.0,
+            kv_head_flops=60.0,
+            group_size=n // kv,
+        )
         for i, (n, kv) in enumerate(zip(num_heads, num_kv_heads))
     ]
     return CostTable(seq_len=16, outside_params=500, outside_flops=700.0, layers=layers)
@@ -29,8 +37,13 @@ def tables(draw):
         values = st.floats(-2, 5, allow_nan=False) | st.sampled_from([0.0, 1.0])  # ties too
         heads[layer] = {h: draw(values) for h in range(kv * group)}
     layer_scores = {layer: draw(st.floats(0, 1)) for layer in range(n_layers)}
-    return ScoreTable(heads=heads, num_heads=num_heads, num_kv_heads=num_kv, layers=layer_scores,
-                      cost=synthetic_cost(num_heads, num_kv))
+    return ScoreTable(
+        heads=heads,
+        num_heads=num_heads,
+        num_kv_heads=num_kv,
+        layers=layer_scores,
+        cost=synthetic_cost(num_heads, num_kv),
+    )
 
 
 @st.composite

@@ -25,5 +25,3 @@ def tensor_set(path: Path, labels: bool, rows: int = 32, seed: int = 0) -> Path:
 def saved_root(tmp_path: Path, family: str) -> tuple[Path, Path]:
     save(TINY[family](), tmp_path / "root.safetensors")
     return tmp_path / "root.safetensors", tensor_set(tmp_path / "train.safetensors", labels=family == "reference")
-
-

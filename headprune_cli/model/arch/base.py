@@ -39,8 +39,14 @@ class AttentionView:
     def of_projections(cls, module: nn.Module, q, k, v, o, head_dim: int) -> "AttentionView":
         """A view of separate Q/K/V/O projections; head counts come from their shapes."""
         return cls(
-            module=module, q=q, k=k, v=v, o=o, head_dim=head_dim,
-            num_heads=q.out_features // head_dim, num_kv_heads=k.out_features // head_dim,
+            module=module,
+            q=q,
+            k=k,
+            v=v,
+            o=o,
+            head_dim=head_dim,
+            num_heads=q.out_features // head_dim,
+            num_kv_heads=k.out_features // head_dim,
         )
 
 
@@ -142,7 +148,9 @@ class Adapter:
         raise NotImplementedError
 
     # --- generic slicing, overridden only for fused projections ----------------
-    def head_slices(self, view: AttentionView, keep_q: list[int], keep_kv: list[int]) -> list[tuple[nn.Module, str, torch.Tensor]]:
+    def head_slices(
+        self, view: AttentionView, keep_q: list[int], keep_kv: list[int]
+    ) -> list[tuple[nn.Module, str, torch.Tensor]]:
         """Which projections keep which features when a layer keeps the given (current,
         0-based) heads: (module, "out" | "in", feature index). The one statement of where
         heads live in the tensors, shared by in-memory surgery and streamed pruning."""
@@ -201,7 +209,14 @@ class Adapter:
         return seq_len
 
     def example_inputs(
-        self, model: nn.Module, batch: int, seq_len: int, *, seed: int = 0, first_token: int = 0, pad_first_row: bool = False
+        self,
+        model: nn.Module,
+        batch: int,
+        seq_len: int,
+        *,
+        seed: int = 0,
+        first_token: int = 0,
+        pad_first_row: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Random inputs of the family's kind for `batch` rows of `seq_len` tokens.
 

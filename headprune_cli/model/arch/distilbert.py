@@ -12,7 +12,9 @@ class DistilBertAdapter(Adapter):
 
     def attention(self, layer: nn.Module) -> AttentionView:
         attn = layer.attention
-        return AttentionView.of_projections(attn, attn.q_lin, attn.k_lin, attn.v_lin, attn.out_lin, attn.attention_head_size)
+        return AttentionView.of_projections(
+            attn, attn.q_lin, attn.k_lin, attn.v_lin, attn.out_lin, attn.attention_head_size
+        )
 
     def ffn(self, layer: nn.Module) -> FFNView:
         return FFNView.of(layer.ffn.lin1, down=layer.ffn.lin2)

@@ -27,7 +27,14 @@ class ViTAdapter(Adapter):
         return (config.get("image_size", 224) // config.get("patch_size", 16)) ** 2 + 1
 
     def example_inputs(
-        self, model: nn.Module, batch: int, seq_len: int, *, seed: int = 0, first_token: int = 0, pad_first_row: bool = False
+        self,
+        model: nn.Module,
+        batch: int,
+        seq_len: int,
+        *,
+        seed: int = 0,
+        first_token: int = 0,
+        pad_first_row: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Random images at the config's size, in the model's dtype (no tokens, so no mask)."""
         config = _config(model)

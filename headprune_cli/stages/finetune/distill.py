@@ -35,12 +35,16 @@ def resolve_teacher(spec: str | None, checkpoint: str | os.PathLike, root_teache
     if not prov.get("root") and root_teaches_itself:
         return Path(checkpoint)
     if not prov.get("root"):
-        raise UsageError(f"--teacher auto: {checkpoint} is a root model itself (no pruning history); pass --teacher PATH")
+        raise UsageError(
+            f"--teacher auto: {checkpoint} is a root model itself (no pruning history); pass --teacher PATH"
+        )
     if not prov.get("root_path"):
         raise UsageError(f"--teacher auto: {checkpoint} does not record where its root model is; pass --teacher PATH")
     path = Path(checkpoint).parent / prov["root_path"]
     if not path.is_file():
-        raise UsageError(f"--teacher auto: root model {path} (from {checkpoint}'s provenance) is missing; pass --teacher PATH")
+        raise UsageError(
+            f"--teacher auto: root model {path} (from {checkpoint}'s provenance) is missing; pass --teacher PATH"
+        )
     if sha256_file(path) != prov["root"]:
         raise UsageError(f"--teacher auto: {path} is not the root model recorded in {checkpoint} (sha256 differs)")
     return path
@@ -63,7 +67,9 @@ def check_compatible(teacher: nn.Module, student: nn.Module, name: str = "teache
     if t.task != s.task:
         raise UsageError(f"teacher {name} is a {t.task} model, the student is {s.task}")
     if _vocab(t.config) != _vocab(s.config) or (t.tokenizer and s.tokenizer and t.tokenizer != s.tokenizer):
-        raise UsageError(f"teacher {name} has a different vocabulary from the student ({_vocab(t.config)} vs {_vocab(s.config)} tokens)")
+        raise UsageError(
+            f"teacher {name} has a different vocabulary from the student ({_vocab(t.config)} vs {_vocab(s.config)} tokens)"
+        )
     if s.task == "classification" and _labels(t.config) != _labels(s.config):
         raise UsageError(f"teacher {name} predicts different labels from the student")
 
@@ -78,7 +84,9 @@ def _labels(config: dict):
 
 
 # --- loss terms ---------------------------------------------------------------------
-def kd_logits(student: torch.Tensor, teacher: torch.Tensor, temperature: float, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def kd_logits(
+    student: torch.Tensor, teacher: torch.Tensor, temperature: float, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum over rows (or unmasked tokens) of T^2 * KL(teacher || student), and their count."""
     per = _SoftKL.apply(student.float(), teacher.float().detach(), float(temperature))
     if mask is not None:

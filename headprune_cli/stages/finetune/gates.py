@@ -100,9 +100,19 @@ class LearnedGates:
 
     restores_best = False  # the weights and gates of an earlier epoch belong together; keep the last
 
-    def __init__(self, model: nn.Module, budget: Budget, close: Callable[[ScoreTable], object], seed: int, *,
-                 lr: float = 0.3, init: float = 3.0, warmup: float = 0.2, closed_share: float = 0.6,
-                 protect: tuple[tuple[int, int], ...] = ()):
+    def __init__(
+        self,
+        model: nn.Module,
+        budget: Budget,
+        close: Callable[[ScoreTable], object],
+        seed: int,
+        *,
+        lr: float = 0.3,
+        init: float = 3.0,
+        warmup: float = 0.2,
+        closed_share: float = 0.6,
+        protect: tuple[tuple[int, int], ...] = (),
+    ):
         """`close(table) -> Selection` closes the gates: `select` with the run's amount and constraints."""
         from headprune_cli.model.cost import cost_table
 
@@ -145,7 +155,10 @@ class LearnedGates:
         price = {c.layer: c for c in table.layers}
         part = "params" if key == "params" else "flops"
         return torch.tensor(
-            [(getattr(price[layer], f"q_head_{part}") * len(hs) + getattr(price[layer], f"kv_head_{part}")) / now for layer, hs in self.units],
+            [
+                (getattr(price[layer], f"q_head_{part}") * len(hs) + getattr(price[layer], f"kv_head_{part}")) / now
+                for layer, hs in self.units
+            ],
             dtype=torch.float64,
         )
 
@@ -187,8 +200,12 @@ class LearnedGates:
         gap = self.expected_sparsity() - target
         penalty = self.lambdas[0] * gap + self.lambdas[1] * gap * gap
         penalty.backward()
-        self.last = {"expected_sparsity": float(gap.detach()) + target, "target": target,
-                     "lambda1": float(self.lambdas[0].detach()), "lambda2": float(self.lambdas[1].detach())}
+        self.last = {
+            "expected_sparsity": float(gap.detach()) + target,
+            "target": target,
+            "lambda1": float(self.lambdas[0].detach()),
+            "lambda2": float(self.lambdas[1].detach()),
+        }
         return float(penalty.detach())
 
     def step(self) -> None:
@@ -205,7 +222,10 @@ class LearnedGates:
     def _closed_gates(self) -> list[torch.Tensor]:
         """1 for the heads `close` keeps, 0 for the others, per layer."""
         removed = self.close(self.table()).remove_heads
-        return [torch.tensor([0.0 if h in removed.get(layer, ()) else 1.0 for h in kept]) for layer, kept in zip(self.layers, self.heads)]
+        return [
+            torch.tensor([0.0 if h in removed.get(layer, ()) else 1.0 for h in kept])
+            for layer, kept in zip(self.layers, self.heads)
+        ]
 
     def table(self, objective: str | None = None, samples: int = 0, config: dict | None = None) -> ScoreTable:
         """The final open probabilities as scores: every query head gets its unit's."""
@@ -213,8 +233,16 @@ class LearnedGates:
         heads: dict[int, dict[int, float]] = {}
         for layer, kept, index in zip(self.layers, self.heads, self.unit_of):
             heads[layer] = {h: _finite(p[u]) for h, u in zip(kept, index.tolist())}
-        return ScoreTable(heads=heads, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, cost=self.cost, method="learned",
-                          objective=objective, samples=samples, config=dict(config or {}))
+        return ScoreTable(
+            heads=heads,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            cost=self.cost,
+            method="learned",
+            objective=objective,
+            samples=samples,
+            config=dict(config or {}),
+        )
 
 
 def _finite(value: float) -> float:

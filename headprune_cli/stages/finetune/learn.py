@@ -39,7 +39,9 @@ class Amount:
         return Budget(kind, float(getattr(self, name)), seq_len)
 
 
-def check_learning(learn: bool, amount: Amount, head_dropout: float, resume: bool, constraints_given: list[str]) -> None:
+def check_learning(
+    learn: bool, amount: Amount, head_dropout: float, resume: bool, constraints_given: list[str]
+) -> None:
     """Refuse option combinations that learned pruning or head dropout cannot run with."""
     flags = ["--" + name.replace("_", "-") for name in amount.given()]
     if not (math.isfinite(head_dropout) and 0.0 <= head_dropout < 1.0):
@@ -56,7 +58,9 @@ def check_learning(learn: bool, amount: Amount, head_dropout: float, resume: boo
     if head_dropout:
         raise UsageError("give --learn-gates or --head-dropout, not both (the learned gates already drop heads)")
     if resume:
-        raise UsageError("--resume is not supported with --learn-gates (the gates' state is not saved); start over without --resume")
+        raise UsageError(
+            "--resume is not supported with --learn-gates (the gates' state is not saved); start over without --resume"
+        )
     if amount.ratio is not None and not 0.0 <= amount.ratio <= 1.0:
         raise UsageError(f"--ratio {amount.ratio} is outside [0, 1] (the fraction of kept heads to remove)")
     target = amount.target_params if amount.target_params is not None else amount.target_flops
@@ -68,21 +72,42 @@ def closer(amount: Amount, constraints: Constraints):
     """`close(table) -> Selection`: select from the gates' open probabilities as `headprune select` would."""
 
     def close(table) -> Selection:
-        return select(table, ratio=amount.ratio, target_params=amount.target_params, target_flops=amount.target_flops,
-                      constraints=constraints)
+        return select(
+            table,
+            ratio=amount.ratio,
+            target_params=amount.target_params,
+            target_flops=amount.target_flops,
+            constraints=constraints,
+        )
 
     return close
 
 
-def make_gates(model, amount: Amount, constraints: Constraints, *, seed: int, seq_len: int, lr: float, warmup: float,
-               closed_share: float):
+def make_gates(
+    model,
+    amount: Amount,
+    constraints: Constraints,
+    *,
+    seed: int,
+    seq_len: int,
+    lr: float,
+    warmup: float,
+    closed_share: float,
+):
     """The LearnedGates for `model`, after checking that the gates can be closed within the
     constraints (select on the untrained gates), so that a bad budget fails before training."""
     from headprune_cli.stages.finetune.gates import LearnedGates
 
-    gates = LearnedGates(model, amount.budget(seq_len), closer(amount, constraints), seed, lr=lr, warmup=warmup,
-                         closed_share=closed_share,
-                         protect=constraints.protect)
+    gates = LearnedGates(
+        model,
+        amount.budget(seq_len),
+        closer(amount, constraints),
+        seed,
+        lr=lr,
+        warmup=warmup,
+        closed_share=closed_share,
+        protect=constraints.protect,
+    )
     gates.close(gates.table())
     return gates
 
@@ -95,8 +120,19 @@ class Closed:
     plan: dict  # the plan artifact of the cut (its sha256 goes into the checkpoint's provenance)
 
 
-def close_gates(model, gates, constraints: Constraints, amount: Amount, *, checkpoint, data, max_length: int,
-                objective: str, samples: int, config: dict) -> Closed:
+def close_gates(
+    model,
+    gates,
+    constraints: Constraints,
+    amount: Amount,
+    *,
+    checkpoint,
+    data,
+    max_length: int,
+    objective: str,
+    samples: int,
+    config: dict,
+) -> Closed:
     """Close the trained gates: scores and plan artifacts, computed on the model before the cut."""
     from headprune_cli.stages.importance.api import scores_artifact
     from headprune_cli.stages.plan import plan_artifact
@@ -105,8 +141,14 @@ def close_gates(model, gates, constraints: Constraints, amount: Amount, *, check
     table = gates.table(objective, samples, config)
     selection = gates.close(table)
     scores = scores_artifact(model, table, model_path=checkpoint, data_path=data, max_length=max_length)
-    plan_config = {"strategy": selection.strategy, "ratio": amount.ratio, "threshold": None,
-                   "target_params": amount.target_params, "target_flops": amount.target_flops, **constraints.to_dict()}
+    plan_config = {
+        "strategy": selection.strategy,
+        "ratio": amount.ratio,
+        "threshold": None,
+        "target_params": amount.target_params,
+        "target_flops": amount.target_flops,
+        **constraints.to_dict(),
+    }
     inputs = [input_ref("model", checkpoint, model.headprune.loaded_from[1]), input_ref("data", data)]
     plan = plan_artifact(selection, constraints, inputs, list(table.num_heads), plan_config)
     return Closed(table, selection, scores, plan)

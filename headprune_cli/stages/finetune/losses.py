@@ -17,6 +17,7 @@ from headprune_cli.errors import DataError
 from headprune_cli.stages import objectives
 from headprune_cli.model.layout import info_of
 
+
 def predict(module: nn.Module, rows: dict[str, torch.Tensor], task: str, model: nn.Module) -> torch.Tensor:
     """Logits (classification [B, C], causal-lm [B, S, V]) or pooled embeddings [B, H].
 
@@ -37,7 +38,9 @@ def task_loss(pred: torch.Tensor, rows: dict[str, torch.Tensor], task: str) -> t
     raise DataError(f"no task loss for {task!r} models; they are trained against a teacher")
 
 
-def fidelity_loss(student: torch.Tensor, teacher: torch.Tensor, rows: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def fidelity_loss(
+    student: torch.Tensor, teacher: torch.Tensor, rows: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum, count) of 1 - cosine to the teacher's embeddings: the fidelity objective."""
     per = 1.0 - objectives.cosine(student, teacher, rows["attention_mask"])
     return per.sum(), torch.tensor(float(len(per)))

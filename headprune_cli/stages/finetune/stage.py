@@ -26,7 +26,9 @@ class FinetuneOptions(Options):
     teacher: str | None = option(None, "Distil from this checkpoint, or `auto` = the root model in CKPT's provenance.")
     epochs: int | None = option(None, "Passes over the training data (default 1 unless --steps).")
     steps: int | None = option(None, "Optimizer steps (instead of --epochs).")
-    lr: float | None = option(None, "Peak learning rate (default: about a tenth of the usual fine-tuning rate for the model's size).")
+    lr: float | None = option(
+        None, "Peak learning rate (default: about a tenth of the usual fine-tuning rate for the model's size)."
+    )
     batch_size: int = option(16, "Rows per micro-batch, over all processes.", ge=1)
     grad_accum: int = option(1, "Micro-batches per optimizer step.", ge=1)
     warmup: float = option(0.1, "Warmup: a fraction of the steps (<1) or a step count.", ge=0)
@@ -35,18 +37,24 @@ class FinetuneOptions(Options):
     seed: int = option(0, "Seed for data order and dropout.")
     max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
     state_dir: Path | None = option(
-        None, "Training-state folder (default OUT.state); removed after success; a new, empty or headprune-made folder.", folder=True,
+        None,
+        "Training-state folder (default OUT.state); removed after success; a new, empty or headprune-made folder.",
+        folder=True,
     )
     save_every: int = option(50, "Save the training state every N steps.", ge=1)
     resume: bool = option(False, "Continue from the saved training state.")
     force: bool = option(False, "Overwrite OUT if it exists.")
     device: str = device_option()
     dtype: str = option(
-        "auto", "Training dtype: auto (stored), float32 (float32 master weights for a bf16 model), bfloat16, float16; the output keeps the stored dtype.",
+        "auto",
+        "Training dtype: auto (stored), float32 (float32 master weights for a bf16 model), bfloat16, float16; the output keeps the stored dtype.",
     )
-    head_dropout: float = option(0.0, "Pruning-aware training: drop each head's output with probability P per example (unscaled), in [0, 1).")
+    head_dropout: float = option(
+        0.0, "Pruning-aware training: drop each head's output with probability P per example (unscaled), in [0, 1)."
+    )
     learn_gates: bool = option(
-        False, "Learned pruning: train hard-concrete head gates (KV groups for GQA) with the model towards --ratio/--target-*, then cut the closed heads.",
+        False,
+        "Learned pruning: train hard-concrete head gates (KV groups for GQA) with the model towards --ratio/--target-*, then cut the closed heads.",
     )
     ratio: float | None = ratio_option()
     target_params: float | None = target_params_option()
@@ -55,12 +63,23 @@ class FinetuneOptions(Options):
     multiple_of: int = option(1, "--learn-gates: heads kept per layer must be a multiple of this.", ge=1)
     protect: str | None = option(None, "--learn-gates: heads never removed: LAYER:HEAD,... (original indices).")
     uniform: bool = option(False, "--learn-gates: keep the same number of heads (and KV groups) in every layer.")
-    gates_out: Path | None = option(None, "--learn-gates: also write the final gate open probabilities as a scores JSON (method `learned`).")
-    gate_lr: float = option(0.3, "--learn-gates: Adam rate of the gate logits (the Lagrange multipliers: a tenth of it).", ge=0.0)
+    gates_out: Path | None = option(
+        None, "--learn-gates: also write the final gate open probabilities as a scores JSON (method `learned`)."
+    )
+    gate_lr: float = option(
+        0.3, "--learn-gates: Adam rate of the gate logits (the Lagrange multipliers: a tenth of it).", ge=0.0
+    )
     # Measured on the demo model (BENCHMARKS.md, "Learned pruning"): a short gate phase and a
     # long closed phase recover far better at 75% removed than a half-and-quarter split.
-    target_warmup: float = option(0.2, "--learn-gates: share of the steps over which the target rises from 0 to its value.", ge=0.0, le=1.0)
-    closed_share: float = option(0.6, "--learn-gates: share of the last steps trained with the gates closed (the cut model recovers).", ge=0.0, le=1.0)
+    target_warmup: float = option(
+        0.2, "--learn-gates: share of the steps over which the target rises from 0 to its value.", ge=0.0, le=1.0
+    )
+    closed_share: float = option(
+        0.6,
+        "--learn-gates: share of the last steps trained with the gates closed (the cut model recovers).",
+        ge=0.0,
+        le=1.0,
+    )
 
     def amount(self):
         from headprune_cli.stages.finetune.learn import Amount
@@ -70,7 +89,12 @@ class FinetuneOptions(Options):
     def constraints(self):
         from headprune_cli.stages.selection import Constraints, parse_protect
 
-        return Constraints(min_heads=self.min_heads, multiple_of=self.multiple_of, protect=parse_protect(self.protect), uniform=self.uniform)
+        return Constraints(
+            min_heads=self.min_heads,
+            multiple_of=self.multiple_of,
+            protect=parse_protect(self.protect),
+            uniform=self.uniform,
+        )
 
     def constraints_given(self) -> list[str]:
         return [name for name in CONSTRAINTS if getattr(self, name) != FinetuneOptions.model_fields[name].default]
@@ -86,15 +110,30 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
     from headprune_cli.stages.finetune.losses import check_labels
     from headprune_cli.stages.finetune.train import FinetuneConfig
 
-    check_learning(opts.learn_gates, opts.amount(), opts.head_dropout, opts.resume, opts.constraints_given() + (["gates_out"] if opts.gates_out else []))
+    check_learning(
+        opts.learn_gates,
+        opts.amount(),
+        opts.head_dropout,
+        opts.resume,
+        opts.constraints_given() + (["gates_out"] if opts.gates_out else []),
+    )
     constraints = opts.constraints()
-    inputs = [opts.checkpoint, opts.data, opts.eval_data, opts.teacher]  # `auto` reaches the root through the checkpoint's provenance
+    inputs = [
+        opts.checkpoint,
+        opts.data,
+        opts.eval_data,
+        opts.teacher,
+    ]  # `auto` reaches the root through the checkpoint's provenance
     check_output(opts.output, opts.force, inputs)
     if opts.gates_out is not None:
         check_output(opts.gates_out, opts.force, inputs)
     check_device(opts.device, opts.dtype)
-    state_dir = check_folder(opts.state_dir or opts.output.with_name(opts.output.name + ".state"), inputs, "--state-dir")
-    check_distinct([opts.output, state_dir, *([opts.gates_out] if opts.gates_out else [])])  # the state folder is deleted at the end
+    state_dir = check_folder(
+        opts.state_dir or opts.output.with_name(opts.output.name + ".state"), inputs, "--state-dir"
+    )
+    check_distinct(
+        [opts.output, state_dir, *([opts.gates_out] if opts.gates_out else [])]
+    )  # the state folder is deleted at the end
     model = load(opts.checkpoint)
     teacher = _teacher(opts.teacher, opts.checkpoint, model, root_teaches_itself=opts.learn_gates)
     train = read_data(opts.data, model, max_length=opts.max_length, seed=opts.seed)
@@ -102,14 +141,29 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
     if dev is not None:
         check_labels(model, {"labels": dev.labels} if dev.labels is not None else {}, f"{opts.eval_data}")
     cfg = FinetuneConfig(
-        epochs=opts.epochs, steps=opts.steps, lr=opts.lr, batch_size=opts.batch_size, grad_accum=opts.grad_accum,
-        warmup=opts.warmup, kd_weight=opts.kd_weight, kd_temperature=opts.kd_temperature, seed=opts.seed,
-        resume=opts.resume, save_every=opts.save_every, state_dir=None if opts.learn_gates else state_dir,  # gates are not resumable
-        device=opts.device, dtype=opts.dtype,
+        epochs=opts.epochs,
+        steps=opts.steps,
+        lr=opts.lr,
+        batch_size=opts.batch_size,
+        grad_accum=opts.grad_accum,
+        warmup=opts.warmup,
+        kd_weight=opts.kd_weight,
+        kd_temperature=opts.kd_temperature,
+        seed=opts.seed,
+        resume=opts.resume,
+        save_every=opts.save_every,
+        state_dir=None if opts.learn_gates else state_dir,  # gates are not resumable
+        device=opts.device,
+        dtype=opts.dtype,
     )
-    fingerprint = {"checkpoint": model.headprune.loaded_from[1], "data": str(opts.data), "teacher": opts.teacher,
-                   "epochs": opts.epochs, "steps": opts.steps,
-                   "dtype": dtype_name(opts.dtype)}  # a saved state resumes only in the dtype it was trained in
+    fingerprint = {
+        "checkpoint": model.headprune.loaded_from[1],
+        "data": str(opts.data),
+        "teacher": opts.teacher,
+        "epochs": opts.epochs,
+        "steps": opts.steps,
+        "dtype": dtype_name(opts.dtype),
+    }  # a saved state resumes only in the dtype it was trained in
     if opts.head_dropout:
         fingerprint["head_dropout"] = opts.head_dropout
     gating = _gating(opts, model, constraints)
@@ -139,8 +193,16 @@ def _gating(opts: FinetuneOptions, model, constraints):
     if opts.learn_gates:
         if setup().active:
             raise UsageError("--learn-gates runs in one process; start it without torchrun")
-        return make_gates(model, opts.amount(), constraints, seed=opts.seed, seq_len=opts.max_length,
-                          lr=opts.gate_lr, warmup=opts.target_warmup, closed_share=opts.closed_share)
+        return make_gates(
+            model,
+            opts.amount(),
+            constraints,
+            seed=opts.seed,
+            seq_len=opts.max_length,
+            lr=opts.gate_lr,
+            warmup=opts.target_warmup,
+            closed_share=opts.closed_share,
+        )
     return HeadDropout(model, opts.head_dropout, opts.seed) if opts.head_dropout else None
 
 
@@ -150,15 +212,36 @@ def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context
     from headprune_cli.stages.objectives import default_objective
     from headprune_cli.stages.prune import cut
 
-    config = {"method": "learned", "seed": opts.seed, "gate_lr": opts.gate_lr, "target_warmup": opts.target_warmup, "closed_share": opts.closed_share,
-              "ratio": opts.ratio, "target_params": opts.target_params, "target_flops": opts.target_flops,
-              "kd_weight": opts.kd_weight, "teacher": opts.teacher}
-    closed = close_gates(model, gates, constraints, opts.amount(), checkpoint=opts.checkpoint, data=opts.data,
-                         max_length=opts.max_length, objective=default_objective(model), samples=len(train), config=config)
+    config = {
+        "method": "learned",
+        "seed": opts.seed,
+        "gate_lr": opts.gate_lr,
+        "target_warmup": opts.target_warmup,
+        "closed_share": opts.closed_share,
+        "ratio": opts.ratio,
+        "target_params": opts.target_params,
+        "target_flops": opts.target_flops,
+        "kd_weight": opts.kd_weight,
+        "teacher": opts.teacher,
+    }
+    closed = close_gates(
+        model,
+        gates,
+        constraints,
+        opts.amount(),
+        checkpoint=opts.checkpoint,
+        data=opts.data,
+        max_length=opts.max_length,
+        objective=default_objective(model),
+        samples=len(train),
+        config=config,
+    )
     state = gates.last
     removed = sum(len(v) for v in closed.selection.remove_heads.values())
-    ctx.print(f"learned gates: expected share removed {state.get('expected_sparsity', 0.0):.3f} when they closed (target {gates.budget.removed:.3f}); "
-              f"closed {removed} of {sum(len(h) for h in gates.heads)} heads")
+    ctx.print(
+        f"learned gates: expected share removed {state.get('expected_sparsity', 0.0):.3f} when they closed (target {gates.budget.removed:.3f}); "
+        f"closed {removed} of {sum(len(h) for h in gates.heads)} heads"
+    )
     cut(model, closed.selection)
     return closed
 
@@ -182,8 +265,10 @@ def run_finetune(model, train, cfg, dev=None, teacher=None, fingerprint=None, ct
     objective = default_objective(model)
     eval_fn = None
     if dev is not None:
+
         def eval_fn(m):
             return {x.name: x.value for x in evaluate(m, dev, objective, reference=teacher)}
+
     validate(model, train, cfg, teacher)  # errors before the progress bar appears
     main = setup().main
     with _progress(ctx.console, show=main and ctx.progress) as bar:
@@ -198,7 +283,17 @@ def run_finetune(model, train, cfg, dev=None, teacher=None, fingerprint=None, ct
                 bar.update(task, metric=f"{name} {value:.4f} (epoch {record.epoch})")
 
         # The direction of the first metric (which epoch is best) comes from its name.
-        result = finetune(model, train, cfg, eval_fn, teacher=teacher, on_step=on_step, on_epoch=on_epoch, fingerprint=fingerprint, gating=gating)
+        result = finetune(
+            model,
+            train,
+            cfg,
+            eval_fn,
+            teacher=teacher,
+            on_step=on_step,
+            on_epoch=on_epoch,
+            fingerprint=fingerprint,
+            gating=gating,
+        )
     if main:
         ctx.print(summary_table(result))
     return result
@@ -208,9 +303,15 @@ def _progress(console, show: bool):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[loss]}"), TextColumn("{task.fields[metric]}"), TimeRemainingColumn(),
-        console=console, disable=not show, transient=False,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[loss]}"),
+        TextColumn("{task.fields[metric]}"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not show,
+        transient=False,
     )
 
 
@@ -230,8 +331,13 @@ def summary_table(result):
 
 
 STAGE = Stage(
-    "finetune", FinetuneOptions, run, stem="finetuned",
+    "finetune",
+    FinetuneOptions,
+    run,
+    stem="finetuned",
     inputs={"checkpoint": ("model",), "data": ("train_data",), "eval_data": ("eval_data",)},
-    outputs={"output": "{stem}.safetensors"}, makes={"model": "output"}, needs=("checkpoint", "data"),
+    outputs={"output": "{stem}.safetensors"},
+    makes={"model": "output"},
+    needs=("checkpoint", "data"),
     optional_outputs={"gates_out": "{stem}.gates.json"},
 )

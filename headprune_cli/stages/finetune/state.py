@@ -29,7 +29,9 @@ from headprune_cli.outputs import make_folder
 LATEST = "latest.json"
 
 
-def save_state(folder: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scalars: dict, best: dict | None) -> None:
+def save_state(
+    folder: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scalars: dict, best: dict | None
+) -> None:
     """Write the state after `step` optimizer steps; older step folders are removed."""
     try:
         _save_state(folder, step, model, optimizer, scalars, best)
@@ -41,7 +43,9 @@ def save_state(folder: Path, step: int, model: nn.Module, optimizer: torch.optim
         raise HeadpruneError(f"could not save the training state in {folder}: {error.strerror or error}") from None
 
 
-def _save_state(folder: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scalars: dict, best: dict | None) -> None:
+def _save_state(
+    folder: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scalars: dict, best: dict | None
+) -> None:
     make_folder(folder)  # marked, so that finetune may delete it after success
     target = folder / f"step-{step:08d}"
     if target.exists():
@@ -62,7 +66,9 @@ def _save_state(folder: Path, step: int, model: nn.Module, optimizer: torch.opti
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_step(tmp: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scalars: dict, best: dict | None) -> None:
+def _write_step(
+    tmp: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scalars: dict, best: dict | None
+) -> None:
     save_model(model, str(tmp / "model.safetensors"))
     tensors, groups = _optimizer_tensors(optimizer)
     tensors["rng.torch"] = torch.get_rng_state()
@@ -85,7 +91,9 @@ def load_state(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer)
         target = folder / name
         state = _checked(json.loads((target / "state.json").read_text()))
     except (OSError, KeyError, TypeError, ValueError) as exc:
-        raise UsageError(f"--resume: training state in {folder} is unreadable or tampered with ({shorten(str(exc), 160)})") from None
+        raise UsageError(
+            f"--resume: training state in {folder} is unreadable or tampered with ({shorten(str(exc), 160)})"
+        ) from None
     try:
         return state, _restore(target, state, model, optimizer)
     except UsageError:

@@ -106,7 +106,9 @@ class Plan:
         self.rows, self.cfg, self.lr = rows, cfg, lr
         self.micro_per_epoch = math.ceil(rows / cfg.batch_size)
         self.steps_per_epoch = math.ceil(self.micro_per_epoch / cfg.grad_accum)
-        self.total = cfg.steps if cfg.steps is not None else self.steps_per_epoch * (1 if cfg.epochs is None else cfg.epochs)
+        self.total = (
+            cfg.steps if cfg.steps is not None else self.steps_per_epoch * (1 if cfg.epochs is None else cfg.epochs)
+        )
         if self.total < 1:
             raise UsageError("zero training steps: --steps/--epochs must be at least 1")
         warm = cfg.warmup * self.total if cfg.warmup < 1 else cfg.warmup
@@ -169,7 +171,15 @@ def finetune(
             m.to(ctx.device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
-    fingerprint = {**(fingerprint or {}), "lr": lr, "kd": kd, "total": plan.total, "batch": cfg.batch_size, "accum": cfg.grad_accum, "seed": cfg.seed}
+    fingerprint = {
+        **(fingerprint or {}),
+        "lr": lr,
+        "kd": kd,
+        "total": plan.total,
+        "batch": cfg.batch_size,
+        "accum": cfg.grad_accum,
+        "seed": cfg.seed,
+    }
     loop = _Loop(model, train, plan, optimizer, ctx, teacher, kd, cfg, eval_fn, higher_is_better, gating)
     start = loop.restore(fingerprint) if cfg.resume else 0
     if start == 0:
@@ -185,9 +195,15 @@ def validate(model: nn.Module, train, cfg: FinetuneConfig, teacher: nn.Module | 
     task = info_of(model).task
     train = as_tensors(train)
     check_labels(model, train)
-    kd = cfg.kd_weight if cfg.kd_weight is not None else (1.0 if task == "embedding" else 0.5 if teacher is not None else 0.0)
+    kd = (
+        cfg.kd_weight
+        if cfg.kd_weight is not None
+        else (1.0 if task == "embedding" else 0.5 if teacher is not None else 0.0)
+    )
     if task == "embedding" and teacher is None:
-        raise UsageError("an embedding model is recovered by matching a teacher's embeddings; pass --teacher auto or a checkpoint")
+        raise UsageError(
+            "an embedding model is recovered by matching a teacher's embeddings; pass --teacher auto or a checkpoint"
+        )
     if kd > 0 and teacher is None:
         raise UsageError("--kd-weight > 0 needs a teacher (--teacher auto or a checkpoint)")
     if not 0.0 <= kd <= 1.0:
@@ -241,7 +257,9 @@ class _Loop:
         for i, (idx, count) in enumerate(zip(micro, counts)):
             total += self.micro_step(idx, count, grand, step, i)
         if self.gating is not None:
-            self.gating.penalty_backward(step, self.plan.total)  # once per optimizer step; the loss shown stays the task's
+            self.gating.penalty_backward(
+                step, self.plan.total
+            )  # once per optimizer step; the loss shown stays the task's
         if not math.isfinite(total):
             raise NumericalError(f"training loss became {total} at step {step + 1}; lower --lr or check the data")
         if self.first_loss is None:
@@ -262,7 +280,12 @@ class _Loop:
     def micro_step(self, idx: torch.Tensor, count: float, grand: float, step: int = 0, micro: int = 0) -> float:
         rows = trim({k: v[idx] for k, v in self.train.items()})
         if self.gating is not None:  # drawn for the global micro-batch, then sharded with its rows
-            rows.update({f"gate.{pos}": g for pos, g in enumerate(self.gating.sample(step, micro, len(rows["input_ids"]), self.plan.total))})
+            rows.update(
+                {
+                    f"gate.{pos}": g
+                    for pos, g in enumerate(self.gating.sample(step, micro, len(rows["input_ids"]), self.plan.total))
+                }
+            )
         full, rows, weight = rows, distributed.shard(rows, self.ctx), 1.0
         if len(rows["input_ids"]) == 0:  # fewer rows than processes: join with a zero-weight row
             rows, weight = {k: v[:1] for k, v in full.items()}, 0.0
@@ -304,7 +327,7 @@ class _Loop:
         metrics = {}
         if self.eval_fn is not None:
             self.model.eval()
-            with torch.no_grad(), (self.gating.evaluating(self.model) if self.gating is not None else nullcontext()):
+            with torch.no_grad(), self.gating.evaluating(self.model) if self.gating is not None else nullcontext():
                 metrics = self.eval_fn(self.model)
             name, value = next(iter(metrics.items()))
             higher = self.higher if self.higher is not None else metric_higher_is_better(name)
@@ -342,9 +365,13 @@ class _Loop:
         saved = state.get("fingerprint", {})
         changed = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
         if changed:
-            raise UsageError(f"--resume: the saved training state used different settings ({', '.join(changed)}); start over without --resume")
+            raise UsageError(
+                f"--resume: the saved training state used different settings ({', '.join(changed)}); start over without --resume"
+            )
         if not 1 <= state["step"] <= self.plan.total:
-            raise UsageError(f"--resume: the saved state is at step {state['step']}, outside this run's 1..{self.plan.total}; start over without --resume")
+            raise UsageError(
+                f"--resume: the saved state is at step {state['step']}, outside this run's 1..{self.plan.total}; start over without --resume"
+            )
         self.step, self.best = state["step"], best
         self.history = [EpochRecord(**r) for r in state["history"]]
         self.best_value, self.best_epoch = state["best_value"], state["best_epoch"]

@@ -12,8 +12,12 @@ from importlib import import_module
 from headprune_cli.stages.importance.registry import HEAD_METHODS, LAYER_METHODS
 
 _LAZY = {
-    "make_scorer": "api", "score_model": "api", "scores_artifact": "api",
-    "ScoreContext": "context", "init_distributed": "context", "world": "context",
+    "make_scorer": "api",
+    "score_model": "api",
+    "scores_artifact": "api",
+    "ScoreContext": "context",
+    "init_distributed": "context",
+    "world": "context",
 }
 
 __all__ = ["HEAD_METHODS", "LAYER_METHODS", *_LAZY]

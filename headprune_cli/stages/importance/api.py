@@ -67,10 +67,14 @@ def score_model(
     if ffn:
         check_ffn(method)
         if method == "gradient" and normalize:
-            raise UsageError("--ffn with gradient needs --no-normalize: per-layer normalisation would put heads and neurons on different scales")
+            raise UsageError(
+                "--ffn with gradient needs --no-normalize: per-layer normalisation would put heads and neurons on different scales"
+            )
     layer_entry = layer_method(layers) if layers else None
     torch.manual_seed(seed)
-    ctx = ScoreContext(model, dataset, objective, batch_size, seed, progress, ffn=ffn, recompute=wants_recompute(model, recompute))
+    ctx = ScoreContext(
+        model, dataset, objective, batch_size, seed, progress, ffn=ffn, recompute=wants_recompute(model, recompute)
+    )
     was_training = model.training
     model.eval()  # dropout off: scores must be deterministic
     try:

@@ -106,4 +106,3 @@ def trainable_only(model: nn.Module, keep: list[nn.Parameter] = ()) -> Iterator[
     finally:
         for p, flag in saved:
             p.requires_grad_(flag)
-

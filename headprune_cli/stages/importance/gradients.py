@@ -74,8 +74,7 @@ def gradient_stats(ctx: ScoreContext, weights: bool = False) -> dict[str, list[t
     down_weights = [d.weight for d in down_modules(ctx.model)] if weights and ctx.ffn else []
     taps = NeuronTaps(ctx) if ctx.ffn else None
     sums = {
-        key: [torch.zeros(n, dtype=torch.float64, device=ctx.device) for n in counts]
-        for key in ("abs", "sq", "taylor")
+        key: [torch.zeros(n, dtype=torch.float64, device=ctx.device) for n in counts] for key in ("abs", "sq", "taylor")
     }
     if weights:
         sums["weight"] = [torch.zeros_like(w, dtype=torch.float64) for w in o_weights]
@@ -90,7 +89,7 @@ def gradient_stats(ctx: ScoreContext, weights: bool = False) -> dict[str, list[t
             gates = [torch.ones(size, seq, k, dtype=ctx.dtype, device=ctx.device, requires_grad=True) for k in counts]
             # The hooks stay attached through the backward: with --recompute it runs each block's
             # forward again, and that must be the same gated graph.
-            with HeadGates(ctx.model, gates), (taps.attached(batch["attention_mask"]) if taps else nullcontext()):
+            with HeadGates(ctx.model, gates), taps.attached(batch["attention_mask"]) if taps else nullcontext():
                 losses = batch_losses(ctx, batch, start)
                 check_finite(losses, f"batch {number}")
                 grads = torch.autograd.grad(losses.sum(), gates + o_weights + down_weights)  # the taps' hooks fire here
@@ -109,7 +108,9 @@ def gradient_stats(ctx: ScoreContext, weights: bool = False) -> dict[str, list[t
             sums[f"ffn_{key}"] = taps.sums[key]
     keys = tuple(sums)
     flat = ctx.reduce([t for key in keys for t in sums[key]])
-    ctx.cache["gradients"] = {key: flat[i * n : (i + 1) * n] for i, key in enumerate(keys)}  # every key: one tensor per layer
+    ctx.cache["gradients"] = {
+        key: flat[i * n : (i + 1) * n] for i, key in enumerate(keys)
+    }  # every key: one tensor per layer
     return ctx.cache["gradients"]
 
 

@@ -60,7 +60,9 @@ class L0:
                 advance()
         return list(open_probability(log_alpha.detach()).double().split(counts))
 
-    def _loss(self, ctx: ScoreContext, batch: dict, log_alpha: torch.Tensor, u: torch.Tensor, global_rows: int, step: int) -> torch.Tensor:
+    def _loss(
+        self, ctx: ScoreContext, batch: dict, log_alpha: torch.Tensor, u: torch.Tensor, global_rows: int, step: int
+    ) -> torch.Tensor:
         _, size = world()
         penalty = self.penalty * open_probability(log_alpha).mean() / size  # summed over processes
         if len(u) == 0:

@@ -99,7 +99,10 @@ def _whole_block_loss(ctx: ScoreContext, gating, counts: list[int], description:
             out = embed(ctx.model, batch)
             base = per_example_loss(out, batch, ctx.objective, out).double()
             for pos in range(len(counts)):
-                gates = [torch.full((n,), 0.0 if i == pos else 1.0, dtype=ctx.dtype, device=ctx.device) for i, n in enumerate(counts)]
+                gates = [
+                    torch.full((n,), 0.0 if i == pos else 1.0, dtype=ctx.dtype, device=ctx.device)
+                    for i, n in enumerate(counts)
+                ]
                 with gating(ctx.model, gates):
                     removed = per_example_loss(embed(ctx.model, batch), batch, ctx.objective, out).double()
                 check_finite(removed, f"batch {number}")
@@ -154,7 +157,10 @@ class LayerRefit:
         if info_of(ctx.model).task != "classification":
             return Dataset(fit.input_ids, fit.attention_mask, None, fit.token_type_ids)
         with torch.no_grad():
-            labels = [embed(ctx.model, {k: v.to(ctx.device) for k, v in b.items()}).argmax(-1).cpu() for b in batches(fit, ctx.batch_size)]
+            labels = [
+                embed(ctx.model, {k: v.to(ctx.device) for k, v in b.items()}).argmax(-1).cpu()
+                for b in batches(fit, ctx.batch_size)
+            ]
         return Dataset(fit.input_ids, fit.attention_mask, torch.cat(labels), fit.token_type_ids)
 
     def _held_loss(self, ctx: ScoreContext, model, held, reference):

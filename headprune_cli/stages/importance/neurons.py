@@ -42,13 +42,18 @@ class NeuronTaps:
 
     def __init__(self, ctx: ScoreContext, squares: bool = False):
         self.ctx, self.squares = ctx, squares
-        self.sums = {key: [torch.zeros(w, dtype=torch.float64, device=ctx.device) for w in widths(ctx)] for key in ("abs", "sq", "taylor", "x2")}
+        self.sums = {
+            key: [torch.zeros(w, dtype=torch.float64, device=ctx.device) for w in widths(ctx)]
+            for key in ("abs", "sq", "taylor", "x2")
+        }
         self.mask: torch.Tensor | None = None  # [B, T] real tokens of the current batch
 
     @contextmanager
     def attached(self, mask: torch.Tensor):
         self.mask = mask
-        handles = [down.register_forward_pre_hook(self._hook(pos)) for pos, down in enumerate(down_modules(self.ctx.model))]
+        handles = [
+            down.register_forward_pre_hook(self._hook(pos)) for pos, down in enumerate(down_modules(self.ctx.model))
+        ]
         try:
             yield self
         finally:
@@ -71,12 +76,18 @@ class NeuronTaps:
             # [B, T, W] per-token mask gradients, in ONE temporary: float32 holds the product of
             # two 16-bit floats exactly, so bf16/fp16 models need no float64 copies of grad and x
             # (at LLM widths each is megabytes per layer); sums run in float64 all the same.
-            exact = torch.float32 if grad.dtype in (torch.bfloat16, torch.float16) and x.dtype == grad.dtype else torch.float64
+            exact = (
+                torch.float32
+                if grad.dtype in (torch.bfloat16, torch.float16) and x.dtype == grad.dtype
+                else torch.float64
+            )
             term = grad.to(exact, copy=True).mul_(x)  # a copy: autograd still needs `grad`
             per_example = (term.sum(1, dtype=torch.float64) if term.dim() == 3 else term.double()).to(self.ctx.device)
             self.sums["abs"][pos] += per_example.abs().sum(0)
             self.sums["sq"][pos] += (per_example * per_example).sum(0)
-            self.sums["taylor"][pos] += term.abs_().sum(dim=tuple(range(term.dim() - 1)), dtype=torch.float64).to(self.ctx.device)
+            self.sums["taylor"][pos] += (
+                term.abs_().sum(dim=tuple(range(term.dim() - 1)), dtype=torch.float64).to(self.ctx.device)
+            )
 
         return hook
 

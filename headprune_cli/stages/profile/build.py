@@ -17,8 +17,21 @@ from headprune_cli.stages.profile.schema import LatencyTableArtifact
 from headprune_cli.stages.report.latency import synthetic_inputs
 
 DEFAULT_SEQ_LEN = 128
-CONFIG_KEYS = ("device", "dtype", "batch_size", "seq_len", "threads", "points", "multiple_of", "ffn_multiple_of",
-               "context", "rounds", "warmup", "min_time", "every_layer")
+CONFIG_KEYS = (
+    "device",
+    "dtype",
+    "batch_size",
+    "seq_len",
+    "threads",
+    "points",
+    "multiple_of",
+    "ffn_multiple_of",
+    "context",
+    "rounds",
+    "warmup",
+    "min_time",
+    "every_layer",
+)
 
 
 def profile_checkpoint(opts, advance=lambda total=None: None) -> tuple[dict, LatencyTableArtifact]:
@@ -47,9 +60,14 @@ def profile_checkpoint(opts, advance=lambda total=None: None) -> tuple[dict, Lat
         "dtype": stored_dtype_name(model),
         "model": model_shape(model),
         "grid": {"points": opts.points, "multiple_of": opts.multiple_of, "ffn_multiple_of": opts.ffn_multiple_of},
-        "timing": {"harness": "torch.utils.benchmark.Timer.blocked_autorange", "rounds": opts.rounds,
-                   "warmup": opts.warmup, "min_time": opts.min_time, "order": "interleaved, alternating",
-                   "layers": "every layer" if opts.every_layer else "first layer of each shape"},
+        "timing": {
+            "harness": "torch.utils.benchmark.Timer.blocked_autorange",
+            "rounds": opts.rounds,
+            "warmup": opts.warmup,
+            "min_time": opts.min_time,
+            "order": "interleaved, alternating",
+            "layers": "every layer" if opts.every_layer else "first layer of each shape",
+        },
         "phases": phases,
     }
     return artifact, LatencyTableArtifact.model_validate(artifact)  # a table we cannot read back must never be written
@@ -62,15 +80,21 @@ def decode_phase(model: nn.Module, opts, settings, grids, advance) -> dict:
     if limit is not None and opts.context + 1 > limit:
         from headprune_cli.errors import UsageError
 
-        raise UsageError(f"--context {opts.context}: the model takes at most {limit} positions (context + the new token)")
+        raise UsageError(
+            f"--context {opts.context}: the model takes at most {limit} positions (context + the new token)"
+        )
     step, rest = decode_inputs(model, opts.batch_size, opts.context, input_device(model))
     args, kwargs = measure.block_inputs(model, step)
     del step  # the prefill's cache: each variant reads its own frozen one
-    phase = measure.profile_phase(model, rest, lambda a, k: frozen_call(model, opts.context)(args, kwargs), grids, settings, advance)
+    phase = measure.profile_phase(
+        model, rest, lambda a, k: frozen_call(model, opts.context)(args, kwargs), grids, settings, advance
+    )
     return {"context": opts.context, **phase}
 
 
-def layer_grids(model: nn.Module, pos: int, points: int, multiple_of: int, ffn_multiple_of: int) -> tuple[list[int], list[int]]:
+def layer_grids(
+    model: nn.Module, pos: int, points: int, multiple_of: int, ffn_multiple_of: int
+) -> tuple[list[int], list[int]]:
     adapter = adapter_for(model)
     block = adapter.layer_list(model)[pos]
     view = adapter.attention(block)
@@ -90,8 +114,10 @@ def model_shape(model: nn.Module) -> dict:
     layout = info.layout
     heads, widths = layout_counts(model)
     return {
-        "sha256": info.loaded_from[1], "family": info.family,
-        "num_heads": list(layout.num_heads), "num_kv_heads": list(layout.num_kv_heads),
+        "sha256": info.loaded_from[1],
+        "family": info.family,
+        "num_heads": list(layout.num_heads),
+        "num_kv_heads": list(layout.num_kv_heads),
         "num_ffn": [layout.num_ffn[i] if layout.num_ffn else 0 for i in range(layout.num_layers)],
         "layers": list(layout.layers),
         "heads": {str(l): n for l, n in heads.items()},

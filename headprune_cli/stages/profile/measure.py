@@ -159,8 +159,9 @@ def measured_layers(model: nn.Module, every_layer: bool) -> dict[int, int]:
     return out
 
 
-def layer_points(model: nn.Module, pos: int, unit_grid: list[int], width_grid: list[int], call_args,
-                 settings: Settings, advance) -> dict:
+def layer_points(
+    model: nn.Module, pos: int, unit_grid: list[int], width_grid: list[int], call_args, settings: Settings, advance
+) -> dict:
     """Attention and FFN points of the block at `pos`; `call_args(block)` gives its call."""
     block = adapter_for(model).layer_list(model)[pos]
     view = adapter_for(model).attention(block)
@@ -169,14 +170,20 @@ def layer_points(model: nn.Module, pos: int, unit_grid: list[int], width_grid: l
     whole = [("whole", i) for i in range(FULL_TIMINGS)]
     keys = _spread_among(whole, cut_units + cut_widths)
     # variant() with nothing to cut is the block itself: the "whole" keys time the original
-    variants = {(kind, n): variant(model, block, units=n if kind == "attention" else None, width=n if kind == "ffn" else None)
-                for kind, n in keys}
+    variants = {
+        (kind, n): variant(model, block, units=n if kind == "attention" else None, width=n if kind == "ffn" else None)
+        for kind, n in keys
+    }
     calls = {key: call_args(v) for key, v in variants.items()}
-    samples = interleaved_samples(calls, settings.rounds, settings.warmup, settings.threads, settings.min_run_time, advance)
+    samples = interleaved_samples(
+        calls, settings.rounds, settings.warmup, settings.threads, settings.min_run_time, advance
+    )
     del variants, calls
     timed = {key: summarize(samples[key]) for key in cut_units + cut_widths}
     full = summarize([ms for key in whole for ms in samples[key]])
-    timed[("attention", unit_grid[-1])] = timed[("ffn", width_grid[-1])] = full  # the whole block is both curves' last point
+    timed[("attention", unit_grid[-1])] = timed[("ffn", width_grid[-1])] = (
+        full  # the whole block is both curves' last point
+    )
     return _points(timed, view.group_size)
 
 
@@ -194,7 +201,15 @@ def steady_points(model: nn.Module, pos: int, unit_grid, width_grid, call_args, 
     from headprune_cli.stages.profile.schema import LayerPoints
 
     for attempt in range(RETRIES + 1):
-        points = layer_points(model, pos, unit_grid, width_grid, call_args, replace(settings, rounds=settings.rounds * 2 ** attempt), advance)
+        points = layer_points(
+            model,
+            pos,
+            unit_grid,
+            width_grid,
+            call_args,
+            replace(settings, rounds=settings.rounds * 2**attempt),
+            advance,
+        )
         problem = LayerPoints.problem(points)
         if problem is None:
             return points
@@ -205,27 +220,46 @@ def steady_points(model: nn.Module, pos: int, unit_grid, width_grid, call_args, 
 
 
 def _points(timed: dict[tuple, Latency], group: int) -> dict:
-    attention = [{"units": k, "heads": k * group, **timed[("attention", k)].spread()} for kind, k in sorted(timed) if kind == "attention"]
+    attention = [
+        {"units": k, "heads": k * group, **timed[("attention", k)].spread()}
+        for kind, k in sorted(timed)
+        if kind == "attention"
+    ]
     ffn = [{"width": w, **timed[("ffn", w)].spread()} for kind, w in sorted(timed) if kind == "ffn"]
     return {"attention": attention, "ffn": ffn}
 
 
-def profile_phase(model: nn.Module, inputs: dict, call_args_for, grids: Callable[[int], tuple[list[int], list[int]]],
-                  settings: Settings, advance=lambda: None) -> dict:
+def profile_phase(
+    model: nn.Module,
+    inputs: dict,
+    call_args_for,
+    grids: Callable[[int], tuple[list[int], list[int]]],
+    settings: Settings,
+    advance=lambda: None,
+) -> dict:
     """The outside and every layer of one phase. `call_args_for(args, kwargs)` turns the
     captured block inputs into `call(block) -> callable`; `grids(pos)` gives (units, widths)."""
     args, kwargs = block_inputs(model, inputs)
     call_args = call_args_for(args, kwargs)
     layout = info_of(model).layout
-    outside = measure_interleaved({"outside": outside_call(model, inputs)}, settings.rounds, settings.warmup,
-                                  settings.threads, settings.min_run_time, advance)["outside"]
+    outside = measure_interleaved(
+        {"outside": outside_call(model, inputs)},
+        settings.rounds,
+        settings.warmup,
+        settings.threads,
+        settings.min_run_time,
+        advance,
+    )["outside"]
     layers: dict[str, dict] = {}
     shared = measured_layers(model, settings.every_layer)
     for pos, source in shared.items():
         layer = layout.layers[pos]
         if source == pos:
             units, widths = grids(pos)
-            layers[str(layer)] = {"measured_as": layer, **steady_points(model, pos, units, widths, call_args, settings, advance)}
+            layers[str(layer)] = {
+                "measured_as": layer,
+                **steady_points(model, pos, units, widths, call_args, settings, advance),
+            }
         else:
             layers[str(layer)] = {**layers[str(layout.layers[source])], "measured_as": layout.layers[source]}
     return {"outside": outside.spread(), "layers": layers}
@@ -233,4 +267,4 @@ def profile_phase(model: nn.Module, inputs: dict, call_args_for, grids: Callable
 
 def plain_call(args: tuple, kwargs: dict):
     """A prefill/encoder block call: the captured inputs as they were."""
-    return lambda block: (lambda: block(*args, **kwargs))
+    return lambda block: lambda: block(*args, **kwargs)

@@ -32,7 +32,9 @@ class Point(_Strict):
     @model_validator(mode="after")
     def _ordered(self) -> "Point":
         if not (0 < self.q1_ms <= self.median_ms <= self.q3_ms):
-            raise ValueError(f"a point needs 0 < q1 <= median <= q3 (got {self.q1_ms}, {self.median_ms}, {self.q3_ms} ms)")
+            raise ValueError(
+                f"a point needs 0 < q1 <= median <= q3 (got {self.q1_ms}, {self.median_ms}, {self.q3_ms} ms)"
+            )
         return self
 
 
@@ -78,8 +80,10 @@ def not_monotone(name: str, size: str, points: list) -> str | None:
     for small, big in zip(points, points[1:]):
         slack = max(small.q3_ms - small.q1_ms, big.q3_ms - big.q1_ms, MONOTONE_SLACK * big.median_ms)
         if big.median_ms < small.median_ms - slack:
-            return (f"{name} is not monotone: {getattr(big, size)} {size} take {big.median_ms:.4g} ms, fewer "
-                    f"({getattr(small, size)}) take {small.median_ms:.4g} ms, beyond the measured spread")
+            return (
+                f"{name} is not monotone: {getattr(big, size)} {size} take {big.median_ms:.4g} ms, fewer "
+                f"({getattr(small, size)}) take {small.median_ms:.4g} ms, beyond the measured spread"
+            )
     return None
 
 
@@ -135,7 +139,9 @@ class LatencyTableArtifact(Envelope):
         shape = self.model
         for name in ("heads", "kv_heads", "ffn"):
             if sorted(getattr(shape, name)) != sorted(shape.layers):
-                raise ValueError(f"model.{name}: layers {sorted(getattr(shape, name))} are not the kept layers {shape.layers}")
+                raise ValueError(
+                    f"model.{name}: layers {sorted(getattr(shape, name))} are not the kept layers {shape.layers}"
+                )
         if any(q < 1 or kv < 1 or q % kv for q, kv in zip(shape.heads.values(), shape.kv_heads.values())):
             raise ValueError("model: every layer needs at least one head, and query heads a multiple of KV heads")
         if "forward" not in self.phases:
@@ -147,7 +153,9 @@ class LatencyTableArtifact(Envelope):
                 group = shape.heads[layer] // shape.kv_heads[layer]
                 full = shape.kv_heads[layer] if group > 1 else shape.heads[layer]
                 if points.attention[-1].units != full or points.ffn[-1].width != shape.ffn[layer]:
-                    raise ValueError(f"phases.{name}.layers.{layer}: the grid must end at the layer's {full} units and {shape.ffn[layer]} FFN neurons")
+                    raise ValueError(
+                        f"phases.{name}.layers.{layer}: the grid must end at the layer's {full} units and {shape.ffn[layer]} FFN neurons"
+                    )
                 if points.measured_as not in phase.layers:
                     raise ValueError(f"phases.{name}.layers.{layer}: measured_as names no layer of the table")
         return self

@@ -24,21 +24,37 @@ GRID_HELP = (
 
 
 class ProfileOptions(Options):
-    model: Path = option(..., "Checkpoint to profile (the unpruned model that `score` and `select` will see).", argument=True)
+    model: Path = option(
+        ..., "Checkpoint to profile (the unpruned model that `score` and `select` will see).", argument=True
+    )
     output: Optional[Path] = option(None, "Latency JSON to write (default: stdout).", "-o", "--output")
     device: str = device_option("Where to measure: " + DEVICE_HELP)
     dtype: str = dtype_option()
     batch_size: int = option(8, "Sequences per forward (match `report --batch-size` and how you serve).", ge=1)
-    seq_len: Optional[int] = option(None, "Tokens per sequence (default: 128, or the model's maximum when smaller).", ge=1)
+    seq_len: Optional[int] = option(
+        None, "Tokens per sequence (default: 128, or the model's maximum when smaller).", ge=1
+    )
     threads: int = option(2, "CPU threads while timing (as `report --threads`).", ge=1)
     points: int = option(9, GRID_HELP, ge=2, le=64)
-    multiple_of: int = option(1, "Attention grid points are multiples of this many heads (KV groups for GQA): the alignment the hardware wants.", ge=1)
-    ffn_multiple_of: int = option(8, "FFN grid widths are multiples of this (8: what GPU matrix kernels tile by).", ge=1)
-    context: Optional[int] = option(None, "Causal LMs: also profile decode, one token per sequence against a KV cache of this many tokens.", ge=1)
+    multiple_of: int = option(
+        1,
+        "Attention grid points are multiples of this many heads (KV groups for GQA): the alignment the hardware wants.",
+        ge=1,
+    )
+    ffn_multiple_of: int = option(
+        8, "FFN grid widths are multiples of this (8: what GPU matrix kernels tile by).", ge=1
+    )
+    context: Optional[int] = option(
+        None, "Causal LMs: also profile decode, one token per sequence against a KV cache of this many tokens.", ge=1
+    )
     rounds: int = option(5, "Interleaved timing rounds per point; the table keeps their median and quartiles.", ge=1)
     warmup: int = option(2, "Untimed calls per point before the rounds.", ge=0)
-    min_time: float = option(0.05, "Seconds each round of each point runs at least (torch.utils.benchmark blocked_autorange).", ge=0.0)
-    every_layer: bool = option(False, "Time every layer, not only the first of each shape (same heads, KV heads and FFN width).")
+    min_time: float = option(
+        0.05, "Seconds each round of each point runs at least (torch.utils.benchmark blocked_autorange).", ge=0.0
+    )
+    every_layer: bool = option(
+        False, "Time every layer, not only the first of each shape (same heads, KV heads and FFN width)."
+    )
     force: bool = option(False, "Overwrite OUTPUT if it exists.")
 
 
@@ -73,8 +89,15 @@ class _progress:
     def __init__(self, ctx: Context):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.bar = Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=ctx.console, transient=True, disable=not ctx.progress)
+        self.bar = Progress(
+            TextColumn("profiling"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=ctx.console,
+            transient=True,
+            disable=not ctx.progress,
+        )
         self.task = None
 
     def __enter__(self):
@@ -94,10 +117,18 @@ class _progress:
 
 def check_context(opts: ProfileOptions, task: str) -> None:
     if opts.context is not None and task != "causal-lm":
-        raise UsageError(f"--context profiles decode with a KV cache, which only causal LMs have (this is a {task} model)")
+        raise UsageError(
+            f"--context profiles decode with a KV cache, which only causal LMs have (this is a {task} model)"
+        )
 
 
 STAGE = Stage(
-    "profile", ProfileOptions, run, stem="latency",
-    inputs={"model": ("model",)}, outputs={"output": "{stem}.json"}, makes={"latency": "output"}, needs=("model",),
+    "profile",
+    ProfileOptions,
+    run,
+    stem="latency",
+    inputs={"model": ("model",)},
+    outputs={"output": "{stem}.json"},
+    makes={"latency": "output"},
+    needs=("model",),
 )

@@ -40,20 +40,30 @@ def resolve_baseline(pruned_path: str | Path, baseline: str | Path) -> Path:
     provenance = read_info(pruned_path).provenance
     root, root_path = provenance.get("root"), provenance.get("root_path")
     if not root:
-        raise UsageError(f"--baseline auto: {pruned_path} has no root model in its provenance (it was never pruned); pass --baseline CKPT")
+        raise UsageError(
+            f"--baseline auto: {pruned_path} has no root model in its provenance (it was never pruned); pass --baseline CKPT"
+        )
     if not root_path:
-        raise CheckpointError(f"--baseline auto: {pruned_path} names its root only by sha256 {root[:12]}; pass --baseline CKPT")
+        raise CheckpointError(
+            f"--baseline auto: {pruned_path} names its root only by sha256 {root[:12]}; pass --baseline CKPT"
+        )
     path = Path(pruned_path).parent / root_path
     if not path.is_file():
-        raise CheckpointError(f"--baseline auto: root model {path} (from the provenance of {pruned_path}) not found; pass --baseline CKPT")
+        raise CheckpointError(
+            f"--baseline auto: root model {path} (from the provenance of {pruned_path}) not found; pass --baseline CKPT"
+        )
     if sha256_file(path) != root:
-        raise CheckpointError(f"--baseline auto: {path} is not the root model any more (sha256 differs from {root[:12]}); pass --baseline CKPT")
+        raise CheckpointError(
+            f"--baseline auto: {path} is not the root model any more (sha256 differs from {root[:12]}); pass --baseline CKPT"
+        )
     return path
 
 
 def check_comparable(baseline: ModelInfo, pruned: ModelInfo) -> None:
     if baseline.family != pruned.family:
-        raise ArchitectureError(f"the baseline is a {baseline.family} model and the pruned model a {pruned.family} model; compare models of one family")
+        raise ArchitectureError(
+            f"the baseline is a {baseline.family} model and the pruned model a {pruned.family} model; compare models of one family"
+        )
     if baseline.task != pruned.task:
         raise ArchitectureError(f"the baseline is a {baseline.task} model and the pruned model a {pruned.task} model")
 
@@ -75,7 +85,10 @@ def lineage(pruned_path: str | Path, baseline_sha: str, pruned_sha: str) -> dict
         if not parent_path or not (path.parent / parent_path).is_file():
             break
         path = path.parent / parent_path
-    return {"descendant": False, "how": "the pruned model does not descend from the baseline (provenance names neither as root nor parent)"}
+    return {
+        "descendant": False,
+        "how": "the pruned model does not descend from the baseline (provenance names neither as root nor parent)",
+    }
 
 
 # --- quality ------------------------------------------------------------------------
@@ -120,7 +133,9 @@ def _finite(value: float) -> float:
     return value if math.isfinite(value) else math.copysign(sys.float_info.max, value)
 
 
-def evaluate_both(baseline: nn.Module, pruned: nn.Module, data: str | Path, batch_size: int, max_length: int) -> tuple[list[dict], list[dict]]:
+def evaluate_both(
+    baseline: nn.Module, pruned: nn.Module, data: str | Path, batch_size: int, max_length: int
+) -> tuple[list[dict], list[dict]]:
     """Metrics of both models on the same eval data (fidelity: cosine to the baseline)."""
     from headprune_cli import data as data_mod
     from headprune_cli.stages import objectives
@@ -151,10 +166,18 @@ def model_facts(model: nn.Module, path: str | Path, sha: str, seq_len: int) -> d
     }
 
 
-def measure_speed(baseline: nn.Module, pruned: nn.Module, batch: int, seq_len: int, threads: int, repeats: int, warmup: int) -> dict:
+def measure_speed(
+    baseline: nn.Module, pruned: nn.Module, batch: int, seq_len: int, threads: int, repeats: int, warmup: int
+) -> dict:
     base_inputs, used = _on_device(baseline, *synthetic_inputs(baseline, batch, seq_len))
     pruned_inputs, _ = _on_device(pruned, *synthetic_inputs(pruned, batch, seq_len))
-    timed = measure({"baseline": baseline, "pruned": pruned}, {"baseline": base_inputs, "pruned": pruned_inputs}, repeats, warmup, threads)
+    timed = measure(
+        {"baseline": baseline, "pruned": pruned},
+        {"baseline": base_inputs, "pruned": pruned_inputs},
+        repeats,
+        warmup,
+        threads,
+    )
     return {
         "batch": batch,
         "seq_len": used,
@@ -180,16 +203,18 @@ def head_map(baseline: ModelInfo, pruned: ModelInfo, scores=None) -> list[dict]:
         layer_scores = None
         if scores is not None and layer in scores.heads:
             layer_scores = {str(h): float(v) for h, v in sorted(scores.heads[layer].items())}
-        rows.append({
-            "layer": layer,
-            "num_heads": num,
-            "baseline": before,
-            "kept": after,
-            "removed": [h for h in before if h not in after],
-            "layer_removed": layer not in new_kept and bool(before),
-            "scores": layer_scores,
-            **_ffn_row(pruned.layout, layer, layer in new_kept),
-        })
+        rows.append(
+            {
+                "layer": layer,
+                "num_heads": num,
+                "baseline": before,
+                "kept": after,
+                "removed": [h for h in before if h not in after],
+                "layer_removed": layer not in new_kept and bool(before),
+                "scores": layer_scores,
+                **_ffn_row(pruned.layout, layer, layer in new_kept),
+            }
+        )
     return rows
 
 
@@ -202,7 +227,9 @@ def _ffn_row(layout, layer: int, kept: bool) -> dict:
 
 def check_scores(scores, pruned: ModelInfo, name: str) -> None:
     if list(scores.num_heads) != list(pruned.layout.num_heads):
-        raise UsageError(f"{name}: scores are for a model with {scores.num_heads} heads per layer, the pruned model has {pruned.layout.num_heads}")
+        raise UsageError(
+            f"{name}: scores are for a model with {scores.num_heads} heads per layer, the pruned model has {pruned.layout.num_heads}"
+        )
 
 
 # --- gates --------------------------------------------------------------------------
@@ -221,13 +248,27 @@ class Gate:
 def gates(main: MainMetric, speedup: float | None, max_drop=None, max_rel_drop=None, min_speedup=None) -> list[Gate]:
     out = []
     if max_drop is not None:
-        out.append(Gate("max-drop", f"{main.name} drop <= {max_drop:g} {main.unit}", max_drop, main.drop, main.drop <= max_drop))
+        out.append(
+            Gate(
+                "max-drop", f"{main.name} drop <= {max_drop:g} {main.unit}", max_drop, main.drop, main.drop <= max_drop
+            )
+        )
     if max_rel_drop is not None:
-        out.append(Gate("max-rel-drop", f"{main.name} relative drop <= {max_rel_drop:.2%}", max_rel_drop, main.rel_drop, main.rel_drop <= max_rel_drop))
+        out.append(
+            Gate(
+                "max-rel-drop",
+                f"{main.name} relative drop <= {max_rel_drop:.2%}",
+                max_rel_drop,
+                main.rel_drop,
+                main.rel_drop <= max_rel_drop,
+            )
+        )
     if min_speedup is not None:
         if speedup is None:
             raise UsageError("--min-speedup needs latency measurements; do not pass --repeats 0")
-        out.append(Gate("min-speedup", f"measured speedup >= {min_speedup:g}x", min_speedup, speedup, speedup >= min_speedup))
+        out.append(
+            Gate("min-speedup", f"measured speedup >= {min_speedup:g}x", min_speedup, speedup, speedup >= min_speedup)
+        )
     return out
 
 
@@ -279,7 +320,9 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
         check_scores(scores, new_info, str(scores_path))
     check_device(opts.device, opts.dtype)
     baseline, pruned = load(baseline_path), load(pruned_path)
-    gen = serving.generation(baseline, opts.decode_batch, opts.decode_prompt, opts.decode_tokens)  # refuse before the slow parts
+    gen = serving.generation(
+        baseline, opts.decode_batch, opts.decode_prompt, opts.decode_tokens
+    )  # refuse before the slow parts
     for model in (baseline, pruned):
         place(model, opts.device, opts.dtype)
     base_sha, new_sha = info_of(baseline).loaded_from[1], info_of(pruned).loaded_from[1]
@@ -291,26 +334,41 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     warnings = []
     family_tree = lineage(pruned_path, base_sha, new_sha)
     if not family_tree["descendant"]:
-        warnings.append(f"{pruned_path} does not descend from the baseline {baseline_path}: the comparison is not a pruning comparison")
+        warnings.append(
+            f"{pruned_path} does not descend from the baseline {baseline_path}: the comparison is not a pruning comparison"
+        )
         warn(warnings[-1])
     seq_len = opts.seq_len or min(DEFAULT_SEQ_LEN, max_sequence(baseline) or DEFAULT_SEQ_LEN)
     base_metrics, new_metrics = evaluate_both(baseline, pruned, data, opts.batch_size, seq_len)
     main = main_metric(new_info.task, base_metrics, new_metrics)
-    facts = {"baseline": model_facts(baseline, baseline_path, base_sha, seq_len), "pruned": model_facts(pruned, pruned_path, new_sha, seq_len)}
+    facts = {
+        "baseline": model_facts(baseline, baseline_path, base_sha, seq_len),
+        "pruned": model_facts(pruned, pruned_path, new_sha, seq_len),
+    }
     predicted = facts["baseline"]["flops_per_token"] / facts["pruned"]["flops_per_token"]
     decode = serving.decode_prediction(baseline, pruned, gen) if gen else None
     measured = None
     if opts.repeats > 0:
         measured = measure_speed(baseline, pruned, opts.batch_size, seq_len, opts.threads, opts.repeats, opts.warmup)
         measured["speedup_vs_predicted"] = measured["speedup"] / predicted
-        measured["decode"] = serving.measure_decode(baseline, pruned, decode, opts.threads, opts.repeats, opts.warmup) if decode else None
+        measured["decode"] = (
+            serving.measure_decode(baseline, pruned, decode, opts.threads, opts.repeats, opts.warmup)
+            if decode
+            else None
+        )
     latency = None
     if table is not None:
         from headprune_cli.stages.report.latency_cost import latency_section
 
-        latency = latency_section(opts.latency, *table, baseline, pruned, measured, predicted, opts.batch_size, seq_len, opts.threads)
+        latency = latency_section(
+            opts.latency, *table, baseline, pruned, measured, predicted, opts.batch_size, seq_len, opts.threads
+        )
     gate_list = gates(main, measured and measured["speedup"], opts.max_drop, opts.max_rel_drop, opts.min_speedup)
-    inputs = [input_ref("baseline", baseline_path, base_sha), input_ref("pruned", pruned_path, new_sha), input_ref("data", data)]
+    inputs = [
+        input_ref("baseline", baseline_path, base_sha),
+        input_ref("pruned", pruned_path, new_sha),
+        input_ref("data", data),
+    ]
     if scores_path is not None:
         inputs.append(input_ref("scores", scores_path))
     if table is not None:

@@ -161,8 +161,17 @@ def generate_once(model: nn.Module, ids: torch.Tensor, tokens: int) -> dict[str,
 
 
 def measure_generation(
-    models: Mapping[str, nn.Module], batch: int, prompt: int, tokens: int, repeats: int, warmup: int, threads: int | None
+    models: Mapping[str, nn.Module],
+    batch: int,
+    prompt: int,
+    tokens: int,
+    repeats: int,
+    warmup: int,
+    threads: int | None,
 ) -> dict[str, dict[str, Latency]]:
     """Prefill and decode latency of each model on the same prompts, interleaved."""
-    runs = {name: partial(generate_once, model, prompt_ids(model, batch, prompt).to(input_device(model)), tokens) for name, model in models.items()}
+    runs = {
+        name: partial(generate_once, model, prompt_ids(model, batch, prompt).to(input_device(model)), tokens)
+        for name, model in models.items()
+    }
     return measure_runs(runs, repeats, warmup, threads)

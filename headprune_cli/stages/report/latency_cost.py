@@ -22,12 +22,23 @@ def setting_of(model: nn.Module, batch: int, seq_len: int, threads: int) -> dict
 
     device = device_facts(input_device(model))
     dtype = stored_dtype_name(model)
-    return {"device": device["name"], "threads": threads if device["type"] == "cpu" else None, "batch": batch, "seq_len": seq_len, "dtype": dtype}
+    return {
+        "device": device["name"],
+        "threads": threads if device["type"] == "cpu" else None,
+        "batch": batch,
+        "seq_len": seq_len,
+        "dtype": dtype,
+    }
 
 
 def differences(artifact, here: dict) -> list[str]:
-    table = {"device": artifact.device.name, "threads": artifact.threads if artifact.device.type == "cpu" else None,
-             "batch": artifact.batch, "seq_len": artifact.seq_len, "dtype": artifact.dtype}
+    table = {
+        "device": artifact.device.name,
+        "threads": artifact.threads if artifact.device.type == "cpu" else None,
+        "batch": artifact.batch,
+        "seq_len": artifact.seq_len,
+        "dtype": artifact.dtype,
+    }
     return [f"{key} {table[key]} (table) vs {here[key]} (report)" for key in table if table[key] != here[key]]
 
 
@@ -44,27 +55,53 @@ def read_table(path, baseline: nn.Module, base_sha: str) -> tuple:
     return artifact, sha
 
 
-def latency_section(path, artifact, sha: str, baseline: nn.Module, pruned: nn.Module, measured: dict | None,
-                    flops_speedup: float, batch: int, seq_len: int, threads: int) -> dict:
+def latency_section(
+    path,
+    artifact,
+    sha: str,
+    baseline: nn.Module,
+    pruned: nn.Module,
+    measured: dict | None,
+    flops_speedup: float,
+    batch: int,
+    seq_len: int,
+    threads: int,
+) -> dict:
     """The report's `cost.latency`."""
     heads, widths = layout_counts(baseline)
     section = {"table": str(path), "sha256": sha, "device": artifact.device.name}
     mismatch = differences(artifact, setting_of(baseline, batch, seq_len, threads))
     if mismatch:
-        return {**section, "comparable": False, "reason": "the table was profiled in another setting: " + "; ".join(mismatch)}
+        return {
+            **section,
+            "comparable": False,
+            "reason": "the table was profiled in another setting: " + "; ".join(mismatch),
+        }
     table = LatencyTable.from_artifact(artifact)
     new_heads, new_widths = layout_counts(pruned)
     unknown = sorted(set(new_heads) - set(heads))
     if unknown or any(new_heads[l] > heads[l] or new_widths[l] > widths[l] for l in new_heads):
-        raise UsageError(f"{path}: the pruned model is not a pruning of the profiled baseline (layers or widths it does not have)")
+        raise UsageError(
+            f"{path}: the pruned model is not a pruning of the profiled baseline (layers or widths it does not have)"
+        )
     base_ms, new_ms = table.predict_ms(heads, widths), table.predict_ms(new_heads, new_widths)
-    section.update(comparable=True, reason=None, predicted_ms={"baseline": base_ms, "pruned": new_ms},
-                   predicted_speedup=base_ms / new_ms, flops_predicted_speedup=flops_speedup,
-                   measured_speedup=None, latency_error=None, flops_error=None)
+    section.update(
+        comparable=True,
+        reason=None,
+        predicted_ms={"baseline": base_ms, "pruned": new_ms},
+        predicted_speedup=base_ms / new_ms,
+        flops_predicted_speedup=flops_speedup,
+        measured_speedup=None,
+        latency_error=None,
+        flops_error=None,
+    )
     if measured:
         speedup = measured["speedup"]
-        section.update(measured_speedup=speedup, latency_error=section["predicted_speedup"] / speedup - 1,
-                       flops_error=flops_speedup / speedup - 1)
+        section.update(
+            measured_speedup=speedup,
+            latency_error=section["predicted_speedup"] / speedup - 1,
+            flops_error=flops_speedup / speedup - 1,
+        )
     return section
 
 
@@ -77,5 +114,7 @@ def markdown_line(section: dict | None) -> str | None:
     text = f"Latency table ({section['device']}): predicted speedup **{section['predicted_speedup']:.2f}x**"
     if section["measured_speedup"] is None:
         return text + " (latency not measured)."
-    return (text + f", measured {section['measured_speedup']:.2f}x: the table was off by {section['latency_error']:+.1%}, "
-            f"the FLOPs prediction ({section['flops_predicted_speedup']:.2f}x) by {section['flops_error']:+.1%}.")
+    return (
+        text + f", measured {section['measured_speedup']:.2f}x: the table was off by {section['latency_error']:+.1%}, "
+        f"the FLOPs prediction ({section['flops_predicted_speedup']:.2f}x) by {section['flops_error']:+.1%}."
+    )

@@ -27,7 +27,13 @@ def _num(value: float) -> str:
 
 
 def _metric_value(name: str, value: float) -> str:
-    return f"{value * 100:.2f}%" if name in ("accuracy", "macro_f1") else f"{value:.4f}" if abs(value) < 1e9 else f"{value:.4g}"  # an overflowed perplexity is 1.798e+308, not 309 digits
+    return (
+        f"{value * 100:.2f}%"
+        if name in ("accuracy", "macro_f1")
+        else f"{value:.4f}"
+        if abs(value) < 1e9
+        else f"{value:.4g}"
+    )  # an overflowed perplexity is 1.798e+308, not 309 digits
 
 
 def _heads(values: list[int]) -> str:
@@ -41,7 +47,9 @@ def headline(report: dict) -> str:
     parts = [f"{VERDICT[report['verdict']]}"]
     if gates:
         parts.append(f"{len(gates) - len(failed)}/{len(gates)} gates passed")
-    parts.append(f"{main['name']} {_metric_value(main['name'], main['baseline'])} → {_metric_value(main['name'], main['pruned'])} (drop {main['drop']:+.3g} {main['unit']})")
+    parts.append(
+        f"{main['name']} {_metric_value(main['name'], main['baseline'])} → {_metric_value(main['name'], main['pruned'])} (drop {main['drop']:+.3g} {main['unit']})"
+    )
     parts.append(f"predicted speedup {report['cost']['predicted_speedup']:.2f}x")
     if report["measured"]:
         parts.append(f"measured {report['measured']['speedup']:.2f}x")
@@ -57,34 +65,51 @@ def markdown(report: dict) -> str:
     if report["gates"]:
         lines += ["| gate | threshold | value | result |", "|---|---:|---:|:---:|"]
         for g in report["gates"]:
-            lines.append(f"| {g['description']} | {g['threshold']:g} | {g['value']:.4g} | {'✅ pass' if g['passed'] else '❌ fail'} |")
+            lines.append(
+                f"| {g['description']} | {g['threshold']:g} | {g['value']:.4g} | {'✅ pass' if g['passed'] else '❌ fail'} |"
+            )
         lines.append("")
     lines += ["| | baseline | pruned | change |", "|---|---:|---:|---:|"]
     by_name = {m["name"]: m for m in report["metrics"]["baseline"]}
     for m in report["metrics"]["pruned"]:
         if m["name"] in by_name:
             b = by_name[m["name"]]["value"]
-            lines.append(f"| {m['name']} ({'higher' if m['higher_is_better'] else 'lower'} is better) | {_metric_value(m['name'], b)} | {_metric_value(m['name'], m['value'])} | {_change(m['name'], b, m['value'])} |")
+            lines.append(
+                f"| {m['name']} ({'higher' if m['higher_is_better'] else 'lower'} is better) | {_metric_value(m['name'], b)} | {_metric_value(m['name'], m['value'])} | {_change(m['name'], b, m['value'])} |"
+            )
     b, p = models["baseline"], models["pruned"]
     lines.append(f"| heads | {b['heads']} | {p['heads']} | {p['heads'] - b['heads']:+d} |")
     lines.append(f"| layers | {b['layers']} | {p['layers']} | {p['layers'] - b['layers']:+d} |")
     lines.append(f"| parameters | {b['params']:,} | {p['params']:,} | {cost['params_ratio'] - 1:+.1%} |")
-    lines.append(f"| FLOPs per token (seq {cost['seq_len']}) | {_num(b['flops_per_token'])} | {_num(p['flops_per_token'])} | {cost['flops_ratio'] - 1:+.1%} |")
+    lines.append(
+        f"| FLOPs per token (seq {cost['seq_len']}) | {_num(b['flops_per_token'])} | {_num(p['flops_per_token'])} | {cost['flops_ratio'] - 1:+.1%} |"
+    )
     kv = report.get("kv_cache")
     if kv:
-        lines.append(f"| KV cache per token ({kv['dtype']}) | {kv['baseline']['total']:,} B | {kv['pruned']['total']:,} B | {kv['ratio'] - 1:+.1%} |")
+        lines.append(
+            f"| KV cache per token ({kv['dtype']}) | {kv['baseline']['total']:,} B | {kv['pruned']['total']:,} B | {kv['ratio'] - 1:+.1%} |"
+        )
     elif "kv_cache" in report:  # reports older than the field say nothing
         lines.append("| KV cache per token | n/a | n/a | encoder: no KV cache |")
     if measured:
         lb, lp = measured["latency_ms"]["baseline"], measured["latency_ms"]["pruned"]
-        lines.append(f"| latency, median ms (IQR) | {lb['median_ms']:.2f} ({lb['q1_ms']:.2f}–{lb['q3_ms']:.2f}) | {lp['median_ms']:.2f} ({lp['q1_ms']:.2f}–{lp['q3_ms']:.2f}) | {measured['speedup']:.2f}x faster |")
+        lines.append(
+            f"| latency, median ms (IQR) | {lb['median_ms']:.2f} ({lb['q1_ms']:.2f}–{lb['q3_ms']:.2f}) | {lp['median_ms']:.2f} ({lp['q1_ms']:.2f}–{lp['q3_ms']:.2f}) | {measured['speedup']:.2f}x faster |"
+        )
     lines += _decode_rows(measured and measured.get("decode"))
-    lines += ["", f"Main metric **{main['name']}**: drop {main['drop']:+.4g} {main['unit']} ({main['rel_drop']:+.2%} relative)."]
-    lines.append(f"Speedup: predicted from FLOPs **{cost['predicted_speedup']:.2f}x**" + (
-        f", measured **{measured['speedup']:.2f}x** ({measured['speedup_vs_predicted']:.0%} of predicted; batch {measured['batch']}, "
-        f"sequence {measured['seq_len']}, {measured['threads']} threads, median of {measured['repeats']} interleaved runs after {measured['warmup']} warm-up)."
-        if measured else " (latency not measured)."
-    ))
+    lines += [
+        "",
+        f"Main metric **{main['name']}**: drop {main['drop']:+.4g} {main['unit']} ({main['rel_drop']:+.2%} relative).",
+    ]
+    lines.append(
+        f"Speedup: predicted from FLOPs **{cost['predicted_speedup']:.2f}x**"
+        + (
+            f", measured **{measured['speedup']:.2f}x** ({measured['speedup_vs_predicted']:.0%} of predicted; batch {measured['batch']}, "
+            f"sequence {measured['seq_len']}, {measured['threads']} threads, median of {measured['repeats']} interleaved runs after {measured['warmup']} warm-up)."
+            if measured
+            else " (latency not measured)."
+        )
+    )
     if cost.get("latency"):
         from headprune_cli.stages.report.latency_cost import markdown_line
 
@@ -92,13 +117,22 @@ def markdown(report: dict) -> str:
     if cost.get("decode"):
         lines.append(serving_summary(report))
     widths = any(row.get("ffn") for row in report["head_map"])
-    lines += ["", "<details><summary>Head map (original indices)</summary>", "",
-              "| layer | kept | removed |" + (" FFN width |" if widths else ""), "|---:|---|---|" + ("---:|" if widths else "")]
+    lines += [
+        "",
+        "<details><summary>Head map (original indices)</summary>",
+        "",
+        "| layer | kept | removed |" + (" FFN width |" if widths else ""),
+        "|---:|---|---|" + ("---:|" if widths else ""),
+    ]
     for row in report["head_map"]:
         kept = "layer removed" if row["layer_removed"] else _heads(row["kept"])
-        lines.append(f"| {row['layer']} | {kept} | {_heads(row['removed'])} |" + (f" {_width(row)} |" if widths else ""))
+        lines.append(
+            f"| {row['layer']} | {kept} | {_heads(row['removed'])} |" + (f" {_width(row)} |" if widths else "")
+        )
     lines += ["", "</details>", ""]
-    lines.append(f"Baseline `{b['path']}` ({b['sha256'][:12]}), pruned `{p['path']}` ({p['sha256'][:12]}); {report['lineage']['how']}.")
+    lines.append(
+        f"Baseline `{b['path']}` ({b['sha256'][:12]}), pruned `{p['path']}` ({p['sha256'][:12]}); {report['lineage']['how']}."
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -145,15 +179,17 @@ def junit(report: dict) -> str:
     failures = sum(not g["passed"] for g in gates)
     out = ['<?xml version="1.0" encoding="UTF-8"?>']
     out.append(f'<testsuites name="headprune" tests="{len(gates)}" failures="{failures}">')
-    out.append(f'  <testsuite name="headprune.report" tests="{len(gates)}" failures="{failures}" errors="0" skipped="0">')
+    out.append(
+        f'  <testsuite name="headprune.report" tests="{len(gates)}" failures="{failures}" errors="0" skipped="0">'
+    )
     for g in gates:
-        attrs = f"classname=\"headprune.report\" name={quoteattr(g['name'] + ': ' + g['description'])}"
+        attrs = f'classname="headprune.report" name={quoteattr(g["name"] + ": " + g["description"])}'
         if g["passed"]:
             out.append(f"    <testcase {attrs}/>")
         else:
             message = f"{g['description']} failed: value {g['value']:.6g}, threshold {g['threshold']:g}"
             out.append(f"    <testcase {attrs}>")
-            out.append(f"      <failure message={quoteattr(message)} type=\"GateFailed\"/>")
+            out.append(f'      <failure message={quoteattr(message)} type="GateFailed"/>')
             out.append("    </testcase>")
     out += ["  </testsuite>", "</testsuites>"]
     return "\n".join(out) + "\n"
@@ -184,7 +220,11 @@ def terminal(report: dict, console) -> None:
     if widths:
         table.add_column("FFN width", justify="right")
     for row in report["head_map"]:
-        cells = [str(row["layer"]), "layer removed" if row["layer_removed"] else _heads(row["kept"]), _heads(row["removed"])]
+        cells = [
+            str(row["layer"]),
+            "layer removed" if row["layer_removed"] else _heads(row["kept"]),
+            _heads(row["removed"]),
+        ]
         table.add_row(*cells, *([_width(row)] if widths else []))
     console.print(table)
 
@@ -243,7 +283,9 @@ def head_map_png(report: dict, path: str | Path) -> None:
     _save_png(figure, path)
 
 
-def curve_png(curves: dict[str, list[tuple[float, float]]], metric: str, path: str | Path, budget: float | None = None) -> None:
+def curve_png(
+    curves: dict[str, list[tuple[float, float]]], metric: str, path: str | Path, budget: float | None = None
+) -> None:
     """Quality versus fraction of heads removed, one line per method (sweep)."""
     figure = _figure(6.0, 4.0)
     ax = figure.add_subplot()
@@ -260,9 +302,13 @@ def curve_png(curves: dict[str, list[tuple[float, float]]], metric: str, path: s
     _save_png(figure, path)
 
 
-def budget_curves_png(curves: dict[str, dict[str, list[tuple[float, float]]]], metric: str, path: str | Path, budget: float | None = None) -> None:
+def budget_curves_png(
+    curves: dict[str, dict[str, list[tuple[float, float]]]], metric: str, path: str | Path, budget: float | None = None
+) -> None:
     """Quality against FLOPs kept and against measured speedup, one line per route (sweep --target-flops)."""
-    panels = [("flops", "FLOPs kept (%)", 100.0)] + ([("speedup", "measured speedup (x)", 1.0)] if curves["speedup"] else [])
+    panels = [("flops", "FLOPs kept (%)", 100.0)] + (
+        [("speedup", "measured speedup (x)", 1.0)] if curves["speedup"] else []
+    )
     figure = _figure(6.0 * len(panels), 4.0)
     for i, (key, label, scale) in enumerate(panels, start=1):
         ax = figure.add_subplot(1, len(panels), i)

@@ -26,7 +26,9 @@ from headprune_cli.stages.report.latency import max_sequence, measure_generation
 DEFAULT_PROMPT = 128
 DEFAULT_TOKENS = 32
 DEFAULT_BATCH = 1
-DECODE_MODEL = "decode: bytes read per generated token (weights once per step / batch + KV cache x context); prefill: FLOPs"
+DECODE_MODEL = (
+    "decode: bytes read per generated token (weights once per step / batch + KV cache x context); prefill: FLOPs"
+)
 
 
 @dataclass
@@ -64,7 +66,9 @@ def generation(model: nn.Module, batch: int, prompt: int | None, tokens: int) ->
         if prompt < 1:
             raise UsageError(f"--decode-tokens {tokens} leaves no room for a prompt in the model's {limit} positions")
     elif limit is not None and prompt + tokens > limit:
-        raise UsageError(f"--decode-prompt {prompt} + --decode-tokens {tokens} exceed the model's maximum of {limit} positions")
+        raise UsageError(
+            f"--decode-prompt {prompt} + --decode-tokens {tokens} exceed the model's maximum of {limit} positions"
+        )
     return Generation(batch, prompt, tokens)
 
 
@@ -72,7 +76,10 @@ def decode_prediction(baseline: nn.Module, pruned: nn.Module, gen: Generation) -
     """Costs of both models and the predicted prefill and decode speedups."""
     sides = {}
     for name, model in (("baseline", baseline), ("pruned", pruned)):
-        sides[name] = {"prefill_flops": prefill_flops(model, gen.prompt), **decode_cost(model, gen.prompt, gen.tokens, gen.batch)}
+        sides[name] = {
+            "prefill_flops": prefill_flops(model, gen.prompt),
+            **decode_cost(model, gen.prompt, gen.tokens, gen.batch),
+        }
     base, new = sides["baseline"], sides["pruned"]
     return {
         "batch": gen.batch,
@@ -86,10 +93,14 @@ def decode_prediction(baseline: nn.Module, pruned: nn.Module, gen: Generation) -
     }
 
 
-def measure_decode(baseline: nn.Module, pruned: nn.Module, predicted: dict, threads: int, repeats: int, warmup: int) -> dict:
+def measure_decode(
+    baseline: nn.Module, pruned: nn.Module, predicted: dict, threads: int, repeats: int, warmup: int
+) -> dict:
     """Prefill ms and decode tokens/s of both models, interleaved, beside the predictions."""
     batch, prompt, tokens = predicted["batch"], predicted["prompt"], predicted["tokens"]
-    timed = measure_generation({"baseline": baseline, "pruned": pruned}, batch, prompt, tokens, repeats, warmup, threads)
+    timed = measure_generation(
+        {"baseline": baseline, "pruned": pruned}, batch, prompt, tokens, repeats, warmup, threads
+    )
     prefill = {name: phases["prefill"] for name, phases in timed.items()}
     decode = {name: phases["decode"] for name, phases in timed.items()}
     prefill_speedup = prefill["baseline"].median_ms / prefill["pruned"].median_ms

@@ -22,24 +22,39 @@ from headprune_cli.stages.unit import Context, Options, Result, Stage, device_op
 class ReportStageOptions(Options):
     model: Path = option(..., "The pruned checkpoint.")
     data: Path = option(..., "Evaluation data (JSONL/CSV/text/safetensors) for the model's task.")
-    baseline: str = option("auto", "Baseline checkpoint, or 'auto' for the root model named in the pruned model's provenance.")
+    baseline: str = option(
+        "auto", "Baseline checkpoint, or 'auto' for the root model named in the pruned model's provenance."
+    )
     scores: Optional[Path] = option(None, "Scores JSON: adds importance to the head map and its heatmap.")
     max_drop: Optional[float] = option(
-        None, "Gate: largest allowed drop of the main metric, in points (accuracy/F1/fidelity x100) or in perplexity.", ge=0,
+        None,
+        "Gate: largest allowed drop of the main metric, in points (accuracy/F1/fidelity x100) or in perplexity.",
+        ge=0,
     )
-    max_rel_drop: Optional[float] = option(None, "Gate: largest allowed relative drop of the main metric (0.02 = 2%).", ge=0)
-    min_speedup: Optional[float] = option(None, "Gate: smallest allowed measured speedup (baseline median / pruned median).", ge=0)
+    max_rel_drop: Optional[float] = option(
+        None, "Gate: largest allowed relative drop of the main metric (0.02 = 2%).", ge=0
+    )
+    min_speedup: Optional[float] = option(
+        None, "Gate: smallest allowed measured speedup (baseline median / pruned median).", ge=0
+    )
     batch_size: int = option(8, "Batch size for evaluation and latency.", ge=1)
     seq_len: int | None = option(
-        None, "Sequence length for FLOPs, latency, and the evaluation's max length (default: 128, or the model's maximum when smaller).", ge=1,
+        None,
+        "Sequence length for FLOPs, latency, and the evaluation's max length (default: 128, or the model's maximum when smaller).",
+        ge=1,
     )
     threads: int = option(2, "CPU threads while timing (torch.set_num_threads).", ge=1)
     repeats: int = option(10, "Timed runs per model after warm-up; 0 skips latency.", ge=0)
     warmup: int = option(2, "Untimed warm-up runs per model.", ge=0)
     json_out: Optional[str] = option(None, "Write the report JSON here ('-' for stdout).", "--json")
-    markdown_out: Optional[Path] = option(None, "Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY).", "--markdown")
+    markdown_out: Optional[Path] = option(
+        None, "Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY).", "--markdown"
+    )
     plot_dir: Optional[Path] = option(
-        None, "Folder for PNG plots: head_map.png, kept/removed heads per layer (coloured by importance with --scores).", "--plot", folder=True,
+        None,
+        "Folder for PNG plots: head_map.png, kept/removed heads per layer (coloured by importance with --scores).",
+        "--plot",
+        folder=True,
     )
     junit_out: Optional[Path] = option(None, "Write JUnit XML, one test case per gate.", "--junit")
     force: bool = option(False, "Overwrite existing output files.")
@@ -47,14 +62,19 @@ class ReportStageOptions(Options):
     dtype: str = dtype_option()
     # Serving a causal LM (ignored for encoders): KV cache on, prefill then decode, timed like --repeats.
     decode_prompt: int | None = option(
-        None, "Causal LMs: prompt tokens prefilled before decoding (default: 128, or fewer to fit the model's positions).", ge=1,
+        None,
+        "Causal LMs: prompt tokens prefilled before decoding (default: 128, or fewer to fit the model's positions).",
+        ge=1,
     )
     decode_tokens: int = option(
-        32, "Causal LMs: tokens generated one by one with the KV cache, timed as decode throughput; 0 skips decode.", ge=0,
+        32,
+        "Causal LMs: tokens generated one by one with the KV cache, timed as decode throughput; 0 skips decode.",
+        ge=0,
     )
     decode_batch: int = option(1, "Causal LMs: sequences decoded together.", ge=1)
     latency: Optional[Path] = option(
-        None, "The baseline's latency table (`headprune profile`): adds its predicted speedup beside the measured one (cost.latency).",
+        None,
+        "The baseline's latency table (`headprune profile`): adds its predicted speedup beside the measured one (cost.latency).",
     )
 
 
@@ -62,7 +82,13 @@ def run(opts: ReportStageOptions, ctx: Context) -> Result:
     from headprune_cli.stages.report import render
     from headprune_cli.stages.report.build import ReportOptions, build_report
 
-    inputs = [opts.model, opts.data, opts.scores, opts.baseline, opts.latency]  # `auto` reaches the root through the model's provenance
+    inputs = [
+        opts.model,
+        opts.data,
+        opts.scores,
+        opts.baseline,
+        opts.latency,
+    ]  # `auto` reaches the root through the model's provenance
     outputs = _check_outputs(opts, inputs)
     if opts.min_speedup is not None and opts.repeats == 0:
         raise UsageError("--min-speedup needs latency measurements; --repeats must be at least 1")
@@ -85,8 +111,13 @@ def run(opts: ReportStageOptions, ctx: Context) -> Result:
     failed = [g["name"] for g in report["gates"] if not g["passed"]]
     if failed:
         # A verdict, not an error: `Error:` lines mean the tool or its input broke (exit 1/2).
-        ctx.console.print(f"FAIL: gate {', '.join(failed)} failed: {render.headline(report)}",
-                          markup=False, highlight=False, emoji=False, soft_wrap=True)
+        ctx.console.print(
+            f"FAIL: gate {', '.join(failed)} failed: {render.headline(report)}",
+            markup=False,
+            highlight=False,
+            emoji=False,
+            soft_wrap=True,
+        )
         return Result(written, exit_code=EXIT_GATE_FAILED, value=report)
     return Result(written, value=report)
 
@@ -116,8 +147,19 @@ def _check_outputs(opts: ReportStageOptions, inputs: list) -> dict[str, Path]:
 
 
 STAGE = Stage(
-    "report", ReportStageOptions, run, stem="report",
-    inputs={"model": ("model",), "baseline": ("baseline",), "data": ("eval_data",), "scores": ("scores",), "latency": ("latency",)},
-    outputs={"json": "{stem}.json", "markdown": "{stem}.md"}, makes={"report": "json"}, needs=("model", "data"),
+    "report",
+    ReportStageOptions,
+    run,
+    stem="report",
+    inputs={
+        "model": ("model",),
+        "baseline": ("baseline",),
+        "data": ("eval_data",),
+        "scores": ("scores",),
+        "latency": ("latency",),
+    },
+    outputs={"json": "{stem}.json", "markdown": "{stem}.md"},
+    makes={"report": "json"},
+    needs=("model", "data"),
     optional_outputs={"plot": "{stem}-plots", "junit": "{stem}.junit.xml"},
 )

@@ -23,27 +23,43 @@ def _tensor_set(path: Path, rows: int = 32, seed: int = 0, labels_mod: int = 2) 
     return path
 
 
-
-
 def test_finetune_writes_a_checkpoint_and_cleans_its_state(cli, pruned):
     folder = pruned.parent
     out = folder / "ft.safetensors"
-    res = cli("finetune", pruned, "--data", folder / "train.safetensors", "--eval-data", folder / "dev.safetensors",
-              "--teacher", "auto", "--epochs", "2", "--lr", "1e-3", "-o", out)
+    res = cli(
+        "finetune",
+        pruned,
+        "--data",
+        folder / "train.safetensors",
+        "--eval-data",
+        folder / "dev.safetensors",
+        "--teacher",
+        "auto",
+        "--epochs",
+        "2",
+        "--lr",
+        "1e-3",
+        "-o",
+        out,
+    )
     assert res.code == 0, res.err
     assert res.out == ""  # stdout carries data only
     assert "accuracy" in res.err and "best" in res.err
     model = load(out)
     assert model.headprune.layout.heads == load(pruned).headprune.layout.heads
     assert not (folder / "ft.safetensors.state").exists()
-    assert cli("finetune", pruned, "--data", folder / "train.safetensors", "--steps", "1", "-o", out).code == 2  # exists
+    assert (
+        cli("finetune", pruned, "--data", folder / "train.safetensors", "--steps", "1", "-o", out).code == 2
+    )  # exists
 
 
 def test_bad_input_writes_nothing(cli, pruned, tmp_path):
     import transformers as T
 
     folder = pruned.parent
-    other = T.BertForSequenceClassification(T.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48))
+    other = T.BertForSequenceClassification(
+        T.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48)
+    )
     save(other, folder / "bert.safetensors")
     ref = TINY["reference"]()
     ref.config.vocab_size = VOCAB + 4
@@ -73,12 +89,42 @@ def _torchrun() -> str:
 
 def test_torchrun_two_processes_match_one(pruned):
     folder = pruned.parent
-    args = ["finetune", str(pruned), "--data", str(folder / "train.safetensors"), "--steps", "4",
-            "--batch-size", "8", "--grad-accum", "2", "--lr", "1e-3", "--seed", "1"]
+    args = [
+        "finetune",
+        str(pruned),
+        "--data",
+        str(folder / "train.safetensors"),
+        "--steps",
+        "4",
+        "--batch-size",
+        "8",
+        "--grad-accum",
+        "2",
+        "--lr",
+        "1e-3",
+        "--seed",
+        "1",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HEADPRUNE_DEBUG": "1"}
-    single = subprocess.run([sys.executable, "-m", "headprune_cli", *args, "-o", str(folder / "one.safetensors")], env=env, capture_output=True, text=True, timeout=300)
+    single = subprocess.run(
+        [sys.executable, "-m", "headprune_cli", *args, "-o", str(folder / "one.safetensors")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert single.returncode == 0, single.stderr
-    launch = [_torchrun(), "--standalone", "--nproc-per-node", "2", "-m", "headprune_cli", *args, "-o", str(folder / "two.safetensors")]
+    launch = [
+        _torchrun(),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "headprune_cli",
+        *args,
+        "-o",
+        str(folder / "two.safetensors"),
+    ]
     double = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
     assert double.returncode == 0, double.stderr[-3000:]
     one, two = load_file(str(folder / "one.safetensors")), load_file(str(folder / "two.safetensors"))
@@ -87,7 +133,9 @@ def test_torchrun_two_processes_match_one(pruned):
     moved = max(float((one[k] - start[k]).abs().max()) for k in one)
     assert moved > 2e-3  # training changed the weights...
     for name in one:  # ...identically in both runs, up to float summation order
-        torch.testing.assert_close(two[name], one[name], rtol=1e-3, atol=1e-4)  # Adam amplifies rounding on tiny gradients
+        torch.testing.assert_close(
+            two[name], one[name], rtol=1e-3, atol=1e-4
+        )  # Adam amplifies rounding on tiny gradients
 
 
 _SGD_RUN = """
@@ -113,10 +161,17 @@ def test_torchrun_sgd_updates_match_one_process_far_below_the_update_size(pruned
     script.write_text(_SGD_RUN)
     args = [str(script), str(pruned), str(folder / "train.safetensors")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    single = subprocess.run([sys.executable, *args, str(folder / "one.safetensors")], env=env, capture_output=True, text=True, timeout=600)
+    single = subprocess.run(
+        [sys.executable, *args, str(folder / "one.safetensors")], env=env, capture_output=True, text=True, timeout=600
+    )
     assert single.returncode == 0, single.stderr[-3000:]
-    double = subprocess.run([_torchrun(), "--standalone", "--nproc-per-node", "2", *args, str(folder / "two.safetensors")],
-                            env=env, capture_output=True, text=True, timeout=600)
+    double = subprocess.run(
+        [_torchrun(), "--standalone", "--nproc-per-node", "2", *args, str(folder / "two.safetensors")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert double.returncode == 0, double.stderr[-3000:]
     one, two, start = (load_file(str(folder / n)) for n in ("one.safetensors", "two.safetensors", "pruned.safetensors"))
     moved = {k: float((one[k] - start[k]).abs().max()) for k in one}
@@ -132,10 +187,29 @@ def test_killed_run_resumes_to_the_same_weights(pruned):
     import time
 
     folder = pruned.parent
-    args = [sys.executable, "-m", "headprune_cli", "finetune", str(pruned), "--data", str(folder / "train.safetensors"),
-            "--steps", "60", "--batch-size", "4", "--lr", "1e-3", "--save-every", "1", "--seed", "2"]
+    args = [
+        sys.executable,
+        "-m",
+        "headprune_cli",
+        "finetune",
+        str(pruned),
+        "--data",
+        str(folder / "train.safetensors"),
+        "--steps",
+        "60",
+        "--batch-size",
+        "4",
+        "--lr",
+        "1e-3",
+        "--save-every",
+        "1",
+        "--seed",
+        "2",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    straight = subprocess.run([*args, "-o", str(folder / "straight.safetensors")], env=env, capture_output=True, text=True, timeout=300)
+    straight = subprocess.run(
+        [*args, "-o", str(folder / "straight.safetensors")], env=env, capture_output=True, text=True, timeout=300
+    )
     assert straight.returncode == 0, straight.stderr
     out, state = folder / "resumed.safetensors", folder / "resumed.safetensors.state"
     proc = subprocess.Popen([*args, "-o", str(out)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -22,7 +22,9 @@ def test_masks_drop_heads_per_example_at_rate_p_without_rescaling(tmp_path):
     assert set(values.unique().tolist()) == {0.0, 1.0}  # kept heads keep their full scale
     assert abs((values == 0).float().mean().item() - 0.3) < 0.02
     assert not torch.equal(values[0], values[1]) or not torch.equal(values[1], values[2])  # per example
-    assert torch.equal(torch.cat(dropout.sample(0, 0, 4000, 1), dim=1), values)  # a pure function of (seed, step, micro)
+    assert torch.equal(
+        torch.cat(dropout.sample(0, 0, 4000, 1), dim=1), values
+    )  # a pure function of (seed, step, micro)
     assert not torch.equal(torch.cat(dropout.sample(1, 0, 4000, 1), dim=1), values)
 
 
@@ -52,7 +54,21 @@ def test_cli_head_dropout_zero_writes_the_same_bytes_as_plain_finetune(cli, tmp_
     outs = {}
     for name, extra in {"plain": [], "zero": ["--head-dropout", "0"], "drop": ["--head-dropout", "0.3"]}.items():
         outs[name] = tmp_path / f"{name}.safetensors"
-        res = cli("finetune", ckpt, "--data", data, "--steps", "4", "--lr", "1e-3", "--batch-size", "8", "-o", outs[name], *extra)
+        res = cli(
+            "finetune",
+            ckpt,
+            "--data",
+            data,
+            "--steps",
+            "4",
+            "--lr",
+            "1e-3",
+            "--batch-size",
+            "8",
+            "-o",
+            outs[name],
+            *extra,
+        )
         assert res.code == 0, res.err
     assert outs["zero"].read_bytes() == outs["plain"].read_bytes()
     assert outs["drop"].read_bytes() != outs["plain"].read_bytes()

@@ -22,8 +22,22 @@ STEPS = "100"
 
 
 def learn(cli, ckpt: Path, data: Path, out: Path, *extra: str):
-    return cli("finetune", ckpt, "--data", data, "--learn-gates", "--steps", STEPS, "--lr", "1e-3",
-               "--batch-size", "8", "-o", out, *extra)
+    return cli(
+        "finetune",
+        ckpt,
+        "--data",
+        data,
+        "--learn-gates",
+        "--steps",
+        STEPS,
+        "--lr",
+        "1e-3",
+        "--batch-size",
+        "8",
+        "-o",
+        out,
+        *extra,
+    )
 
 
 def shares_removed(err: str) -> float:
@@ -32,8 +46,11 @@ def shares_removed(err: str) -> float:
 
 def removed_heads(before, after) -> dict[int, list[int]]:
     kept = dict(zip(after.headprune.layout.layers, after.headprune.layout.heads))
-    return {layer: sorted(set(heads) - set(kept[layer]))
-            for layer, heads in zip(before.headprune.layout.layers, before.headprune.layout.heads) if set(heads) - set(kept[layer])}
+    return {
+        layer: sorted(set(heads) - set(kept[layer]))
+        for layer, heads in zip(before.headprune.layout.layers, before.headprune.layout.heads)
+        if set(heads) - set(kept[layer])
+    }
 
 
 @pytest.mark.parametrize("family", ["reference", "llama-gqa"])
@@ -42,7 +59,9 @@ def test_learned_gates_reach_the_ratio_and_close_as_select_would(cli, tmp_path, 
     out, gates = tmp_path / "small.safetensors", tmp_path / "gates.json"
     # Half the steps for the target to rise and a quarter more for the gates to settle: time
     # for the Lagrangian to bring the expected sparsity to the target before the gates close.
-    res = learn(cli, ckpt, data, out, "--ratio", "0.5", "--gates-out", gates, "--target-warmup", "0.5", "--closed-share", "0.25")
+    res = learn(
+        cli, ckpt, data, out, "--ratio", "0.5", "--gates-out", gates, "--target-warmup", "0.5", "--closed-share", "0.25"
+    )
     assert res.code == 0, res.err
     assert abs(shares_removed(res.err) - 0.5) < 0.1  # the Lagrangian drove the expected sparsity to the target
     before, small = load(ckpt), load(out)
@@ -77,8 +96,16 @@ def test_the_output_loads_and_equals_the_in_memory_gated_then_cut_model(tmp_path
     from headprune_cli.stages.unit import Context
 
     ckpt, data = root(tmp_path, "reference")
-    opts = stage.FinetuneOptions(checkpoint=ckpt, data=data, output=tmp_path / "out.safetensors", steps=int(STEPS),
-                                 lr=1e-3, batch_size=8, learn_gates=True, ratio=0.5)
+    opts = stage.FinetuneOptions(
+        checkpoint=ckpt,
+        data=data,
+        output=tmp_path / "out.safetensors",
+        steps=int(STEPS),
+        lr=1e-3,
+        batch_size=8,
+        learn_gates=True,
+        ratio=0.5,
+    )
     result = stage.run(opts, Context(progress=False))
     inputs = model_inputs("reference")
     assert torch.equal(model_output(load(opts.output), inputs), model_output(result.value.model, inputs))
@@ -87,12 +114,30 @@ def test_the_output_loads_and_equals_the_in_memory_gated_then_cut_model(tmp_path
     model = load(ckpt)
     amount, constraints = Amount(ratio=0.5), Constraints()
     defaults = {k: stage.FinetuneOptions.model_fields[k].default for k in ("gate_lr", "target_warmup", "closed_share")}
-    gates = make_gates(model, amount, constraints, seed=0, seq_len=128, lr=defaults["gate_lr"],
-                       warmup=defaults["target_warmup"], closed_share=defaults["closed_share"])
+    gates = make_gates(
+        model,
+        amount,
+        constraints,
+        seed=0,
+        seq_len=128,
+        lr=defaults["gate_lr"],
+        warmup=defaults["target_warmup"],
+        closed_share=defaults["closed_share"],
+    )
     cfg = FinetuneConfig(steps=int(STEPS), lr=1e-3, batch_size=8)
     trained = finetune(model, tensors_of(data), cfg, gating=gates).model
-    closed = close_gates(trained, gates, constraints, amount, checkpoint=ckpt, data=data, max_length=128,
-                         objective="classification", samples=32, config={})
+    closed = close_gates(
+        trained,
+        gates,
+        constraints,
+        amount,
+        checkpoint=ckpt,
+        data=data,
+        max_length=128,
+        objective="classification",
+        samples=32,
+        config={},
+    )
     with HeadGates(trained, removal_gates(trained, closed.selection.remove_heads)):
         gated = model_output(trained, inputs)
     cut = model_output(apply_plan(trained, closed.selection.remove_heads, []), inputs)
@@ -117,7 +162,9 @@ def test_a_flops_target_is_met_as_select_meets_it(cli, tmp_path):
     kept_before = dict(zip(before.headprune.layout.layers, before.headprune.layout.heads))
     removed = removed_heads(before, small)
     assert removed == select(ScoreTable.from_scores(scores), target_flops=0.8).remove_heads
-    assert predict(table, kept_before, removed)["flops_per_token"] <= 0.8 * predict(table, kept_before)["flops_per_token"]
+    assert (
+        predict(table, kept_before, removed)["flops_per_token"] <= 0.8 * predict(table, kept_before)["flops_per_token"]
+    )
     assert removed  # the budget needed a cut
 
 
@@ -165,7 +212,22 @@ def test_the_closing_keeps_the_constraints_select_keeps(cli, tmp_path):
     ckpt, data = root(tmp_path, "reference")
     out, gates = tmp_path / "small.safetensors", tmp_path / "gates.json"
     flags = ["--uniform", "--min-heads", "2", "--protect", "1:2"]
-    res = cli("finetune", ckpt, "--data", data, "--learn-gates", "--ratio", "0.5", "--steps", "6", "-o", out, "--gates-out", gates, *flags)
+    res = cli(
+        "finetune",
+        ckpt,
+        "--data",
+        data,
+        "--learn-gates",
+        "--ratio",
+        "0.5",
+        "--steps",
+        "6",
+        "-o",
+        out,
+        "--gates-out",
+        gates,
+        *flags,
+    )
     assert res.code == 0, res.err
     scores = parse_artifact(gates.read_text(), str(gates), ("scores",))
     constraints = Constraints(min_heads=2, protect=((1, 2),), uniform=True)

@@ -25,7 +25,9 @@ def _data(rows: int = 48, seq: int = 8, seed: int = 0) -> dict[str, torch.Tensor
 
 def _loss(model, data) -> float:
     with torch.no_grad():
-        return torch.nn.functional.cross_entropy(model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits, data["labels"]).item()
+        return torch.nn.functional.cross_entropy(
+            model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits, data["labels"]
+        ).item()
 
 
 def _weights(model) -> dict[str, torch.Tensor]:
@@ -70,7 +72,9 @@ def test_kd_loss_pulls_a_student_towards_its_teacher():
         for p in student.parameters():
             p.add_(0.05 * torch.randn_like(p))
     result = finetune(student, data, FinetuneConfig(epochs=4, lr=2e-3, batch_size=16, kd_weight=1.0), teacher=teacher)
-    last = finetune(student, data, FinetuneConfig(steps=1, lr=1e-9, batch_size=48, kd_weight=1.0), teacher=teacher).first_loss
+    last = finetune(
+        student, data, FinetuneConfig(steps=1, lr=1e-9, batch_size=48, kd_weight=1.0), teacher=teacher
+    ).first_loss
     assert last < result.first_loss * 0.7
 
 
@@ -98,18 +102,23 @@ def test_resume_refuses_changed_settings_and_missing_state(tmp_path):
 def test_eval_keeps_the_best_epoch():
     model, data = TINY["reference"](), _data()
     scores = iter([0.5, 0.9, 0.7, 0.6])
-    result = finetune(model, data, FinetuneConfig(epochs=3, lr=1e-3, batch_size=16), eval_fn=lambda m: {"accuracy": next(scores)})
+    result = finetune(
+        model, data, FinetuneConfig(epochs=3, lr=1e-3, batch_size=16), eval_fn=lambda m: {"accuracy": next(scores)}
+    )
     assert result.best_epoch == 1
     assert [r.metrics["accuracy"] for r in result.history] == [0.5, 0.9, 0.7, 0.6]
 
 
-@pytest.mark.parametrize(("values", "higher", "best"), [
-    ([0.5, 0.9, 0.7, 0.6], True, 1),   # the middle epoch
-    ([0.9, 0.3, 0.5, 0.4], False, 1),  # lower is better (perplexity)
-    ([0.9, 0.5, 0.6, 0.7], True, 0),   # nothing beat the weights before training
-    ([0.1, 0.2, 0.3, 0.4], True, 3),   # the last epoch
-    ([0.5, 0.5, 0.9, 0.9], True, 2),   # a tie keeps the earlier epoch
-])
+@pytest.mark.parametrize(
+    ("values", "higher", "best"),
+    [
+        ([0.5, 0.9, 0.7, 0.6], True, 1),  # the middle epoch
+        ([0.9, 0.3, 0.5, 0.4], False, 1),  # lower is better (perplexity)
+        ([0.9, 0.5, 0.6, 0.7], True, 0),  # nothing beat the weights before training
+        ([0.1, 0.2, 0.3, 0.4], True, 3),  # the last epoch
+        ([0.5, 0.5, 0.9, 0.9], True, 2),  # a tie keeps the earlier epoch
+    ],
+)
 def test_the_returned_weights_are_the_best_epochs(values, higher, best):
     """Checked on the weights themselves: those seen by the evaluation that scored best."""
     model, data = TINY["reference"](), _data()
@@ -119,7 +128,9 @@ def test_the_returned_weights_are_the_best_epochs(values, higher, best):
         seen.append(_weights(m))
         return {"accuracy": next(scores)}
 
-    result = finetune(model, data, FinetuneConfig(epochs=3, lr=1e-2, batch_size=16), eval_fn=eval_fn, higher_is_better=higher)
+    result = finetune(
+        model, data, FinetuneConfig(epochs=3, lr=1e-2, batch_size=16), eval_fn=eval_fn, higher_is_better=higher
+    )
     assert result.best_epoch == best and len(seen) == 4
     final = _weights(result.model)
     for epoch, weights in enumerate(seen):
@@ -160,7 +171,16 @@ def test_teacher_of_another_family_or_vocabulary_is_refused():
     student = TINY["bert"]()
     with pytest.raises(UsageError, match="same family"):
         check_compatible(TINY["distilbert"](), student)
-    other = T.BertForSequenceClassification(T.BertConfig(vocab_size=VOCAB + 5, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48, num_labels=3))
+    other = T.BertForSequenceClassification(
+        T.BertConfig(
+            vocab_size=VOCAB + 5,
+            hidden_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=48,
+            num_labels=3,
+        )
+    )
     with pytest.raises(UsageError, match="vocabulary"):
         check_compatible(other, student)
 

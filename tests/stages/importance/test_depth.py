@@ -41,7 +41,12 @@ def test_refit_is_the_held_out_loss_after_removal_and_a_short_refit(setup):
     base, _ = _loss(model, held)
     cut = apply_plan(copy.deepcopy(model), {}, [1])
     torch.manual_seed(0)
-    finetune(cut, fit, FinetuneConfig(steps=LayerRefit.REFIT_STEPS, batch_size=LayerRefit.BATCH, seed=0, kd_weight=0.5), teacher=model)
+    finetune(
+        cut,
+        fit,
+        FinetuneConfig(steps=LayerRefit.REFIT_STEPS, batch_size=LayerRefit.BATCH, seed=0, kd_weight=0.5),
+        teacher=model,
+    )
     after, _ = _loss(cut, held)
     assert scores[1] == pytest.approx((after - base).mean().item(), abs=1e-9)
     # The refit is real training: the score differs from dropping the layer outright (loo).

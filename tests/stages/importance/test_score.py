@@ -61,7 +61,11 @@ def test_gate_gradients_match_finite_differences(setup):
     manual = 0.0
     for i in range(len(data)):
         gates = [torch.ones(1, n, dtype=torch.float64, requires_grad=True) for n in (4, 3, 4)]
-        one = {"input_ids": data.input_ids[i : i + 1], "attention_mask": data.attention_mask[i : i + 1], "labels": data.labels[i : i + 1]}
+        one = {
+            "input_ids": data.input_ids[i : i + 1],
+            "attention_mask": data.attention_mask[i : i + 1],
+            "labels": data.labels[i : i + 1],
+        }
         with HeadGates(model, gates):
             loss = batch_losses(ctx, one, 0).sum()
         manual += torch.autograd.grad(loss, [gates[1]])[0][0, 2].abs().item()
@@ -104,7 +108,9 @@ def test_dead_heads_score_zero_and_rank_last(setup):
             assert min(alive) > 0, method
 
 
-@pytest.mark.parametrize("name, objective", [("gpt2", "causal-lm"), ("llama-gqa", "causal-lm"), ("roberta", "fidelity")])
+@pytest.mark.parametrize(
+    "name, objective", [("gpt2", "causal-lm"), ("llama-gqa", "causal-lm"), ("roberta", "fidelity")]
+)
 def test_every_objective_scores_every_head(tmp_path, name, objective):
     model = give_tokenizer(TINY[name](), encoder=name == "roberta")
     data = read_data(write_text(tmp_path / "t.txt", 6), model)
@@ -138,16 +144,43 @@ def _strip(text):
 
 
 def test_cli_json_on_stdout_deterministic(files, cli):
-    first = cli("score", files / "m.safetensors", "--data", files / "d.jsonl", "--method", "combined",
-                "--weights", "taylor=1,fisher=0.5", "--seed", "3", "--batch-size", "4", "--layers")
+    first = cli(
+        "score",
+        files / "m.safetensors",
+        "--data",
+        files / "d.jsonl",
+        "--method",
+        "combined",
+        "--weights",
+        "taylor=1,fisher=0.5",
+        "--seed",
+        "3",
+        "--batch-size",
+        "4",
+        "--layers",
+    )
     assert first.code == 0, first.err
     data = json.loads(first.out)
     assert data["kind"] == "scores" and data["method"] == "combined" and data["samples"] == 10
     assert [i["role"] for i in data["inputs"]] == ["model", "data"]
     assert data["config"]["weights"] == {"fisher": 0.5, "taylor": 1.0} and data["layers"]
-    second = cli("score", files / "m.safetensors", "--data", files / "d.jsonl", "--method", "combined",
-                 "--weights", "taylor=1,fisher=0.5", "--seed", "3", "--batch-size", "4", "--layers",
-                 "-o", files / "s.json")
+    second = cli(
+        "score",
+        files / "m.safetensors",
+        "--data",
+        files / "d.jsonl",
+        "--method",
+        "combined",
+        "--weights",
+        "taylor=1,fisher=0.5",
+        "--seed",
+        "3",
+        "--batch-size",
+        "4",
+        "--layers",
+        "-o",
+        files / "s.json",
+    )
     assert second.code == 0 and second.out == ""
     on_stdout, in_file = _strip(first.out), _strip((files / "s.json").read_text())
     # A file names the inputs in its own folder relative to it; stdout has no folder.
@@ -191,13 +224,32 @@ def test_cli_tokenizerless_checkpoint(files, cli):
 def test_torchrun_two_processes_equal_one(files):
     torchrun = Path(sys.executable).with_name("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SOURCE_DATE_EPOCH": "0"}
-    args = ["-m", "headprune_cli", "score", str(files / "m.safetensors"), "--data", str(files / "d.jsonl"),
-            "--method", "combined", "--weights", "gradient=1,taylor=1,fisher=1,loo=1,entropy=1", "--batch-size", "2",
-            "--layers"]
-    one = subprocess.run([sys.executable, *args, "-o", str(files / "one.json")], env=env, capture_output=True, text=True)
+    args = [
+        "-m",
+        "headprune_cli",
+        "score",
+        str(files / "m.safetensors"),
+        "--data",
+        str(files / "d.jsonl"),
+        "--method",
+        "combined",
+        "--weights",
+        "gradient=1,taylor=1,fisher=1,loo=1,entropy=1",
+        "--batch-size",
+        "2",
+        "--layers",
+    ]
+    one = subprocess.run(
+        [sys.executable, *args, "-o", str(files / "one.json")], env=env, capture_output=True, text=True
+    )
     assert one.returncode == 0, one.stderr
-    two = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", "29517", *args, "-o", str(files / "two.json")],
-                         env=env, capture_output=True, text=True, timeout=300)
+    two = subprocess.run(
+        [str(torchrun), "--nproc-per-node", "2", "--master-port", "29517", *args, "-o", str(files / "two.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert two.returncode == 0, two.stderr[-2000:]
     a, b = json.loads((files / "one.json").read_text()), json.loads((files / "two.json").read_text())
     assert a["samples"] == b["samples"] == 10

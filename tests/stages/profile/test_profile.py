@@ -18,7 +18,22 @@ from headprune_cli.stages.profile.measure import grid
 from tests.support import saved_model
 from tests.support.latency import MacTimer
 
-FAST = ("--points", "3", "--rounds", "2", "--warmup", "1", "--min-time", "0", "--batch-size", "2", "--seq-len", "8", "--threads", "1")
+FAST = (
+    "--points",
+    "3",
+    "--rounds",
+    "2",
+    "--warmup",
+    "1",
+    "--min-time",
+    "0",
+    "--batch-size",
+    "2",
+    "--seq-len",
+    "8",
+    "--threads",
+    "1",
+)
 
 
 @pytest.fixture
@@ -185,7 +200,9 @@ def test_the_whole_block_is_timed_several_times_a_round_and_pooled(monkeypatch):
     class Stub:
         def __init__(self, fn, threads):
             self.fn, self.calls = fn, 0
-            self.ms = 10.0 + 2.0 * sum(1 for other in made if other.fn.__self__ is block)  # whole-block timers: 10, 12, 14 ms
+            self.ms = 10.0 + 2.0 * sum(
+                1 for other in made if other.fn.__self__ is block
+            )  # whole-block timers: 10, 12, 14 ms
             made.append(self)
 
         def timeit(self, number):

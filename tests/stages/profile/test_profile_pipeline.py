@@ -28,7 +28,10 @@ def test_a_pipeline_profiles_then_prunes_to_a_latency_target(tmp_path, cli, fake
     headprune_cli.save(TINY["bert"](), tmp_path / "model.safetensors")
     tensor_data(tmp_path)  # calib.safetensors
     config = {
-        "model": "model.safetensors", "data": "calib.safetensors", "out": "out", "seed": 0,
+        "model": "model.safetensors",
+        "data": "calib.safetensors",
+        "out": "out",
+        "seed": 0,
         "stages": [
             {"command": "profile", **FAST},
             {"command": "score", "method": "fisher", "objective": "fidelity", "samples": 8, "ffn": True},
@@ -51,8 +54,16 @@ def test_a_flops_target_in_a_pipeline_with_a_profile_ignores_the_table(tmp_path,
     monkeypatch.chdir(tmp_path)
     headprune_cli.save(TINY["bert"](), tmp_path / "model.safetensors")
     tensor_data(tmp_path)
-    config = {"model": "model.safetensors", "data": "calib.safetensors", "out": "out",
-              "stages": [{"command": "profile"}, {"command": "score", "method": "fisher"}, {"command": "select", "target_flops": 0.8}]}
+    config = {
+        "model": "model.safetensors",
+        "data": "calib.safetensors",
+        "out": "out",
+        "stages": [
+            {"command": "profile"},
+            {"command": "score", "method": "fisher"},
+            {"command": "select", "target_flops": 0.8},
+        ],
+    }
     assert "--latency" not in prepare(config).stages[2].argv
 
 
@@ -87,9 +98,11 @@ def test_select_with_a_latency_table_does_not_import_torch(tmp_path):
     model, path = saved_model(tmp_path, "bert")
     scores = write_scores(tmp_path, model, path)
     table = write_latency(tmp_path / "latency.json", model, path)
-    probe = (f"from headprune_cli.cli.app import main\n"
-             f"main(['select', {str(scores)!r}, '--latency', {str(table)!r}, '--target-latency', '0.9', '-o', {str(tmp_path / 'plan.json')!r}])\n"
-             "import sys\nprint([m for m in ('torch', 'transformers') if m in sys.modules])")
+    probe = (
+        f"from headprune_cli.cli.app import main\n"
+        f"main(['select', {str(scores)!r}, '--latency', {str(table)!r}, '--target-latency', '0.9', '-o', {str(tmp_path / 'plan.json')!r}])\n"
+        "import sys\nprint([m for m in ('torch', 'transformers') if m in sys.modules])"
+    )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stderr
     assert json.loads((tmp_path / "plan.json").read_text())["latency"]["after_fraction"] <= 0.9 + 1e-9

@@ -57,8 +57,16 @@ def test_each_model_is_timed_alone_and_warmup_runs_are_not_counted():
     before = torch.get_num_threads()
     timed = measure({"slow": slow, "fast": fast}, {"slow": {}, "fast": {}}, repeats=6, warmup=1, threads=1, clock=clock)
     assert torch.get_num_threads() == before
-    assert [round(x, 6) for x in (timed["slow"].median_ms, timed["slow"].min_ms, timed["slow"].max_ms)] == [8.0, 7.0, 30.0]
-    assert [round(x, 6) for x in (timed["fast"].median_ms, timed["fast"].min_ms, timed["fast"].max_ms)] == [2.0, 1.0, 3.0]
+    assert [round(x, 6) for x in (timed["slow"].median_ms, timed["slow"].min_ms, timed["slow"].max_ms)] == [
+        8.0,
+        7.0,
+        30.0,
+    ]
+    assert [round(x, 6) for x in (timed["fast"].median_ms, timed["fast"].min_ms, timed["fast"].max_ms)] == [
+        2.0,
+        1.0,
+        3.0,
+    ]
     assert timed["slow"].runs == timed["fast"].runs == 6
 
 

@@ -19,8 +19,15 @@ below, above = (lambda x: math.nextafter(x, -math.inf)), (lambda x: math.nextaft
 
 
 def _metric(drop: float, rel_drop: float) -> MainMetric:
-    return MainMetric(name="accuracy", higher_is_better=True, baseline=0.8, pruned=0.8 - drop / 100,
-                      drop=drop, unit="points", rel_drop=rel_drop)
+    return MainMetric(
+        name="accuracy",
+        higher_is_better=True,
+        baseline=0.8,
+        pruned=0.8 - drop / 100,
+        drop=drop,
+        unit="points",
+        rel_drop=rel_drop,
+    )
 
 
 @pytest.mark.parametrize("value", [7.5, 0.1, 1e-300, 0.0])
@@ -110,14 +117,19 @@ def _metrics(name: str, value: float, higher_is_better: bool) -> list[dict]:
     return [{"name": name, "value": value, "higher_is_better": higher_is_better}]
 
 
-@pytest.mark.parametrize("task, name, higher, base, new, drop, unit, rel_drop", [
-    ("classification", "accuracy", True, 0.8, 0.7, 10.0, "points", 0.125),       # worse: positive, in points
-    ("classification", "accuracy", True, 0.8, 0.9, -10.0, "points", -0.125),     # better: negative
-    ("causal-lm", "perplexity", False, 10.0, 12.0, 2.0, "perplexity", 0.2),      # lower is better, own unit
-    ("causal-lm", "perplexity", False, 10.0, 9.0, -1.0, "perplexity", -0.1),
-    ("embedding", "fidelity", True, 0.0, -0.5, 50.0, "points", 0.0),             # no relative drop from 0
-])
-def test_main_metric_measures_the_drop_in_the_metrics_own_direction(task, name, higher, base, new, drop, unit, rel_drop):
+@pytest.mark.parametrize(
+    "task, name, higher, base, new, drop, unit, rel_drop",
+    [
+        ("classification", "accuracy", True, 0.8, 0.7, 10.0, "points", 0.125),  # worse: positive, in points
+        ("classification", "accuracy", True, 0.8, 0.9, -10.0, "points", -0.125),  # better: negative
+        ("causal-lm", "perplexity", False, 10.0, 12.0, 2.0, "perplexity", 0.2),  # lower is better, own unit
+        ("causal-lm", "perplexity", False, 10.0, 9.0, -1.0, "perplexity", -0.1),
+        ("embedding", "fidelity", True, 0.0, -0.5, 50.0, "points", 0.0),  # no relative drop from 0
+    ],
+)
+def test_main_metric_measures_the_drop_in_the_metrics_own_direction(
+    task, name, higher, base, new, drop, unit, rel_drop
+):
     main = build.main_metric(task, _metrics(name, base, higher), _metrics(name, new, higher))
     assert (main.name, main.higher_is_better, main.baseline, main.pruned, main.unit) == (name, higher, base, new, unit)
     assert main.drop == pytest.approx(drop) and main.rel_drop == pytest.approx(rel_drop)
@@ -135,9 +147,27 @@ def test_gates_say_what_they_check_and_against_what():
     main = _metric(1.5, 0.02)
     listed = [g.to_dict() for g in gates(main, 1.8, max_drop=2.0, max_rel_drop=0.025, min_speedup=1.5)]
     assert listed == [
-        {"name": "max-drop", "description": "accuracy drop <= 2 points", "threshold": 2.0, "value": 1.5, "passed": True},
-        {"name": "max-rel-drop", "description": "accuracy relative drop <= 2.50%", "threshold": 0.025, "value": 0.02, "passed": True},
-        {"name": "min-speedup", "description": "measured speedup >= 1.5x", "threshold": 1.5, "value": 1.8, "passed": True},
+        {
+            "name": "max-drop",
+            "description": "accuracy drop <= 2 points",
+            "threshold": 2.0,
+            "value": 1.5,
+            "passed": True,
+        },
+        {
+            "name": "max-rel-drop",
+            "description": "accuracy relative drop <= 2.50%",
+            "threshold": 0.025,
+            "value": 0.02,
+            "passed": True,
+        },
+        {
+            "name": "min-speedup",
+            "description": "measured speedup >= 1.5x",
+            "threshold": 1.5,
+            "value": 1.8,
+            "passed": True,
+        },
     ]
 
 
@@ -149,9 +179,17 @@ def test_min_speedup_without_latency_is_refused():
 def test_baseline_auto_finds_the_root_or_says_why_not(models, tmp_path):
     folder, _ = models
     assert build.resolve_baseline(folder / "pruned.safetensors", "auto") == folder / "base.safetensors"
-    assert build.resolve_baseline(folder / "pruned.safetensors", tmp_path / "other.safetensors") == tmp_path / "other.safetensors"
-    with pytest.raises(build.UsageError, match="has no root model in its provenance .it was never pruned.; pass --baseline CKPT"):
+    assert (
+        build.resolve_baseline(folder / "pruned.safetensors", tmp_path / "other.safetensors")
+        == tmp_path / "other.safetensors"
+    )
+    with pytest.raises(
+        build.UsageError, match="has no root model in its provenance .it was never pruned.; pass --baseline CKPT"
+    ):
         build.resolve_baseline(folder / "base.safetensors", "auto")
     shutil.copy(folder / "pruned.safetensors", tmp_path / "pruned.safetensors")  # moved away from its root
-    with pytest.raises(build.CheckpointError, match=r"root model .*base.safetensors \(from the provenance of .*\) not found; pass --baseline CKPT"):
+    with pytest.raises(
+        build.CheckpointError,
+        match=r"root model .*base.safetensors \(from the provenance of .*\) not found; pass --baseline CKPT",
+    ):
         build.resolve_baseline(tmp_path / "pruned.safetensors", "auto")

@@ -22,8 +22,22 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def test_passing_gates_exit_0_and_write_every_output(models, cli, tmp_path):
     folder, accuracy = models
     out = {k: tmp_path / name for k, name in [("json", "r.json"), ("md", "r.md"), ("junit", "j.xml")]}
-    result = run_report(cli, folder, "--max-drop", "100", "--max-rel-drop", "1", "--json", out["json"],
-                     "--markdown", out["md"], "--junit", out["junit"], "--plot", tmp_path / "plots")
+    result = run_report(
+        cli,
+        folder,
+        "--max-drop",
+        "100",
+        "--max-rel-drop",
+        "1",
+        "--json",
+        out["json"],
+        "--markdown",
+        out["md"],
+        "--junit",
+        out["junit"],
+        "--plot",
+        tmp_path / "plots",
+    )
     assert result.code == 0, result.err
     assert result.out == ""  # data goes to files; the summary to stderr
     assert "PASS" in result.err and "head map" in result.err
@@ -44,7 +58,8 @@ def test_passing_gates_exit_0_and_write_every_output(models, cli, tmp_path):
     assert measured["batch"] == 8 and measured["seq_len"] == 16 and measured["threads"] == 2
     assert measured["latency_ms"]["baseline"]["runs"] == 2
     assert measured["speedup"] == pytest.approx(
-        measured["latency_ms"]["baseline"]["median_ms"] / measured["latency_ms"]["pruned"]["median_ms"])
+        measured["latency_ms"]["baseline"]["median_ms"] / measured["latency_ms"]["pruned"]["median_ms"]
+    )
     assert [row["kept"] for row in data["head_map"]] == [[3], [2], [0]]
     assert data["head_map"][1]["removed"] == [0, 1]
 
@@ -59,8 +74,20 @@ def test_passing_gates_exit_0_and_write_every_output(models, cli, tmp_path):
 
 def test_a_failed_gate_exits_3_after_writing_outputs(models, cli, tmp_path):
     folder, accuracy = models
-    result = run_report(cli, folder, "--max-drop", "0.5", "--max-rel-drop", "1", "--json", tmp_path / "r.json",
-                     "--markdown", tmp_path / "r.md", "--junit", tmp_path / "j.xml")
+    result = run_report(
+        cli,
+        folder,
+        "--max-drop",
+        "0.5",
+        "--max-rel-drop",
+        "1",
+        "--json",
+        tmp_path / "r.json",
+        "--markdown",
+        tmp_path / "r.md",
+        "--junit",
+        tmp_path / "j.xml",
+    )
     assert result.code == 3, result.err
     assert "FAIL: gate max-drop failed" in result.err and "Error" not in result.err
     data = json.loads((tmp_path / "r.json").read_text())
@@ -126,7 +153,9 @@ def test_existing_output_needs_force_and_inputs_are_never_overwritten(models, cl
 def test_baseline_auto_follows_provenance_and_explicit_baseline_matches(models, cli):
     folder, _ = models
     auto = json.loads(run_report(cli, folder, "--repeats", "0", "--json", "-").out)
-    explicit = json.loads(run_report(cli, folder, "--repeats", "0", "--baseline", folder / "base.safetensors", "--json", "-").out)
+    explicit = json.loads(
+        run_report(cli, folder, "--repeats", "0", "--baseline", folder / "base.safetensors", "--json", "-").out
+    )
     assert auto["models"]["baseline"]["sha256"] == explicit["models"]["baseline"]["sha256"]
     assert auto["main_metric"] == explicit["main_metric"]
 
@@ -160,7 +189,9 @@ def test_errors_exit_1(models, cli, tmp_path):
         (("--scores", folder / "dev.jsonl"), "not valid JSON"),
     ]
     for args, message in cases:
-        result = cli("report", "--model", folder / "pruned.safetensors", "--data", folder / "dev.jsonl", *FAST_REPORT, *args)
+        result = cli(
+            "report", "--model", folder / "pruned.safetensors", "--data", folder / "dev.jsonl", *FAST_REPORT, *args
+        )
         assert result.code == 1 and message in result.err, (args, result.err)
         assert "Traceback" not in result.err and result.out == ""
 
@@ -172,7 +203,9 @@ def test_a_baseline_that_is_not_an_ancestor_warns_and_says_so(models, cli, tmp_p
         for p in stranger.parameters():
             p.add_(0.01)
     save(stranger, tmp_path / "stranger.safetensors")
-    result = run_report(cli, folder, "--baseline", tmp_path / "stranger.safetensors", "--json", "-", "--markdown", tmp_path / "r.md")
+    result = run_report(
+        cli, folder, "--baseline", tmp_path / "stranger.safetensors", "--json", "-", "--markdown", tmp_path / "r.md"
+    )
     assert result.code == 0, result.err
     assert "warning" in result.err and "does not descend" in result.err
     data = json.loads(result.out)
@@ -189,20 +222,30 @@ def test_scores_give_an_importance_heatmap(models, cli, tmp_path):
     layout = info_of(base).layout
     heads = {layer: {h: float(layer * 10 + h) for h in kept} for layer, kept in zip(layout.layers, layout.heads)}
     scores = {
-        **envelope("scores", [], {}), "method": "test", "objective": "classification", "shape": [3, 4],
-        "num_heads": layout.num_heads, "num_kv_heads": layout.num_kv_heads,
-        "kept": dict(zip(layout.layers, layout.heads)), "heads": heads, "samples": 1,
+        **envelope("scores", [], {}),
+        "method": "test",
+        "objective": "classification",
+        "shape": [3, 4],
+        "num_heads": layout.num_heads,
+        "num_kv_heads": layout.num_kv_heads,
+        "kept": dict(zip(layout.layers, layout.heads)),
+        "heads": heads,
+        "samples": 1,
         "cost": cost_table(base, 16).to_dict(),
     }
     write_artifact(json.loads(json.dumps(scores)), tmp_path / "scores.json")
-    result = run_report(cli, folder, "--scores", tmp_path / "scores.json", "--repeats", "0", "--json", "-", "--plot", tmp_path / "plots")
+    result = run_report(
+        cli, folder, "--scores", tmp_path / "scores.json", "--repeats", "0", "--json", "-", "--plot", tmp_path / "plots"
+    )
     assert result.code == 0, result.err
     rows = json.loads(result.out)["head_map"]
     assert rows[1]["scores"] == {"0": 10.0, "1": 11.0, "2": 12.0}
     _assert_png(tmp_path / "plots" / "head_map.png")
 
 
-@pytest.mark.parametrize("name, metric, unit", [("gpt2", "perplexity", "perplexity"), ("roberta", "fidelity", "points")])
+@pytest.mark.parametrize(
+    "name, metric, unit", [("gpt2", "perplexity", "perplexity"), ("roberta", "fidelity", "points")]
+)
 def test_causal_lm_and_embedding_models(name, metric, unit, cli, tmp_path):
     base = give_tokenizer(TINY[name](), encoder=name != "gpt2")
     save(base, tmp_path / "base.safetensors")
@@ -210,7 +253,18 @@ def test_causal_lm_and_embedding_models(name, metric, unit, cli, tmp_path):
     apply_plan(pruned, {0: [0, 1], 2: [3]}, [1])
     save(pruned, tmp_path / "pruned.safetensors")
     write_text(tmp_path / "dev.txt", 12)
-    result = cli("report", "--model", tmp_path / "pruned.safetensors", "--data", tmp_path / "dev.txt", *FAST_REPORT, "--json", "-", "--max-drop", "1e9")
+    result = cli(
+        "report",
+        "--model",
+        tmp_path / "pruned.safetensors",
+        "--data",
+        tmp_path / "dev.txt",
+        *FAST_REPORT,
+        "--json",
+        "-",
+        "--max-drop",
+        "1e9",
+    )
     assert result.code == 0, result.err
     data = json.loads(result.out)
     main = data["main_metric"]
@@ -233,7 +287,18 @@ def _assert_png(path):
 def test_default_sequence_length_fits_the_model(tmp_path, cli):
     """The bundled example has 64 positions: the default 128 is capped, not an error."""
     demo = ROOT / "examples" / "demo"
-    result = cli("report", "--model", demo / "model.safetensors", "--baseline", demo / "model.safetensors",
-                 "--data", demo / "dev.jsonl", "--repeats", "0", "--json", tmp_path / "r.json")
+    result = cli(
+        "report",
+        "--model",
+        demo / "model.safetensors",
+        "--baseline",
+        demo / "model.safetensors",
+        "--data",
+        demo / "dev.jsonl",
+        "--repeats",
+        "0",
+        "--json",
+        tmp_path / "r.json",
+    )
     assert result.code == 0, result.err
     assert json.loads((tmp_path / "r.json").read_text())["cost"]["seq_len"] == 64

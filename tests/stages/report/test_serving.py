@@ -89,7 +89,12 @@ def test_prefill_and_decode_flops_match_hooks_on_a_real_forward(name):
     keys = prompt + (tokens + 1) / 2
     cost = decode_cost(model, prompt, tokens, batch=4)
     assert cost["flops_per_token"] == pytest.approx(2 * one_step + 2 * score_macs * keys, rel=1e-9)
-    linear_bytes = {id(p): p.numel() * 4 for m in model.modules() if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D" for p in m.parameters(recurse=False)}
+    linear_bytes = {
+        id(p): p.numel() * 4
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"
+        for p in m.parameters(recurse=False)
+    }
     assert weight_bytes(model) == cost["weight_bytes_per_step"] == sum(linear_bytes.values())
     kv = kv_cache_bytes(model)["total"]
     assert cost["bytes_per_token"] == pytest.approx(weight_bytes(model) / 4 + 3 * kv * keys)
@@ -114,8 +119,20 @@ def _report(cli, folder, *extra):
 
 
 def test_report_states_kv_cache_and_measures_prefill_and_decode_beside_predictions(lm, cli, tmp_path):
-    result = _report(cli, lm, "--decode-prompt", "12", "--decode-tokens", "3", "--decode-batch", "2",
-                     "--json", tmp_path / "r.json", "--markdown", tmp_path / "r.md")
+    result = _report(
+        cli,
+        lm,
+        "--decode-prompt",
+        "12",
+        "--decode-tokens",
+        "3",
+        "--decode-batch",
+        "2",
+        "--json",
+        tmp_path / "r.json",
+        "--markdown",
+        tmp_path / "r.md",
+    )
     assert result.code == 0, result.err
     report, _ = read_artifact(tmp_path / "r.json", ("report",))  # the schema accepts it
     data = json.loads((tmp_path / "r.json").read_text())
@@ -132,11 +149,17 @@ def test_report_states_kv_cache_and_measures_prefill_and_decode_beside_predictio
         assert measured["prefill_ms"][side]["runs"] == measured["decode_ms"][side]["runs"] == 2
         tokens_per_s = 2 * 3 * 1000 / measured["decode_ms"][side]["median_ms"]
         assert measured["decode_tokens_per_s"][side] == pytest.approx(tokens_per_s)
-    assert measured["decode_vs_predicted"] == pytest.approx(measured["decode_speedup"] / decode["predicted_decode_speedup"])
-    assert measured["prefill_vs_predicted"] == pytest.approx(measured["prefill_speedup"] / decode["predicted_prefill_speedup"])
+    assert measured["decode_vs_predicted"] == pytest.approx(
+        measured["decode_speedup"] / decode["predicted_decode_speedup"]
+    )
+    assert measured["prefill_vs_predicted"] == pytest.approx(
+        measured["prefill_speedup"] / decode["predicted_prefill_speedup"]
+    )
     markdown = (tmp_path / "r.md").read_text()
     assert "| KV cache per token (float32) | 192 B | 96 B | -50.0% |" in markdown
-    assert "| prefill ms, batch 2 x 12 tokens (IQR) |" in markdown and "| decode tokens/s, batch 2, 3 tokens |" in markdown
+    assert (
+        "| prefill ms, batch 2 x 12 tokens (IQR) |" in markdown and "| decode tokens/s, batch 2, 3 tokens |" in markdown
+    )
     assert "KV cache per token 192 → 96 bytes (float32, -50.0%); prefill predicted" in result.err
     assert "decode predicted" in result.err and "measured" in result.err
 
@@ -145,7 +168,11 @@ def test_decode_defaults_fit_the_model_and_can_be_turned_off(lm, cli):
     result = _report(cli, lm, "--repeats", "0", "--json", "-")
     assert result.code == 0, result.err
     data = json.loads(result.out)
-    assert (data["cost"]["decode"]["prompt"], data["cost"]["decode"]["tokens"], data["cost"]["decode"]["batch"]) == (128, 32, 1)
+    assert (data["cost"]["decode"]["prompt"], data["cost"]["decode"]["tokens"], data["cost"]["decode"]["batch"]) == (
+        128,
+        32,
+        1,
+    )
     assert data["measured"] is None  # --repeats 0 times nothing, decode included
     off = json.loads(_report(cli, lm, "--decode-tokens", "0", "--json", "-").out)
     assert off["cost"]["decode"] is None and off["measured"]["decode"] is None
@@ -158,13 +185,28 @@ def test_the_default_prompt_shrinks_to_the_model_positions_and_an_explicit_one_i
     info_of(base).config["max_position_embeddings"] = 40
     save(give_tokenizer(base, encoder=False), tmp_path / "base.safetensors")
     write_text(tmp_path / "dev.txt", 4)
-    args = ("report", "--model", tmp_path / "base.safetensors", "--baseline", tmp_path / "base.safetensors",
-            "--data", tmp_path / "dev.txt", "--seq-len", "16", "--repeats", "0", "--json", "-")
+    args = (
+        "report",
+        "--model",
+        tmp_path / "base.safetensors",
+        "--baseline",
+        tmp_path / "base.safetensors",
+        "--data",
+        tmp_path / "dev.txt",
+        "--seq-len",
+        "16",
+        "--repeats",
+        "0",
+        "--json",
+        "-",
+    )
     result = cli(*args)
     assert result.code == 0, result.err
     assert json.loads(result.out)["cost"]["decode"]["prompt"] == 40 - 32
     refused = cli(*args, "--decode-prompt", "20", "--decode-tokens", "21")
-    assert refused.code == 2 and refused.err.startswith("Error: --decode-prompt 20 + --decode-tokens 21 exceed the model's maximum of 40")
+    assert refused.code == 2 and refused.err.startswith(
+        "Error: --decode-prompt 20 + --decode-tokens 21 exceed the model's maximum of 40"
+    )
     refused = cli(*args, "--decode-tokens", "40")
     assert refused.code == 2 and "leaves no room for a prompt" in refused.err
 
@@ -176,8 +218,18 @@ def test_an_encoder_report_says_kv_cache_n_a(cli, tmp_path):
     apply_plan(pruned, {0: [0, 1]}, [])
     save(pruned, tmp_path / "pruned.safetensors")
     write_text(tmp_path / "dev.txt", 8)
-    result = cli("report", "--model", tmp_path / "pruned.safetensors", "--data", tmp_path / "dev.txt", *FAST, "--json", tmp_path / "r.json",
-                 "--markdown", tmp_path / "r.md")
+    result = cli(
+        "report",
+        "--model",
+        tmp_path / "pruned.safetensors",
+        "--data",
+        tmp_path / "dev.txt",
+        *FAST,
+        "--json",
+        tmp_path / "r.json",
+        "--markdown",
+        tmp_path / "r.md",
+    )
     assert result.code == 0, result.err
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["kv_cache"] is None and data["cost"]["decode"] is None and data["measured"]["decode"] is None
@@ -188,7 +240,9 @@ def test_an_encoder_report_says_kv_cache_n_a(cli, tmp_path):
 def test_reports_without_the_serving_fields_still_read_and_unknown_fields_are_refused(lm, cli, tmp_path):
     from headprune_cli.errors import ArtifactError
 
-    data = json.loads(_report(cli, lm, "--repeats", "1", "--decode-tokens", "2", "--decode-prompt", "4", "--json", "-").out)
+    data = json.loads(
+        _report(cli, lm, "--repeats", "1", "--decode-tokens", "2", "--decode-prompt", "4", "--json", "-").out
+    )
     older = json.loads(json.dumps(data))
     del older["kv_cache"], older["cost"]["decode"], older["measured"]["decode"]
     (tmp_path / "old.json").write_text(json.dumps(older))
@@ -204,7 +258,11 @@ def test_reports_without_the_serving_fields_still_read_and_unknown_fields_are_re
 def test_inspect_shows_kv_cache_per_layer_and_total(lm, cli):
     result = cli("inspect", lm / "pruned.safetensors", "--json")
     assert result.code == 0, result.err
-    assert json.loads(result.out)["kv_cache"] == {"dtype": "float32", "per_layer": {"0": 32, "1": 32, "2": 32}, "total": 96}
+    assert json.loads(result.out)["kv_cache"] == {
+        "dtype": "float32",
+        "per_layer": {"0": 32, "1": 32, "2": 32},
+        "total": 96,
+    }
     table = cli("inspect", lm / "pruned.safetensors")
     assert "KV cache: 96 bytes per token (float32)" in table.err and "KV cache B/token" in table.err
     encoder = cli("inspect", ROOT / "examples" / "demo" / "model.safetensors", "--json")

@@ -24,8 +24,15 @@ FULL = 700 + 3 * (2000 + 4 * 160)
 
 def table(head_score: float, layer_scores: dict, layer_method: str = "loo", method: str = "loo") -> ScoreTable:
     heads = {layer: {h: head_score + 0.001 * h for h in range(4)} for layer in range(3)}
-    return ScoreTable(heads=heads, num_heads=[4] * 3, num_kv_heads=[4] * 3, layers=layer_scores,
-                      cost=synthetic_cost([4] * 3, [4] * 3), method=method, layer_method=layer_method)
+    return ScoreTable(
+        heads=heads,
+        num_heads=[4] * 3,
+        num_kv_heads=[4] * 3,
+        layers=layer_scores,
+        cost=synthetic_cost([4] * 3, [4] * 3),
+        method=method,
+        layer_method=layer_method,
+    )
 
 
 def flops(sel) -> float:
@@ -79,7 +86,9 @@ def test_head_scores_become_shares_of_their_layers_measured_attention_loss():
 
 
 def test_protected_layers_stay_and_one_layer_always_remains():
-    protected = select(table(1.0, {0: 3.0, 1: 0.5, 2: 3.0}), target_flops=0.7, constraints=Constraints(protect=((1, 2),)))
+    protected = select(
+        table(1.0, {0: 3.0, 1: 0.5, 2: 3.0}), target_flops=0.7, constraints=Constraints(protect=((1, 2),))
+    )
     assert 1 not in protected.remove_layers and flops(protected) <= 0.7 * FULL
     with pytest.raises(UsageError, match="budget cannot be met"):
         select(table(0.0, {0: 0.0, 1: 0.0, 2: 0.0}), target_flops=0.05)
@@ -96,7 +105,9 @@ def test_target_params_budgets_parameters_and_target_flops_budgets_flops():
     cheap_heads = _heavy_heads(table(0.01, {0: 9.0, 1: 9.0, 2: 9.0}))
     by_params = select(cheap_heads, "joint", target_params=0.9)
     by_flops = select(cheap_heads, "joint", target_flops=0.9)
-    removed = {name: sum(map(len, sel.remove_heads.values())) for name, sel in (("params", by_params), ("flops", by_flops))}
+    removed = {
+        name: sum(map(len, sel.remove_heads.values())) for name, sel in (("params", by_params), ("flops", by_flops))
+    }
     assert removed == {"params": 3, "flops": 6}  # 3 x 300 >= 10% of 7100 parameters; 6 x 160 >= 10% of 8620 FLOPs
     assert by_params.predicted["after"]["params"] <= 0.9 * by_params.predicted["before"]["params"]
     assert flops(by_flops) <= 0.9 * FULL
@@ -115,10 +126,14 @@ def test_a_budget_met_exactly_takes_no_more_than_it_needs():
 def test_joint_refuses_a_fixed_layer_choice_and_scores_without_costs():
     scores = table(0.01, {0: 1.0, 1: 1.0, 2: 1.0})
     for fixed in (Constraints(drop_layers=1), Constraints(layer_threshold=0.5)):
-        with pytest.raises(UsageError, match="^strategy 'joint' chooses the layers itself; leave out --drop-layers/--layer-threshold$"):
+        with pytest.raises(
+            UsageError, match="^strategy 'joint' chooses the layers itself; leave out --drop-layers/--layer-threshold$"
+        ):
             select(scores, "joint", target_flops=0.9, constraints=fixed)
     scores.cost = None
-    with pytest.raises(UsageError, match="^a --target-params/--target-flops budget needs the cost table in the scores$"):
+    with pytest.raises(
+        UsageError, match="^a --target-params/--target-flops budget needs the cost table in the scores$"
+    ):
         select(scores, "joint", target_flops=0.9)
 
 
@@ -131,8 +146,15 @@ def test_joint_refuses_a_fixed_layer_choice_and_scores_without_costs():
     multiple_of=st.sampled_from([1, 2]),
 )
 def test_joint_always_fits_and_respects_constraints(heads, layers, target, min_heads, multiple_of):
-    t = ScoreTable(heads={l: dict(enumerate(h)) for l, h in enumerate(heads)}, num_heads=[4] * 3, num_kv_heads=[4] * 3,
-                   layers=dict(enumerate(layers)), cost=synthetic_cost([4] * 3, [4] * 3), method="loo", layer_method="refit")
+    t = ScoreTable(
+        heads={l: dict(enumerate(h)) for l, h in enumerate(heads)},
+        num_heads=[4] * 3,
+        num_kv_heads=[4] * 3,
+        layers=dict(enumerate(layers)),
+        cost=synthetic_cost([4] * 3, [4] * 3),
+        method="loo",
+        layer_method="refit",
+    )
     c = Constraints(min_heads=min_heads, multiple_of=multiple_of)
     try:
         sel = select(t, "joint", target_flops=target, constraints=c)
@@ -168,7 +190,19 @@ def test_cli_scores_selects_and_prunes_layers_and_heads_to_the_predicted_cost(tm
     model, path = saved_model(tmp_path)
     data = tensor_data(tmp_path)
     scores = tmp_path / "scores.json"
-    args = ("score", path, "--data", data, "--objective", "fidelity", "--method", "taylor", "--layers", "--layer-method", "loo")
+    args = (
+        "score",
+        path,
+        "--data",
+        data,
+        "--objective",
+        "fidelity",
+        "--method",
+        "taylor",
+        "--layers",
+        "--layer-method",
+        "loo",
+    )
     assert cli(*args, "-o", scores).code == 0
     written_scores = json.loads(scores.read_text())
     assert written_scores["config"]["layers"] == "loo" and sorted(written_scores["attention"]) == ["0", "1", "2"]
@@ -203,12 +237,34 @@ def test_with_ffn_neurons_an_overshooting_layer_drop_gives_way_to_neuron_steps()
     from headprune_cli.model.cost_table import LayerCost
 
     # Per layer: 1000 fixed + 4 heads x 160 + 8 neurons x 125 = 2640 FLOPs; 700 outside.
-    cost = replace(synthetic_cost([4] * 3, [4] * 3), layers=[
-        LayerCost(layer=i, fixed_params=1000, fixed_flops=1000.0, q_head_params=50.0, q_head_flops=100.0, kv_head_params=30.0,
-                  kv_head_flops=60.0, group_size=1, ffn_width=8, ffn_neuron_params=10.0, ffn_neuron_flops=125.0) for i in range(3)])
+    cost = replace(
+        synthetic_cost([4] * 3, [4] * 3),
+        layers=[
+            LayerCost(
+                layer=i,
+                fixed_params=1000,
+                fixed_flops=1000.0,
+                q_head_params=50.0,
+                q_head_flops=100.0,
+                kv_head_params=30.0,
+                kv_head_flops=60.0,
+                group_size=1,
+                ffn_width=8,
+                ffn_neuron_params=10.0,
+                ffn_neuron_flops=125.0,
+            )
+            for i in range(3)
+        ],
+    )
     scores = table(0.3, {0: 1.0, 1: 1.0, 2: 1.0})
-    scores = replace(scores, cost=cost, ffn={l: [1.0] * 8 for l in range(3)}, ffn_kept={l: list(range(8)) for l in range(3)},
-                     ffn_loss={l: 0.4 for l in range(3)}, num_ffn=[8] * 3)
+    scores = replace(
+        scores,
+        cost=cost,
+        ffn={l: [1.0] * 8 for l in range(3)},
+        ffn_kept={l: list(range(8)) for l in range(3)},
+        ffn_loss={l: 0.4 for l in range(3)},
+        num_ffn=[8] * 3,
+    )
     # A neuron costs 0.4 / 8 = 0.05 for 125 FLOPs, more per FLOP than a layer (1.0 for 2640):
     # the greedy drops two layers (loss 2.0, 0.39 of the FLOPs); one layer and seven neurons
     # reach 0.6 for 1.35.

@@ -54,9 +54,16 @@ def test_latency_budget_cuts_where_milliseconds_are(workspace, cli):
     latency = plan["latency"]
     assert latency["before_ms"] == pytest.approx(23.0) and latency["after_ms"] == pytest.approx(14.0)
     assert latency["target_ms"] == 14 and latency["device"] == "Test CPU" and latency["selections"] >= 1
-    assert plan["predicted"]["after"]["flops_per_token"] < plan["predicted"]["before"]["flops_per_token"]  # FLOPs beside ms
-    assert {"role": "latency"} .items() <= next(r for r in plan["inputs"] if r["role"] == "latency").items()
-    by_flops = cli("select", scores, "--target-flops", str(plan["predicted"]["after"]["flops_per_token"] / plan["predicted"]["before"]["flops_per_token"]))
+    assert (
+        plan["predicted"]["after"]["flops_per_token"] < plan["predicted"]["before"]["flops_per_token"]
+    )  # FLOPs beside ms
+    assert {"role": "latency"}.items() <= next(r for r in plan["inputs"] if r["role"] == "latency").items()
+    by_flops = cli(
+        "select",
+        scores,
+        "--target-flops",
+        str(plan["predicted"]["after"]["flops_per_token"] / plan["predicted"]["before"]["flops_per_token"]),
+    )
     assert json.loads(by_flops.out)["remove_heads"] != plan["remove_heads"]
 
 
@@ -79,13 +86,17 @@ def test_a_concave_table_is_tightened_until_the_measured_points_fit(workspace, c
     folder, model, path, scores = workspace
     concave = {1: 8.0, 2: 9.5, 4: 11.0}
     shape = shape_of(model, path)
-    table = latency_table(path, shape, attention=lambda layer, k: concave[k] if layer == 0 else 2.0 + 0.5 * k, outside=1.0)
+    table = latency_table(
+        path, shape, attention=lambda layer, k: concave[k] if layer == 0 else 2.0 + 0.5 * k, outside=1.0
+    )
     (folder / "t.json").write_text(dumps(table))
     result = cli("select", scores, "--latency", folder / "t.json", "--target-ms", "19.1")
     assert result.code == 0, result.err
     plan = json.loads(result.out)
     assert plan["latency"]["before_ms"] == pytest.approx(20.0)
-    assert plan["remove_heads"] == {"0": [0], "1": [0]} and plan["latency"]["after_ms"] == pytest.approx(20 - 0.75 - 0.5)
+    assert plan["remove_heads"] == {"0": [0], "1": [0]} and plan["latency"]["after_ms"] == pytest.approx(
+        20 - 0.75 - 0.5
+    )
     assert plan["latency"]["selections"] >= 2
 
 
@@ -95,7 +106,9 @@ def test_a_budget_that_overshoots_by_the_points_is_loosened_to_the_plan_that_cut
     The bisection finds the looser budget whose plan the points say fits: two heads."""
     folder, model, path, scores = workspace
     step = {1: 2.0, 2: 2.0, 4: 11.0}
-    table = latency_table(path, shape_of(model, path), attention=lambda layer, k: step[k] if layer == 0 else 2.0 + 0.5 * k, outside=1.0)
+    table = latency_table(
+        path, shape_of(model, path), attention=lambda layer, k: step[k] if layer == 0 else 2.0 + 0.5 * k, outside=1.0
+    )
     (folder / "t.json").write_text(dumps(table))
     plan = json.loads(cli("select", scores, "--latency", folder / "t.json", "--target-ms", "13").out)
     assert plan["remove_heads"] == {"0": [0, 1]} and plan["latency"]["after_ms"] == pytest.approx(11.0)
@@ -110,7 +123,9 @@ def test_decode_prices_choose_by_the_decode_profile(workspace, cli):
     table["phases"]["decode"] = {**decode["phases"]["forward"], "context": 64}
     (folder / "t.json").write_text(dumps(table))
     forward = json.loads(cli("select", scores, "--latency", folder / "t.json", "--target-ms", "14").out)
-    by_decode = json.loads(cli("select", scores, "--latency", folder / "t.json", "--target-ms", "14", "--latency-phase", "decode").out)
+    by_decode = json.loads(
+        cli("select", scores, "--latency", folder / "t.json", "--target-ms", "14", "--latency-phase", "decode").out
+    )
     assert forward["remove_heads"] == {"0": [0, 1, 2]} and forward["latency"]["phase"] == "forward"
     assert by_decode["remove_heads"] == {"2": [0, 1, 2]} and by_decode["latency"]["phase"] == "decode"
     assert by_decode["config"]["latency_phase"] == "decode"
@@ -138,7 +153,26 @@ def _ffn_scores(tmp_path, model, path):
 
     data = tensor_data(tmp_path)
     out = tmp_path / "ffn-scores.json"
-    assert main(["score", str(path), "--data", str(data), "--method", "fisher", "--objective", "fidelity", "--ffn", "--samples", "8", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "score",
+                str(path),
+                "--data",
+                str(data),
+                "--method",
+                "fisher",
+                "--objective",
+                "fidelity",
+                "--ffn",
+                "--samples",
+                "8",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out
 
 

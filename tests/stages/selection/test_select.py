@@ -14,7 +14,18 @@ from headprune_cli.model.cost_table import predict
 from headprune_cli.errors import HeadpruneError, NumericalError, UsageError
 from headprune_cli.stages.selection import Constraints, ScoreTable, parse_protect, select
 
-from tests.support import ROOT, assert_refused, check_constraints, mha, requests, saved_model, scores_for, snapshot, tables, write_scores
+from tests.support import (
+    ROOT,
+    assert_refused,
+    check_constraints,
+    mha,
+    requests,
+    saved_model,
+    scores_for,
+    snapshot,
+    tables,
+    write_scores,
+)
 
 
 # --- tables built directly ------------------------------------------------------------
@@ -58,8 +69,12 @@ def impossibility(table: ScoreTable, kind: str, amount: dict, c: Constraints) ->
     if any(not o for o in options.values()):
         return "no allowed head count"
     if kind == "budget":
-        before = _synthetic_flops(table, {l: (n, kv) for l, (n, kv) in enumerate(zip(table.num_heads, table.num_kv_heads))})
-        cheapest = _synthetic_flops(table, {l: min(o, key=lambda qk: 100 * qk[0] + 60 * qk[1]) for l, o in options.items()})
+        before = _synthetic_flops(
+            table, {l: (n, kv) for l, (n, kv) in enumerate(zip(table.num_heads, table.num_kv_heads))}
+        )
+        cheapest = _synthetic_flops(
+            table, {l: min(o, key=lambda qk: 100 * qk[0] + 60 * qk[1]) for l, o in options.items()}
+        )
         if cheapest > amount["target_flops"] * before * (1 + 1e-9):
             return "budget"
     return None
@@ -158,7 +173,9 @@ def test_a_budget_takes_what_it_needs_and_says_what_it_could_reach_when_it_canno
     with pytest.raises(UsageError, match=r"\(best: 0\.839 of the flops per token\)$"):
         select(table, "budget", target_flops=0.5)
     table.cost = None
-    with pytest.raises(UsageError, match="^a --target-params/--target-flops budget needs the cost table in the scores$"):
+    with pytest.raises(
+        UsageError, match="^a --target-params/--target-flops budget needs the cost table in the scores$"
+    ):
         select(table, "budget", target_flops=0.9)
 
 
@@ -170,7 +187,10 @@ def test_multiple_of_and_protect():
     assert select(table, ratio=0.25, constraints=Constraints(multiple_of=2)).remove_heads == {0: [0, 1]}
     # 5 asked: 4 misses by one, 6 by one; again short. 7 asked (0.58): 6, not 8.
     assert select(table, ratio=5 / 12, constraints=Constraints(multiple_of=2)).remove_heads == {0: [0, 1, 2, 3]}
-    assert select(table, ratio=0.58, constraints=Constraints(multiple_of=2)).remove_heads == {0: [0, 1, 2, 3], 1: [4, 5]}
+    assert select(table, ratio=0.58, constraints=Constraints(multiple_of=2)).remove_heads == {
+        0: [0, 1, 2, 3],
+        1: [4, 5],
+    }
     sel = select(table, ratio=0.5, constraints=Constraints(protect=parse_protect("0:0,0:1")))
     assert not {0, 1} & set(sel.remove_heads[0])
 
@@ -181,8 +201,11 @@ def test_global_takes_a_step_past_the_ratio_only_when_it_lands_nearer():
     removed = {asked: sum(map(len, select(table, ratio=asked / 9).remove_heads.values())) for asked in (2, 4, 5)}
     assert removed == {2: 3, 4: 3, 5: 6}  # each lands on the nearer multiple of 3
     # Steps of two sizes: the group that would overshoot is passed over for a head that fits.
-    mixed = ScoreTable(heads={0: {0: 0.1, 1: 0.1, 2: 0.2, 3: 0.2, 4: 0.9, 5: 0.9}, 1: {0: 0.5, 1: 0.6, 2: 0.7, 3: 0.8}},
-                       num_heads=[6, 4], num_kv_heads=[3, 4])
+    mixed = ScoreTable(
+        heads={0: {0: 0.1, 1: 0.1, 2: 0.2, 3: 0.2, 4: 0.9, 5: 0.9}, 1: {0: 0.5, 1: 0.6, 2: 0.7, 3: 0.8}},
+        num_heads=[6, 4],
+        num_kv_heads=[3, 4],
+    )
     assert select(mixed, ratio=3 / 10).remove_heads == {0: [0, 1], 1: [0]}
 
 
@@ -203,8 +226,12 @@ def test_shipped_causal_lm_config_removes_two_of_four_query_heads_of_every_group
     config = yaml.safe_load((ROOT / "configs" / "causal-lm.yaml").read_text())
     stage = next(s for s in config["stages"] if s["command"] == "select")
     rng = random.Random(0)  # the config's model: 4 layers, 8 query heads sharing 2 K/V heads
-    table = ScoreTable(heads={l: {h: rng.random() for h in range(8)} for l in range(4)}, num_heads=[8] * 4, num_kv_heads=[2] * 4)
-    chosen = select(table, stage.get("strategy"), ratio=stage["ratio"], constraints=Constraints(gqa_unit=stage["gqa_unit"]))
+    table = ScoreTable(
+        heads={l: {h: rng.random() for h in range(8)} for l in range(4)}, num_heads=[8] * 4, num_kv_heads=[2] * 4
+    )
+    chosen = select(
+        table, stage.get("strategy"), ratio=stage["ratio"], constraints=Constraints(gqa_unit=stage["gqa_unit"])
+    )
     for layer in range(4):
         removed = chosen.remove_heads[layer]
         assert [sum(1 for h in removed if h // 4 == group) for group in (0, 1)] == [2, 2], (layer, removed)
@@ -290,7 +317,12 @@ def test_select_writes_a_valid_plan(tmp_path, cli, monkeypatch):
 @pytest.mark.parametrize(
     "args, edit, code, message",
     [
-        (["--ratio", "0.3", "--threshold", "0.1"], None, 2, "give exactly one of --ratio, --threshold, --target-params, --target-flops"),
+        (
+            ["--ratio", "0.3", "--threshold", "0.1"],
+            None,
+            2,
+            "give exactly one of --ratio, --threshold, --target-params, --target-flops",
+        ),
         ([], None, 2, "give exactly one of --ratio, --threshold, --target-params, --target-flops"),
         (["--ratio", "1.2"], None, 2, "outside [0, 1]"),
         (["--ratio", "-0.5"], None, 2, "outside [0, 1]"),
@@ -300,9 +332,19 @@ def test_select_writes_a_valid_plan(tmp_path, cli, monkeypatch):
         (["--ratio", "0.3", "--protect", "zero:1"], None, 2, "--protect: 'zero:1' is not LAYER:HEAD"),
         (["--ratio", "0.3", "--protect", "0:1:2"], None, 2, "--protect: '0:1:2' is not LAYER:HEAD"),
         (["--ratio", "0.3", "--protect", "0:-1"], None, 2, "--protect: '0:-1' is not LAYER:HEAD"),
-        (["--ratio", "0.3", "--protect", "0:1,0:4"], None, 2, "--protect 0:4: the scored model has no head 4 in layer 0"),
+        (
+            ["--ratio", "0.3", "--protect", "0:1,0:4"],
+            None,
+            2,
+            "--protect 0:4: the scored model has no head 4 in layer 0",
+        ),
         (["--ratio", "0.3", "--protect", "3:0"], None, 2, "--protect 3:0: the scored model has no head 0 in layer 3"),
-        (["--ratio", "0.3", "--drop-layers", "1", "--protect", "9:9"], None, 2, "--protect 9:9: the scored model has no head 9 in layer 9"),
+        (
+            ["--ratio", "0.3", "--drop-layers", "1", "--protect", "9:9"],
+            None,
+            2,
+            "--protect 9:9: the scored model has no head 9 in layer 9",
+        ),
         (["--target-flops", "0.3", "--protect", "2:7"], None, 2, "--protect 2:7: the scored model has no head 7"),
         (["--ratio", "0.3"], "nan", 1, "NaN"),
         (["--ratio", "0.3"], "kind", 1, "expected a scores artifact"),
@@ -327,17 +369,57 @@ NAN = float("nan")
 @pytest.mark.parametrize(
     "request_, constraints, scores, message",
     [
-        ({"ratio": 0.3}, Constraints(min_heads=0), None, "--min-heads must be at least 1 (drop a whole layer with --drop-layers)"),
+        (
+            {"ratio": 0.3},
+            Constraints(min_heads=0),
+            None,
+            "--min-heads must be at least 1 (drop a whole layer with --drop-layers)",
+        ),
         ({"ratio": 0.3}, Constraints(multiple_of=0), None, "--multiple-of must be at least 1"),
         ({"ratio": 0.3}, Constraints(gqa_unit="kv"), None, "unknown GQA unit 'kv' (available: group, head)"),
-        ({"ratio": 0.3}, Constraints(drop_layers=1, layer_threshold=0.5), None, "give --drop-layers or --layer-threshold, not both"),
-        ({"ratio": 0.3}, Constraints(drop_layers=2), None, "layer removal would drop every layer; at least one must remain"),
-        ({"ratio": 0.3}, Constraints(drop_layers=1), {"layers": None}, "layer removal needs layer scores, and these scores have none (score layers too)"),
-        ({"ratio": 0.3}, Constraints(), {"layers": {0: NAN, 1: 0.2}}, "layer scores contain NaN or inf; rescore the model"),
-        ({"ratio": 0.3}, Constraints(), {"heads": {0: [0.1, NAN], 1: [0.3, 0.4]}}, "scores of layer 0 contain NaN or inf; rescore the model"),
-        ({"strategy": "global", "ratio": 0.3, "target_flops": 0.5}, Constraints(), None, "strategy 'global' takes --ratio (and no threshold or target)"),
+        (
+            {"ratio": 0.3},
+            Constraints(drop_layers=1, layer_threshold=0.5),
+            None,
+            "give --drop-layers or --layer-threshold, not both",
+        ),
+        (
+            {"ratio": 0.3},
+            Constraints(drop_layers=2),
+            None,
+            "layer removal would drop every layer; at least one must remain",
+        ),
+        (
+            {"ratio": 0.3},
+            Constraints(drop_layers=1),
+            {"layers": None},
+            "layer removal needs layer scores, and these scores have none (score layers too)",
+        ),
+        (
+            {"ratio": 0.3},
+            Constraints(),
+            {"layers": {0: NAN, 1: 0.2}},
+            "layer scores contain NaN or inf; rescore the model",
+        ),
+        (
+            {"ratio": 0.3},
+            Constraints(),
+            {"heads": {0: [0.1, NAN], 1: [0.3, 0.4]}},
+            "scores of layer 0 contain NaN or inf; rescore the model",
+        ),
+        (
+            {"strategy": "global", "ratio": 0.3, "target_flops": 0.5},
+            Constraints(),
+            None,
+            "strategy 'global' takes --ratio (and no threshold or target)",
+        ),
         ({"threshold": "nan"}, Constraints(), None, "--threshold must be finite"),
-        ({"threshold": "lots"}, Constraints(), None, "--threshold 'lots': expected a number or a percentile such as 25%"),
+        (
+            {"threshold": "lots"},
+            Constraints(),
+            None,
+            "--threshold 'lots': expected a number or a percentile such as 25%",
+        ),
         ({"threshold": "101%"}, Constraints(), None, "--threshold 101%: a percentile must be within 0%..100%"),
     ],
 )
@@ -366,5 +448,8 @@ def test_scores_helper_makes_valid_artifacts(tmp_path):
     model, model_path = saved_model(tmp_path, "llama-gqa")
     Scores.model_validate(scores_for(model, model_path))
     with pytest.raises(HeadpruneError):
-        select(ScoreTable(heads={0: {0: 1.0}}, num_heads=[1], num_kv_heads=[1]), ratio=0.5,
-               constraints=Constraints(min_heads=2))
+        select(
+            ScoreTable(heads={0: {0: 1.0}}, num_heads=[1], num_kv_heads=[1]),
+            ratio=0.5,
+            constraints=Constraints(min_heads=2),
+        )

@@ -39,7 +39,10 @@ def test_every_strategy_with_uniform_keeps_one_shape_and_every_constraint(data):
     try:
         sel = select(table, kind, constraints=constraints, **amount)
     except UsageError as exc:
-        assert any(w in str(exc) for w in ("--uniform", "--min-heads", "--multiple-of", "budget", "--drop-layers", "every layer"))
+        assert any(
+            w in str(exc)
+            for w in ("--uniform", "--min-heads", "--multiple-of", "budget", "--drop-layers", "every layer")
+        )
         return
     check_constraints(table, constraints, sel)
     assert len(kept_shape(table, sel)) == 1
@@ -103,8 +106,12 @@ def test_uniform_from_an_uneven_model_and_when_impossible():
     sel = select(table, ratio=0.0, constraints=Constraints(uniform=True))
     assert kept_shape(table, sel) == {(3, 3)} and sel.remove_heads == {1: [0]}  # the nearest level to 0 removed
     # Layer 0 must keep its 3 (protected) heads; layer 1 loses whole KV groups of 2 heads.
-    odd = ScoreTable(heads={0: {0: 1.0, 1: 1.0, 2: 1.0}, 1: {h: 0.5 for h in range(4)}}, num_heads=[3, 4],
-                     num_kv_heads=[3, 2], cost=synthetic_cost([3, 4], [3, 2]))
+    odd = ScoreTable(
+        heads={0: {0: 1.0, 1: 1.0, 2: 1.0}, 1: {h: 0.5 for h in range(4)}},
+        num_heads=[3, 4],
+        num_kv_heads=[3, 2],
+        cost=synthetic_cost([3, 4], [3, 2]),
+    )
     with pytest.raises(UsageError, match=r"--uniform: no head count .*layer 0: \[3\]; layer 1: \[4, 2\]"):
         select(odd, ratio=0.5, constraints=Constraints(uniform=True, protect=((0, 0), (0, 1), (0, 2))))
 
