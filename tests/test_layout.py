@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import headprune_cli
-from headprune_cli.stages.importance import HEAD_METHODS
+from headprune_cli.stages.score.importance import HEAD_METHODS
 
 PACKAGE = Path(headprune_cli.__file__).parent
 ROOT = PACKAGE.parent

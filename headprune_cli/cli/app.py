@@ -25,10 +25,10 @@ import typer
 from typer.core import TyperGroup
 
 from headprune_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, Interrupted, report
+from headprune_cli.files.outputs import own_claims
+from headprune_cli.files.temps import forget_sweeps, sweep
+from headprune_cli.files.watcher import watched
 from headprune_cli.names import did_you_mean
-from headprune_cli.outputs import own_claims
-from headprune_cli.temps import forget_sweeps
-from headprune_cli.watcher import watched
 
 # In pipeline order, which is also the order `headprune --help` lists them: command name ->
 # (module in this package, function). Modules load only when their command runs, so a
@@ -199,7 +199,7 @@ def run() -> NoReturn:
     The command runs in a child that this process watches (watcher.py): a memory-mapped
     input truncated by another process kills a process by SIGBUS, which only a parent can
     turn into one `Error:` line, exit 1 and removed temporaries."""
-    exit_without_teardown(watched(main))
+    exit_without_teardown(watched(main, lambda folder: sweep(folder, quiet=True)))
 
 
 def exit_without_teardown(code: int) -> NoReturn:

@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from headprune_cli.cli.common import console, print_json
 from headprune_cli.model.checkpoint import read_layout_only
 from headprune_cli.model.describe import describe
-from headprune_cli.cli.common import console, print_json
 
 
 def inspect(

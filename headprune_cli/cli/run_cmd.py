@@ -9,11 +9,11 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from headprune_cli.errors import EXIT_USAGE
-from headprune_cli.pipeline.prepare import prepare
-from headprune_cli.pipeline.execute import RESOLVED_FILE, STATE_FILE, execute, exit_code, run_stage
-from headprune_cli.pipeline.config import ConfigError
 from headprune_cli.cli.common import console, context
+from headprune_cli.errors import EXIT_USAGE
+from headprune_cli.pipeline.config import ConfigError
+from headprune_cli.pipeline.execute import RESOLVED_FILE, STATE_FILE, execute, exit_code, run_stage
+from headprune_cli.pipeline.prepare import prepare
 
 
 def run(

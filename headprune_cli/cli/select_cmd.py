@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from headprune_cli.cli.command import from_options
 from headprune_cli.cli.common import context
-from headprune_cli.stages import select as stage
+from headprune_cli.stages.select import stage
 
 
 @from_options(stage.SelectOptions)

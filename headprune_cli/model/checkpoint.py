@@ -32,15 +32,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from headprune_cli.model.arch import adapter_for_family
 from headprune_cli.errors import ArchitectureError, CheckpointError, HeadpruneError, UsageError, first_line
-from headprune_cli.fileio import atomic_write, hash_ahead, remember_sha256, sha256_bytes, sha256_file
+from headprune_cli.files.io import atomic_write, hash_ahead, remember_sha256, sha256_bytes, sha256_file
+from headprune_cli.files.outputs import CHECKPOINT_FORMAT
+from headprune_cli.model.arch import adapter_for_family
 from headprune_cli.model.config_check import check_against_header, check_declared
 from headprune_cli.model.layout import Layout, ModelInfo, info_of
 from headprune_cli.model.materialize import build_empty, check_entries, fill, stored_dtype, tied_groups
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.model.tensorfile import Entry, Spec, read_entries, read_header, write_file
-from headprune_cli.outputs import CHECKPOINT_FORMAT
 
 FORMAT = CHECKPOINT_FORMAT  # defined beside the output rule, which recognises our files without torch
 FORMAT_VERSION = "1"

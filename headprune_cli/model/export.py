@@ -20,16 +20,16 @@ from pathlib import Path
 
 from torch import nn
 
-from headprune_cli.model.checkpoint import FOLDER_FORMAT, FOLDER_INFO, FORMAT_VERSION, model_specs
-from headprune_cli.model.tensorfile import DEFAULT_MAX_SHARD, Spec, parse_size, write_folder_weights
 from headprune_cli.errors import HeadpruneError, UsageError
-from headprune_cli.fileio import remember_sha256
-from headprune_cli.outputs import check_folder, check_parent, is_claimed
-from headprune_cli.temps import make_temp_folder, publish
+from headprune_cli.files.io import remember_sha256
+from headprune_cli.files.outputs import check_folder, check_parent, is_claimed
+from headprune_cli.files.temps import make_temp_folder, publish
+from headprune_cli.model.checkpoint import FOLDER_FORMAT, FOLDER_INFO, FORMAT_VERSION, model_specs
 from headprune_cli.model.hf_config import folder_config
 from headprune_cli.model.layout import ModelInfo, info_of
 from headprune_cli.model.onnx_export import OnnxExport, example_inputs, export_onnx, require_onnx  # noqa: F401 (re-exported)
 from headprune_cli.model.st_export import is_sentence_transformer, write_sentence_transformer
+from headprune_cli.model.tensorfile import DEFAULT_MAX_SHARD, Spec, parse_size, write_folder_weights
 
 
 # --- HF-style folder --------------------------------------------------------------------

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from torch import nn
 
-from headprune_cli.model.arch import adapter_for_model_type
 from headprune_cli.errors import CheckpointError, HeadpruneError, first_line
+from headprune_cli.files.watcher import note_read
+from headprune_cli.model.arch import adapter_for_model_type
 from headprune_cli.model.layout import info_of
-from headprune_cli.watcher import note_read
 
 # Tokenizer settings worth carrying; tokenizer.json holds the vocabulary and rules.
 _TOKENIZER_KEYS = (

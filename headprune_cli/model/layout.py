@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from headprune_cli.model.arch import adapter_for
 from headprune_cli.errors import CheckpointError
+from headprune_cli.model.arch import adapter_for
 from headprune_cli.ranges import MAX_FFN_NEURONS, MAX_FFN_WIDTH, from_ranges, to_ranges  # noqa: F401  (re-exported)
 
 

@@ -31,10 +31,10 @@ import torch
 from torch import nn
 
 from headprune_cli.errors import HeadpruneError, NumericalError, UsageError, first_line
+from headprune_cli.files.outputs import check_output
+from headprune_cli.files.temps import make_temp_folder, publish
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
-from headprune_cli.outputs import check_output
-from headprune_cli.temps import make_temp_folder, publish
 
 ONNX_ATOL = 1e-4  # largest |onnxruntime - pytorch| accepted for an fp32 model
 MAX_ONNX_BYTES = 2 * 1024**3  # protobuf's limit for a single-file model; from here on, external data

@@ -20,9 +20,9 @@ from headprune_cli.errors import CheckpointError
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.arch.base import sliced_dims
 from headprune_cli.model.checkpoint import checkpoint_metadata, read_layout_only, weights_path, write_checkpoint
+from headprune_cli.model.ffn import current_positions, ffn_cuts
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.materialize import all_finite, check_entries, tied_groups
-from headprune_cli.model.ffn import current_positions, ffn_cuts
 from headprune_cli.model.surgery import apply_plan, head_cuts
 from headprune_cli.model.tensorfile import Entry, Spec, read_entries, read_tensor
 

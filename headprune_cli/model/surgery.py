@@ -14,8 +14,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from headprune_cli.model.arch import adapter_for
 from headprune_cli.errors import ArchitectureError, PlanError
+from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.ffn import current_positions, ffn_cuts
 from headprune_cli.model.layout import info_of
 

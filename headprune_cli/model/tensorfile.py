@@ -28,8 +28,8 @@ import numpy
 import torch
 
 from headprune_cli.errors import CheckpointError, UsageError, first_line
-from headprune_cli.fileio import start_writeback
-from headprune_cli.watcher import note_read
+from headprune_cli.files.io import start_writeback
+from headprune_cli.files.watcher import note_read
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit; refuse before parsing
 INDEX_NAME = "model.safetensors.index.json"

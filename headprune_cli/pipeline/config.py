@@ -22,8 +22,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, create_model
 
 from headprune_cli.errors import UsageError, shorten
+from headprune_cli.files.io import check_regular
 from headprune_cli.names import did_you_mean
-from headprune_cli.fileio import check_regular
 from headprune_cli.pipeline.yamlsafe import MAX_CONFIG_BYTES, UnsafeYaml, safe_load
 
 # Pipeline-level defaults live here and nowhere else.

@@ -21,8 +21,8 @@ import yaml
 
 from headprune_cli import __version__
 from headprune_cli.errors import EXIT_GATE_FAILED, EXIT_OK, Interrupted, report
-from headprune_cli.fileio import atomic_write_bytes, sha256_bytes, sha256_file
-from headprune_cli.outputs import exclusive, make_folder
+from headprune_cli.files.io import atomic_write_bytes, sha256_bytes, sha256_file
+from headprune_cli.files.outputs import exclusive, make_folder
 from headprune_cli.pipeline.prepare import RESOLVED_FILE, STATE_FILE, Pipeline, Stage
 from headprune_cli.stages import unit
 

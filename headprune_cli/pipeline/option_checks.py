@@ -15,13 +15,13 @@ from headprune_cli.errors import HeadpruneError, shorten
 
 
 def _protect(value: Any) -> None:
-    from headprune_cli.stages.selection import parse_protect
+    from headprune_cli.stages.select.chains import parse_protect
 
     parse_protect(str(value))
 
 
 def _threshold(value: Any) -> None:
-    from headprune_cli.stages.selection import parse_threshold
+    from headprune_cli.stages.select.chains import parse_threshold
 
     parse_threshold(str(value))
 
@@ -37,20 +37,20 @@ def _fraction(value: Any) -> None:
 
 
 def _method(value: Any) -> None:
-    from headprune_cli.stages.importance.api import make_scorer
+    from headprune_cli.stages.score.importance.api import make_scorer
 
     make_scorer(str(value))
 
 
 def _weights(value: Any) -> None:
-    from headprune_cli.stages.importance import HEAD_METHODS
-    from headprune_cli.stages.importance.baselines import parse_weights
+    from headprune_cli.stages.score.importance import HEAD_METHODS
+    from headprune_cli.stages.score.importance.baselines import parse_weights
 
     parse_weights([str(v) for v in value] if isinstance(value, list) else [str(value)], list(HEAD_METHODS))
 
 
 def _schedule(value: Any) -> None:
-    from headprune_cli.stages.iterative import check_schedule
+    from headprune_cli.stages.iterate.schedule import check_schedule
     from headprune_cli.stages.unit import comma_list
 
     check_schedule(comma_list(value, float, "schedule"))
@@ -58,7 +58,7 @@ def _schedule(value: Any) -> None:
 
 def _cost_schedule(budget: str) -> Callable[[Any], None]:
     def check(value: Any) -> None:
-        from headprune_cli.stages.iterative import check_schedule
+        from headprune_cli.stages.iterate.schedule import check_schedule
         from headprune_cli.stages.unit import comma_list
 
         check_schedule(comma_list(value, float, f"target_{budget}"), budget)

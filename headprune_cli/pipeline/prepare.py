@@ -22,10 +22,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from headprune_cli.errors import HeadpruneError, shorten
-from headprune_cli.fileio import check_regular
+from headprune_cli.files.io import check_regular
+from headprune_cli.files.outputs import MARKER, check_folder
 from headprune_cli.names import did_you_mean
-from headprune_cli.pipeline.option_checks import check_values
-from headprune_cli.outputs import MARKER, check_folder
 from headprune_cli.pipeline.config import (
     ConfigError,
     PipelineConfig,
@@ -36,6 +35,7 @@ from headprune_cli.pipeline.config import (
     stage_model,
     stage_specs,
 )
+from headprune_cli.pipeline.option_checks import check_values
 from headprune_cli.stages import unit
 
 # prune options that mean "select inside prune from scores" rather than "apply a plan".

@@ -1,2 +1,4 @@
-"""The pipeline's stages as library functions: score (importance/), select, compensate,
-finetune, iterate, report, sweep."""
+"""The stages, one package each: stages/<name>/stage.py holds the options model, `run` and
+STAGE (unit.py's rule), the algorithms it uses sit beside it. Shared by all: unit.py (the
+stage unit), budget.py (the one budget value), objectives.py (losses and metrics),
+timing.py (the timing harness)."""

@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headprune_cli.data import Dataset, batches
-from headprune_cli.device import input_device
+from headprune_cli.data.readers import Dataset, batches
 from headprune_cli.errors import DataError, NumericalError, UsageError
 from headprune_cli.model.layout import info_of
 from headprune_cli.names import did_you_mean
+from headprune_cli.runtime.device import input_device
 
 OBJECTIVES = ("classification", "causal-lm", "fidelity")
 # Metrics that are fractions in [0, 1]. Every --max-drop speaks of them in points (x100,

@@ -10,6 +10,7 @@ Nothing here imports torch: `select --help` and `headprune run --check` stay fas
 from __future__ import annotations
 
 import importlib
+import keyword
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,14 +63,14 @@ def option(
 
 def device_option(help: str | None = None) -> Any:
     """--device, stated once: where a stage computes (device.py resolves it)."""
-    from headprune_cli.device import DEVICE_HELP
+    from headprune_cli.runtime.device import DEVICE_HELP
 
     return option("auto", help or DEVICE_HELP)
 
 
 def dtype_option(help: str | None = None) -> Any:
     """--dtype, stated once: the compute dtype; what is saved keeps the stored dtype."""
-    from headprune_cli.device import DTYPE_HELP
+    from headprune_cli.runtime.device import DTYPE_HELP
 
     return option("auto", help or DTYPE_HELP)
 
@@ -129,30 +130,26 @@ class Stage:
     in_pipeline: bool = True
 
 
-# Stage name -> module that defines STAGE; imported only when asked for.
-MODULES = {
-    "import": "headprune_cli.stages.import_stage",
-    "profile": "headprune_cli.stages.profile.stage",
-    "score": "headprune_cli.stages.score",
-    "select": "headprune_cli.stages.select",
-    "search": "headprune_cli.stages.search_stage",
-    "prune": "headprune_cli.stages.prune",
-    "finetune": "headprune_cli.stages.finetune.stage",
-    "iterate": "headprune_cli.stages.iterate",
-    "report": "headprune_cli.stages.report.stage",
-    "sweep": "headprune_cli.stages.sweep_stage",
-    "export": "headprune_cli.stages.export_stage",
-}
+# The stages, in pipeline order. Stage NAME is defined by the module
+# headprune_cli.stages.NAME.stage (a Python keyword gets a trailing underscore: import_),
+# imported only when asked for.
+NAMES = ("import", "profile", "score", "select", "search", "prune", "finetune", "iterate", "report", "sweep", "export")
+
+
+def module_of(name: str) -> str:
+    """The module that defines stage `name`'s STAGE: the rule every stage follows."""
+    package = f"{name}_" if keyword.iskeyword(name) else name
+    return f"headprune_cli.stages.{package}.stage"
 
 
 def get(name: str) -> Stage:
-    if name not in MODULES:
-        raise UsageError(f"unknown stage {name!r}{did_you_mean(name, MODULES)}")
-    return importlib.import_module(MODULES[name]).STAGE
+    if name not in NAMES:
+        raise UsageError(f"unknown stage {name!r}{did_you_mean(name, NAMES)}")
+    return importlib.import_module(module_of(name)).STAGE
 
 
 def all_stages() -> dict[str, Stage]:
-    return {name: get(name) for name in MODULES}
+    return {name: get(name) for name in NAMES}
 
 
 def comma_list(text: str, kind: type, name: str) -> list:

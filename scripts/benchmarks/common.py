@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from headprune_cli.data import Dataset, read_data
+from headprune_cli.data.readers import Dataset, read_data
 from headprune_cli.model.layout import info_of
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ import torch
 import transformers as T
 
 from headprune_cli.model.arch import adapter_for
-from headprune_cli.stages.compensation import compensate
+from headprune_cli.stages.prune.compensation import compensate
 from tests.support.compensation_reference import compensate_old  # the earlier algorithm, kept for tests
 
 
@@ -80,7 +80,7 @@ def main() -> None:
                 new_blocks, new_model = blocks, model
     diff = max((a - b).abs().max().item() for a, b in zip(old_model.parameters(), new_model.parameters()))
     old_s, new_s = statistics.median(times["old"]), statistics.median(times["new"])
-    print(f"## Compensation (lstsq): streaming vs whole-model\n")
+    print("## Compensation (lstsq): streaming vs whole-model\n")
     print(
         f"Random-weight LLaMA, {args.layers} layers, hidden {args.hidden}, 8 heads (2 removed in every layer), "
         f"{args.batches} batches of 8x64 tokens, 2 threads; medians of {args.repeats} interleaved runs. "

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from headprune_cli.stages.budget import Budget
+
 ROUTES = {
     "heads+layers": "scores-heads+layers.json",
     "heads+ffn/fisher": "scores-heads+ffn-fisher.json",
@@ -71,12 +73,13 @@ def _first_tokens(mask: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     from headprune_cli import load
-    from headprune_cli.data import batches, read_data
+    from headprune_cli.artifacts.schema import read_artifact
+    from headprune_cli.data.readers import batches, read_data
     from headprune_cli.model.surgery import apply_plan
-    from headprune_cli.schema import read_artifact
-    from headprune_cli.stages.compensation import compensate
     from headprune_cli.stages.objectives import evaluate
-    from headprune_cli.stages.selection import ScoreTable, select
+    from headprune_cli.stages.prune.compensation import compensate
+    from headprune_cli.stages.score.table import ScoreTable
+    from headprune_cli.stages.select.strategies import select
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("/tmp/ffn_routes"))
@@ -97,7 +100,7 @@ def main() -> None:
         for route in args.routes.split(",")
     }
     if args.energy:
-        energy(base, cal_batches, select(tables["heads+ffn/fisher"], target_flops=0.6).remove_ffn)
+        energy(base, cal_batches, select(tables["heads+ffn/fisher"], budget=Budget("flops", 0.6)).remove_ffn)
     print(
         "| route | target | layers dropped | heads removed | FFN neurons removed | FLOPs | none | "
         + " | ".join(f"{'lstsq' if f == 'full' else 'diagonal'} (ridge {r:g})" for _, f, r in fits[1:])
@@ -106,7 +109,7 @@ def main() -> None:
     print("|---|---:|---|---:|---:|---:|" + "---:|" * len(fits))
     for target in (float(t) for t in args.targets.split(",") if t.strip()):  # --targets "": the energy only
         for route, table in tables.items():
-            sel = select(table, target_flops=target)
+            sel = select(table, budget=Budget("flops", target))
             cells = []
             for method, fit, ridge in fits:
                 model = copy.deepcopy(base)

@@ -35,7 +35,6 @@ from pathlib import Path
 
 import torch
 
-
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.stages.report.latency import decode, measure_runs, prefill, prompt_ids
 from headprune_cli.stages.report.serving import Generation, decode_prediction, kv_section

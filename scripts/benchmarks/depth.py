@@ -32,16 +32,19 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 from headprune_cli import load
-from headprune_cli.data import read_data
+from headprune_cli.artifacts.schema import Scores
+from headprune_cli.data.readers import read_data
 from headprune_cli.errors import UsageError
 from headprune_cli.model.cost_table import predict
 from headprune_cli.model.surgery import apply_plan
+from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.finetune.train import FinetuneConfig, default_lr, finetune
-from headprune_cli.schema import Scores
-from headprune_cli.stages.importance import score_model, scores_artifact
 from headprune_cli.stages.objectives import evaluate
 from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs
-from headprune_cli.stages.selection import Constraints, ScoreTable, select
+from headprune_cli.stages.score.importance import score_model, scores_artifact
+from headprune_cli.stages.score.table import ScoreTable
+from headprune_cli.stages.select.chains import Constraints
+from headprune_cli.stages.select.strategies import select
 
 LAYER_METHODS = ("cosine", "loo", "refit")
 
@@ -121,7 +124,7 @@ def layer_table(task: Task, name: str, drop: int, methods=LAYER_METHODS, steps: 
     rows = []
     for method in methods:
         t = task.table(method)
-        chosen = select(t, "global", ratio=0.0, constraints=Constraints(drop_layers=drop)).remove_layers
+        chosen = select(t, "global", budget=Budget("heads", 0.0), constraints=Constraints(drop_layers=drop)).remove_layers
         log(name, method, "drops", chosen)
         r = task.cut({}, chosen, steps=steps)
         rows.append(
@@ -150,18 +153,18 @@ def curve(task: Task, layer_method: str, budgets: list[float], drops: list[int],
                 (
                     "heads only",
                     f"budget --target-flops {f}",
-                    select(t, "budget", target_flops=f, constraints=Constraints(min_heads=1)),
+                    select(t, "budget", budget=Budget("flops", f), constraints=Constraints(min_heads=1)),
                 )
             )
         except UsageError as exc:
             log("heads only", f, "skipped:", exc)
-        cuts.append(("joint", f"joint --target-flops {f}", select(t, "joint", target_flops=f)))
+        cuts.append(("joint", f"joint --target-flops {f}", select(t, "joint", budget=Budget("flops", f))))
     for n in drops:
         cuts.append(
             (
                 "layers only",
                 f"--drop-layers {n}",
-                select(t, "global", ratio=0.0, constraints=Constraints(drop_layers=n)),
+                select(t, "global", budget=Budget("heads", 0.0), constraints=Constraints(drop_layers=n)),
             )
         )
     rows, models = [], {"baseline": task.model}
@@ -275,7 +278,7 @@ def main() -> None:
         emit(args, parts, results)
     if args.only in (None, "lr"):
         t = task.table(args.layer_method)
-        chosen = select(t, "global", ratio=0.0, constraints=Constraints(drop_layers=2)).remove_layers
+        chosen = select(t, "global", budget=Budget("heads", 0.0), constraints=Constraints(drop_layers=2)).remove_layers
         base_lr = default_lr(task.model)
         lrs = []
         for lr in (base_lr, 3 * base_lr, 10 * base_lr):

@@ -23,12 +23,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from headprune_cli import load  # noqa: E402
-from headprune_cli.data import batches, read_data  # noqa: E402
+from headprune_cli.data.readers import batches, read_data  # noqa: E402
 from headprune_cli.model.arch import adapter_for  # noqa: E402
 from headprune_cli.model.layout import info_of  # noqa: E402
 from headprune_cli.model.surgery import apply_plan  # noqa: E402
-from headprune_cli.stages.compensation import compensate  # noqa: E402
 from headprune_cli.stages.objectives import evaluate  # noqa: E402
+from headprune_cli.stages.prune.compensation import compensate  # noqa: E402
 
 TEXT = Path(__file__).resolve().parents[2] / "examples" / "minilm_text.txt"
 VARIANTS = [

@@ -8,7 +8,7 @@ mask tuning), a library option the CLI does not expose.
 import functools
 import sys
 
-from headprune_cli.stages import compensation
+from headprune_cli.stages.prune import compensation
 
 
 def main() -> None:

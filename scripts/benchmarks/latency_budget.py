@@ -122,9 +122,10 @@ def profile(t: Task, folder: Path, args) -> Path:
 
 def decode_rows(t: Task, folder: Path, scores: Path, args) -> list[dict]:
     """Plans priced by the decode profile; the table's decode speedup beside the measured one."""
-    from headprune_cli.stages import prune, select
     from headprune_cli.stages.profile import stage as profile_stage
+    from headprune_cli.stages.prune import stage as prune
     from headprune_cli.stages.report import stage as report
+    from headprune_cli.stages.select import stage as select
 
     table = folder / f"latency-decode{args.decode_context}.json"
     if not table.is_file():
@@ -208,8 +209,7 @@ def decode_facts(target: float, plan: dict, rep: dict) -> dict:
 
 
 def score(t: Task, folder: Path) -> Path:
-    from headprune_cli.stages import score as stage
-
+    from headprune_cli.stages.score import stage
     out = folder / "scores.json"
     if not out.is_file():
         stage.run(
@@ -229,8 +229,9 @@ def score(t: Task, folder: Path) -> Path:
 
 def plan_prune_report(t: Task, folder: Path, name: str, scores: Path, table: Path, args, **amount) -> dict:
     """select (latency or FLOPs amount), prune, report --latency; the three artifacts' facts."""
-    from headprune_cli.stages import prune, select
+    from headprune_cli.stages.prune import stage as prune
     from headprune_cli.stages.report import stage as report
+    from headprune_cli.stages.select import stage as select
 
     plan, model, rep = (
         folder / f"plan-{name}.json",

@@ -22,7 +22,7 @@ python - "$OUT" <<'PY'
 import sys
 from pathlib import Path
 from headprune_cli import load
-from headprune_cli.data import read_data
+from headprune_cli.data.readers import read_data
 from headprune_cli.stages.objectives import evaluate
 for path in sorted(Path(sys.argv[1]).glob("*.safetensors")):
     model = load(path)

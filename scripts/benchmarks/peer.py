@@ -39,15 +39,17 @@ from pathlib import Path
 import torch
 
 import headprune_cli
-from headprune_cli.stages.compensation import compensate
-from headprune_cli.data import Dataset, batches
+from headprune_cli.data.readers import Dataset, batches
 from headprune_cli.model.export import export_onnx
-from headprune_cli.stages.importance.api import score_model
-from headprune_cli.stages.importance.gradients import probe_loss
-from headprune_cli.stages.report.latency import measure, synthetic_inputs
-from headprune_cli.stages.objectives import cosine, embed
-from headprune_cli.stages.selection import Constraints, select
 from headprune_cli.model.surgery import apply_plan
+from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.objectives import cosine, embed
+from headprune_cli.stages.prune.compensation import compensate
+from headprune_cli.stages.report.latency import measure, synthetic_inputs
+from headprune_cli.stages.score.importance.api import score_model
+from headprune_cli.stages.score.importance.gradients import probe_loss
+from headprune_cli.stages.select.chains import Constraints
+from headprune_cli.stages.select.strategies import select
 
 from .common import count_heads, minilm, random_split, split_text, tiny_bert
 
@@ -55,7 +57,7 @@ from .common import count_heads, minilm, random_split, split_text, tiny_bert
 # --- the two pruners --------------------------------------------------------------------
 def headprune_plan(model, calib: Dataset, ratio: float) -> dict[int, list[int]]:
     table = score_model(model, calib, "taylor", "fidelity", batch_size=16)
-    return select(table, ratio=ratio, constraints=Constraints(min_heads=1)).remove_heads
+    return select(table, budget=Budget("heads", ratio), constraints=Constraints(min_heads=1)).remove_heads
 
 
 def headprune_prune(model, plan, calib: Dataset, method: str):

@@ -20,14 +20,16 @@ import time
 
 import torch
 
-
-from headprune_cli.stages.compensation import compensate
-from headprune_cli.data import batches
-from headprune_cli.stages.importance import score_model
+from headprune_cli.data.readers import batches
 from headprune_cli.model.layout import info_of
-from headprune_cli.stages.objectives import embed
-from headprune_cli.stages.selection import Constraints, ScoreTable, select
 from headprune_cli.model.surgery import apply_plan
+from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.objectives import embed
+from headprune_cli.stages.prune.compensation import compensate
+from headprune_cli.stages.score.importance import score_model
+from headprune_cli.stages.score.table import ScoreTable
+from headprune_cli.stages.select.chains import Constraints
+from headprune_cli.stages.select.strategies import select
 
 from .common import minilm, split_text
 
@@ -45,7 +47,7 @@ def fidelity(model, reference_embeddings, held_out) -> float:
 def pruned_fidelity(model, scores: dict, ratio: float, calib, reference, held_out) -> tuple[float, float]:
     layout = info_of(model).layout
     table = ScoreTable(heads=scores, num_heads=layout.num_heads, num_kv_heads=layout.num_kv_heads)
-    plan = select(table, "global", ratio=ratio, constraints=Constraints(min_heads=1)).remove_heads
+    plan = select(table, "global", budget=Budget("heads", ratio), constraints=Constraints(min_heads=1)).remove_heads
     out = []
     for method in ("none", "lstsq"):
         pruned = copy.deepcopy(model)

@@ -18,12 +18,12 @@ import json
 
 import torch
 
-from headprune_cli.data import read_data
+from headprune_cli.data.readers import read_data
 from headprune_cli.model.checkpoint import load
 from headprune_cli.model.surgery import HeadGates
-from headprune_cli.stages.importance.context import ScoreContext, trainable_only
-from headprune_cli.stages.importance.gradients import batch_losses
-from headprune_cli.stages.importance.neurons import NeuronTaps
+from headprune_cli.stages.score.importance.context import ScoreContext, trainable_only
+from headprune_cli.stages.score.importance.gradients import batch_losses
+from headprune_cli.stages.score.importance.neurons import NeuronTaps
 
 
 class _ExampleTaps(NeuronTaps):

@@ -22,14 +22,16 @@ from pathlib import Path
 import torch
 
 from headprune_cli import load
-from headprune_cli.data import read_data
-from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
-from headprune_cli.stages.importance import score_model
-from headprune_cli.stages.iterative import iterative_prune
+from headprune_cli.data.readers import read_data
 from headprune_cli.model.layout import info_of
-from headprune_cli.stages.objectives import evaluate
-from headprune_cli.stages.selection import select
 from headprune_cli.model.surgery import apply_plan
+from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
+from headprune_cli.stages.iterate.rounds import iterative_prune
+from headprune_cli.stages.iterate.schedule import schedule_of
+from headprune_cli.stages.objectives import evaluate
+from headprune_cli.stages.score.importance import score_model
+from headprune_cli.stages.select.strategies import select
 
 
 def accuracy(model, dev) -> float:
@@ -42,7 +44,7 @@ def heads(model) -> int:
 
 def prune(model, calib, method: str, ratio: float, seed: int):
     table = score_model(model, calib, method, "classification", seed=seed)
-    plan = select(table, "global", ratio=ratio)
+    plan = select(table, "global", budget=Budget("heads", ratio))
     pruned = copy.deepcopy(model)
     apply_plan(pruned, plan.remove_heads, plan.remove_layers)
     return pruned
@@ -91,7 +93,7 @@ def recovery_rows(
             base,
             train,
             calib,
-            schedule=schedule,
+            schedule=schedule_of(schedule),
             method=method,
             score_data=calib,
             finetune_config=FinetuneConfig(epochs=1, lr=lr, seed=seed),

@@ -17,11 +17,10 @@ import time
 
 import torch
 
-
-from headprune_cli.data import batches
-from headprune_cli.stages.importance import score_model
-from headprune_cli.stages.importance.context import ScoreContext
-from headprune_cli.stages.importance.gradients import batch_losses
+from headprune_cli.data.readers import batches
+from headprune_cli.stages.score.importance import score_model
+from headprune_cli.stages.score.importance.context import ScoreContext
+from headprune_cli.stages.score.importance.gradients import batch_losses
 
 from .common import minilm, split_text
 

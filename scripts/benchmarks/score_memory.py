@@ -44,9 +44,9 @@ def main() -> None:
     import torch
 
     from headprune_cli import load
-    from headprune_cli.data import read_data
-    from headprune_cli.schema import write_artifact
-    from headprune_cli.stages.importance import gradients, score_model, scores_artifact
+    from headprune_cli.artifacts.schema import write_artifact
+    from headprune_cli.data.readers import read_data
+    from headprune_cli.stages.score.importance import gradients, score_model, scores_artifact
 
     grad = torch.autograd.grad
 

@@ -74,7 +74,7 @@ def task(seed: int, demo: bool) -> dict:
 
 def accuracy(path: Path, t: dict) -> float:
     from headprune_cli import load
-    from headprune_cli.data import read_data
+    from headprune_cli.data.readers import read_data
     from headprune_cli.stages.objectives import evaluate
 
     model = load(path)
@@ -83,8 +83,7 @@ def accuracy(path: Path, t: dict) -> float:
 
 
 def scores(t: dict, folder: Path, layers: bool) -> Path:
-    from headprune_cli.stages import score as stage
-
+    from headprune_cli.stages.score import stage
     out = folder / ("scores-taylor-loo.json" if layers else "scores-taylor.json")
     if not out.is_file():
         extra = dict(layers=True, layer_method="loo") if layers else {}
@@ -104,8 +103,7 @@ def scores(t: dict, folder: Path, layers: bool) -> Path:
 
 
 def greedy_plan(t: dict, folder: Path, kind: str, value: float) -> tuple[Path, dict]:
-    from headprune_cli.stages import select as stage
-
+    from headprune_cli.stages.select import stage
     out = folder / f"plan-greedy-{kind}-{value}.json"
     if not out.is_file():
         source = scores(t, folder, layers=kind != "ratio")
@@ -114,8 +112,7 @@ def greedy_plan(t: dict, folder: Path, kind: str, value: float) -> tuple[Path, d
 
 
 def search_plan(t: dict, folder: Path, kind: str, value: float, evaluations: int, rescore: bool) -> tuple[Path, dict]:
-    from headprune_cli.stages import search_stage as stage
-
+    from headprune_cli.stages.search import stage
     out = folder / f"plan-search{'-rescore' if rescore else ''}-{kind}-{value}.json"
     record = folder / (out.stem + ".time.json")
     if not out.is_file():
@@ -144,8 +141,7 @@ def search_plan(t: dict, folder: Path, kind: str, value: float, evaluations: int
 
 
 def prune(t: dict, plan: Path, out: Path, compensation: str) -> Path:
-    from headprune_cli.stages import prune as stage
-
+    from headprune_cli.stages.prune import stage
     if not out.is_file():
         data = t["calib"] if compensation != "none" else None
         stage.run(
@@ -251,10 +247,10 @@ def masked(rows: list[dict], work: Path, demo: bool) -> str:
     import torch
 
     from headprune_cli import load
-    from headprune_cli.data import read_data
+    from headprune_cli.data.readers import read_data
     from headprune_cli.model.surgery import HeadGates, removal_gates, skip_layers
     from headprune_cli.stages.objectives import evaluate
-    from headprune_cli.stages.search import MaskedLoss
+    from headprune_cli.stages.search.masked_loss import MaskedLoss
 
     lines = [
         "| model | route | cut | masked dev accuracy | masked dev loss | held-out calibration loss |",

@@ -24,11 +24,10 @@ import sys
 import torch
 import transformers as T
 
-
 from headprune_cli.model.cost import flops_per_token
-from headprune_cli.stages.report.latency import measure, synthetic_inputs
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
+from headprune_cli.stages.report.latency import measure, synthetic_inputs
 
 from .common import minilm, tiny_bert
 

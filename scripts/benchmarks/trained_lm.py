@@ -28,8 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from scripts.tools.make_trained_lm import RECIPES, build, default_cache, with_paths
 from scripts.tools.lm_corpus import debian_documents
+from scripts.tools.make_trained_lm import RECIPES, build, default_cache, with_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = ("kv", "ffn", "both", "layers", "joint", "peer", "finetune", "decode")
@@ -57,7 +57,7 @@ class Bench:
         import torch
 
         import headprune_cli
-        from headprune_cli.data import read_data
+        from headprune_cli.data.readers import read_data
 
         self.summary, self.work, self.threads = summary, work, threads
         self.model_path, self.calib = Path(summary["checkpoint"]), Path(summary["calib"])

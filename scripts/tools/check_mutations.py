@@ -53,10 +53,10 @@ MUTATIONS = {
         "tests/stages/finetune/test_command.py::test_torchrun_sgd_updates_match_one_process_far_below_the_update_size",
     ),
     "target-flops budgets params": (
-        "headprune_cli/stages/selection.py",
+        "headprune_cli/stages/select/strategies.py",
         'key = "params" if target_params is not None else "flops_per_token"\n    fraction',
         'key = "params"\n    fraction',
-        "tests/stages/selection/test_budget.py::test_target_flops_budgets_flops_and_target_params_budgets_params",
+        "tests/stages/select/test_budget.py::test_target_flops_budgets_flops_and_target_params_budgets_params",
     ),
     "baseline auto skips sha256": (
         "headprune_cli/stages/report/build.py",
@@ -65,16 +65,16 @@ MUTATIONS = {
         "tests/stages/report/test_policy.py::test_baseline_auto_refuses_a_root_whose_bytes_changed",
     ),
     "sweep skips compensation": (
-        "headprune_cli/stages/sweep.py",
+        "headprune_cli/stages/sweep/ratios.py",
         'if opts.compensate != "none":',
         "if False:",
-        "tests/stages/test_sweep.py::test_sweep_compensation_changes_the_result_to_what_compensating_by_hand_gives",
+        "tests/stages/sweep/test_sweep.py::test_sweep_compensation_changes_the_result_to_what_compensating_by_hand_gives",
     ),
     "protect validation removed": (
-        "headprune_cli/stages/selection.py",
+        "headprune_cli/stages/select/strategies.py",
         "    for layer, head in c.protect:\n        if head not in table.heads.get(layer, {}):",
         "    for layer, head in ():\n        if head not in table.heads.get(layer, {}):",
-        "tests/stages/selection/test_select.py::test_select_bad_input_is_one_error_line_and_writes_nothing",
+        "tests/stages/select/test_select.py::test_select_bad_input_is_one_error_line_and_writes_nothing",
     ),
     "a crash passes for a refusal": (
         "headprune_cli/cli/app.py",

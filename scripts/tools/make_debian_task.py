@@ -116,7 +116,7 @@ def train(cache: Path, epochs: int, seed: int, lr: float) -> dict:
     import torch
 
     from headprune_cli import save
-    from headprune_cli.data import read_data
+    from headprune_cli.data.readers import read_data
     from headprune_cli.model.importer import import_folder
     from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
     from headprune_cli.stages.objectives import evaluate

@@ -109,8 +109,8 @@ def default_cache() -> Path:
 
 
 def recipe_key(recipe: Recipe, corpus_sha: str, seed: int, threads: int) -> str:
-    import torch
     import tokenizers
+    import torch
     import transformers
 
     spec = {
@@ -254,7 +254,7 @@ def build(docs, recipe: Recipe, seed: int, threads: int, cache: Path, log=print)
     import torch
 
     import headprune_cli
-    from headprune_cli.data import read_data
+    from headprune_cli.data.readers import read_data
     from headprune_cli.model.importer import import_folder
     from headprune_cli.model.layout import info_of
     from headprune_cli.stages.objectives import evaluate

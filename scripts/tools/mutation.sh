@@ -15,16 +15,16 @@ CHILDREN=${MUTATION_MAX_CHILDREN:-2}
 
 # name | file to mutate | mutant-name pattern (mutmut run "..."), * = all | the tests that judge it
 declare -A FILE PATTERN TESTS
-FILE[selection]=headprune_cli/stages/selection.py; PATTERN[selection]='*'
-TESTS[selection]='tests/stages/selection/test_select.py tests/stages/selection/test_budget.py tests/stages/selection/test_joint.py tests/stages/selection/test_uniform.py'
+FILE[selection]=headprune_cli/stages/select/strategies.py; PATTERN[selection]='*'
+TESTS[selection]='tests/stages/select/test_select.py tests/stages/select/test_budget.py tests/stages/select/test_joint.py tests/stages/select/test_uniform.py'
 FILE[surgery]=headprune_cli/model/surgery.py; PATTERN[surgery]='*'
-TESTS[surgery]='tests/model/test_surgery.py tests/stages/importance/test_score.py'  # HeadGates (in surgery.py) is checked by scoring's gradient tests
+TESTS[surgery]='tests/model/test_surgery.py tests/stages/score/importance/test_score.py'  # HeadGates (in surgery.py) is checked by scoring's gradient tests
 FILE[gates]=headprune_cli/stages/report/build.py; PATTERN[gates]='headprune_cli.stages.report.build.x_gates* headprune_cli.stages.report.build.x_verdict* headprune_cli.stages.report.build.x_resolve_baseline* headprune_cli.stages.report.build.x_main_metric*'
 TESTS[gates]='tests/stages/report/test_policy.py'
 FILE[checkpoint]=headprune_cli/model/checkpoint.py; PATTERN[checkpoint]='*'
-TESTS[checkpoint]='tests/model/test_import_inspect.py tests/hostile/test_robustness.py tests/integration/test_large_models.py tests/stages/test_prune.py tests/model/test_surgery.py tests/model/test_export.py'
-FILE[fileio]=headprune_cli/fileio.py; PATTERN[fileio]='*'
-TESTS[fileio]='tests/test_fileio.py tests/hostile/test_robustness.py tests/hostile/test_file_safety.py tests/hostile/test_bad_input_matrix.py tests/hostile/test_regressions.py'
+TESTS[checkpoint]='tests/model/test_import_inspect.py tests/hostile/test_robustness.py tests/integration/test_large_models.py tests/stages/prune/test_prune.py tests/model/test_surgery.py tests/model/test_export.py'
+FILE[fileio]=headprune_cli/files/io.py; PATTERN[fileio]='*'
+TESTS[fileio]='tests/files/test_io.py tests/hostile/test_robustness.py tests/hostile/test_file_safety.py tests/hostile/test_bad_input_matrix.py tests/hostile/test_regressions.py'
 
 # Tests that run `python -m headprune_cli` in another working folder: mutmut's trampolines
 # there look for mutmut's configuration in that folder and fail, whatever the mutant; the

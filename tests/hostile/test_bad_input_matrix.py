@@ -25,7 +25,6 @@ from safetensors.torch import load_file, save_file
 
 from headprune_cli import load, save
 from headprune_cli.model.surgery import apply_plan
-
 from tests.support import ROOT, TINY, assert_refused, snapshot
 
 DEMO = ROOT / "examples" / "demo"

@@ -1,7 +1,7 @@
 """headprune never destroys a user's files: state folders it deletes, where a run writes, empty
 folders after a refusal, one run per out folder, and signals during a write.
 
-The rule (headprune_cli/outputs.py): it deletes or fills only folders it made (they carry
+The rule (headprune_cli/files/outputs.py): it deletes or fills only folders it made (they carry
 a marker), no output may resolve to anything the command reads, and `--force` replaces
 earlier outputs, never inputs. The refusals themselves are cases of the bad-input matrix
 (tests/hostile/test_bad_input_matrix.py, SAFETY_CASES); here are the cases that need a working
@@ -22,11 +22,9 @@ from pathlib import Path
 import pytest
 
 from headprune_cli import load, save
-from headprune_cli.model.surgery import apply_plan
-from headprune_cli.outputs import MARKER, exclusive, make_folder
-
 from headprune_cli.errors import EXIT_USAGE
-
+from headprune_cli.files.outputs import MARKER, exclusive, make_folder
+from headprune_cli.model.surgery import apply_plan
 from tests.support import ROOT, TINY, assert_refused, snapshot
 
 DEMO = ROOT / "examples" / "demo"
@@ -257,7 +255,7 @@ def test_signal_during_a_write_cleans_up_and_exits_130(work, cli, signum):
 def test_atomic_write_stages_a_hidden_temp_file_beside_the_target_and_gives_the_usual_mode(tmp_path):
     """Beside the target, so the final rename stays on one filesystem (atomic); named after
     it and hidden, so a leftover is recognisable; mode 0666 minus the umask, not mkstemp's 0600."""
-    from headprune_cli.fileio import atomic_write
+    from headprune_cli.files.io import atomic_write
 
     target, seen = tmp_path / "model.safetensors", []
 

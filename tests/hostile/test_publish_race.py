@@ -20,7 +20,7 @@ from tests.support import finished, headprune, leftovers
 
 BARRIER = textwrap.dedent("""
     import os, sys, time
-    import headprune_cli.temps as temps
+    import headprune_cli.files.temps as temps
     real = temps.rename_noreplace
     gate = {gate!r}
 
@@ -113,7 +113,7 @@ def test_a_new_folder_another_process_creates_first_is_not_shared(work, what):
     folder that appeared in between (made by another process, marker and all) is refused,
     and left as it is."""
     from headprune_cli.errors import HeadpruneError
-    from headprune_cli.outputs import check_folder, make_folder, own_claims
+    from headprune_cli.files.outputs import check_folder, make_folder, own_claims
 
     folder = work / "plots"
     with own_claims():

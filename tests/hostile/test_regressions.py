@@ -20,7 +20,6 @@ from safetensors.torch import save_file
 from headprune_cli import save
 from headprune_cli.errors import UsageError
 from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
-
 from tests.support import ROOT, TINY, VOCAB, snapshot
 
 DEMO = ROOT / "examples" / "demo"
@@ -76,8 +75,9 @@ def demo(tmp_path: Path, cli) -> Path:
 def test_disk_full_inside_safetensors_is_one_line(demo: Path, cli, monkeypatch):
     """safetensors' Rust writer reports ENOSPC as its own SafetensorError, not an OSError:
     saving the training state must still end in one line and leave no temporary folder."""
-    import headprune_cli.stages.finetune.state as state
     from safetensors import SafetensorError
+
+    import headprune_cli.stages.finetune.state as state
 
     def full_disk(tensors, path, metadata=None):
         Path(path).write_bytes(b"partial")

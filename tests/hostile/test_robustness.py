@@ -15,10 +15,9 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from headprune_cli import load, save
-from headprune_cli.model.checkpoint import read_info
+from headprune_cli.artifacts.schema import parse_artifact
 from headprune_cli.errors import HeadpruneError
-from headprune_cli.schema import parse_artifact
-
+from headprune_cli.model.checkpoint import read_info
 from tests.support import TINY
 
 _KEYS = [
@@ -174,7 +173,7 @@ def test_outputs_get_the_usual_file_mode(tmp_path):
 
 
 def test_file_hash_follows_changes_to_the_file(tmp_path):
-    from headprune_cli.fileio import sha256_bytes, sha256_file
+    from headprune_cli.files.io import sha256_bytes, sha256_file
 
     path = tmp_path / "f.bin"
     path.write_bytes(b"one")
@@ -192,7 +191,7 @@ def test_a_hash_started_ahead_is_the_files_hash_and_follows_changes(tmp_path):
     changed after the hash started is hashed again; what cannot be hashed is left to
     sha256_file's refusal."""
     from headprune_cli.errors import HeadpruneError
-    from headprune_cli.fileio import hash_ahead, sha256_file
+    from headprune_cli.files.io import hash_ahead, sha256_file
 
     path = tmp_path / "f.bin"
     data = os.urandom(3 << 20)  # more than one read chunk

@@ -12,10 +12,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from headprune_cli.temps import TEMP_PATTERN
-
-from tests.support import snapshot
-from tests.support import finished, headprune
+from headprune_cli.files.temps import TEMP_PATTERN
+from tests.support import finished, headprune, snapshot
 
 SLOW_WRITE = textwrap.dedent("""
     import os, sys, time

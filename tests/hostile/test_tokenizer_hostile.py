@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 
 from headprune_cli.cli import main
-from headprune_cli.tokenizer_guard import PROBES, TokenizerFailure, guarded
-
-from tests.support import snapshot
-from tests.support import assert_one_error, finished, headprune, leftovers
+from headprune_cli.data.tokenizer_guard import PROBES, TokenizerFailure, guarded
+from tests.support import assert_one_error, finished, headprune, leftovers, snapshot
 
 # Oniguruma backtracks without bound on these at 49 characters and gives up (retry-limit-in-match).
 GIVES_UP_ON_PROBES = "(a|a?)+$"  # meets a probe: refused when the checkpoint's tokenizer is built

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import transformers as T
 
-from tests.support import snapshot
-from tests.support import assert_one_error, finished, headprune, leftovers
+from tests.support import assert_one_error, finished, headprune, leftovers, snapshot
 
 HOOK = textwrap.dedent("""
     import os, sys

@@ -14,7 +14,6 @@ from safetensors.torch import load_file, save_file
 import headprune_cli
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
-
 from tests.support import TINY, run_without_headprune, saved_model, write_scores
 
 # Loads every folder named on the command line with AutoModelForCausalLM (fp32), runs the

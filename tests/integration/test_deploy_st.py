@@ -10,7 +10,6 @@ from safetensors.torch import load_file
 
 import headprune_cli
 from headprune_cli.model.surgery import apply_plan
-
 from tests.support import run_without_headprune
 
 SENTENCES = ["Pruning attention heads makes models faster.", "A cat sat on the mat, quite content.", "Short."]

@@ -16,11 +16,10 @@ from headprune_cli import load, save
 from headprune_cli.model import checkpoint, tensorfile
 from headprune_cli.model.describe import describe
 from headprune_cli.model.export import export_hf
-from headprune_cli.model.layout import info_of
 from headprune_cli.model.streaming import prune_file
 from headprune_cli.model.surgery import HeadGates, apply_plan, removal_gates
-
-from tests.support import TINY, gqa_plan as _plan, model_inputs, model_output, snapshot
+from tests.support import TINY, model_inputs, model_output, snapshot
+from tests.support import gqa_plan as _plan
 
 
 def _hf_bf16(name, folder, **save_options):

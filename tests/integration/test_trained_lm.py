@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 import headprune_cli
-from headprune_cli.data import read_data, tokenizer_of
+from headprune_cli.data.readers import read_data, tokenizer_of
 from headprune_cli.model.layout import info_of
 from scripts.tools.lm_corpus import Document, _descriptions, split_documents, split_of, text_file_documents
 from scripts.tools.make_trained_lm import RECIPES, build, with_paths
+from tests.support import ROOT
 
-TEXT = Path(__file__).resolve().parents[2] / "examples" / "minilm_text.txt"
+TEXT = ROOT / "examples" / "minilm_text.txt"
 
 
 def sha(path: Path) -> str:

@@ -13,7 +13,6 @@ import torch
 import headprune_cli
 from headprune_cli.model.export import export_hf, export_onnx
 from headprune_cli.model.layout import info_of
-
 from tests.support import CAUSAL, PLANS, TINY, model_inputs, model_output, pruned, snapshot
 
 
@@ -93,7 +92,7 @@ def test_the_weights_hash_remembered_at_export_is_the_files_own(tmp_path, shard)
     never reads a multi-GB export back): what it remembered must be the file's sha256."""
     import hashlib
 
-    from headprune_cli.fileio import sha256_file
+    from headprune_cli.files.io import sha256_file
 
     folder = export_hf(pruned("gpt2"), tmp_path / "dir", max_shard_size=shard)
     weights = sorted(folder.glob("*.safetensors"))

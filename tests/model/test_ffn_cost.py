@@ -8,15 +8,12 @@ import pytest
 
 from headprune_cli import save
 from headprune_cli.errors import PlanError
-from headprune_cli.model.cost import count_params, cost_table, flops_per_token
+from headprune_cli.model.cost import cost_table, count_params, flops_per_token
 from headprune_cli.model.cost_table import CostTable, predict
 from headprune_cli.model.describe import describe
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
-
-from tests.support import TINY
-from tests.support import plan_for
-from tests.support import ffn_plan
+from tests.support import TINY, ffn_plan, plan_for
 
 SEQ = 16
 

@@ -16,9 +16,7 @@ from headprune_cli.model.export import export_hf, export_onnx
 from headprune_cli.model.hf_config import folder_config
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
-
-from tests.support import TINY, model_inputs, model_output
-from tests.support import run_without_headprune
+from tests.support import TINY, model_inputs, model_output, run_without_headprune
 
 # Loads every folder named on the command line with its own transformers class (fp32),
 # runs the inputs saved for it and writes the output.

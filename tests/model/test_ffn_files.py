@@ -4,7 +4,6 @@ FFN layout that disagrees with the config or is malformed is refused."""
 
 import hashlib
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,10 +14,8 @@ from headprune_cli.model import checkpoint
 from headprune_cli.model.layout import Layout, from_ranges, info_of, to_ranges
 from headprune_cli.model.streaming import prune_file
 from headprune_cli.model.surgery import apply_plan
-
-from tests.support import TINY, model_inputs, model_output
+from tests.support import ROOT, TINY, ffn_plan, model_inputs, model_output
 from tests.support import gqa_plan as _plan
-from tests.support import ffn_plan
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
@@ -149,7 +146,7 @@ def test_stored_widths_that_do_not_match_the_tensors_are_refused(tmp_path):
 
 
 def test_a_checkpoint_from_before_ffn_pruning_reads_as_full_widths(tmp_path):
-    demo = Path(__file__).resolve().parents[2] / "examples" / "demo" / "model.safetensors"
+    demo = ROOT / "examples" / "demo" / "model.safetensors"
     model = load(demo)
     layout = info_of(model).layout
     assert layout.ffn == {} and layout.num_ffn and all(w == layout.ffn_width(i) for i, w in enumerate(layout.num_ffn))

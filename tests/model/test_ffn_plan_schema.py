@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from headprune_cli.artifacts.schema import dumps, envelope, ffn_fields, parse_artifact
 from headprune_cli.errors import ArtifactError
-from headprune_cli.schema import dumps, envelope, ffn_fields, parse_artifact
 
 
 def _plan(**extra) -> dict:

@@ -11,7 +11,6 @@ from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.ffn import removal_ffn_gates
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, NeuronGates, apply_plan, removal_gates, skip_layers
-
 from tests.support import TINY, ffn_plan, model_inputs, model_output, plan_for, width_of
 
 WIDTH = 48  # every TINY model's FFN width, but GPT-2's (4 x 32)

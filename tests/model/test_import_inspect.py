@@ -8,7 +8,6 @@ import transformers as T
 
 from headprune_cli import load, save
 from headprune_cli.model.layout import info_of
-
 from tests.support import TINY, assert_refused, model_inputs, model_output, snapshot
 
 HF_FAMILIES = [name for name in sorted(TINY) if name != "reference"]

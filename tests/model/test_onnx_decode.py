@@ -13,7 +13,6 @@ from headprune_cli.errors import EXIT_USAGE
 from headprune_cli.model import onnx_export
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.onnx_export import export_onnx
-
 from tests.support import assert_refused, pruned, snapshot
 
 

@@ -4,12 +4,11 @@ import pytest
 import torch
 
 from headprune_cli import load, save
-from headprune_cli.model.cost import count_params, cost_table, flops_per_token
-from headprune_cli.model.cost_table import predict
 from headprune_cli.errors import ArchitectureError, PlanError
+from headprune_cli.model.cost import cost_table, count_params, flops_per_token
+from headprune_cli.model.cost_table import predict
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, apply_plan, removal_gates, skip_layers
-
 from tests.support import CAUSAL, TINY, model_inputs, model_output, plan_for
 
 

@@ -15,11 +15,10 @@ import pytest
 import yaml
 
 import headprune_cli
-from headprune_cli.pipeline.prepare import prepare
-from headprune_cli.pipeline.execute import STATE_FILE, execute, exit_code
 from headprune_cli.pipeline.config import ConfigError
+from headprune_cli.pipeline.execute import STATE_FILE, execute, exit_code
+from headprune_cli.pipeline.prepare import prepare
 from headprune_cli.stages import unit
-
 from tests.support import ROOT, TINY
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))

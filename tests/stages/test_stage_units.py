@@ -15,13 +15,14 @@ from rich.console import Console
 
 from headprune_cli import load
 from headprune_cli.errors import CheckpointError, UsageError
-from headprune_cli.fileio import sha256_file
-from headprune_cli.stages import export_stage, import_stage, objectives
+from headprune_cli.files.io import sha256_file
+from headprune_cli.stages import objectives
+from headprune_cli.stages.export import stage as export_stage
 from headprune_cli.stages.finetune import stage as finetune_stage
 from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
+from headprune_cli.stages.import_ import stage as import_stage
 from headprune_cli.stages.report import stage as report_stage
 from headprune_cli.stages.unit import Context
-
 from tests.support import TINY, VOCAB
 
 FAST_REPORT = {"seq_len": 8, "repeats": 1, "warmup": 0, "batch_size": 8}

@@ -34,8 +34,8 @@ from .processes import PANIC_TEXT, assert_one_error, env, finished, headprune, l
 from .refusals import CliResult, assert_refused, snapshot
 from .reports import FAST_REPORT, run_report
 from .scores import saved_model, scores_for, tensor_data, write_scores
+from .selection import check_constraints, mha, requests, synthetic_cost, tables, with_budget
 from .training import saved_root, tensor_set
-from .selection import check_constraints, mha, requests, synthetic_cost, tables
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: examples/, configs/, scripts/, README.md
 
@@ -80,6 +80,7 @@ __all__ = [
     "snapshot",
     "synthetic_cost",
     "tables",
+    "with_budget",
     "tensor_data",
     "word_tokenizer",
     "write_jsonl",

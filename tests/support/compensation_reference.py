@@ -2,7 +2,7 @@
 
 Kept verbatim (apart from imports, and the per-token weights of the statistics, which the
 algorithm gained later; the statistics record and the solvers are the module's own) so that tests can prove that the streaming version in
-headprune_cli.stages.compensation gives the same weights: for every pruned layer it ran the
+headprune_cli.stages.prune.compensation gives the same weights: for every pruned layer it ran the
 whole model twice per batch up to that layer, O(L^2) block forwards.
 """
 
@@ -19,18 +19,18 @@ from headprune_cli.model.arch.base import is_conv1d, out_rows
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, removal_gates, skip_layers
 from headprune_cli.names import did_you_mean
-from headprune_cli.stages.compensation import (
+from headprune_cli.stages.prune.compensation import (
     DEFAULT_RIDGE,
     METHODS,
     CompensationResult,
-    _kept_weights,
-    _solve_bias,
-    _solve_lstsq,
-    _Stats,
-    _weights,
-    _write,
+    Stats,
+    kept_weights,
+    linear_weights,
+    solve_bias,
+    solve_lstsq,
+    write_solved,
 )
-from headprune_cli.stages.compensation_streams import token_weights
+from headprune_cli.stages.prune.streams import token_weights
 
 
 class _Stop(Exception):
@@ -68,7 +68,7 @@ def compensate_old(
             raise PlanError(f"layer {layer}: heads {sorted(unknown)} are not in the model")
     adapter = adapter_for(model)
     blocks = adapter.layer_list(model)
-    originals = {layout.position(l): _weights(adapter.attention(blocks[layout.position(l)]).o) for l in targets}
+    originals = {layout.position(l): linear_weights(adapter.attention(blocks[layout.position(l)]).o) for l in targets}
     gates = [g.to(_dtype(model)) for g in removal_gates(model, remove_heads)]
     for i, layer in enumerate(targets):
         pos = layout.position(layer)
@@ -81,18 +81,18 @@ def compensate_old(
             continue
         stats = _statistics(model, pos, cols, originals, gates, remove_layers, batches, has_bias)
         result.tokens = int(stats.n)
-        w0 = _kept_weights(view.o, cols)
-        solved = _solve_bias(stats, w0) if method == "bias" else _solve_lstsq(stats, w0, ridge, has_bias)
+        w0 = kept_weights(view.o, cols)
+        solved = solve_bias(stats, w0) if method == "bias" else solve_lstsq(stats, w0, ridge, has_bias)
         result.error_before[layer] = stats.error(w0)
         result.error_after[layer] = stats.error(solved)
-        _write(view.o, cols, solved, has_bias)
+        write_solved(view.o, cols, solved, has_bias)
         result.layers.append(layer)
         if progress:
             progress(i + 1, len(targets))
     return result
 
 
-def _statistics(model, pos, cols, originals, gates, remove_layers, batches, has_bias) -> _Stats:
+def _statistics(model, pos, cols, originals, gates, remove_layers, batches, has_bias) -> Stats:
     stats = None
     w_full, b_full = (t.double() if t is not None else None for t in originals[pos])
     for batch in batches:
@@ -108,7 +108,7 @@ def _statistics(model, pos, cols, originals, gates, remove_layers, batches, has_
         stats = part if stats is None else tuple(a + b for a, b in zip(stats, part))
     if not torch.isfinite(stats[0]).all() or not torch.isfinite(stats[1]).all():
         raise NumericalError("calibration activations contain NaN or inf")
-    return _Stats(*stats, has_bias=has_bias)
+    return Stats(*stats, has_bias=has_bias)
 
 
 def _o_input(model: nn.Module, pos: int, batch: dict) -> torch.Tensor:
@@ -145,7 +145,7 @@ def _original_weights(model: nn.Module, originals: dict):
     current = {}
     for pos, (w, b) in originals.items():
         o = adapter.attention(blocks[pos]).o
-        current[pos] = _weights(o)
+        current[pos] = linear_weights(o)
         _assign(o, w, b)
     try:
         yield

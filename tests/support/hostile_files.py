@@ -64,7 +64,7 @@ def alias_bomb(folder: Path) -> list:
     lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     for prev, name in zip("abcdefgh", "bcdefghi"):
         lines.append(f"{name}: &{name} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]")
-    lines.append(f"model: *i\nstages: [{{command: score}}]")
+    lines.append("model: *i\nstages: [{command: score}]")
     (folder / "bomb.yaml").write_text("\n".join(lines) + "\n")
     return ["run", folder / "bomb.yaml", "--out", folder / "out"]
 

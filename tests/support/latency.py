@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from headprune_cli.fileio import sha256_file
-from headprune_cli.schema import dumps, envelope, input_ref
+from headprune_cli.artifacts.schema import dumps, envelope, input_ref
+from headprune_cli.files.io import sha256_file
 
 CPU = {"type": "cpu", "name": "Test CPU", "index": None}
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from headprune_cli.temps import TEMP_PATTERN
+from headprune_cli.files.temps import TEMP_PATTERN
 
 ROOT = Path(__file__).resolve().parents[2]
 PANIC_TEXT = ("panicked", "stack backtrace", "RUST_BACKTRACE", "Traceback", "pyo3")

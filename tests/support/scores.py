@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from headprune_cli import save
+from headprune_cli.artifacts.schema import dumps, envelope, input_ref
 from headprune_cli.model.cost import cost_table
 from headprune_cli.model.layout import info_of
-from headprune_cli.schema import dumps, envelope, input_ref
 
 from .models import TINY
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from headprune_cli.model.cost_table import CostTable, LayerCost
-from headprune_cli.stages.selection import Constraints, ScoreTable
+from headprune_cli.stages.budget import OPTION_FIELDS, given
+from headprune_cli.stages.score.table import ScoreTable
+from headprune_cli.stages.select.chains import Constraints
 
 
 def synthetic_cost(num_heads, num_kv_heads) -> CostTable:
@@ -94,3 +96,14 @@ def mha(scores: dict[int, list[float]], layer_scores=None) -> ScoreTable:
     heads = {l: dict(enumerate(v)) for l, v in scores.items()}
     n = [len(v) for v in scores.values()]
     return ScoreTable(heads=heads, num_heads=n, num_kv_heads=n, layers=layer_scores, cost=synthetic_cost(n, n))
+
+
+def with_budget(amount: dict) -> dict:
+    """select()'s keywords from a test's amount: `ratio`/`target_params`/`target_flops`
+    become the one Budget they name (stages/budget.py); the other keys stay."""
+    out = {k: v for k, v in amount.items() if k not in OPTION_FIELDS}
+    found = given(**{k: v for k, v in amount.items() if k in OPTION_FIELDS})
+    assert len(found) <= 1, f"a test amount names two budgets: {amount}"
+    if found:
+        out["budget"] = found[0]
+    return out

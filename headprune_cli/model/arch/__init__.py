@@ -5,7 +5,6 @@ from __future__ import annotations
 from torch import nn
 
 from headprune_cli.errors import ArchitectureError
-from headprune_cli.names import did_you_mean
 from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView
 from headprune_cli.model.arch.bert import BertAdapter
 from headprune_cli.model.arch.distilbert import DistilBertAdapter
@@ -13,6 +12,7 @@ from headprune_cli.model.arch.gpt2 import GPT2Adapter
 from headprune_cli.model.arch.llama import LlamaAdapter
 from headprune_cli.model.arch.reference import ReferenceAdapter, ReferenceConfig, ReferenceEncoder
 from headprune_cli.model.arch.vit import ViTAdapter
+from headprune_cli.names import did_you_mean
 
 ADAPTERS: dict[str, Adapter] = {
     a.family: a

@@ -197,7 +197,7 @@ class Adapter:
 
     def max_positions(self, model: nn.Module) -> int | None:
         """The most tokens the model can take (its position table), when its config says."""
-        config = _config(model)
+        config = stored_config(model)
         for key in ("max_position_embeddings", "n_positions", "max_position"):
             value = config.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -225,7 +225,7 @@ class Adapter:
         more than two), so the attention mask's path runs too.
         """
         gen = torch.Generator().manual_seed(seed)
-        vocab = int(_config(model).get("vocab_size", 2))
+        vocab = int(stored_config(model).get("vocab_size", 2))
         ids = torch.randint(min(first_token, vocab - 1), vocab, (batch, seq_len), generator=gen)
         mask = torch.ones_like(ids)
         if pad_first_row and seq_len > 2:
@@ -238,11 +238,11 @@ class Adapter:
         return build_transformers_model(config, architecture, self.model_types, options or {})
 
 
-def _config(model: nn.Module) -> dict:
-    """The model's config as headprune stores it (imported here: layout imports this package)."""
-    from headprune_cli.model.layout import info_of
-
-    return info_of(model).config
+def stored_config(model: nn.Module) -> dict:
+    """The model's config as headprune stores it: the checkpoint's (layout.ModelInfo), or for a
+    model built in Python, its own (what layout.info_of would record)."""
+    info = getattr(model, "headprune", None)
+    return info.config if info is not None else model.config.to_dict()
 
 
 BUILD_OPTIONS = {"add_pooling_layer": bool}  # the only constructor options a checkpoint may set

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView, _config
+from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView, stored_config
 
 
 class ViTAdapter(Adapter):
@@ -23,7 +23,7 @@ class ViTAdapter(Adapter):
 
     def sequence_length(self, model: nn.Module, seq_len: int) -> int:
         """Fixed by the image size, whatever was asked: one position per patch, plus [CLS]."""
-        config = _config(model)
+        config = stored_config(model)
         return (config.get("image_size", 224) // config.get("patch_size", 16)) ** 2 + 1
 
     def example_inputs(
@@ -37,7 +37,7 @@ class ViTAdapter(Adapter):
         pad_first_row: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Random images at the config's size, in the model's dtype (no tokens, so no mask)."""
-        config = _config(model)
+        config = stored_config(model)
         size, channels = config.get("image_size", 224), config.get("num_channels", 3)
         gen = torch.Generator().manual_seed(seed)
         pixels = torch.randn(batch, channels, size, size, generator=gen)

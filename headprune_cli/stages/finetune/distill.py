@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headprune_cli.model.checkpoint import load
 from headprune_cli.errors import UsageError
-from headprune_cli.fileio import sha256_file
+from headprune_cli.files.io import sha256_file
+from headprune_cli.model.checkpoint import load
 from headprune_cli.model.layout import info_of
 
 

@@ -41,14 +41,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from headprune_cli.model.layout import info_of
-from headprune_cli.stages.importance.l0 import hard_concrete, open_probability
-from headprune_cli.stages.scores import ScoreTable
+from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.score.importance.l0 import hard_concrete, open_probability
+from headprune_cli.stages.score.table import ScoreTable
 
 
 def _generator(seed: int, step: int, micro: int, stream: int) -> torch.Generator:
@@ -81,20 +81,6 @@ class HeadDropout:
         return nullcontext()  # evaluation sees every head
 
 
-@dataclass(frozen=True)
-class Budget:
-    """What learned pruning aims at: `kind` ratio (of heads removed), params or flops (fraction kept)."""
-
-    kind: str
-    value: float
-    seq_len: int = 128  # the sequence length FLOPs are priced at
-
-    @property
-    def removed(self) -> float:
-        """The target as a share removed: the scale the expected sparsity is on."""
-        return self.value if self.kind == "ratio" else 1.0 - self.value
-
-
 class LearnedGates:
     """Hard-concrete gates on heads (KV groups for GQA layers) and their Lagrangian."""
 
@@ -107,6 +93,7 @@ class LearnedGates:
         close: Callable[[ScoreTable], object],
         seed: int,
         *,
+        seq_len: int = 128,
         lr: float = 0.3,
         init: float = 3.0,
         warmup: float = 0.2,
@@ -119,7 +106,7 @@ class LearnedGates:
         layout = info_of(model).layout
         self.budget, self.close, self.seed, self.warmup, self.closed_share = budget, close, seed, warmup, closed_share
         self.frozen: list[torch.Tensor] | None = None  # the closed 0/1 gates of the final phase
-        self.cost = cost_table(model, budget.seq_len)
+        self.cost = cost_table(model, seq_len)  # FLOPs priced at this sequence length
         self.layers, self.heads = list(layout.layers), [list(h) for h in layout.heads]
         self.num_heads, self.num_kv_heads = list(layout.num_heads), list(layout.num_kv_heads)
         units, self.unit_of = [], []  # units: (layer, [original heads]); unit_of: per layer, head position -> unit
@@ -144,13 +131,13 @@ class LearnedGates:
 
     def _unit_weights(self) -> torch.Tensor:
         """Each unit's share of the budget: of the heads (ratio), or of the cost now."""
-        if self.budget.kind == "ratio":
+        if self.budget.kind == "heads":
             total = sum(len(hs) for _, hs in self.units)
             return torch.tensor([len(hs) / total for _, hs in self.units], dtype=torch.float64)
         from headprune_cli.model.cost_table import predict
 
         table = self.cost
-        key = "params" if self.budget.kind == "params" else "flops_per_token"
+        key = self.budget.cost_key
         now = predict(table, dict(zip(self.layers, self.heads)))[key]
         price = {c.layer: c for c in table.layers}
         part = "params" if key == "params" else "flops"

@@ -17,40 +17,24 @@ import math
 from dataclasses import dataclass
 
 from headprune_cli.errors import UsageError
-from headprune_cli.stages.selection import Constraints, Selection, select
-
-
-@dataclass(frozen=True)
-class Amount:
-    """The budget as `select` takes it: exactly one of the three is set."""
-
-    ratio: float | None = None
-    target_params: float | None = None
-    target_flops: float | None = None
-
-    def given(self) -> list[str]:
-        return [name for name in ("ratio", "target_params", "target_flops") if getattr(self, name) is not None]
-
-    def budget(self, seq_len: int):
-        from headprune_cli.stages.finetune.gates import Budget
-
-        name = self.given()[0]
-        kind = {"ratio": "ratio", "target_params": "params", "target_flops": "flops"}[name]
-        return Budget(kind, float(getattr(self, name)), seq_len)
+from headprune_cli.stages.budget import Budget, checked
+from headprune_cli.stages.select.chains import Constraints, Selection
+from headprune_cli.stages.select.strategies import select
 
 
 def check_learning(
-    learn: bool, amount: Amount, head_dropout: float, resume: bool, constraints_given: list[str]
-) -> None:
-    """Refuse option combinations that learned pruning or head dropout cannot run with."""
-    flags = ["--" + name.replace("_", "-") for name in amount.given()]
+    learn: bool, targets: list[Budget], head_dropout: float, resume: bool, constraints_given: list[str]
+) -> Budget | None:
+    """The one budget learned pruning aims at (None without --learn-gates), after refusing
+    option combinations that learned pruning or head dropout cannot run with."""
+    flags = [budget.option for budget in targets]
     if not (math.isfinite(head_dropout) and 0.0 <= head_dropout < 1.0):
         raise UsageError(f"--head-dropout {head_dropout} is outside [0, 1) (the probability of dropping a head)")
     if not learn:
         extra = flags + ["--" + name.replace("_", "-") for name in constraints_given]
         if extra:
             raise UsageError(f"{', '.join(extra)}: a pruning target and its constraints need --learn-gates")
-        return
+        return None
     if not flags:
         raise UsageError("--learn-gates needs a target: --ratio R, --target-params F or --target-flops F")
     if len(flags) > 1:
@@ -61,31 +45,21 @@ def check_learning(
         raise UsageError(
             "--resume is not supported with --learn-gates (the gates' state is not saved); start over without --resume"
         )
-    if amount.ratio is not None and not 0.0 <= amount.ratio <= 1.0:
-        raise UsageError(f"--ratio {amount.ratio} is outside [0, 1] (the fraction of kept heads to remove)")
-    target = amount.target_params if amount.target_params is not None else amount.target_flops
-    if target is not None and not (math.isfinite(target) and 0.0 < target <= 1.0):
-        raise UsageError(f"target {target} is outside (0, 1] (the fraction of the cost to keep)")
+    return checked(targets[0])
 
 
-def closer(amount: Amount, constraints: Constraints):
+def closer(budget: Budget, constraints: Constraints):
     """`close(table) -> Selection`: select from the gates' open probabilities as `headprune select` would."""
 
     def close(table) -> Selection:
-        return select(
-            table,
-            ratio=amount.ratio,
-            target_params=amount.target_params,
-            target_flops=amount.target_flops,
-            constraints=constraints,
-        )
+        return select(table, budget=budget, constraints=constraints)
 
     return close
 
 
 def make_gates(
     model,
-    amount: Amount,
+    budget: Budget,
     constraints: Constraints,
     *,
     seed: int,
@@ -100,9 +74,10 @@ def make_gates(
 
     gates = LearnedGates(
         model,
-        amount.budget(seq_len),
-        closer(amount, constraints),
+        budget,
+        closer(budget, constraints),
         seed,
+        seq_len=seq_len,
         lr=lr,
         warmup=warmup,
         closed_share=closed_share,
@@ -124,7 +99,7 @@ def close_gates(
     model,
     gates,
     constraints: Constraints,
-    amount: Amount,
+    budget: Budget,
     *,
     checkpoint,
     data,
@@ -134,19 +109,20 @@ def close_gates(
     config: dict,
 ) -> Closed:
     """Close the trained gates: scores and plan artifacts, computed on the model before the cut."""
-    from headprune_cli.stages.importance.api import scores_artifact
-    from headprune_cli.stages.plan import plan_artifact
-    from headprune_cli.schema import input_ref
+    from headprune_cli.artifacts.schema import input_ref
+    from headprune_cli.stages.score.importance.api import scores_artifact
+    from headprune_cli.stages.select.plan import plan_artifact
 
     table = gates.table(objective, samples, config)
     selection = gates.close(table)
     scores = scores_artifact(model, table, model_path=checkpoint, data_path=data, max_length=max_length)
+    amount = budget.as_options()
     plan_config = {
         "strategy": selection.strategy,
-        "ratio": amount.ratio,
+        "ratio": amount["ratio"],
         "threshold": None,
-        "target_params": amount.target_params,
-        "target_flops": amount.target_flops,
+        "target_params": amount["target_params"],
+        "target_flops": amount["target_flops"],
         **constraints.to_dict(),
     }
     inputs = [input_ref("model", checkpoint, model.headprune.loaded_from[1]), input_ref("data", data)]

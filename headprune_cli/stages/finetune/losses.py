@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headprune_cli.data import used_width
+from headprune_cli.data.readers import used_width
 from headprune_cli.errors import DataError
-from headprune_cli.stages import objectives
 from headprune_cli.model.layout import info_of
+from headprune_cli.stages import objectives
 
 
 def predict(module: nn.Module, rows: dict[str, torch.Tensor], task: str, model: nn.Module) -> torch.Tensor:

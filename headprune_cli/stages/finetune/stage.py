@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from headprune_cli.device import check as check_device, dtype_name
-from headprune_cli.outputs import check_distinct, check_folder, check_output, remove_folder
-from headprune_cli.stages.select import ratio_option, target_flops_option, target_params_option
+from headprune_cli.files.outputs import check_distinct, check_folder, check_output, remove_folder
+from headprune_cli.runtime.device import check as check_device
+from headprune_cli.runtime.device import dtype_name
+from headprune_cli.stages.budget import Budget, checked, given
+from headprune_cli.stages.select.stage import ratio_option, target_flops_option, target_params_option
 from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, option
 
 CONSTRAINTS = ("min_heads", "multiple_of", "protect", "uniform")
@@ -81,13 +83,16 @@ class FinetuneOptions(Options):
         le=1.0,
     )
 
-    def amount(self):
-        from headprune_cli.stages.finetune.learn import Amount
+    def targets(self) -> list[Budget]:
+        """The learned-pruning budgets given (check_learning accepts exactly one)."""
+        return given(ratio=self.ratio, target_params=self.target_params, target_flops=self.target_flops)
 
-        return Amount(self.ratio, self.target_params, self.target_flops)
+    def budget(self) -> Budget | None:
+        found = self.targets()
+        return checked(found[0]) if len(found) == 1 else None
 
     def constraints(self):
-        from headprune_cli.stages.selection import Constraints, parse_protect
+        from headprune_cli.stages.select.chains import Constraints, parse_protect
 
         return Constraints(
             min_heads=self.min_heads,
@@ -101,18 +106,18 @@ class FinetuneOptions(Options):
 
 
 def run(opts: FinetuneOptions, ctx: Context) -> Result:
-    from headprune_cli.data import read_data
-    from headprune_cli.distributed import setup
+    from headprune_cli.artifacts.schema import dumps, write_artifact
+    from headprune_cli.data.readers import read_data
+    from headprune_cli.files.io import sha256_bytes
     from headprune_cli.model.checkpoint import load, save
-    from headprune_cli.fileio import sha256_bytes
-    from headprune_cli.schema import dumps, write_artifact
+    from headprune_cli.runtime.distributed import setup
     from headprune_cli.stages.finetune.learn import check_learning
     from headprune_cli.stages.finetune.losses import check_labels
     from headprune_cli.stages.finetune.train import FinetuneConfig
 
     check_learning(
         opts.learn_gates,
-        opts.amount(),
+        opts.targets(),
         opts.head_dropout,
         opts.resume,
         opts.constraints_given() + (["gates_out"] if opts.gates_out else []),
@@ -185,8 +190,8 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
 
 def _gating(opts: FinetuneOptions, model, constraints):
     """The gates of the training forward passes: learned, head dropout, or none."""
-    from headprune_cli.distributed import setup
     from headprune_cli.errors import UsageError
+    from headprune_cli.runtime.distributed import setup
     from headprune_cli.stages.finetune.gates import HeadDropout
     from headprune_cli.stages.finetune.learn import make_gates
 
@@ -195,7 +200,7 @@ def _gating(opts: FinetuneOptions, model, constraints):
             raise UsageError("--learn-gates runs in one process; start it without torchrun")
         return make_gates(
             model,
-            opts.amount(),
+            opts.budget(),
             constraints,
             seed=opts.seed,
             seq_len=opts.max_length,
@@ -210,7 +215,7 @@ def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context
     """Close the learned gates and cut the closed heads out of `model` (in place)."""
     from headprune_cli.stages.finetune.learn import close_gates
     from headprune_cli.stages.objectives import default_objective
-    from headprune_cli.stages.prune import cut
+    from headprune_cli.stages.prune.stage import cut
 
     config = {
         "method": "learned",
@@ -228,7 +233,7 @@ def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context
         model,
         gates,
         constraints,
-        opts.amount(),
+        opts.budget(),
         checkpoint=opts.checkpoint,
         data=opts.data,
         max_length=opts.max_length,
@@ -257,7 +262,7 @@ def run_finetune(model, train, cfg, dev=None, teacher=None, fingerprint=None, ct
     """finetune() on the model's own objective, evaluated on `dev` after every epoch,
     with a progress bar and a summary table on `ctx`'s console (the main process only;
     no bar when ctx.progress is False). Returns the FinetuneResult."""
-    from headprune_cli.distributed import setup
+    from headprune_cli.runtime.distributed import setup
     from headprune_cli.stages.finetune.train import finetune, validate
     from headprune_cli.stages.objectives import default_objective, evaluate
 

@@ -18,13 +18,13 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
 from headprune_cli.errors import HeadpruneError, UsageError, shorten
-from headprune_cli.fileio import atomic_write_bytes, os_error_in
-from headprune_cli.outputs import make_folder
+from headprune_cli.files.io import atomic_write_bytes, os_error_in
+from headprune_cli.files.outputs import make_folder
 
 LATEST = "latest.json"
 

@@ -24,16 +24,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from headprune_cli import distributed
-from headprune_cli.stages.finetune import state as train_state
-from headprune_cli.device import cast_parameters, resolve_device, resolve_dtype, stored_dtype
-from headprune_cli.model.cost import count_params
-from headprune_cli.stages.finetune.distill import kd_logits
 from headprune_cli.errors import NumericalError, UsageError
+from headprune_cli.model.cost import count_params
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates
-from headprune_cli.stages.objectives import higher_is_better as metric_higher_is_better, next_token_mask
+from headprune_cli.runtime import distributed
+from headprune_cli.runtime.device import cast_parameters, resolve_device, resolve_dtype, stored_dtype
+from headprune_cli.stages.finetune import state as train_state
+from headprune_cli.stages.finetune.distill import kd_logits
 from headprune_cli.stages.finetune.losses import as_tensors, check_labels, fidelity_loss, predict, task_loss, trim
+from headprune_cli.stages.objectives import higher_is_better as metric_higher_is_better
+from headprune_cli.stages.objectives import next_token_mask
 
 # Recovery starts from trained weights, so it uses about a tenth of the rate the model
 # size is usually fine-tuned at (BERT-base: ~2e-5 instead of 2e-4..5e-5 from scratch).

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from headprune_cli.device import input_device, place, stored_dtype_name
+from headprune_cli.artifacts.schema import envelope, input_ref
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
-from headprune_cli.schema import envelope, input_ref
+from headprune_cli.runtime.device import input_device, place, stored_dtype_name
 from headprune_cli.stages.profile import measure
 from headprune_cli.stages.profile.schema import LatencyTableArtifact
 from headprune_cli.stages.report.latency import synthetic_inputs

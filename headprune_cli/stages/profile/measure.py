@@ -33,7 +33,6 @@ from headprune_cli.model.arch.base import is_conv1d, keep_inputs, keep_outputs
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.timing import Latency, interleaved_samples, measure_interleaved, summarize
 
-
 RETRIES = 2  # remeasurements of a layer whose points are not monotone beyond their spread
 # The whole block anchors both of a layer's curves: every cut is priced as a saving from it,
 # so its noise moves every prediction (BENCHMARKS section 16: one noisy full point put a

@@ -17,14 +17,14 @@ from typing import Literal, Optional
 
 from pydantic import field_validator, model_validator
 
-from headprune_cli.schema import Envelope, _Strict, _index_map, register_kind
+from headprune_cli.artifacts.schema import Envelope, Strict, index_map, register_kind
 
 # A point may sit below a smaller one by its spread (IQR) or this share of its median:
 # timing noise, not a table that says fewer units cost more.
 MONOTONE_SLACK = 0.10
 
 
-class Point(_Strict):
+class Point(Strict):
     median_ms: float
     q1_ms: float
     q3_ms: float
@@ -47,7 +47,7 @@ class FFNPoint(Point):
     width: int
 
 
-class LayerPoints(_Strict):
+class LayerPoints(Strict):
     measured_as: int  # the original layer whose block was timed (a layer of the same shape)
     attention: list[AttentionPoint]
     ffn: list[FFNPoint]
@@ -87,7 +87,7 @@ def not_monotone(name: str, size: str, points: list) -> str | None:
     return None
 
 
-class Phase(_Strict):
+class Phase(Strict):
     context: Optional[int] = None  # decode: KV-cache tokens each step attends to
     outside: Point
     layers: dict[int, LayerPoints]
@@ -95,16 +95,16 @@ class Phase(_Strict):
     @field_validator("layers", mode="before")
     @classmethod
     def _maps(cls, value):
-        return _index_map(value) if isinstance(value, dict) else value
+        return index_map(value) if isinstance(value, dict) else value
 
 
-class Device(_Strict):
+class Device(Strict):
     type: str  # cpu | cuda
     name: str
     index: Optional[int] = None
 
 
-class ModelShape(_Strict):
+class ModelShape(Strict):
     sha256: str
     family: str
     num_heads: list[int]  # original query heads per original layer
@@ -118,7 +118,7 @@ class ModelShape(_Strict):
     @field_validator("heads", "kv_heads", "ffn", mode="before")
     @classmethod
     def _maps(cls, value):
-        return _index_map(value) if isinstance(value, dict) else value
+        return index_map(value) if isinstance(value, dict) else value
 
 
 class LatencyTableArtifact(Envelope):

@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from headprune_cli.device import DEVICE_HELP, check as check_device
+from headprune_cli.artifacts.schema import write_artifact
 from headprune_cli.errors import UsageError
-from headprune_cli.outputs import check_output
-from headprune_cli.schema import write_artifact
+from headprune_cli.files.outputs import check_output
+from headprune_cli.runtime.device import DEVICE_HELP
+from headprune_cli.runtime.device import check as check_device
 from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
 
 GRID_HELP = (

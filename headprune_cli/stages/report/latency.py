@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 from headprune_cli.errors import UsageError
-from headprune_cli.device import input_device
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
+from headprune_cli.runtime.device import input_device
 from headprune_cli.stages.timing import Latency, alternating, summarize
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
 from headprune_cli.errors import UsageError
-from headprune_cli.fileio import atomic_write, atomic_write_bytes
+from headprune_cli.files.io import atomic_write, atomic_write_bytes
 
 VERDICT = {"pass": "PASS", "fail": "FAIL", "no-gates": "NO GATES"}
 ICON = {"pass": "✅", "fail": "❌", "no-gates": "ℹ️"}
@@ -26,7 +26,7 @@ def _num(value: float) -> str:
     return f"{value:.4g}"
 
 
-def _metric_value(name: str, value: float) -> str:
+def metric_value(name: str, value: float) -> str:
     return (
         f"{value * 100:.2f}%"
         if name in ("accuracy", "macro_f1")
@@ -48,7 +48,7 @@ def headline(report: dict) -> str:
     if gates:
         parts.append(f"{len(gates) - len(failed)}/{len(gates)} gates passed")
     parts.append(
-        f"{main['name']} {_metric_value(main['name'], main['baseline'])} → {_metric_value(main['name'], main['pruned'])} (drop {main['drop']:+.3g} {main['unit']})"
+        f"{main['name']} {metric_value(main['name'], main['baseline'])} → {metric_value(main['name'], main['pruned'])} (drop {main['drop']:+.3g} {main['unit']})"
     )
     parts.append(f"predicted speedup {report['cost']['predicted_speedup']:.2f}x")
     if report["measured"]:
@@ -75,7 +75,7 @@ def markdown(report: dict) -> str:
         if m["name"] in by_name:
             b = by_name[m["name"]]["value"]
             lines.append(
-                f"| {m['name']} ({'higher' if m['higher_is_better'] else 'lower'} is better) | {_metric_value(m['name'], b)} | {_metric_value(m['name'], m['value'])} | {_change(m['name'], b, m['value'])} |"
+                f"| {m['name']} ({'higher' if m['higher_is_better'] else 'lower'} is better) | {metric_value(m['name'], b)} | {metric_value(m['name'], m['value'])} | {_change(m['name'], b, m['value'])} |"
             )
     b, p = models["baseline"], models["pruned"]
     lines.append(f"| heads | {b['heads']} | {p['heads']} | {p['heads'] - b['heads']:+d} |")

@@ -18,21 +18,21 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from headprune_cli.artifacts.schema import Envelope, register_kind
 from headprune_cli.stages.timing import Latency  # the dataclass latency.py fills is the schema too
-from headprune_cli.schema import Envelope, register_kind
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class Metric(_Strict):
+class Metric(Strict):
     name: str
     value: float
     higher_is_better: bool
 
 
-class MainMetric(_Strict):
+class MainMetric(Strict):
     name: str
     higher_is_better: bool
     baseline: float
@@ -42,7 +42,7 @@ class MainMetric(_Strict):
     rel_drop: float
 
 
-class ModelFacts(_Strict):
+class ModelFacts(Strict):
     path: str
     sha256: str
     family: str
@@ -55,7 +55,7 @@ class ModelFacts(_Strict):
     flops_per_token: float
 
 
-class DecodeSide(_Strict):
+class DecodeSide(Strict):
     prefill_flops: float  # one sequence's prompt; the output head once
     flops_per_token: float  # per generated token, at the mean decode context
     weight_bytes_per_step: int
@@ -63,7 +63,7 @@ class DecodeSide(_Strict):
     bytes_per_token: float  # weight bytes / batch + kv_bytes_per_token
 
 
-class DecodeCost(_Strict):
+class DecodeCost(Strict):
     batch: int
     prompt: int
     tokens: int
@@ -75,7 +75,7 @@ class DecodeCost(_Strict):
     decode_flops_speedup: float  # what FLOPs alone would predict for decode
 
 
-class LatencyCost(_Strict):
+class LatencyCost(Strict):
     """`report --latency`: the latency table's prediction beside the measured speedup."""
 
     table: str
@@ -91,7 +91,7 @@ class LatencyCost(_Strict):
     flops_error: float | None = None
 
 
-class Cost(_Strict):
+class Cost(Strict):
     seq_len: int
     params_ratio: float
     flops_ratio: float
@@ -100,12 +100,12 @@ class Cost(_Strict):
     latency: LatencyCost | None = None  # with a latency table (`report --latency`)
 
 
-class KvSide(_Strict):
+class KvSide(Strict):
     per_layer: dict[int, int]  # original layer index -> bytes per token
     total: int
 
 
-class KvCache(_Strict):
+class KvCache(Strict):
     dtype: str
     baseline: KvSide
     pruned: KvSide
@@ -113,7 +113,7 @@ class KvCache(_Strict):
     reduction: float
 
 
-class MeasuredDecode(_Strict):
+class MeasuredDecode(Strict):
     batch: int
     prompt: int
     tokens: int
@@ -130,7 +130,7 @@ class MeasuredDecode(_Strict):
     decode_vs_predicted: float
 
 
-class Measured(_Strict):
+class Measured(Strict):
     batch: int
     seq_len: int
     threads: int
@@ -143,7 +143,7 @@ class Measured(_Strict):
     decode: MeasuredDecode | None = None
 
 
-class HeadMapRow(_Strict):
+class HeadMapRow(Strict):
     layer: int
     num_heads: int
     baseline: list[int]
@@ -154,12 +154,12 @@ class HeadMapRow(_Strict):
     ffn: dict[str, int] | None = None  # {"kept", "of"}: FFN neurons kept of the original width, when the FFN was cut
 
 
-class Lineage(_Strict):
+class Lineage(Strict):
     descendant: bool
     how: str
 
 
-class Gate(_Strict):
+class Gate(Strict):
     name: str
     description: str
     threshold: float
@@ -184,7 +184,7 @@ class Report(Envelope):
     verdict: Literal["pass", "fail", "no-gates"]
 
 
-class SweepRow(_Strict):
+class SweepRow(Strict):
     method: str
     ratio: float
     heads_removed: int
@@ -199,7 +199,7 @@ class SweepRow(_Strict):
     within_budget: bool
 
 
-class SweepBest(_Strict):
+class SweepBest(Strict):
     ratio: float
     heads_removed: int
     fraction_removed: float
@@ -208,14 +208,14 @@ class SweepBest(_Strict):
     predicted_speedup: float
 
 
-class SweepMain(_Strict):
+class SweepMain(Strict):
     name: str
     higher_is_better: bool
     baseline: float
     unit: str
 
 
-class BudgetBest(_Strict):
+class BudgetBest(Strict):
     method: str
     target_flops: float
     flops_kept: float
@@ -234,7 +234,7 @@ class BudgetRow(BudgetBest):
     within_budget: bool
 
 
-class BudgetSweep(_Strict):
+class BudgetSweep(Strict):
     routes: list[str]
     rows: list[BudgetRow]
     best: dict[str, BudgetBest | None]  # route -> fewest FLOPs kept within the budget

@@ -12,10 +12,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Optional
 
-from headprune_cli.device import check as check_device
+from headprune_cli.artifacts.schema import portable_path, write_artifact
 from headprune_cli.errors import EXIT_GATE_FAILED, UsageError
-from headprune_cli.outputs import check_distinct, check_folder, check_output, make_folder
-from headprune_cli.schema import portable_path, write_artifact
+from headprune_cli.files.outputs import check_distinct, check_folder, check_output, make_folder
+from headprune_cli.runtime.device import check as check_device
 from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
 
 

@@ -7,12 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from headprune_cli import load, save
-
 from tests.support import TINY, VOCAB, assert_refused, snapshot
 
 

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from headprune_cli import load
+from headprune_cli.artifacts.schema import parse_artifact
 from headprune_cli.model.cost_table import CostTable, predict
-from headprune_cli.schema import parse_artifact
-from headprune_cli.stages.scores import ScoreTable
-from headprune_cli.stages.selection import select
-
-from tests.support import TINY, assert_refused, model_inputs, model_output, saved_root as root, snapshot, tensor_set
+from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.score.table import ScoreTable
+from headprune_cli.stages.select.strategies import select
+from tests.support import assert_refused, model_inputs, model_output, snapshot
+from tests.support import saved_root as root
 
 STEPS = "100"
 
@@ -77,7 +78,7 @@ def test_learned_gates_reach_the_ratio_and_close_as_select_would(cli, tmp_path, 
     scores = parse_artifact(gates.read_text(), str(gates), ("scores",))
     assert scores.method == "learned"
     assert all(0.0 <= p <= 1.0 for layer in scores.heads.values() for p in layer.values())
-    expected = select(ScoreTable.from_scores(scores), ratio=0.5)
+    expected = select(ScoreTable.from_scores(scores), budget=Budget("heads", 0.5))
     assert removed_heads(before, small) == expected.remove_heads
     plan = cli("select", gates, "--ratio", "0.5")
     assert plan.code == 0, plan.err
@@ -90,9 +91,9 @@ def test_learned_gates_reach_the_ratio_and_close_as_select_would(cli, tmp_path, 
 def test_the_output_loads_and_equals_the_in_memory_gated_then_cut_model(tmp_path):
     from headprune_cli.model.surgery import HeadGates, apply_plan, removal_gates
     from headprune_cli.stages.finetune import stage
-    from headprune_cli.stages.finetune.learn import Amount, close_gates, make_gates
+    from headprune_cli.stages.finetune.learn import close_gates, make_gates
     from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
-    from headprune_cli.stages.selection import Constraints
+    from headprune_cli.stages.select.chains import Constraints
     from headprune_cli.stages.unit import Context
 
     ckpt, data = root(tmp_path, "reference")
@@ -112,7 +113,7 @@ def test_the_output_loads_and_equals_the_in_memory_gated_then_cut_model(tmp_path
 
     # The same training in memory: the trained model with its gates closed equals the cut model.
     model = load(ckpt)
-    amount, constraints = Amount(ratio=0.5), Constraints()
+    amount, constraints = Budget("heads", 0.5), Constraints()
     defaults = {k: stage.FinetuneOptions.model_fields[k].default for k in ("gate_lr", "target_warmup", "closed_share")}
     gates = make_gates(
         model,
@@ -161,7 +162,7 @@ def test_a_flops_target_is_met_as_select_meets_it(cli, tmp_path):
     before, small = load(ckpt), load(out)
     kept_before = dict(zip(before.headprune.layout.layers, before.headprune.layout.heads))
     removed = removed_heads(before, small)
-    assert removed == select(ScoreTable.from_scores(scores), target_flops=0.8).remove_heads
+    assert removed == select(ScoreTable.from_scores(scores), budget=Budget("flops", 0.8)).remove_heads
     assert (
         predict(table, kept_before, removed)["flops_per_token"] <= 0.8 * predict(table, kept_before)["flops_per_token"]
     )
@@ -207,7 +208,7 @@ def test_bad_input_is_refused_and_nothing_is_written(cli, tmp_path):
 
 
 def test_the_closing_keeps_the_constraints_select_keeps(cli, tmp_path):
-    from headprune_cli.stages.selection import Constraints
+    from headprune_cli.stages.select.chains import Constraints
 
     ckpt, data = root(tmp_path, "reference")
     out, gates = tmp_path / "small.safetensors", tmp_path / "gates.json"
@@ -231,7 +232,7 @@ def test_the_closing_keeps_the_constraints_select_keeps(cli, tmp_path):
     assert res.code == 0, res.err
     scores = parse_artifact(gates.read_text(), str(gates), ("scores",))
     constraints = Constraints(min_heads=2, protect=((1, 2),), uniform=True)
-    expected = select(ScoreTable.from_scores(scores), ratio=0.5, constraints=constraints)
+    expected = select(ScoreTable.from_scores(scores), budget=Budget("heads", 0.5), constraints=constraints)
     small = load(out)
     assert removed_heads(load(ckpt), small) == expected.remove_heads
     assert [len(h) for h in small.headprune.layout.heads] == [2, 2, 2] and 2 in small.headprune.layout.heads[1]

@@ -7,11 +7,9 @@ import math
 import pytest
 import torch
 
-from headprune_cli import load, save
-from headprune_cli.stages.finetune.distill import check_compatible
 from headprune_cli.errors import DataError, NumericalError, UsageError
+from headprune_cli.stages.finetune.distill import check_compatible
 from headprune_cli.stages.finetune.train import FinetuneConfig, Plan, default_lr, finetune
-
 from tests.support import TINY, VOCAB
 
 

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from headprune_cli.schema import read_artifact
+from headprune_cli.artifacts.schema import read_artifact
 from headprune_cli.stages import timing
 from headprune_cli.stages.profile import schema  # noqa: F401  (registers the kind)
 from headprune_cli.stages.profile.measure import grid

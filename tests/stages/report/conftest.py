@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from headprune_cli import load, save
-from headprune_cli.data import read_data
+from headprune_cli.data.readers import read_data
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.stages.objectives import embed
 from tests.support import TINY, give_tokenizer, sentences

@@ -15,7 +15,6 @@ from headprune_cli.model.cost import cost_table, flops_per_token
 from headprune_cli.model.cost_table import predict
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
-
 from tests.support import CAUSAL, TINY, VOCAB, counted_macs
 
 SEQ = 6

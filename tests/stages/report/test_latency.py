@@ -11,7 +11,6 @@ from torch import nn
 
 from headprune_cli.stages.report.latency import measure, synthetic_inputs
 from headprune_cli.stages.timing import summarize
-
 from tests.support import TINY
 
 

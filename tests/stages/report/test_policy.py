@@ -12,7 +12,6 @@ import pytest
 from headprune_cli import load, save
 from headprune_cli.stages.report import build, latency
 from headprune_cli.stages.report.build import MainMetric, gates, verdict
-
 from tests.support import assert_refused, run_report
 
 below, above = (lambda x: math.nextafter(x, -math.inf)), (lambda x: math.nextafter(x, math.inf))

@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from headprune_cli import load, save
+from headprune_cli.artifacts.schema import read_artifact
 from headprune_cli.model.layout import info_of
-from headprune_cli.stages.report.schema import Report  # noqa: F401  (registers the kind)
-from headprune_cli.schema import read_artifact
 from headprune_cli.model.surgery import apply_plan
-
+from headprune_cli.stages.report.schema import Report  # noqa: F401  (registers the kind)
 from tests.support import FAST_REPORT, ROOT, TINY, give_tokenizer, run_report, snapshot, write_text
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -214,8 +213,8 @@ def test_a_baseline_that_is_not_an_ancestor_warns_and_says_so(models, cli, tmp_p
 
 
 def test_scores_give_an_importance_heatmap(models, cli, tmp_path):
+    from headprune_cli.artifacts.schema import envelope, write_artifact
     from headprune_cli.model.cost import cost_table
-    from headprune_cli.schema import envelope, write_artifact
 
     folder, _ = models
     base = load(folder / "base.safetensors")

@@ -1,0 +1,179 @@
+"""Iterative pruning: score -> select -> cut -> recover, a little more each round.
+
+Gradual pruning with recovery in between keeps more quality than one cut of the same
+size (Michel et al. 2019; Zhu & Gupta 2017). The schedule lists fractions of the
+ORIGINAL heads to have removed after each round (default 0.1, 0.2, 0.3, 0.4); every
+round rescores the current model, because importance changes once neighbours are gone.
+When a round's recovered model falls below the quality floor, the loop stops and the
+last model above the floor is returned.
+
+With a cost `budget` ("flops" or "params") the schedule lists instead the fractions of
+the ORIGINAL model's FLOPs per token (at `seq_len`) or parameters to keep after each
+round, falling (e.g. 0.9, 0.8, 0.7): every round selects under the budget that is left
+(selection.select, strategy `budget`), and with `ffn` it rescores FFN neurons too, so the
+round's cut removes heads and neurons together, priced by the cost table.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from headprune_cli.data.readers import Dataset
+from headprune_cli.errors import UsageError
+from headprune_cli.model.cost import cost_table
+from headprune_cli.model.cost_table import predict
+from headprune_cli.model.layout import info_of
+from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
+from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, schedule_of
+from headprune_cli.stages.objectives import Metric, check_objective, evaluate, worse_by
+from headprune_cli.stages.prune.stage import cut
+from headprune_cli.stages.score.importance import score_model
+from headprune_cli.stages.select.chains import Constraints
+from headprune_cli.stages.select.strategies import select
+
+
+@dataclass
+class Round:
+    ratio: float  # the schedule's entry: original heads removed, or (with a budget) the original cost kept
+    heads_kept: int
+    remove_heads: dict[int, list[int]]  # removed in this round (original indices)
+    metric_pruned: float  # before recovery
+    metric_recovered: float  # after recovery (best epoch)
+    accepted: bool
+    remove_ffn: dict[int, list[int]] = field(default_factory=dict)  # FFN neurons removed in this round
+    neurons_kept: int = 0  # FFN neurons the model keeps after this round
+    cost_kept: float | None = None  # with a budget: the model's cost after this round over the original's
+
+
+@dataclass
+class IterativeResult:
+    model: nn.Module  # the last accepted model (the input model when no round passed)
+    metric_name: str
+    higher_is_better: bool
+    baseline: float
+    rounds: list[Round] = field(default_factory=list)
+
+    @property
+    def stopped_early(self) -> bool:
+        return any(not r.accepted for r in self.rounds)
+
+
+def iterative_prune(
+    model: nn.Module,
+    train: Dataset,
+    dev: Dataset,
+    *,
+    schedule: Sequence[Budget] = tuple(schedule_of(DEFAULT_SCHEDULE)),
+    method: str = "taylor",
+    score_data: Dataset | None = None,
+    objective: str | None = None,
+    floor: float | None = None,
+    max_drop: float | None = None,
+    finetune_config: FinetuneConfig | None = None,
+    teacher: nn.Module | None = None,
+    constraints: Constraints = Constraints(),
+    score_batch_size: int = 32,
+    seed: int = 0,
+    on_round: Callable[[Round], None] | None = None,
+    ffn: bool = False,
+    seq_len: int = 128,
+) -> IterativeResult:
+    """Prune `model` (not modified) along `schedule`; see the module docstring.
+
+    Quality is the first metric of `evaluate(model, dev, objective)` (accuracy,
+    perplexity or fidelity). The floor is `floor` (an absolute metric value) and/or
+    `max_drop` (how much worse than the input model may get: in points for accuracy-like
+    metrics, 1.0 = one percentage point, as `report --max-drop`; perplexity in its own
+    unit). `score_data` defaults to `train`. `budget`, `ffn` and `seq_len`: see the module
+    docstring (`ffn` needs a budget: a head fraction says nothing about neurons).
+    """
+    kind = schedule[0].kind if schedule else "heads"
+    schedule_of([step.value for step in schedule], kind)  # checked again: a library caller may build its own
+    budget = None if kind == "heads" else Budget(kind, 1.0)  # the cost the schedule's fractions are of
+    if ffn and budget is None:
+        raise UsageError(
+            "FFN neurons are cut under a cost budget: give the schedule as FLOPs or params fractions to keep"
+        )
+    objective = check_objective(objective, model)
+    cfg = finetune_config or FinetuneConfig(epochs=1, seed=seed)
+    base = evaluate(model, dev, objective, reference=teacher)[0]
+    _check_budget(max_drop)
+    original = sum(len(h) for h in info_of(model).layout.heads)
+    original_cost = _cost(model, budget, seq_len) if budget else None
+    current = copy.deepcopy(model)
+    result = IterativeResult(current, base.name, base.higher_is_better, base.value)
+    for step in schedule:
+        ratio = step.value
+        if budget is None:
+            kept = sum(len(h) for h in info_of(current).layout.heads)
+            to_remove = round(ratio * original) - (original - kept)
+            amount = Budget("heads", min(1.0, to_remove / kept)) if to_remove > 0 else None
+        else:
+            keep = ratio * original_cost / _cost(current, budget, seq_len)  # of what the current model costs
+            amount = step.with_value(keep) if keep < 1 else None
+        if amount is None:
+            continue
+        scoring = {"batch_size": score_batch_size, "seed": seed, "ffn": ffn, "seq_len": seq_len if budget else None}
+        candidate, selection = _prune_round(
+            current, score_data or train, method, objective, amount, constraints, scoring
+        )
+        metrics = lambda m: {x.name: x.value for x in evaluate(m, dev, objective, reference=teacher)}  # noqa: E731
+        trained = finetune(candidate, train, cfg, metrics, base.higher_is_better, teacher)
+        pruned_value = trained.history[0].metrics[base.name]
+        # finetune returns its best epoch's weights and has already evaluated them.
+        value = next(r.metrics[base.name] for r in trained.history if r.epoch == trained.best_epoch)
+        ok = _acceptable(base, value, floor, max_drop)
+        layout = info_of(trained.model).layout
+        cost_now = _cost(trained.model, budget, seq_len) / original_cost if budget else None
+        record = Round(
+            ratio,
+            sum(len(h) for h in layout.heads),
+            selection.remove_heads,
+            pruned_value,
+            value,
+            ok,
+            selection.remove_ffn,
+            sum(len(layout.kept_neurons(l)) for l in layout.layers),
+            cost_now,
+        )
+        result.rounds.append(record)
+        if on_round:
+            on_round(record)
+        if not ok:
+            break
+        current = result.model = trained.model
+    return result
+
+
+def _prune_round(model, data, method, objective, amount: Budget, constraints, scoring: dict):
+    """Rescore the current model and cut, on a copy, a share of its kept heads or down to a
+    fraction of its cost; returns (the cut copy, the selection)."""
+    # Per-layer normalisation of gradient scores would put heads and neurons on different scales.
+    scores = score_model(model, data, method, objective, normalize=not scoring["ffn"], **scoring)
+    chosen = select(scores, "global" if amount.kind == "heads" else "budget", budget=amount, constraints=constraints)
+    candidate = copy.deepcopy(model)
+    cut(candidate, chosen)
+    return candidate, chosen
+
+
+def _cost(model: nn.Module, budget: Budget, seq_len: int) -> float:
+    """The model's FLOPs per token at `seq_len`, or its parameters, as the cost table prices them."""
+    heads = info_of(model).layout
+    return predict(cost_table(model, seq_len), dict(zip(heads.layers, map(list, heads.heads))))[budget.cost_key]
+
+
+def _check_budget(max_drop: float | None) -> None:
+    if max_drop is not None and not max_drop >= 0:
+        raise UsageError(f"max_drop must be a number >= 0 (got {max_drop})")
+
+
+def _acceptable(base: Metric, value: float, floor: float | None, max_drop: float | None) -> bool:
+    """Above the floor and within the drop budget (points for accuracy-like metrics, as `report`)."""
+    if floor is not None and (value < floor if base.higher_is_better else value > floor):
+        return False
+    return max_drop is None or worse_by(base.name, base.higher_is_better, base.value, value) <= max_drop

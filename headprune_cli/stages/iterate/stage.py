@@ -1,0 +1,171 @@
+"""The `iterate` stage: gradual pruning with recovery between rounds (rounds.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from headprune_cli.errors import UsageError
+from headprune_cli.files.outputs import check_output
+from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, schedule_of
+from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, option
+
+
+class IterateOptions(Options):
+    checkpoint: Path = option(..., "The model to prune (usually unpruned).", argument=True)
+    data: Path = option(..., "Training data for recovery (and scoring unless --score-data).")
+    eval_data: Path = option(..., "Dev set that decides the quality floor.")
+    output: Path = option(..., "Where to write the last model above the floor.", "-o", "--output")
+    schedule: Optional[str] = option(
+        None,
+        f"Fractions of the ORIGINAL heads removed after each round (default {','.join(map(str, DEFAULT_SCHEDULE))}).",
+    )
+    target_flops: Optional[str] = option(
+        None,
+        "Instead of --schedule: fractions of the ORIGINAL FLOPs per token to keep after each round, falling (e.g. 0.9,0.8,0.7); each round cuts under that budget.",
+    )
+    target_params: Optional[str] = option(
+        None, "Instead of --schedule: fractions of the ORIGINAL parameters to keep after each round, falling."
+    )
+    ffn: bool = option(
+        False,
+        "Also score FFN neurons every round and cut them with the heads under the --target-flops/--target-params budget.",
+    )
+    method: str = option("taylor", "Scoring method used every round.")
+    score_data: Optional[Path] = option(None, "Data for scoring (default: --data).")
+    floor: Optional[float] = option(None, "Stop before the dev metric crosses this value.")
+    max_drop: Optional[float] = option(
+        None,
+        "Stop before the dev metric is this much worse than the input's: points for accuracy/F1/fidelity (1.0 = one percentage point, as in `report`), or perplexity.",
+        ge=0,
+    )
+    epochs: int = option(1, "Recovery epochs per round.", ge=1)
+    lr: Optional[float] = option(None, "Recovery learning rate (default by model size).")
+    batch_size: int = option(16, "", ge=1)
+    teacher: Optional[str] = option(None, "Distil from a checkpoint, or `self` = the input model.")
+    kd_weight: Optional[float] = option(None, "Distillation weight (default 0.5 with a teacher).")
+    seed: int = option(0, "")
+    max_length: int = option(128, "Tokens per example (also the sequence length FLOPs are priced at).", ge=1)
+    force: bool = option(False, "Overwrite OUT if it exists.")
+
+    def schedule_budgets(self) -> list[Budget]:
+        """The schedule: head fractions removed, or FLOPs or params fractions kept."""
+        from headprune_cli.stages.score.importance.registry import check_ffn
+
+        targets = [
+            (name, text)
+            for name, text in (("flops", self.target_flops), ("params", self.target_params))
+            if text is not None
+        ]
+        if len(targets) > 1:
+            raise UsageError("give --target-flops or --target-params, not both")
+        if targets and self.schedule is not None:
+            raise UsageError(
+                "give --schedule (head fractions) or --target-flops/--target-params (cost fractions), not both"
+            )
+        if self.ffn and not targets:
+            raise UsageError(
+                "--ffn needs --target-flops or --target-params: a head fraction says nothing about FFN neurons"
+            )
+        if self.ffn:
+            check_ffn(self.method)
+        default = ",".join(map(str, DEFAULT_SCHEDULE))
+        budget, text = targets[0] if targets else (None, default if self.schedule is None else self.schedule)
+        return schedule_of(comma_list(text, float, f"--target-{budget}" if budget else "--schedule"), budget or "heads")
+
+
+def run(opts: IterateOptions, ctx: Context) -> Result:
+    import copy
+
+    from headprune_cli.data.readers import read_data
+    from headprune_cli.model.checkpoint import load, save
+    from headprune_cli.stages.finetune.distill import load_teacher, resolve_teacher
+    from headprune_cli.stages.finetune.train import FinetuneConfig
+    from headprune_cli.stages.iterate.rounds import iterative_prune
+    from headprune_cli.stages.objectives import check_objective, needs_labels
+
+    schedule = opts.schedule_budgets()
+    budget = None if schedule[0].kind == "heads" else schedule[0].kind
+    check_output(opts.output, opts.force, [opts.checkpoint, opts.data, opts.eval_data, opts.score_data, opts.teacher])
+    model = load(opts.checkpoint)
+    objective = check_objective(None, model)
+    teacher = copy.deepcopy(model) if opts.teacher == "self" else None  # the unpruned start; no second load
+    if opts.teacher not in (None, "self"):
+        teacher = load_teacher(resolve_teacher(opts.teacher, opts.checkpoint), model)
+    train = read_data(opts.data, model, max_length=opts.max_length, seed=opts.seed)
+    dev = read_data(opts.eval_data, model, max_length=opts.max_length)
+    calib = (
+        read_data(opts.score_data, model, max_length=opts.max_length, need_labels=needs_labels(objective))
+        if opts.score_data
+        else None
+    )
+    cfg = FinetuneConfig(
+        epochs=opts.epochs, lr=opts.lr, batch_size=opts.batch_size, kd_weight=opts.kd_weight, seed=opts.seed
+    )
+    result = iterative_prune(
+        model,
+        train,
+        dev,
+        schedule=schedule,
+        method=opts.method,
+        score_data=calib,
+        objective=objective,
+        floor=opts.floor,
+        max_drop=opts.max_drop,
+        finetune_config=cfg,
+        teacher=teacher,
+        seed=opts.seed,
+        on_round=lambda r: ctx.print(_line(r, budget)),
+        ffn=opts.ffn,
+        seq_len=opts.max_length,
+    )
+    ctx.print(_table(result, budget))
+    save(result.model, opts.output, overwrite=opts.force)
+    layout = result.model.headprune.layout
+    neurons = f", {sum(len(layout.kept_neurons(l)) for l in layout.layers)} FFN neurons" if opts.ffn else ""
+    ctx.print(f"wrote {opts.output} ({sum(len(h) for h in layout.heads)} heads{neurons})")
+    return Result([str(opts.output)], value=result)
+
+
+def _step(r, budget) -> str:
+    return f"{r.ratio:.0%}" if budget is None else f"{budget} {r.ratio:.0%}"
+
+
+def _line(r, budget=None) -> str:
+    verdict = "kept" if r.accepted else "below the floor: stop"
+    size = f"{r.heads_kept} heads" + (f", {r.neurons_kept} FFN neurons" if r.remove_ffn else "")
+    cost = "" if r.cost_kept is None else f" ({r.cost_kept:.1%} of the {budget})"
+    return f"round {_step(r, budget)}: {size}{cost}, {r.metric_pruned:.4f} pruned -> {r.metric_recovered:.4f} recovered ({verdict})"
+
+
+def _table(result, budget=None):
+    from rich.table import Table
+
+    table = Table(title=f"iterative pruning ({result.metric_name}; baseline {result.baseline:.4f})")
+    first = "removed (of original)" if budget is None else f"{budget} kept (target)"
+    for column in (first, "heads", "FFN neurons", "pruned", "recovered", "accepted"):
+        table.add_column(column, justify="right")
+    for r in result.rounds:
+        table.add_row(
+            _step(r, budget),
+            str(r.heads_kept),
+            str(r.neurons_kept),
+            f"{r.metric_pruned:.4f}",
+            f"{r.metric_recovered:.4f}",
+            "yes" if r.accepted else "no",
+        )
+    return table
+
+
+STAGE = Stage(
+    "iterate",
+    IterateOptions,
+    run,
+    stem="iterated",
+    # rescore -> prune -> recover per step of a schedule of ratios
+    inputs={"checkpoint": ("model",), "data": ("train_data",), "eval_data": ("eval_data",), "score_data": ("data",)},
+    outputs={"output": "{stem}.safetensors"},
+    makes={"model": "output"},
+    needs=("checkpoint", "data", "eval_data"),
+)

@@ -1,0 +1,225 @@
+"""The `prune` stage, and `cut`: the one function that cuts a model by a selection.
+
+`prune`, `sweep` and `iterate` all cut through `cut(model, selection, compensation)`:
+optional closed-form compensation on the gated model first, then the physical removal.
+`prune` without compensation never builds the model: it slices the checkpoint tensor by
+tensor (model/streaming.py), which gives the same file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from headprune_cli.artifacts.schema import dumps, parse_artifact, read_text
+from headprune_cli.errors import UsageError
+from headprune_cli.files.io import sha256_bytes
+from headprune_cli.files.outputs import check_output
+from headprune_cli.names import did_you_mean
+from headprune_cli.runtime.device import DEVICE_HELP
+from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE
+from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
+from headprune_cli.stages.select.chains import Selection
+from headprune_cli.stages.select.plan import check_model, find_model
+from headprune_cli.stages.select.stage import SelectionOptions, plan_from_scores
+from headprune_cli.stages.unit import Context, Result, Stage, option
+
+
+@dataclass
+class Compensation:
+    """Closed-form compensation before the cut: `method` bias|lstsq on calibration `batches`."""
+
+    method: str
+    batches: list
+    ridge: float = DEFAULT_RIDGE
+
+
+def cut(
+    model,
+    selection: Selection,
+    compensation: Compensation | None = None,
+    *,
+    device: str | None = None,
+    dtype: str = "auto",
+):
+    """Cut `model` in place by `selection`; returns the compensation's result (or None).
+
+    With `device`, compensation computes there (in `dtype`) and the model comes back to
+    the CPU in its stored dtype before the cut (what `save` writes)."""
+    from headprune_cli.model.surgery import apply_plan
+
+    result = None
+    if compensation is not None and compensation.method != "none":
+        from headprune_cli.stages.prune.compensation import compensate
+
+        placement = None
+        if device is not None:
+            from headprune_cli.runtime.device import place
+
+            placement = place(model, device, dtype, keep_originals=True)
+        result = compensate(
+            model,
+            selection.remove_heads,
+            selection.remove_layers,
+            compensation.batches,
+            method=compensation.method,
+            ridge=compensation.ridge,
+            remove_ffn=selection.remove_ffn,
+        )
+        if placement is not None:
+            from headprune_cli.runtime.device import restore
+
+            restore(model, placement)
+    apply_plan(model, selection.remove_heads, selection.remove_layers, remove_ffn=selection.remove_ffn)
+    return result
+
+
+class PruneOptions(SelectionOptions):
+    checkpoint: Optional[Path] = option(
+        None, "Checkpoint to prune (default: the model the plan/scores name).", argument=True
+    )
+    output: Path = option(..., "Pruned checkpoint to write (.safetensors).", "-o", "--output")
+    plan: Optional[str] = option(None, "Plan JSON from `headprune select` ('-': stdin).")
+    scores: Optional[str] = option(None, "Scores JSON; select in place with --ratio etc.")
+    compensation: str = option("none", "none | bias | lstsq (needs --data).", "--compensate")
+    data: Optional[Path] = option(None, "Calibration data for --compensate (a few hundred examples).")
+    samples: int = option(256, "Calibration examples to read from --data.")
+    max_length: int = option(128, "Tokens per calibration example.")
+    batch_size: int = option(16, "Calibration batch size.")
+    ridge: float = option(
+        DEFAULT_RIDGE,
+        "lstsq: strength of the pull towards the current weights, relative to the mean input energy.",
+        ge=0.0,
+    )
+    force: bool = option(False, "Overwrite OUTPUT if it exists.")
+    device: str = option("auto", "Where --compensate computes: " + DEVICE_HELP)
+    dtype: str = option(
+        "auto",
+        "Compensation's compute dtype: auto (stored), float32, bfloat16, float16; the output keeps the stored dtype.",
+    )
+
+
+def run(opts: PruneOptions, ctx: Context) -> Result:
+    from headprune_cli.runtime.device import check as check_device
+
+    _check(opts)
+    check_device(opts.device, opts.dtype)
+    given = [p for p in (opts.checkpoint, opts.plan, opts.scores, opts.data, opts.latency) if p is not None]
+    check_output(opts.output, opts.force, inputs=given)
+    artifact, source, text = _read_input(opts.plan, opts.scores)
+    plan, plan_sha = _plan(opts, artifact, source, text)
+    path = find_model(artifact, source, opts.checkpoint)
+    check_output(opts.output, opts.force, inputs=[path])
+    selection = Selection(
+        plan["strategy"],
+        {int(k): v for k, v in plan["remove_heads"].items()},
+        plan["remove_layers"],
+        remove_ffn={int(k): v for k, v in (plan.get("remove_ffn") or {}).items()},
+    )
+    if opts.compensation == "none":
+        digest = _streamed(artifact, path, opts.output, selection, plan_sha)
+    else:
+        digest = _compensated(artifact, path, opts, selection, plan_sha, ctx)
+    heads = sum(len(v) for v in selection.remove_heads.values())
+    neurons = sum(len(v) for v in selection.remove_ffn.values())
+    ffn = f", {neurons} FFN neurons" if neurons else ""
+    ctx.print(
+        f"wrote {opts.output}: removed {heads} heads{ffn}, {len(selection.remove_layers)} layers (sha256 {digest[:12]})"
+    )
+    return Result([str(opts.output)])
+
+
+def _check(opts: PruneOptions) -> None:
+    if opts.compensation not in COMPENSATIONS:
+        raise UsageError(f"unknown compensation {opts.compensation!r}{did_you_mean(opts.compensation, COMPENSATIONS)}")
+    if opts.compensation != "none" and opts.data is None:
+        raise UsageError(f"--compensate {opts.compensation} needs calibration data: --data FILE")
+    if opts.plan is not None and opts.scores is not None:
+        raise UsageError("give --plan or --scores, not both")
+
+
+def _read_input(plan: str | None, scores: str | None):
+    """The artifact, its source name, and its exact text (for its sha256)."""
+    if plan is not None or scores is not None:
+        source = plan if plan is not None else scores
+        kinds = ("plan",) if plan is not None else ("scores",)
+    else:
+        source, kinds = "-", ("plan", "scores")
+    text, name = read_text(source)
+    return parse_artifact(text, name, kinds), source, text
+
+
+def _plan(opts: PruneOptions, artifact, source: str, text: str) -> tuple[dict, str]:
+    """The plan to apply and its sha256: the plan given, or one selected from the scores."""
+    if artifact.kind == "plan":
+        given = opts.selection_given()
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise UsageError(f"{flags}: selection options apply to scores, but the input is a plan (already selected)")
+        return artifact.model_dump(mode="json"), sha256_bytes(text.encode())
+    plan = plan_from_scores(opts, source, scores=artifact, scores_sha=sha256_bytes(text.encode()))
+    return plan, sha256_bytes(dumps(plan).encode())
+
+
+def _streamed(artifact, path: Path, output: Path, selection: Selection, plan_sha: str) -> str:
+    """Pure slicing, tensor by tensor: the model is never built."""
+    from headprune_cli.model.checkpoint import read_layout_only
+    from headprune_cli.model.streaming import prune_layout
+
+    layout = read_layout_only(path, hashed=True)  # the file is hashed while its layout is built
+    check_model(artifact, path)
+    return prune_layout(
+        layout,
+        path,
+        output,
+        selection.remove_heads,
+        selection.remove_layers,
+        plan_sha=plan_sha,
+        remove_ffn=selection.remove_ffn,
+    )
+
+
+def _compensated(artifact, path: Path, opts: PruneOptions, selection: Selection, plan_sha: str, ctx: Context) -> str:
+    from headprune_cli.data.readers import batches, read_data  # deferred: tokenizers load only when needed
+    from headprune_cli.model.checkpoint import load, save
+
+    check_model(artifact, path)
+    model = load(path)
+    dataset = read_data(opts.data, model, max_length=opts.max_length, samples=opts.samples, need_labels=False)
+    compensation = Compensation(opts.compensation, list(batches(dataset, opts.batch_size)), opts.ridge)
+    result = cut(model, selection, compensation, device=opts.device, dtype=opts.dtype)
+    _tell(result, ctx)
+    return save(model, opts.output, plan_sha=plan_sha, overwrite=opts.force)
+
+
+def _tell(result, ctx: Context) -> None:
+    parts = [
+        ("attention", result.skipped, result.layers, result.error_before, result.error_after),
+        ("FFN", result.ffn_skipped, result.ffn_layers, result.ffn_error_before, result.ffn_error_after),
+    ]
+    for what, skipped, layers, before, after in parts:
+        for layer, why in sorted(skipped.items()):
+            ctx.print(f"[yellow]warning:[/] {result.method} compensation skipped the {what} of layer {layer}: {why}")
+        if layers:
+            ctx.print(
+                f"{result.method} compensation on {result.tokens} tokens, {len(layers)} layers: relative {what}-output error "
+                f"{sum(before.values()) / len(layers):.4f} -> {sum(after.values()) / len(layers):.4f}"
+            )
+
+
+STAGE = Stage(
+    "prune",
+    PruneOptions,
+    run,
+    stem="pruned",
+    inputs={
+        "checkpoint": ("model",),
+        "plan": ("plan",),
+        "data": ("data",),
+        "latency": ("latency",),
+    },  # data: compensation only; latency: a latency target only
+    outputs={"output": "{stem}.safetensors"},
+    makes={"model": "output"},
+    needs=("checkpoint",),
+)

@@ -1,0 +1,248 @@
+"""The two streams of hidden states compensation advances block by block.
+
+Per calibration batch: the unpruned hidden states (original weights, no gates) and the
+pruned ones (the plan's head and neuron gates, dropped layers skipped, earlier layers
+already compensated), both entering the current block. One forward per batch, stopped
+after the last block needed, first records how the model calls each block (masks, rotary
+embeddings: everything but the hidden states); blocks are then re-run with those
+arguments, so only the current block's hidden states are ever held.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from headprune_cli.errors import NumericalError
+from headprune_cli.stages.prune.solve import Stats, linear_weights
+
+
+class _Stop(Exception):
+    """Raised from a hook: nothing after this point of the forward is needed."""
+
+
+@dataclass
+class _Call:
+    """How the model called one block on one batch: everything except the hidden states."""
+
+    args: tuple
+    kwargs: dict
+    keyword: bool  # the hidden states were passed as hidden_states=...
+
+    def run(self, block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        if self.keyword:
+            out = block(*self.args, hidden_states=hidden, **self.kwargs)
+        else:
+            out = block(hidden, *self.args, **self.kwargs)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+
+class Streams:
+    """Per calibration batch: the unpruned and the pruned hidden states entering the current block.
+
+    `head_gates` and `ffn_gates` are the lists HeadGates and NeuronGates read: all ones
+    (x * 1 is exact: the unpruned model), and only while the pruned stream runs a block do
+    that block's entries hold the plan's gates (`head_removal`, `ffn_removal`)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        blocks,
+        last: int,
+        head_removal: list[torch.Tensor],
+        ffn_removal: list[torch.Tensor] | None,
+    ):
+        self.model, self.blocks, self.last = model, blocks, last
+        self.removal = {"head": head_removal, "ffn": ffn_removal or []}
+        self.head_gates = [torch.ones_like(g) for g in head_removal]
+        self.ffn_gates = [torch.ones_like(g) for g in self.removal["ffn"]]
+        self.calls: list[list[_Call]] = []  # [batch][block position]
+        self.masks: list[torch.Tensor | None] = []  # real-token masks, [batch, seq]
+        self.full: list[torch.Tensor] = []
+        self.pruned: list[torch.Tensor] = []
+
+    def record(self, batches: list[dict]) -> None:
+        for batch in batches:
+            first, calls = _record_calls(self.model, self.blocks, batch, self.last)
+            self.calls.append(calls)
+            self.masks.append(batch.get("attention_mask"))
+            self.full.append(first)
+            self.pruned.append(first)
+
+    def _run_pruned(self, pos: int, i: int) -> torch.Tensor:
+        lists = [(self.head_gates, self.removal["head"]), (self.ffn_gates, self.removal["ffn"])]
+        for gates, removal in lists:
+            if gates:
+                gates[pos] = removal[pos]
+        try:
+            return self.calls[i][pos].run(self.blocks[pos], self.pruned[i])
+        finally:
+            for gates, removal in lists:
+                if gates:
+                    gates[pos] = torch.ones_like(removal[pos])
+
+    def advance(self, pos: int, full: bool = True, pruned: bool = True) -> None:
+        for i, calls in enumerate(self.calls):
+            if full:
+                self.full[i] = calls[pos].run(self.blocks[pos], self.full[i])
+            if pruned:
+                self.pruned[i] = self._run_pruned(pos, i)
+
+    def statistics(
+        self,
+        pos: int,
+        o: nn.Module,
+        cols: torch.Tensor,
+        has_bias: bool,
+        advance_full: bool = True,
+        rewritten: list[Original] = (),
+    ) -> Stats:
+        """Sum [X 1]^T W [X 1], [X 1]^T W Y, sum_t w_t |Y_t|^2 for projection `o` of block `pos`:
+        X = the kept input features `cols` in the pruned stream, Y = `o`'s output in the
+        unpruned one, W = diag(w) the per-token weights (token_weights).
+
+        With `advance_full` the unpruned stream moves on through the block; without it
+        (another projection of the same block is fitted next) its run stops at `o`.
+        `rewritten`: projections of this block already compensated, whose original weights
+        the unpruned run must see."""
+        stats = None
+        w_full, b_full = (t.double() if t is not None else None for t in linear_weights(o))
+        for i, calls in enumerate(self.calls):
+            with _Captured(o) as seen:
+                with _originals(rewritten):
+                    if advance_full:
+                        self.full[i] = calls[pos].run(self.blocks[pos], self.full[i])
+                    else:
+                        seen.run_until(lambda: calls[pos].run(self.blocks[pos], self.full[i]))
+                x_full = _real_tokens(seen.x, self.masks[i])
+                self._run_pruned(pos, i)  # only the projection's input is needed here
+                x_kept = _real_tokens(seen.x, self.masks[i])[:, cols.to(seen.x.device)]
+            y = x_full @ w_full.to(x_full.device).T + (b_full.to(x_full.device) if b_full is not None else 0)
+            ones = torch.ones(len(x_kept), 1, dtype=x_kept.dtype, device=x_kept.device)
+            xa = torch.cat([x_kept, ones], 1) if has_bias else x_kept
+            norms = (y * y).sum(1)
+            weights = token_weights(norms)
+            xw = xa * weights[:, None]
+            part = ((xw.T @ xa).cpu(), (xw.T @ y).cpu(), float((weights * norms).sum()), len(xa))
+            stats = part if stats is None else tuple(a + b for a, b in zip(stats, part))
+        if not torch.isfinite(stats[0]).all() or not torch.isfinite(stats[1]).all():
+            raise NumericalError("calibration activations contain NaN or inf")
+        return Stats(*stats, has_bias=has_bias)
+
+
+@dataclass
+class Original:
+    """A projection's weights as they were before compensation rewrote them."""
+
+    module: nn.Module
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    @classmethod
+    def of(cls, module: nn.Module) -> "Original":
+        bias = module.bias.detach().clone() if module.bias is not None else None
+        return cls(module, module.weight.detach().clone(), bias)
+
+
+@contextmanager
+def _originals(saved: list[Original]):
+    """Put the original weights back for a while: the unpruned stream must not see a
+    projection of its block that was rewritten a moment ago."""
+    now = [Original.of(s.module) for s in saved]
+    for s in saved:
+        _copy_in(s)
+    try:
+        yield
+    finally:
+        for s in now:
+            _copy_in(s)
+
+
+def _copy_in(saved: Original) -> None:
+    with torch.no_grad():
+        saved.module.weight.copy_(saved.weight)
+        if saved.bias is not None:
+            saved.module.bias.copy_(saved.bias)
+
+
+def _record_calls(model: nn.Module, blocks, batch: dict, last: int) -> tuple[torch.Tensor, list[_Call]]:
+    """Block 0's hidden-state input and the other arguments of blocks 0..last, from one forward.
+
+    Only arguments are kept (masks, rotary embeddings: shared by most blocks); the hidden
+    states each block sees here are dropped, so no layer's activations are held."""
+    calls: list[_Call] = []
+    first = {}
+
+    def record(module, args, kwargs):
+        keyword = not args
+        hidden = kwargs["hidden_states"] if keyword else args[0]
+        if not calls:
+            first["hidden"] = hidden.detach()
+        rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+        calls.append(_Call(tuple(args[1:]), rest, keyword))
+        if len(calls) > last:
+            raise _Stop
+
+    handles = [blocks[pos].register_forward_pre_hook(record, with_kwargs=True) for pos in range(last + 1)]
+    try:
+        model(**batch, **_no_cache(model))
+    except _Stop:
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return first["hidden"], calls
+
+
+def _no_cache(model: nn.Module) -> dict:
+    """A KV cache would grow each time a block is re-run with the recorded arguments."""
+    return {"use_cache": False} if getattr(getattr(model, "config", None), "use_cache", None) is not None else {}
+
+
+class _Captured:
+    """The input of `o` (after any gate hook), each time it runs inside the block."""
+
+    def __init__(self, o: nn.Module):
+        self.o, self.x, self._stop = o, None, False
+
+    def __enter__(self) -> "_Captured":
+        self._handle = self.o.register_forward_pre_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handle.remove()
+
+    def _hook(self, module, args):
+        self.x = args[0].detach()
+        if self._stop:
+            raise _Stop
+
+    def run_until(self, forward) -> None:
+        """Run `forward` only as far as `o`'s input: what comes after is not needed."""
+        self._stop = True
+        try:
+            forward()
+        except _Stop:
+            pass
+        finally:
+            self._stop = False
+
+
+def token_weights(norms: torch.Tensor) -> torch.Tensor:
+    """1 / |Y_t|^2 per token: the fit minimises every token's error relative to its own
+    output, as the next LayerNorm (RMSNorm) sees it, not the sum of squared errors, which a
+    few tokens with massive activations own (all-MiniLM-L6-v2's layer-0 FFN puts 98.8% of
+    its output energy in one dimension of the [CLS] token). The floor (1e-6 of the batch's
+    mean) keeps a token with next to no output from owning the fit instead."""
+    floor = 1e-6 * float(norms.mean()) if len(norms) else 0.0
+    return 1.0 / norms.clamp_min(floor) if floor > 0 else torch.ones_like(norms)
+
+
+def _real_tokens(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """[tokens, d] float64 rows of the tokens the mask marks as real (all when no mask fits)."""
+    if mask is not None and x.dim() == 3 and mask.shape == x.shape[:2]:
+        x = x[mask.to(x.device).bool()]
+    return x.reshape(-1, x.shape[-1]).double()

@@ -1,0 +1,107 @@
+"""What every importance method is, declared once: its scorer class, which units it
+scores, whether its scores are loss changes, and which options it takes.
+
+Selection reads the declarations (joint selection prices only loss-scale scores against
+each other) without importing torch; `make_scorer` builds the class from the same entry.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from headprune_cli.errors import UsageError
+from headprune_cli.names import did_you_mean
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    scorer: str  # "module:Class" under headprune_cli.stages.score.importance
+    units: str  # "heads" or "layers"
+    loss_scale: bool  # scores are measured loss changes (comparable across units)
+    options: tuple[str, ...] = ()  # score options it takes besides the common ones
+    measures_attention: bool = False  # layer methods that also measure each layer's heads (and FFN) together
+    ffn: str | None = None  # it scores FFN neurons too (`score --ffn`); else why not
+
+    def make(self, **settings):
+        module, cls = self.scorer.split(":")
+        return getattr(importlib.import_module(f"headprune_cli.stages.score.importance.{module}"), cls)(**settings)
+
+
+YES = ""  # Method.ffn for methods that score neurons
+_HEADS = [
+    Method("gradient", "gradients:Gradient", "heads", False, ("normalize",), ffn=YES),
+    Method("taylor", "gradients:Taylor", "heads", False, ffn=YES),
+    Method("taylor-weight", "gradients:TaylorWeight", "heads", False, ffn=YES),
+    Method("fisher", "gradients:Fisher", "heads", False, ffn=YES),
+    Method("activation", "activation:Activation", "heads", False, ffn=YES),
+    Method(
+        "loo",
+        "masked:LeaveOneOut",
+        "heads",
+        True,
+        ffn="loo would run one forward pass per neuron (thousands per layer); score neurons with fisher or taylor, and layers with --layers --layer-method loo",
+    ),
+    Method(
+        "entropy",
+        "masked:Entropy",
+        "heads",
+        False,
+        ffn="entropy measures attention distributions, which FFN neurons do not have",
+    ),
+    Method(
+        "combined",
+        "baselines:Combined",
+        "heads",
+        False,
+        ("weights",),
+        ffn="combined min-max-normalises per method, which puts neurons and heads on no common scale",
+    ),
+    Method("random", "baselines:Random", "heads", False, ffn=YES),
+    Method(
+        "l0",
+        "l0:L0",
+        "heads",
+        False,
+        ffn="l0 trains gates on heads only; use finetune --learn-gates, or fisher/taylor neuron scores",
+    ),
+]
+_LAYERS = [
+    Method("cosine", "layers:BlockInfluence", "layers", False),
+    Method("loo", "layers:LayerLeaveOneOut", "layers", True, measures_attention=True),
+    Method("refit", "layers:LayerRefit", "layers", True, measures_attention=True),
+]
+HEAD_METHODS: dict[str, Method] = {m.name: m for m in _HEADS}
+LAYER_METHODS: dict[str, Method] = {m.name: m for m in _LAYERS}
+DEFAULT_LAYER_METHOD = "refit"  # on the real task it chose the layers recovery wins back (BENCHMARKS.md §10)
+
+
+def head_method(name: str) -> Method:
+    if name not in HEAD_METHODS:
+        raise UsageError(f"unknown method {name!r}" + did_you_mean(name, HEAD_METHODS))
+    return HEAD_METHODS[name]
+
+
+def layer_method(name: str) -> Method:
+    if name not in LAYER_METHODS:
+        raise UsageError(f"unknown layer method {name!r}" + did_you_mean(name, LAYER_METHODS))
+    return LAYER_METHODS[name]
+
+
+def check_ffn(method: str) -> None:
+    """Refuse `--ffn` for a method that cannot score neurons, saying why."""
+    entry = head_method(method)
+    if entry.ffn is None or entry.ffn != YES:
+        raise UsageError(f"--ffn: method {method!r} scores no FFN neurons: {entry.ffn or 'not supported'}")
+
+
+def loss_scale_layer_methods() -> tuple[str, ...]:
+    return tuple(name for name, m in LAYER_METHODS.items() if m.loss_scale)
+
+
+def is_loss_scale(head: str | None, layers: str | None = None) -> bool:
+    """Whether head scores by `head` (or layer scores by `layers`) are loss changes."""
+    if layers is not None:
+        return layers in LAYER_METHODS and LAYER_METHODS[layers].loss_scale
+    return head in HEAD_METHODS and HEAD_METHODS[head].loss_scale

@@ -1,0 +1,169 @@
+"""The `score` stage: checkpoint + data -> scores JSON (importance of every head, and layer)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+from headprune_cli.errors import UsageError
+from headprune_cli.files.outputs import check_output
+from headprune_cli.stages.score.importance.registry import (
+    DEFAULT_LAYER_METHOD,
+    HEAD_METHODS,
+    check_ffn,
+    head_method,
+    layer_method,
+)
+from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
+
+LAYER_METHOD_HELP = (
+    "refit (default: loss change when the layer is dropped and the rest refit briefly, what recovery can win back; "
+    "about 12 training steps per layer), loo (the loss change with no refit: one forward per layer; for cuts that "
+    "will not be finetuned) or cosine (block influence). refit and loo also measure each layer's attention, so "
+    "`select --target-*` can weigh heads against layers."
+)
+
+
+class ScoreOptions(Options):
+    checkpoint: Path = option(..., "A headprune checkpoint.", argument=True)
+    data: Path = option(
+        ..., "JSONL/CSV (text[, text_pair][, label]), plain text, or a tokenized .safetensors set.", "--data", "-d"
+    )
+    method: str = option("taylor", f"Importance method: {', '.join(HEAD_METHODS)}.", "--method", "-m")
+    objective: Optional[str] = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
+    samples: Optional[int] = option(None, "Use the first N examples.", ge=1)
+    batch_size: int = option(32, "Examples per forward pass.", ge=1)
+    max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
+    seed: int = option(0, "Seed for random, fidelity probes and anything stochastic.")
+    layers: bool = option(False, "Also score whole layers.")
+    ffn: bool = option(
+        False,
+        "Also score every FFN neuron (gradient, taylor, taylor-weight, fisher, activation, random), in the same pass: `select --target-*` then cuts heads, neurons and layers under one budget.",
+    )
+    layer_method: Optional[str] = option(None, LAYER_METHOD_HELP)
+    weights: Optional[list[str]] = option(None, "For combined: METHOD=WEIGHT[,METHOD=WEIGHT] (default taylor=1,loo=1).")
+    normalize: bool = option(True, "gradient: divide each layer's scores by their L2 norm.", negative="--no-normalize")
+    recompute: Optional[bool] = option(
+        None,
+        "Gradient methods: recompute each block's activations in the backward instead of keeping them (less memory, "
+        "one more forward per batch, the same scores). Default: on for models of 400 M parameters or more.",
+        negative="--no-recompute",
+    )
+    output: Optional[Path] = option(None, "Write the scores JSON here (default: stdout).", "--output", "-o")
+    force: bool = option(False, "Overwrite an existing output file.")
+    device: str = device_option()
+    dtype: str = dtype_option()
+
+    def check(self) -> None:
+        """Refusals that need neither the model nor the data."""
+        entry = head_method(self.method)
+        if self.weights and "weights" not in entry.options:
+            raise UsageError("--weights only applies to --method combined")
+        if self.ffn:
+            check_ffn(self.method)
+        if self.layer_method is not None:
+            if not self.layers:
+                raise UsageError("--layer-method needs --layers (it names how whole layers are scored)")
+            layer_method(self.layer_method)
+
+    def chosen_layer_method(self) -> str | None:
+        return (self.layer_method or DEFAULT_LAYER_METHOD) if self.layers else None
+
+
+def run(opts: ScoreOptions, ctx: Context) -> Result:
+    from headprune_cli.artifacts.schema import write_artifact
+    from headprune_cli.data.readers import position_limit, read_data
+    from headprune_cli.model.checkpoint import load
+    from headprune_cli.runtime.device import check as check_device
+    from headprune_cli.runtime.device import dtype_name, place
+    from headprune_cli.stages.objectives import check_objective, needs_labels
+    from headprune_cli.stages.score.importance import init_distributed, score_model, scores_artifact, world
+    from headprune_cli.stages.score.importance.baselines import parse_weights
+
+    if opts.output is not None and str(opts.output) != "-":
+        check_output(opts.output, opts.force, [opts.checkpoint, opts.data])
+    opts.check()  # an unknown name or a stray option is answered before any model or data is read
+    check_device(opts.device, opts.dtype)
+    weights = parse_weights(opts.weights, list(HEAD_METHODS))
+    init_distributed()
+    rank, _ = world()
+    model = load(opts.checkpoint)
+    place(model, opts.device, opts.dtype)
+    objective = check_objective(opts.objective, model)
+    max_length = min(opts.max_length, position_limit(model) or opts.max_length)  # the demo model has 64 positions
+    dataset = read_data(
+        opts.data,
+        model,
+        max_length=max_length,
+        samples=opts.samples,
+        seed=opts.seed,
+        need_labels=needs_labels(objective),
+    )
+    with _progress(ctx, rank == 0) as progress:
+        result = score_model(
+            model,
+            dataset,
+            opts.method,
+            objective,
+            batch_size=opts.batch_size,
+            seed=opts.seed,
+            normalize=opts.normalize,
+            weights=weights,
+            layers=opts.chosen_layer_method(),
+            progress=progress,
+            ffn=opts.ffn,
+            recompute=opts.recompute,
+        )
+    if rank == 0:
+        dtype = dtype_name(opts.dtype)
+        extra = {"samples": opts.samples, **({"dtype": dtype} if dtype != "auto" else {})}
+        artifact = scores_artifact(
+            model, result, model_path=opts.checkpoint, data_path=opts.data, max_length=max_length, extra_config=extra
+        )
+        write_artifact(artifact, opts.output)
+    _finish_distributed()
+    return Result([str(opts.output)] if opts.output is not None else [], value=result)
+
+
+@contextmanager
+def _progress(ctx: Context, show: bool):
+    """A rich progress bar on stderr; scorers open one task per pass over the data."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=ctx.console,
+        transient=True,
+        disable=not (show and ctx.progress),
+    )
+
+    def factory(description: str, total: int):
+        task = bar.add_task(description, total=total)
+        return lambda: bar.advance(task)
+
+    with bar:
+        yield factory
+
+
+def _finish_distributed() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+STAGE = Stage(
+    "score",
+    ScoreOptions,
+    run,
+    stem="scores",
+    inputs={"checkpoint": ("model",), "data": ("data",)},
+    outputs={"output": "{stem}.json"},
+    makes={"scores": "output"},
+    needs=("checkpoint", "data"),
+)

@@ -1,0 +1,280 @@
+"""The `search` stage: checkpoint + calibration data -> a plan found by measured loss (stages/search.py).
+
+The calibration data is split in two: the first part scores the heads (and layers) for
+the greedy start, the held-out rest measures every candidate. Evaluation data is never
+seen. The output is the same plan artifact `select` writes, with the search's record.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from headprune_cli.errors import DataError, UsageError
+from headprune_cli.files.outputs import check_output
+from headprune_cli.stages.budget import Budget, one_of
+from headprune_cli.stages.score.importance.registry import HEAD_METHODS
+from headprune_cli.stages.score.stage import LAYER_METHOD_HELP
+from headprune_cli.stages.select.stage import ConstraintOptions, ratio_option, target_flops_option, target_params_option
+from headprune_cli.stages.unit import Context, Result, Stage, device_option, dtype_option, option
+
+DEFAULT_EVALUATIONS = 100  # about a minute on all-MiniLM-L6-v2 with 64 held-out texts (BENCHMARKS.md)
+MAX_EVALUATIONS = 100_000
+MIN_PART = 2  # examples each part of the split needs at least
+
+
+class SearchOptions(ConstraintOptions):
+    checkpoint: Path = option(..., "A headprune checkpoint.", argument=True)
+    data: Path = option(
+        ...,
+        "Calibration data: one part scores the greedy start, the held-out rest judges every candidate.",
+        "--data",
+        "-d",
+    )
+    ratio: Optional[float] = ratio_option()
+    target_params: Optional[float] = target_params_option()
+    target_flops: Optional[float] = target_flops_option()
+    evaluations: int = option(
+        DEFAULT_EVALUATIONS, "Candidates measured at most (the greedy start included).", ge=1, le=MAX_EVALUATIONS
+    )
+    holdout: float = option(0.5, "Fraction of --data held out to judge candidates.", ge=0.05, le=0.95)
+    method: str = option(
+        "taylor", f"Importance method of the greedy start: {', '.join(HEAD_METHODS)}.", "--method", "-m"
+    )
+    layers: bool = option(False, "Score layers too, so that a FLOPs/params budget may drop layers.")
+    rescore_layers: bool = option(
+        False,
+        "Start from layers chosen one at a time by measured loss (each drop measured with the ones before it dropped, "
+        "the rest of the budget filled by head scores), instead of from single-pass layer scores; needs --target-flops/--target-params.",
+    )
+    ffn: bool = option(
+        False,
+        "Score FFN neurons too, so that a FLOPs/params budget searches FFN widths as well (use --method fisher or taylor).",
+    )
+    layer_method: Optional[str] = option(None, LAYER_METHOD_HELP)
+    objective: Optional[str] = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
+    samples: Optional[int] = option(None, "Use the first N examples of --data.", ge=1)
+    batch_size: int = option(32, "Examples per forward pass.", ge=1)
+    max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
+    seed: int = option(0, "Seed of the search order (and of anything stochastic in scoring).")
+    output: Optional[Path] = option(None, "Plan JSON to write (default: stdout).", "-o", "--output")
+    force: bool = option(False, "Overwrite OUTPUT if it exists.")
+    device: str = device_option()
+    dtype: str = dtype_option()
+
+    def budget(self) -> Budget | None:
+        """The one head or cost budget the search spends (None when none was given)."""
+        return one_of(ratio=self.ratio, target_params=self.target_params, target_flops=self.target_flops)
+
+    def check(self) -> None:
+        if self.budget() is None:
+            raise UsageError("give exactly one of --ratio, --target-params, --target-flops")
+        if self.layer_method is not None and not self.layers:
+            raise UsageError("--layer-method needs --layers (it names how whole layers are scored)")
+        if self.rescore_layers and self.ratio is not None:
+            raise UsageError(
+                "--rescore-layers needs --target-flops or --target-params: --ratio counts heads, which dropping a layer does not change"
+            )
+        if self.rescore_layers and self.layers:
+            raise UsageError("--rescore-layers measures the layers itself; leave out --layers")
+        if self.rescore_layers and self.ffn:
+            # the fill would weigh head and neuron scores against each other with no common scale
+            raise UsageError(
+                "--rescore-layers fills the budget with heads only; with --ffn use --layers --layer-method loo or refit"
+            )
+        if self.uniform:
+            raise UsageError(
+                "search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform"
+            )
+
+
+def run(opts: SearchOptions, ctx: Context) -> Result:
+    from headprune_cli.artifacts.schema import write_artifact
+    from headprune_cli.data.readers import position_limit, read_data
+    from headprune_cli.model.checkpoint import load
+    from headprune_cli.runtime.device import check as check_device
+    from headprune_cli.runtime.device import place
+    from headprune_cli.stages.objectives import check_objective, needs_labels
+
+    if opts.output is not None:
+        check_output(opts.output, opts.force, [opts.checkpoint, opts.data])
+    opts.check()
+    _check_method(opts)
+    check_device(opts.device, opts.dtype)
+    model = load(opts.checkpoint)
+    place(model, opts.device, opts.dtype)
+    objective = check_objective(opts.objective, model)
+    max_length = min(opts.max_length, position_limit(model) or opts.max_length)
+    dataset = read_data(
+        opts.data,
+        model,
+        max_length=max_length,
+        samples=opts.samples,
+        seed=opts.seed,
+        need_labels=needs_labels(objective),
+    )
+    scoring, held_out = _split(dataset, opts.holdout, opts.data)
+    if opts.rescore_layers or (not opts.layers and not opts.ffn):
+        _check_reachable(model, opts, max_length)
+    table = _score(model, scoring, objective, opts, max_length)
+    result = _search(model, table, held_out, objective, opts, ctx)
+    plan = _plan(model, opts, result, max_length)
+    write_artifact(plan, opts.output)
+    ctx.print(
+        f"search ({result.evaluations} candidates measured, {result.improvements} improvements): held-out loss "
+        f"{result.start_loss:.5f} ({_start_name(result)}) -> {result.best_loss:.5f}; removes {sum(len(v) for v in result.selection.remove_heads.values())} heads, "
+        f"{sum(len(v) for v in result.selection.remove_ffn.values())} FFN neurons, {len(result.selection.remove_layers)} layers",
+        highlight=False,
+    )
+    return Result([str(opts.output)] if opts.output is not None else [], value=plan)
+
+
+def _start_name(result) -> str:
+    if result.rescored_layers is None:
+        return "greedy"
+    return (
+        f"layers rescored: dropped {result.rescored_layers}"
+        if result.rescored_layers
+        else "layers rescored: none dropped"
+    )
+
+
+def _check_method(opts: SearchOptions) -> None:
+    from headprune_cli.stages.score.importance.registry import head_method, layer_method
+
+    head_method(opts.method)
+    if opts.layer_method is not None:
+        layer_method(opts.layer_method)
+
+
+def _split(dataset, holdout: float, path: Path):
+    """(scoring part, held-out part): the held-out part is the last rows."""
+    held = round(len(dataset) * holdout)
+    if held < MIN_PART or len(dataset) - held < MIN_PART:
+        raise DataError(
+            f"{path}: {len(dataset)} examples are too few to split for search (each part needs at least {MIN_PART}; --holdout {holdout:g})"
+        )
+    cut = len(dataset) - held
+    return dataset.select(0, cut), dataset.select(cut, len(dataset))
+
+
+def _check_reachable(model, opts: SearchOptions, max_length: int) -> None:
+    """Refuse a budget the constraints cannot reach before any scoring: heads alone (with
+    --rescore-layers, heads and layers), priced by the cost table, whatever their scores
+    (with --layers or --ffn, the units that may reach it are only known once scored)."""
+    from headprune_cli.model.cost import cost_table
+    from headprune_cli.model.layout import info_of
+    from headprune_cli.stages.score.table import ScoreTable
+    from headprune_cli.stages.select.strategies import select
+
+    layout = info_of(model).layout
+    flat = ScoreTable(
+        {layer: {h: 0.0 for h in heads} for layer, heads in zip(layout.layers, layout.heads)},
+        list(layout.num_heads),
+        list(layout.num_kv_heads),
+        cost=cost_table(model, max_length),
+    )
+    if opts.rescore_layers:
+        from headprune_cli.stages.search.layer_rescore import check_reachable
+
+        check_reachable(flat, opts.budget(), opts.constraints())
+        return
+    select(flat, None, budget=opts.budget(), constraints=opts.constraints())
+
+
+def _score(model, scoring, objective: str, opts: SearchOptions, max_length: int):
+    from headprune_cli.stages.score.importance import score_model
+    from headprune_cli.stages.score.importance.registry import DEFAULT_LAYER_METHOD
+
+    layers = (opts.layer_method or DEFAULT_LAYER_METHOD) if opts.layers else None
+    return score_model(
+        model,
+        scoring,
+        opts.method,
+        objective,
+        batch_size=opts.batch_size,
+        seed=opts.seed,
+        layers=layers,
+        seq_len=max_length,
+        ffn=opts.ffn,
+        normalize=not opts.ffn,
+    )
+
+
+def _search(model, table, held_out, objective: str, opts: SearchOptions, ctx: Context):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from headprune_cli.stages.search.local import search
+    from headprune_cli.stages.search.masked_loss import MaskedLoss
+
+    loss = MaskedLoss(model, held_out, objective, opts.batch_size)
+    bar = Progress(
+        TextColumn("search"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[best]}"),
+        TimeElapsedColumn(),
+        console=ctx.console,
+        transient=True,
+        disable=not ctx.progress,
+    )
+    with bar:
+        task = bar.add_task("search", total=opts.evaluations, best="")
+        return search(
+            table,
+            loss,
+            budget=opts.budget(),
+            constraints=opts.constraints(),
+            evaluations=opts.evaluations,
+            seed=opts.seed,
+            rescore_layers=opts.rescore_layers,
+            on_evaluation=lambda n, best: bar.update(task, completed=n, best=f"best loss {best:.5f}"),
+        )
+
+
+def _plan(model, opts: SearchOptions, result, max_length: int) -> dict:
+    from headprune_cli.artifacts.schema import input_ref
+    from headprune_cli.model.layout import info_of
+    from headprune_cli.stages.select.plan import plan_artifact
+
+    info = info_of(model)
+    inputs = [input_ref("model", opts.checkpoint, info.loaded_from[1]), input_ref("data", opts.data)]
+    config = {
+        "strategy": "search",
+        "ratio": opts.ratio,
+        "target_params": opts.target_params,
+        "target_flops": opts.target_flops,
+        "method": opts.method,
+        "layers": opts.layers,
+        "layer_method": opts.layer_method,
+        "evaluations": opts.evaluations,
+        **({"rescore_layers": True} if opts.rescore_layers else {}),
+        "holdout": opts.holdout,
+        "samples": opts.samples,
+        "max_length": max_length,
+        "seed": opts.seed,
+        **({"ffn": True} if opts.ffn else {}),
+        **opts.constraints().to_dict(ffn=opts.ffn),
+    }
+    num_ffn = list(info.layout.num_ffn) if opts.ffn else None
+    return plan_artifact(
+        result.selection,
+        opts.constraints(),
+        inputs,
+        list(info.layout.num_heads),
+        config,
+        num_ffn=num_ffn,
+        search=result.summary(),
+    )
+
+
+STAGE = Stage(
+    "search",
+    SearchOptions,
+    run,
+    stem="plan",
+    inputs={"checkpoint": ("model",), "data": ("data",)},
+    outputs={"output": "{stem}.json"},
+    makes={"plan": "output"},
+    needs=("checkpoint", "data"),
+)

@@ -1,0 +1,173 @@
+"""The `sweep` stage: quality against heads removed, per method, without finetuning (stages/sweep.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from headprune_cli.files.outputs import check_folder, check_output, make_folder
+from headprune_cli.stages.sweep.budgets import ROUTES, check_routes
+from headprune_cli.stages.sweep.ratios import DEFAULT_RATIOS, SweepSettings, check_options
+from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, device_option, dtype_option, option
+
+FILES = {"json": "sweep.json", "md": "sweep.md", "png": "curve.png"}
+
+
+class SweepOptions(Options):
+    checkpoint: Path = option(..., "The model to sweep (a headprune checkpoint).", argument=True)
+    data: Path = option(..., "Calibration data: scoring (and compensation).")
+    eval_data: Path = option(..., "Evaluation data for the quality curve.")
+    methods: str = option("taylor,gradient,random", "Comma-separated importance methods, e.g. taylor,gradient,random.")
+    ratios: str = option(",".join(f"{r:g}" for r in DEFAULT_RATIOS), "Comma-separated fractions of heads to remove.")
+    target_flops: Optional[str] = option(
+        None,
+        "Comma-separated fractions of the FLOPs to keep (e.g. 0.8,0.6,0.5): sweep FLOPs budgets per --routes instead of head ratios.",
+    )
+    routes: str = option(
+        ",".join(ROUTES),
+        "With --target-flops: what a budget may remove, comma-separated: heads, heads+ffn, heads+ffn+layers.",
+    )
+    repeats: int = option(5, "With --target-flops: timed runs per model for the measured speedup (0 skips).", ge=0)
+    compensate: str = option("none", "none | bias | lstsq (closed-form, on --data).")
+    max_drop: float = option(1.0, "Budget: largest allowed drop of the main metric (points, or perplexity).", ge=0)
+    batch_size: int = option(16, "", ge=1)
+    max_length: int = option(128, "Tokens per example (also the FLOPs sequence length).", ge=1)
+    samples: Optional[int] = option(None, "Use the first N calibration examples.", ge=1)
+    seed: int = option(0, "")
+    output: Optional[Path] = option(
+        None, "Folder for sweep.json, sweep.md and curve.png (else JSON on stdout).", "-o", "--output"
+    )
+    force: bool = option(False, "Overwrite existing output files.")
+    device: str = device_option()
+    dtype: str = dtype_option()
+
+    def settings(self) -> SweepSettings:
+        budget = self.target_flops is not None
+        settings = SweepSettings(
+            methods=comma_list(self.methods, str, "--methods"),
+            ratios=comma_list(self.ratios, float, "--ratios"),
+            compensate=self.compensate,
+            max_drop=self.max_drop,
+            batch_size=self.batch_size,
+            max_length=self.max_length,
+            samples=self.samples,
+            seed=self.seed,
+            targets=comma_list(self.target_flops, float, "--target-flops") if budget else [],
+            routes=comma_list(self.routes, str, "--routes") if budget else [],
+            repeats=self.repeats if budget else 0,
+        )
+        check_options(settings)
+        if budget:
+            check_routes(settings.routes, settings.methods)
+        return settings
+
+
+def run(opts: SweepOptions, ctx: Context) -> Result:
+    from headprune_cli.artifacts.schema import write_artifact
+    from headprune_cli.data.readers import read_data
+    from headprune_cli.model.checkpoint import load
+    from headprune_cli.runtime.device import check as check_device
+    from headprune_cli.runtime.device import place
+    from headprune_cli.stages.sweep.budgets import run_budget_sweep
+    from headprune_cli.stages.sweep.ratios import run_sweep
+
+    settings = opts.settings()
+    check_device(opts.device, opts.dtype)
+    outputs = _outputs(opts.output, opts.force, [opts.checkpoint, opts.data, opts.eval_data])
+    model = load(opts.checkpoint)
+    place(model, opts.device, opts.dtype)
+    calib = read_data(opts.data, model, max_length=opts.max_length, samples=opts.samples)
+    evaluation = read_data(opts.eval_data, model, max_length=opts.max_length)
+    sweep = run_budget_sweep if settings.targets else run_sweep
+    payload = sweep(model, calib, evaluation, settings, progress=lambda m: ctx.print(f"[dim]{m}[/]", highlight=False))
+    artifact = _artifact(model, opts, settings, payload)
+    if opts.output is None:
+        write_artifact(artifact, None)
+    else:
+        make_folder(opts.output)  # only now: a refused or failed sweep leaves no empty folder
+        write_artifact(artifact, outputs["json"])
+        _write_views(payload, outputs, opts.max_drop)
+        ctx.print(f"wrote {outputs['json']}, {outputs['md']}, {outputs['png']}")
+    _tell(payload, ctx)
+    return Result([str(opts.output)] if opts.output is not None else [], value=payload)
+
+
+def _write_views(payload: dict, outputs: dict, max_drop: float) -> None:
+    from headprune_cli.stages.report import render
+    from headprune_cli.stages.sweep import budgets as sweep_budget
+    from headprune_cli.stages.sweep.ratios import curves, markdown
+
+    main = payload["main_metric"]
+    line = _budget_line(main, max_drop)
+    if payload.get("budget"):
+        render.write_text(outputs["md"], sweep_budget.markdown(payload))
+        render.budget_curves_png(sweep_budget.curves(payload), main["name"], outputs["png"], line)
+    else:
+        render.write_text(outputs["md"], markdown(payload))
+        render.curve_png(curves(payload), main["name"], outputs["png"], line)
+
+
+def _tell(payload: dict, ctx: Context) -> None:
+    if payload.get("budget"):
+        for route, best in payload["budget"]["best"].items():
+            ctx.print(
+                f"{route}: "
+                + (
+                    f"fewest FLOPs kept within budget {best['flops_kept']:.1%} (drop {best['drop']:+.3g})"
+                    if best
+                    else "no target within budget"
+                ),
+                highlight=False,
+            )
+        return
+    for method, best in payload["best"].items():
+        ctx.print(
+            f"{method}: "
+            + (
+                f"largest ratio within budget {best['ratio']:g} (drop {best['drop']:+.3g})"
+                if best
+                else "no ratio within budget"
+            ),
+            highlight=False,
+        )
+
+
+def _artifact(model, opts: SweepOptions, settings: SweepSettings, payload: dict) -> dict:
+    from headprune_cli.artifacts.schema import KINDS, envelope, input_ref
+    from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (registers the `sweep` kind)
+    from headprune_cli.stages.sweep.ratios import options_dict
+
+    inputs = [
+        input_ref("model", opts.checkpoint, model.headprune.loaded_from[1]),
+        input_ref("data", opts.data),
+        input_ref("eval_data", opts.eval_data),
+    ]
+    artifact = {**envelope("sweep", inputs, options_dict(settings)), **payload}
+    KINDS["sweep"].model_validate(artifact)  # never write what cannot be read back
+    return artifact
+
+
+def _budget_line(main: dict, max_drop: float) -> float:
+    step = max_drop / 100 if main["unit"] == "points" else max_drop
+    return main["baseline"] - step if main["higher_is_better"] else main["baseline"] + step
+
+
+def _outputs(output: Path | None, force: bool, inputs) -> dict:
+    if output is None:
+        return {}
+    check_folder(output, inputs, "-o folder")
+    if not output.is_dir():
+        return {key: output / name for key, name in FILES.items()}
+    return {key: check_output(output / name, force, inputs) for key, name in FILES.items()}
+
+
+STAGE = Stage(
+    "sweep",
+    SweepOptions,
+    run,
+    stem="sweep",
+    inputs={"checkpoint": ("model",), "data": ("data",), "eval_data": ("eval_data",)},
+    outputs={"output": "{stem}"},
+    makes={"sweep": "output"},
+    needs=("checkpoint", "data", "eval_data"),
+)

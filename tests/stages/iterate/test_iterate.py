@@ -1,0 +1,232 @@
+"""Iterative pruning: follows the schedule of ORIGINAL heads, stops at the quality floor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headprune_cli.data.readers import Dataset
+from headprune_cli.errors import UsageError
+from headprune_cli.stages.finetune.train import FinetuneConfig
+from headprune_cli.stages.iterate.rounds import _acceptable, iterative_prune
+from headprune_cli.stages.iterate.schedule import schedule_of
+from headprune_cli.stages.objectives import Metric
+from headprune_cli.stages.report.build import gates, main_metric
+from tests.support import TINY, VOCAB
+
+
+def _dataset(rows: int, seed: int) -> Dataset:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, VOCAB, (rows, 8), generator=gen)
+    return Dataset(ids, torch.ones_like(ids), ids[:, 0] % 2)
+
+
+CFG = FinetuneConfig(steps=2, lr=1e-3, batch_size=16)
+
+
+def test_rounds_follow_the_schedule_of_original_heads():
+    model = TINY["reference"]()  # 4 + 3 + 4 = 11 heads
+    result = iterative_prune(
+        model, _dataset(32, 0), _dataset(16, 1), schedule=schedule_of((0.2, 0.5)), method="taylor", finetune_config=CFG
+    )
+    assert [r.heads_kept for r in result.rounds] == [9, 5]  # round(0.2 * 11) = 2, round(0.5 * 11) = 6 removed
+    assert all(r.accepted for r in result.rounds) and not result.stopped_early
+    assert sum(len(h) for h in result.model.headprune.layout.heads) == 5
+    assert sum(len(h) for h in model.headprune.layout.heads) == 11  # the input is untouched
+
+
+def test_a_floor_that_would_be_crossed_keeps_the_last_good_model():
+    model = TINY["reference"]()
+    result = iterative_prune(
+        model, _dataset(32, 0), _dataset(16, 1), schedule=schedule_of((0.2, 0.5)), finetune_config=CFG, floor=1.01
+    )
+    assert len(result.rounds) == 1 and result.stopped_early and not result.rounds[0].accepted
+    assert sum(len(h) for h in result.model.headprune.layout.heads) == 11
+
+
+def test_bad_schedules_are_refused():
+    for schedule in [(), (0.3, 0.2), (0.0, 0.2), (0.5, 1.0)]:
+        with pytest.raises(UsageError):
+            iterative_prune(TINY["reference"](), _dataset(8, 0), _dataset(8, 1), schedule=schedule_of(schedule))
+
+
+def test_iterate_command_writes_the_pruned_model(cli, tmp_path):
+    from safetensors.torch import save_file
+
+    from headprune_cli import load, save
+
+    save(TINY["reference"](), tmp_path / "m.safetensors")
+    for name, seed in (("train", 0), ("dev", 1)):
+        d = _dataset(32, seed)
+        save_file(
+            {"input_ids": d.input_ids, "attention_mask": d.attention_mask, "labels": d.labels},
+            str(tmp_path / f"{name}.safetensors"),
+        )
+    res = cli(
+        "iterate",
+        tmp_path / "m.safetensors",
+        "--data",
+        tmp_path / "train.safetensors",
+        "--eval-data",
+        tmp_path / "dev.safetensors",
+        "--schedule",
+        "0.2,0.4",
+        "--lr",
+        "1e-3",
+        "--teacher",
+        "self",
+        "-o",
+        tmp_path / "out.safetensors",
+    )
+    assert res.code == 0, res.err
+    assert "round 40%" in res.err and res.out == ""
+    out = load(tmp_path / "out.safetensors")
+    assert sum(len(h) for h in out.headprune.layout.heads) == 7  # 11 - round(0.4 * 11)
+    assert out.headprune.provenance["parent"] is not None
+    bad = cli(
+        "iterate",
+        tmp_path / "m.safetensors",
+        "--data",
+        tmp_path / "train.safetensors",
+        "--eval-data",
+        tmp_path / "dev.safetensors",
+        "--schedule",
+        "0.4,0.2",
+        "-o",
+        tmp_path / "bad.safetensors",
+    )
+    assert bad.code == 2 and "schedule" in bad.err and not (tmp_path / "bad.safetensors").exists()
+
+
+def test_max_drop_is_in_points_in_iterate_as_in_report_and_sweep():
+    # 0.75 -> 0.7421875 is 0.78125 points worse (exact in binary): within 0.79, not within 0.78.
+    base, value = Metric("accuracy", 0.75, True), 0.7421875
+    assert _acceptable(base, value, None, 0.79) and not _acceptable(base, value, None, 0.78)
+    main = main_metric(
+        "classification", [base.to_dict()], [{"name": "accuracy", "value": value, "higher_is_better": True}]
+    )
+    assert (main.drop, main.unit) == (0.78125, "points")  # sweep's within_budget reads this same drop
+    assert [g.passed for g in gates(main, None, max_drop=0.79)] == [True]
+    assert [g.passed for g in gates(main, None, max_drop=0.78)] == [False]
+    # perplexity: its own unit, lower is better
+    ppl = Metric("perplexity", 10.0, False)
+    assert _acceptable(ppl, 10.5, None, 0.5) and not _acceptable(ppl, 10.75, None, 0.5)
+    assert _acceptable(base, 0.9, 0.8, None) and not _acceptable(base, 0.79, 0.8, None)  # --floor
+
+
+def test_iterate_refuses_a_negative_max_drop(cli, tmp_path):
+    result = cli(
+        "iterate",
+        tmp_path / "m.safetensors",
+        "--data",
+        tmp_path / "d.jsonl",
+        "--eval-data",
+        tmp_path / "d.jsonl",
+        "--max-drop",
+        "-1",
+        "-o",
+        tmp_path / "out.safetensors",
+    )
+    assert result.code == 2 and "--max-drop" in result.err
+
+
+# --- FFN neurons and cost budgets ----------------------------------------------------
+def _neurons(model) -> int:
+    layout = model.headprune.layout
+    return sum(len(layout.kept_neurons(layer)) for layer in layout.layers)
+
+
+def _flops(model) -> float:
+    from headprune_cli.model.cost import flops_per_token
+
+    return flops_per_token(model, 8)
+
+
+def test_flops_rounds_rescore_neurons_and_cut_them_with_the_heads():
+    from headprune_cli.stages.select.chains import Constraints
+
+    model = TINY["reference"]()  # 11 heads, 3 x 48 FFN neurons
+    start = _flops(model)
+    result = iterative_prune(
+        model,
+        _dataset(32, 0),
+        _dataset(16, 1),
+        schedule=schedule_of((0.8, 0.6), "flops"),
+        method="taylor",
+        finetune_config=CFG,
+        ffn=True,
+        seq_len=8,
+        constraints=Constraints(ffn_multiple_of=4),
+    )
+    assert [r.ratio for r in result.rounds] == [0.8, 0.6] and all(r.accepted for r in result.rounds)
+    for r in result.rounds:
+        assert r.cost_kept <= r.ratio + 1e-9 and r.cost_kept > r.ratio - 0.1  # the budget of the ORIGINAL model, met
+        assert r.remove_ffn and all(len(v) % 4 == 0 for v in r.remove_ffn.values())
+    assert result.rounds[1].neurons_kept < result.rounds[0].neurons_kept < 144  # the second round cut neurons again
+    assert _neurons(result.model) == result.rounds[1].neurons_kept
+    assert abs(_flops(result.model) / start - result.rounds[1].cost_kept) < 1e-9  # cost_kept is the real model's
+    assert _neurons(model) == 144 and _flops(model) == start  # the input is untouched
+
+
+def test_a_budget_without_ffn_cuts_heads_only_and_ffn_needs_a_budget():
+    model = TINY["reference"]()
+    result = iterative_prune(
+        model, _dataset(32, 0), _dataset(16, 1), schedule=schedule_of((0.9,), "params"), finetune_config=CFG, seq_len=8
+    )
+    (r,) = result.rounds
+    assert r.heads_kept < 11 and not r.remove_ffn and _neurons(result.model) == 144 and r.cost_kept <= 0.9
+    with pytest.raises(UsageError, match="budget"):
+        iterative_prune(model, _dataset(8, 0), _dataset(8, 1), schedule=schedule_of((0.2,)), ffn=True)
+    for schedule in [(0.6, 0.8), (1.0,), (0.0,)]:  # cost fractions kept must fall within (0, 1)
+        with pytest.raises(UsageError, match="fall"):
+            iterative_prune(model, _dataset(8, 0), _dataset(8, 1), schedule=schedule_of(schedule, "flops"))
+
+
+def test_iterate_command_cuts_ffn_neurons_under_a_flops_schedule(cli, tmp_path):
+    from safetensors.torch import save_file
+
+    from headprune_cli import load, save
+
+    save(TINY["reference"](), tmp_path / "m.safetensors")
+    for name, seed in (("train", 0), ("dev", 1)):
+        d = _dataset(32, seed)
+        save_file(
+            {"input_ids": d.input_ids, "attention_mask": d.attention_mask, "labels": d.labels},
+            str(tmp_path / f"{name}.safetensors"),
+        )
+    common = [
+        "--data",
+        tmp_path / "train.safetensors",
+        "--eval-data",
+        tmp_path / "dev.safetensors",
+        "--lr",
+        "1e-3",
+        "--max-length",
+        "8",
+    ]
+    res = cli(
+        "iterate",
+        tmp_path / "m.safetensors",
+        *common,
+        "--target-flops",
+        "0.8,0.7",
+        "--ffn",
+        "--method",
+        "fisher",
+        "-o",
+        tmp_path / "out.safetensors",
+    )
+    assert res.code == 0, res.err
+    assert "round flops 70%" in res.err and "FFN neurons" in res.err
+    out = load(tmp_path / "out.safetensors")
+    assert _neurons(out) < 144 and _flops(out) <= 0.7 * _flops(TINY["reference"]()) * (1 + 1e-9)
+    for extra, message in (
+        (["--ffn"], "--ffn needs --target-flops"),
+        (["--target-flops", "0.8", "--schedule", "0.2"], "not both"),
+        (["--target-flops", "0.8", "--schedule", "0.1,0.2,0.3,0.4"], "not both"),  # the default, said out loud
+        (["--target-flops", "0.6,0.8"], "fall"),
+        (["--target-flops", "0.8", "--ffn", "--method", "loo"], "loo"),
+    ):
+        bad = cli("iterate", tmp_path / "m.safetensors", *common, *extra, "-o", tmp_path / "bad.safetensors")
+        assert bad.code == 2 and message in bad.err, (extra, bad.err)
+        assert not (tmp_path / "bad.safetensors").exists()
