@@ -6,6 +6,10 @@ EXIT_INTERNAL, so a crash can never pass for a refusal (in tests or in a CI job)
 the traceback shown only when HEADPRUNE_DEBUG=1.
 """
 
+import os
+import sys
+import traceback
+
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -91,9 +95,6 @@ def describe(exc: BaseException) -> tuple[int, str]:
 
 def report(exc: BaseException) -> int:
     """Print the exception's one line on stderr (and its traceback when HEADPRUNE_DEBUG=1); its exit code."""
-    import os
-    import sys
-    import traceback
 
     code, line = describe(exc)
     if os.environ.get("HEADPRUNE_DEBUG", "") not in ("", "0"):

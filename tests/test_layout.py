@@ -137,3 +137,113 @@ def test_score_help_names_every_registered_method(cli):
     result = cli("score", "--help")
     for method in HEAD_METHODS:
         assert method in result.out
+
+
+def _package_imports() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (function-level imports included)."""
+    files = {_module_name(path, ROOT): path for path in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        targets = set()
+        for module in _imports(path):
+            while module and module not in files:  # `from pkg.mod import name` names pkg.mod
+                module = module.rpartition(".")[0]
+            if module and module != name and not name.startswith(module + "."):
+                targets.add(module)  # a module's own package __init__ is not an edge back to it
+        graph[name] = targets
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_package_has_no_import_circles():
+    # Function-level imports count: a circle hidden inside a function is still a circle.
+    assert _cycles(_package_imports()) == []
+
+
+def test_the_circle_finder_finds_a_circle_hidden_in_a_function():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_private_name_is_imported_from_another_module():
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("headprune_cli"):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                if private:
+                    offenders.append(f"{path.relative_to(ROOT)}: {node.module} {private}")
+    assert offenders == []
+
+
+def test_every_stage_is_a_package_found_by_the_registry_rule():
+    from headprune_cli.stages import unit
+
+    stages = PACKAGE / "stages"
+    packages = sorted(p.parent.name for p in stages.glob("*/stage.py"))
+    assert packages == sorted(unit.module_of(name).split(".")[-2] for name in unit.NAMES)
+    for name in unit.NAMES:
+        assert unit.get(name).name == name
+    # What sits at stages/ top besides the packages: the few modules every stage shares.
+    assert sorted(p.name for p in stages.glob("*.py")) == [
+        "__init__.py",
+        "budget.py",
+        "objectives.py",
+        "timing.py",
+        "unit.py",
+    ]
+
+
+def test_the_package_root_shows_the_layers():
+    modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(modules) <= 8, modules
+    packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    assert packages == ["artifacts", "cli", "data", "files", "model", "pipeline", "runtime", "stages"]
+
+
+def test_every_function_level_import_says_why_it_is_not_at_the_top():
+    # Imports sit at the top of a module; the few that stay inside a function keep a heavy
+    # package (torch, transformers, an optional extra) out of light commands, and say so.
+    unexplained = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for function in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    comment = lines[node.end_lineno - 1].partition("PLC0415")[2]
+                    if not comment.strip(" ()"):
+                        unexplained.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert unexplained == []

@@ -24,7 +24,7 @@ ENCODING = "float32-le-base64"
 
 
 def encode(values) -> str:
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 (keeps numpy out of this module's import)
 
     return base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode("ascii")
 
@@ -37,7 +37,7 @@ def decode(text: str, count: int) -> list[float]:
         raw = base64.b64decode(text.encode("ascii"), validate=True)
     except (binascii.Error, UnicodeEncodeError):
         raise ValueError("is not base64") from None
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 (keeps numpy out of this module's import)
 
     values = np.frombuffer(raw, dtype="<f4")
     if len(values) != count or not np.isfinite(values).all():

@@ -139,7 +139,7 @@ def _quiet_transformers() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if "transformers" in sys.modules:  # already imported (a library caller): tell it directly
-        from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging  # noqa: PLC0415 (keeps transformers out of --help)
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()

@@ -7,14 +7,14 @@ import sys
 
 from rich.console import Console
 
+from headprune_cli.stages.unit import Context
+
 # Everything a person reads while waiting goes to stderr; stdout carries data only.
 console = Console(stderr=True)
 
 
 def context():
     """The stage context of a command run from the shell: messages and progress on stderr."""
-    from headprune_cli.stages.unit import Context
-
     return Context(console)
 
 

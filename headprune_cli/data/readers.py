@@ -26,10 +26,12 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import PreTrainedTokenizerFast
 
 from headprune_cli.data.tokenizer_guard import encode_rows, probe
 from headprune_cli.errors import DataError, shorten
 from headprune_cli.files.io import check_regular
+from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
 
 TEXT_SUFFIXES = (".jsonl", ".json", ".csv")
@@ -141,7 +143,6 @@ def read_data(
 
 def position_limit(model: nn.Module) -> int | None:
     """The most tokens the model can take (its position table), when its config says."""
-    from headprune_cli.model.arch import adapter_for
 
     return adapter_for(model).max_positions(model)
 
@@ -214,8 +215,7 @@ def _checked_row(row, where: str) -> Row:
 
 def tokenizer_of(model: nn.Module):
     """The checkpoint's tokenizer as a transformers PreTrainedTokenizerFast."""
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer  # noqa: PLC0415 (keeps tokenizers out of this module's import)
 
     info = info_of(model)
     if not info.tokenizer:
@@ -339,8 +339,8 @@ def _check_range(labels: torch.Tensor, num_labels: int, path: Path) -> None:
 
 # --- tokenized tensor sets ---------------------------------------------------------------
 def _read_tensors(path: Path, max_length: int, samples: int | None) -> Dataset:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors import SafetensorError  # noqa: PLC0415 (keeps safetensors out of this module's import)
+    from safetensors.torch import load_file  # noqa: PLC0415 (looked up when called: tests replace it)
 
     try:
         tensors = load_file(str(path))

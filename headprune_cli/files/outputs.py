@@ -310,7 +310,7 @@ def exclusive(folder: str | os.PathLike, what: str) -> Iterator[None]:
     writing one folder would mix their artifacts. The kernel drops the lock when the
     process dies, so a killed run never leaves a stale lock."""
     try:
-        import fcntl
+        import fcntl  # noqa: PLC0415 (POSIX only)
     except ImportError:  # not POSIX: no advisory locks; go on unlocked
         yield
         return

@@ -70,7 +70,7 @@ def _make(target: Path, folder: bool) -> tuple[str, int]:
 
 def _lock(fd: int, wait: bool) -> bool:
     try:
-        import fcntl
+        import fcntl  # noqa: PLC0415 (POSIX only)
     except ImportError:  # not POSIX: no locks; a writer goes on, and the sweep removes nothing
         return wait
     try:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import transformers
+
 from headprune_cli.model.arch import adapter_for_family
 from headprune_cli.model.layout import ModelInfo
 
@@ -74,7 +76,6 @@ def _refused_by_transformers(config: dict) -> str:
     """Why transformers' own config class would refuse `config`, or "" (LlamaConfig, unlike
     Mistral's and Qwen's, insists on hidden_size % num_attention_heads == 0 even with an
     explicit head_dim, so 12 of 16 heads at hidden 2048 cannot be stated)."""
-    import transformers
 
     fields = {k: v for k, v in config.items() if k not in ("transformers_version", "architectures", "model_type")}
     try:
@@ -140,7 +141,6 @@ def _heads_removed(info: ModelInfo) -> bool:
 
 def _config_with_layers(info: ModelInfo) -> dict:
     """The original config with the kept layer count (and per-layer types) applied."""
-    import transformers  # deferred: `select` and `schema` import nothing heavy
 
     fields = {k: v for k, v in info.config.items() if k not in ("transformers_version", "architectures")}
     model_type = fields.pop("model_type", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import transformers
 from torch import nn
 
 from headprune_cli.errors import CheckpointError, HeadpruneError, first_line
@@ -47,7 +48,6 @@ def import_folder(folder: str | Path) -> nn.Module:
 
 
 def _from_pretrained(folder: Path, config: dict) -> nn.Module:
-    import transformers
 
     names = config.get("architectures") or []
     cls = getattr(transformers, names[0], None) if names else None

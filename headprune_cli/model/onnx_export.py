@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import DynamicCache
 
 from headprune_cli.errors import HeadpruneError, NumericalError, UsageError, first_line
 from headprune_cli.files.outputs import check_output
@@ -70,7 +71,6 @@ class _Decoder(nn.Module):
         self.model, self.layers = model, layers
 
     def forward(self, input_ids, attention_mask, position_ids, *past):
-        from transformers import DynamicCache
 
         cache = DynamicCache()
         for i in range(self.layers):
@@ -237,7 +237,7 @@ def _trace(spec: _Spec, path: Path, opset: int) -> None:
 def _to_external_data(graph: Path, location: str) -> None:
     """Rewrite `graph` with all weights in one file `location` beside it (deterministic
     order: the graph's initializer order)."""
-    import onnx
+    import onnx  # noqa: PLC0415 (keeps onnx out of this module's import)
 
     proto = onnx.load(str(graph))  # also reads any per-tensor files the exporter wrote
     for stray in graph.parent.iterdir():
@@ -249,7 +249,7 @@ def _to_external_data(graph: Path, location: str) -> None:
 
 
 def _ort_diff(path: Path, spec: _Spec, inputs: tuple) -> float:
-    import onnxruntime as ort
+    import onnxruntime as ort  # noqa: PLC0415 (keeps onnxruntime out of this module's import)
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {name: t.numpy() for name, t in zip(spec.names, inputs)})
@@ -274,7 +274,7 @@ def _move_into_place(graph: Path, out: Path, data_tmp: Path | None, data: Path) 
 
 def require_onnx() -> None:
     try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
+        import onnx  # noqa: F401, PLC0415 (an optional extra: is it installed?)
+        import onnxruntime  # noqa: F401, PLC0415 (an optional extra: is it installed?)
     except ImportError:
         raise HeadpruneError("ONNX export needs the onnx extra: pip install 'headprune[onnx]'") from None

@@ -25,6 +25,7 @@ from headprune_cli.errors import UsageError, shorten
 from headprune_cli.files.io import check_regular
 from headprune_cli.names import did_you_mean
 from headprune_cli.pipeline.yamlsafe import MAX_CONFIG_BYTES, UnsafeYaml, safe_load
+from headprune_cli.stages.unit import all_stages
 
 # Pipeline-level defaults live here and nowhere else.
 DEFAULT_OUT = "out/run"
@@ -81,7 +82,6 @@ class CommandSpec:
 
 def stage_specs() -> dict[str, CommandSpec]:
     """Every stage's options, keyed by stage name, read from its options model."""
-    from headprune_cli.stages.unit import all_stages
 
     return {name: _command_spec(name, stage.options) for name, stage in all_stages().items()}
 

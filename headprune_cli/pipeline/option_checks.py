@@ -12,16 +12,18 @@ from collections.abc import Callable
 from typing import Any
 
 from headprune_cli.errors import HeadpruneError, shorten
+from headprune_cli.stages.iterate.schedule import check_schedule
+from headprune_cli.stages.score.importance import HEAD_METHODS
+from headprune_cli.stages.select.chains import parse_protect, parse_threshold
+from headprune_cli.stages.unit import comma_list
 
 
 def _protect(value: Any) -> None:
-    from headprune_cli.stages.select.chains import parse_protect
 
     parse_protect(str(value))
 
 
 def _threshold(value: Any) -> None:
-    from headprune_cli.stages.select.chains import parse_threshold
 
     parse_threshold(str(value))
 
@@ -37,29 +39,24 @@ def _fraction(value: Any) -> None:
 
 
 def _method(value: Any) -> None:
-    from headprune_cli.stages.score.importance.api import make_scorer
+    from headprune_cli.stages.score.importance.api import make_scorer  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     make_scorer(str(value))
 
 
 def _weights(value: Any) -> None:
-    from headprune_cli.stages.score.importance import HEAD_METHODS
-    from headprune_cli.stages.score.importance.baselines import parse_weights
+    from headprune_cli.stages.score.importance.baselines import parse_weights  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     parse_weights([str(v) for v in value] if isinstance(value, list) else [str(value)], list(HEAD_METHODS))
 
 
 def _schedule(value: Any) -> None:
-    from headprune_cli.stages.iterate.schedule import check_schedule
-    from headprune_cli.stages.unit import comma_list
 
     check_schedule(comma_list(value, float, "schedule"))
 
 
 def _cost_schedule(budget: str) -> Callable[[Any], None]:
     def check(value: Any) -> None:
-        from headprune_cli.stages.iterate.schedule import check_schedule
-        from headprune_cli.stages.unit import comma_list
 
         check_schedule(comma_list(value, float, f"target_{budget}"), budget)
 

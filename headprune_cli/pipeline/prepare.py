@@ -161,7 +161,7 @@ def _check_options(entry: dict, spec, where: str, problems: list[str]) -> None:
 
 
 def _check_files(config: PipelineConfig, stages: list[Stage], specs, problems: list[str]) -> None:
-    from headprune_cli.model.checkpoint import read_info
+    from headprune_cli.model.checkpoint import read_info  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     if isinstance(config.model, str) and Path(config.model).is_dir():
         if not (Path(config.model) / "config.json").is_file():
@@ -197,7 +197,7 @@ def _check_files(config: PipelineConfig, stages: list[Stage], specs, problems: l
 
 def _check_input(where: str, value: str, problems: list[str]) -> None:
     """An input file exists and is a regular file (a model folder may be an export)."""
-    from headprune_cli.model.checkpoint import is_export_folder
+    from headprune_cli.model.checkpoint import is_export_folder  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     path = Path(value)
     if not path.exists():

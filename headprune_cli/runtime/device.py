@@ -59,7 +59,7 @@ class Placement:
 
 def resolve_device(spec: str = "auto") -> "torch.device":
     """The device that `--device SPEC` names, checked against what this machine has."""
-    import torch
+    import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 
     text = (spec or "auto").strip().lower()
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -92,7 +92,7 @@ def resolve_device(spec: str = "auto") -> "torch.device":
 
 def resolve_dtype(spec: str = "auto") -> "torch.dtype | None":
     """The dtype `--dtype SPEC` names; None for auto (keep the stored dtype)."""
-    import torch
+    import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 
     text = (spec or "auto").strip().lower()
     if text == "auto":
@@ -155,10 +155,10 @@ def restore(model: "nn.Module", placement: Placement) -> None:
 
     A parameter the stage left unchanged gets its loaded tensor back (no round trip
     through the compute dtype); a changed one is cast to the stored dtype."""
-    import torch
+    import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 
     if placement.device_map is not None:
-        from accelerate.hooks import remove_hook_from_submodules
+        from accelerate.hooks import remove_hook_from_submodules  # noqa: PLC0415 (accelerate: an optional extra)
 
         remove_hook_from_submodules(model)
     model.to("cpu")
@@ -179,7 +179,7 @@ def input_device(model: "nn.Module") -> "torch.device":
             param = next(module.parameters(), None)
             if param is not None:
                 return param.device
-    import torch
+    import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 
     return torch.device("cpu")
 
@@ -194,7 +194,7 @@ def model_bytes(model: "nn.Module") -> int:
 
 
 def _fits(model: "nn.Module", device: "torch.device") -> bool:
-    import torch
+    import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 
     if torch.cuda.device_count() < 2 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return True  # one device to use (alone, or this torchrun process's): an out-of-memory error says why
@@ -205,13 +205,13 @@ def _fits(model: "nn.Module", device: "torch.device") -> bool:
 def device_map_for(model: "nn.Module", max_memory: dict) -> dict:
     """accelerate's layer placement for `max_memory` ({device: bytes}): whole blocks per device."""
     try:
-        from accelerate import infer_auto_device_map
+        from accelerate import infer_auto_device_map  # noqa: PLC0415 (accelerate: an optional extra)
     except ImportError as exc:
         raise UsageError(
             "this model does not fit one accelerator; spreading it over several needs accelerate: "
             "pip install 'headprune[multi-gpu]'"
         ) from exc
-    from headprune_cli.model.arch import adapter_for
+    from headprune_cli.model.arch import adapter_for  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     blocks = adapter_for(model).layer_list(model)
     no_split = sorted({type(b).__name__ for b in blocks})
@@ -230,11 +230,11 @@ def check_map(device_map: dict) -> dict:
 
 def spread(model: "nn.Module") -> dict:
     """Place the model's layers over every visible CUDA device (accelerate dispatch_model)."""
-    import torch
+    import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 
     free = {i: int(FIT_FRACTION * torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())}
     device_map = check_map(device_map_for(model, free))
-    from accelerate import dispatch_model
+    from accelerate import dispatch_model  # noqa: PLC0415 (keeps accelerate out of this module's import)
 
     dispatch_model(model, device_map=device_map)
     return device_map

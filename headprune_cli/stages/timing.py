@@ -52,7 +52,7 @@ def alternating(keys: list, rounds: int):
 
 def make_timer(fn: Callable[[], object], threads: int | None):
     """The one place a Timer is made (tests replace it: the boundary to the clock)."""
-    from torch.utils import benchmark
+    from torch.utils import benchmark  # noqa: PLC0415 (keeps torch out of this module's import)
 
     kwargs = {"num_threads": threads} if threads is not None else {}
     return benchmark.Timer(stmt="fn()", globals={"fn": fn}, **kwargs)
@@ -75,7 +75,7 @@ def interleaved_samples(
     """Each callable's round medians in milliseconds, one per round (`rounds` interleaved rounds
     after `warmup` calls each). `advance` is called after every timed measurement (a progress
     bar's tick)."""
-    import torch
+    import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 
     timers = {key: make_timer(fn, threads) for key, fn in calls.items()}
     samples: dict[Hashable, list[float]] = {key: [] for key in calls}

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from headprune_cli.errors import UsageError
 from headprune_cli.names import did_you_mean
+from headprune_cli.runtime.device import DEVICE_HELP, DTYPE_HELP
 
 
 class Options(BaseModel):
@@ -63,14 +64,12 @@ def option(
 
 def device_option(help: str | None = None) -> Any:
     """--device, stated once: where a stage computes (device.py resolves it)."""
-    from headprune_cli.runtime.device import DEVICE_HELP
 
     return option("auto", help or DEVICE_HELP)
 
 
 def dtype_option(help: str | None = None) -> Any:
     """--dtype, stated once: the compute dtype; what is saved keeps the stored dtype."""
-    from headprune_cli.runtime.device import DTYPE_HELP
 
     return option("auto", help or DTYPE_HELP)
 
@@ -89,7 +88,7 @@ class Context:
 
     def __post_init__(self):
         if self.console is None:
-            from rich.console import Console
+            from rich.console import Console  # noqa: PLC0415 (rich's console only when a stage runs)
 
             self.console = Console(stderr=True)
 

@@ -252,7 +252,7 @@ def build_transformers_model(
     config: dict, architecture: str, model_types: tuple[str, ...], options: dict | None = None
 ) -> nn.Module:
     """Instantiate a transformers class by name, never with remote code."""
-    import transformers
+    import transformers  # noqa: PLC0415 (keeps transformers out of this module's import)
 
     model_type = config.get("model_type")
     if model_type not in model_types:

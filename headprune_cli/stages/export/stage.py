@@ -39,8 +39,8 @@ class ExportOptions(Options):
 
 
 def run(opts: ExportOptions, ctx: Context) -> Result:
-    from headprune_cli.model.export import check_folder_output
-    from headprune_cli.model.tensorfile import parse_size
+    from headprune_cli.model.export import check_folder_output  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.tensorfile import parse_size  # noqa: PLC0415 (keeps numpy, torch out of this module's import)
 
     if (opts.onnx is None) == (opts.hf is None):
         raise UsageError("give exactly one of --onnx FILE or --hf DIR")
@@ -55,8 +55,8 @@ def run(opts: ExportOptions, ctx: Context) -> Result:
 
 
 def _export_onnx(opts: ExportOptions, ctx: Context) -> Result:
-    from headprune_cli.model.checkpoint import load
-    from headprune_cli.model.export import export_onnx
+    from headprune_cli.model.checkpoint import load  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.export import export_onnx  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     model = load(opts.checkpoint)
     result = export_onnx(
@@ -76,12 +76,12 @@ def _export_onnx(opts: ExportOptions, ctx: Context) -> Result:
 
 
 def _export_folder(opts: ExportOptions, ctx: Context) -> Result:
-    from headprune_cli.model.checkpoint import load, read_info
-    from headprune_cli.model.export import export_hf
-    from headprune_cli.model.hf_config import folder_config, remedy
-    from headprune_cli.model.layout import info_of
-    from headprune_cli.model.st_export import is_sentence_transformer
-    from headprune_cli.model.streaming import export_specs
+    from headprune_cli.model.checkpoint import load, read_info  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.export import export_hf  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.hf_config import folder_config, remedy  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.model.st_export import is_sentence_transformer  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     hf, checkpoint = opts.hf, opts.checkpoint
     info = read_info(checkpoint)

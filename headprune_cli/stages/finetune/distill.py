@@ -17,7 +17,7 @@ from torch import nn
 
 from headprune_cli.errors import UsageError
 from headprune_cli.files.io import sha256_file
-from headprune_cli.model.checkpoint import load
+from headprune_cli.model.checkpoint import load, read_info
 from headprune_cli.model.layout import info_of
 
 
@@ -29,7 +29,6 @@ def resolve_teacher(spec: str | None, checkpoint: str | os.PathLike, root_teache
         return None
     if spec != "auto":
         return Path(spec)
-    from headprune_cli.model.checkpoint import read_info
 
     prov = read_info(checkpoint).provenance
     if not prov.get("root") and root_teaches_itself:

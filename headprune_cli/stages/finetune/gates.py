@@ -45,7 +45,10 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
+from headprune_cli.model.cost import cost_table
+from headprune_cli.model.cost_table import predict
 from headprune_cli.model.layout import info_of
+from headprune_cli.model.surgery import HeadGates
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.score.importance.l0 import hard_concrete, open_probability
 from headprune_cli.stages.score.table import ScoreTable
@@ -101,7 +104,6 @@ class LearnedGates:
         protect: tuple[tuple[int, int], ...] = (),
     ):
         """`close(table) -> Selection` closes the gates: `select` with the run's amount and constraints."""
-        from headprune_cli.model.cost import cost_table
 
         layout = info_of(model).layout
         self.budget, self.close, self.seed, self.warmup, self.closed_share = budget, close, seed, warmup, closed_share
@@ -134,7 +136,6 @@ class LearnedGates:
         if self.budget.kind == "heads":
             total = sum(len(hs) for _, hs in self.units)
             return torch.tensor([len(hs) / total for _, hs in self.units], dtype=torch.float64)
-        from headprune_cli.model.cost_table import predict
 
         table = self.cost
         key = self.budget.cost_key
@@ -201,7 +202,6 @@ class LearnedGates:
 
     def evaluating(self, model: nn.Module):
         """Evaluation sees the model as it would be cut now: the closed gates of `close`."""
-        from headprune_cli.model.surgery import HeadGates
 
         dtype = next(model.parameters()).dtype
         return HeadGates(model, [g.to(dtype) for g in self._closed_gates()])

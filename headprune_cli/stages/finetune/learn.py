@@ -16,9 +16,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from headprune_cli.artifacts.schema import input_ref
 from headprune_cli.errors import UsageError
 from headprune_cli.stages.budget import Budget, checked
 from headprune_cli.stages.select.chains import Constraints, Selection
+from headprune_cli.stages.select.plan import plan_artifact
 from headprune_cli.stages.select.strategies import select
 
 
@@ -70,7 +72,7 @@ def make_gates(
 ):
     """The LearnedGates for `model`, after checking that the gates can be closed within the
     constraints (select on the untrained gates), so that a bad budget fails before training."""
-    from headprune_cli.stages.finetune.gates import LearnedGates
+    from headprune_cli.stages.finetune.gates import LearnedGates  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     gates = LearnedGates(
         model,
@@ -109,9 +111,7 @@ def close_gates(
     config: dict,
 ) -> Closed:
     """Close the trained gates: scores and plan artifacts, computed on the model before the cut."""
-    from headprune_cli.artifacts.schema import input_ref
-    from headprune_cli.stages.score.importance.api import scores_artifact
-    from headprune_cli.stages.select.plan import plan_artifact
+    from headprune_cli.stages.score.importance.api import scores_artifact  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     table = gates.table(objective, samples, config)
     selection = gates.close(table)

@@ -10,10 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from headprune_cli.artifacts.schema import dumps, write_artifact
+from headprune_cli.errors import UsageError
+from headprune_cli.files.io import sha256_bytes
 from headprune_cli.files.outputs import check_distinct, check_folder, check_output, remove_folder
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import dtype_name
 from headprune_cli.stages.budget import Budget, checked, given
+from headprune_cli.stages.finetune.learn import check_learning, close_gates, make_gates
+from headprune_cli.stages.select.chains import Constraints, parse_protect
 from headprune_cli.stages.select.stage import ratio_option, target_flops_option, target_params_option
 from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, option
 
@@ -92,7 +100,6 @@ class FinetuneOptions(Options):
         return checked(found[0]) if len(found) == 1 else None
 
     def constraints(self):
-        from headprune_cli.stages.select.chains import Constraints, parse_protect
 
         return Constraints(
             min_heads=self.min_heads,
@@ -106,14 +113,11 @@ class FinetuneOptions(Options):
 
 
 def run(opts: FinetuneOptions, ctx: Context) -> Result:
-    from headprune_cli.artifacts.schema import dumps, write_artifact
-    from headprune_cli.data.readers import read_data
-    from headprune_cli.files.io import sha256_bytes
-    from headprune_cli.model.checkpoint import load, save
-    from headprune_cli.runtime.distributed import setup
-    from headprune_cli.stages.finetune.learn import check_learning
-    from headprune_cli.stages.finetune.losses import check_labels
-    from headprune_cli.stages.finetune.train import FinetuneConfig
+    from headprune_cli.data.readers import read_data  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.model.checkpoint import load, save  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
+    from headprune_cli.stages.finetune.losses import check_labels  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.stages.finetune.train import FinetuneConfig  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
 
     check_learning(
         opts.learn_gates,
@@ -190,10 +194,8 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
 
 def _gating(opts: FinetuneOptions, model, constraints):
     """The gates of the training forward passes: learned, head dropout, or none."""
-    from headprune_cli.errors import UsageError
-    from headprune_cli.runtime.distributed import setup
-    from headprune_cli.stages.finetune.gates import HeadDropout
-    from headprune_cli.stages.finetune.learn import make_gates
+    from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
+    from headprune_cli.stages.finetune.gates import HeadDropout  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     if opts.learn_gates:
         if setup().active:
@@ -213,9 +215,8 @@ def _gating(opts: FinetuneOptions, model, constraints):
 
 def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context):
     """Close the learned gates and cut the closed heads out of `model` (in place)."""
-    from headprune_cli.stages.finetune.learn import close_gates
-    from headprune_cli.stages.objectives import default_objective
-    from headprune_cli.stages.prune.stage import cut
+    from headprune_cli.stages.objectives import default_objective  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.stages.prune.stage import cut  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     config = {
         "method": "learned",
@@ -252,7 +253,7 @@ def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context
 
 
 def _teacher(spec: str | None, checkpoint: Path, student, root_teaches_itself: bool = False):
-    from headprune_cli.stages.finetune.distill import load_teacher, resolve_teacher
+    from headprune_cli.stages.finetune.distill import load_teacher, resolve_teacher  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     path = resolve_teacher(spec, checkpoint, root_teaches_itself)
     return load_teacher(path, student) if path is not None else None
@@ -262,9 +263,9 @@ def run_finetune(model, train, cfg, dev=None, teacher=None, fingerprint=None, ct
     """finetune() on the model's own objective, evaluated on `dev` after every epoch,
     with a progress bar and a summary table on `ctx`'s console (the main process only;
     no bar when ctx.progress is False). Returns the FinetuneResult."""
-    from headprune_cli.runtime.distributed import setup
-    from headprune_cli.stages.finetune.train import finetune, validate
-    from headprune_cli.stages.objectives import default_objective, evaluate
+    from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
+    from headprune_cli.stages.finetune.train import finetune, validate  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
+    from headprune_cli.stages.objectives import default_objective, evaluate  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     ctx = ctx or Context()
     objective = default_objective(model)
@@ -305,7 +306,6 @@ def run_finetune(model, train, cfg, dev=None, teacher=None, fingerprint=None, ct
 
 
 def _progress(console, show: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     return Progress(
         TextColumn("[bold]{task.description}"),
@@ -322,7 +322,6 @@ def _progress(console, show: bool):
 
 def summary_table(result):
     """Epoch, step, train loss, the dev metrics and which epoch was kept, as a rich Table."""
-    from rich.table import Table
 
     names = list(result.history[0].metrics) if result.history and result.history[0].metrics else []
     table = Table(title=f"finetune: {result.steps} steps, lr {result.lr:g}, kd weight {result.kd_weight:g}")

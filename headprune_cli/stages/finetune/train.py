@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from headprune_cli.errors import NumericalError, UsageError
 from headprune_cli.model.cost import count_params
@@ -383,7 +384,6 @@ class _Loop:
 def _wrap(model: nn.Module, ctx) -> nn.Module:
     if not ctx.active:
         return model
-    from torch.nn.parallel import DistributedDataParallel
 
     # Some modules (a pooler the loss does not use) get no gradient; DDP must allow it.
     return DistributedDataParallel(model, find_unused_parameters=True)

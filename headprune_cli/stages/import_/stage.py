@@ -22,8 +22,8 @@ class ImportOptions(Options):
 
 
 def run(opts: ImportOptions, ctx: Context) -> Result:
-    from headprune_cli.model.checkpoint import is_export_folder, load, save
-    from headprune_cli.model.importer import import_folder
+    from headprune_cli.model.checkpoint import is_export_folder, load, save  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.importer import import_folder  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     source = opts.source
     check_output(opts.output, opts.force, inputs=[source])

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Optional
+
+from rich.table import Table
 
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, schedule_of
+from headprune_cli.stages.score.importance.registry import check_ffn
 from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, option
 
 
@@ -51,7 +55,6 @@ class IterateOptions(Options):
 
     def schedule_budgets(self) -> list[Budget]:
         """The schedule: head fractions removed, or FLOPs or params fractions kept."""
-        from headprune_cli.stages.score.importance.registry import check_ffn
 
         targets = [
             (name, text)
@@ -76,14 +79,13 @@ class IterateOptions(Options):
 
 
 def run(opts: IterateOptions, ctx: Context) -> Result:
-    import copy
 
-    from headprune_cli.data.readers import read_data
-    from headprune_cli.model.checkpoint import load, save
-    from headprune_cli.stages.finetune.distill import load_teacher, resolve_teacher
-    from headprune_cli.stages.finetune.train import FinetuneConfig
-    from headprune_cli.stages.iterate.rounds import iterative_prune
-    from headprune_cli.stages.objectives import check_objective, needs_labels
+    from headprune_cli.data.readers import read_data  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.model.checkpoint import load, save  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.stages.finetune.distill import load_teacher, resolve_teacher  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.stages.finetune.train import FinetuneConfig  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
+    from headprune_cli.stages.iterate.rounds import iterative_prune  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
+    from headprune_cli.stages.objectives import check_objective, needs_labels  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     schedule = opts.schedule_budgets()
     budget = None if schedule[0].kind == "heads" else schedule[0].kind
@@ -140,7 +142,6 @@ def _line(r, budget=None) -> str:
 
 
 def _table(result, budget=None):
-    from rich.table import Table
 
     table = Table(title=f"iterative pruning ({result.metric_name}; baseline {result.baseline:.4f})")
     first = "removed (of original)" if budget is None else f"{budget} kept (target)"

@@ -9,10 +9,12 @@ import torch
 from torch import nn
 
 from headprune_cli.artifacts.schema import envelope, input_ref
+from headprune_cli.errors import UsageError
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
 from headprune_cli.runtime.device import input_device, place, stored_dtype_name
 from headprune_cli.stages.profile import measure
+from headprune_cli.stages.profile.decode import decode_inputs, frozen_call
 from headprune_cli.stages.profile.schema import LatencyTableArtifact
 from headprune_cli.stages.report.latency import synthetic_inputs
 
@@ -36,7 +38,7 @@ CONFIG_KEYS = (
 
 def profile_checkpoint(opts, advance=lambda total=None: None) -> tuple[dict, LatencyTableArtifact]:
     """(the latency artifact to write, the same read back as the schema reads it)."""
-    from headprune_cli.model.checkpoint import load
+    from headprune_cli.model.checkpoint import load  # noqa: PLC0415 (keeps numpy out of this module's import)
 
     model = load(opts.model)
     placement = place(model, opts.device, opts.dtype)
@@ -74,12 +76,9 @@ def profile_checkpoint(opts, advance=lambda total=None: None) -> tuple[dict, Lat
 
 
 def decode_phase(model: nn.Module, opts, settings, grids, advance) -> dict:
-    from headprune_cli.stages.profile.decode import decode_inputs, frozen_call
 
     limit = adapter_for(model).max_positions(model)
     if limit is not None and opts.context + 1 > limit:
-        from headprune_cli.errors import UsageError
-
         raise UsageError(
             f"--context {opts.context}: the model takes at most {limit} positions (context + the new token)"
         )

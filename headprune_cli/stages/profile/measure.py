@@ -31,6 +31,7 @@ from headprune_cli.errors import NumericalError
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.arch.base import is_conv1d, keep_inputs, keep_outputs
 from headprune_cli.model.layout import info_of
+from headprune_cli.stages.profile.schema import LayerPoints
 from headprune_cli.stages.timing import Latency, interleaved_samples, measure_interleaved, summarize
 
 RETRIES = 2  # remeasurements of a layer whose points are not monotone beyond their spread
@@ -197,7 +198,6 @@ def _spread_among(extra: list, keys: list) -> list:
 def steady_points(model: nn.Module, pos: int, unit_grid, width_grid, call_args, settings: Settings, advance) -> dict:
     """layer_points, measured again (with twice the rounds) while more units take less time
     than fewer beyond the spread: a busy machine's drift. Refuses after RETRIES."""
-    from headprune_cli.stages.profile.schema import LayerPoints
 
     for attempt in range(RETRIES + 1):
         points = layer_points(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import field_validator, model_validator
+from pydantic import ValidationError, field_validator, model_validator
 
 from headprune_cli.artifacts.schema import Envelope, Strict, index_map, register_kind
 
@@ -55,7 +55,6 @@ class LayerPoints(Strict):
     @classmethod
     def problem(cls, points: dict) -> str | None:
         """What makes measured points unfit for a table (None: fit)."""
-        from pydantic import ValidationError
 
         try:
             cls.model_validate(points | {"measured_as": 0})

@@ -9,9 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from headprune_cli.artifacts.schema import write_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
+from headprune_cli.model.latency_table import LatencyTable
 from headprune_cli.runtime.device import DEVICE_HELP
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
@@ -63,8 +66,8 @@ def run(opts: ProfileOptions, ctx: Context) -> Result:
     if opts.output is not None:
         check_output(opts.output, opts.force, inputs=[opts.model])
     check_device(opts.device, opts.dtype)
-    from headprune_cli.model.checkpoint import read_info
-    from headprune_cli.stages.profile.build import profile_checkpoint
+    from headprune_cli.model.checkpoint import read_info  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.stages.profile.build import profile_checkpoint  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     check_context(opts, read_info(opts.model).task)  # before the model is built or a bar is drawn
 
@@ -77,7 +80,6 @@ def run(opts: ProfileOptions, ctx: Context) -> Result:
 
 def summary(table) -> str:
     """One line: each phase's total as `select` and `report` will price it (model/latency_table.py)."""
-    from headprune_cli.model.latency_table import LatencyTable
 
     phases = [f"{name} {LatencyTable.from_artifact(table, name).full_ms():.4g} ms" for name in table.phases]
     measured = len({layer.measured_as for layer in table.phases["forward"].layers.values()})
@@ -88,7 +90,6 @@ class _progress:
     """A progress bar on stderr; `advance(total)` sets the total once it is known."""
 
     def __init__(self, ctx: Context):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.bar = Progress(
             TextColumn("profiling"),

@@ -13,12 +13,15 @@ from pathlib import Path
 from typing import Optional
 
 from headprune_cli.artifacts.schema import dumps, parse_artifact, read_text
+from headprune_cli.data.readers import batches, read_data
 from headprune_cli.errors import UsageError
 from headprune_cli.files.io import sha256_bytes
 from headprune_cli.files.outputs import check_output
+from headprune_cli.model.surgery import apply_plan
 from headprune_cli.names import did_you_mean
-from headprune_cli.runtime.device import DEVICE_HELP
-from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE
+from headprune_cli.runtime.device import DEVICE_HELP, place, restore
+from headprune_cli.runtime.device import check as check_device
+from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE, compensate
 from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
 from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.select.plan import check_model, find_model
@@ -47,16 +50,11 @@ def cut(
 
     With `device`, compensation computes there (in `dtype`) and the model comes back to
     the CPU in its stored dtype before the cut (what `save` writes)."""
-    from headprune_cli.model.surgery import apply_plan
 
     result = None
     if compensation is not None and compensation.method != "none":
-        from headprune_cli.stages.prune.compensation import compensate
-
         placement = None
         if device is not None:
-            from headprune_cli.runtime.device import place
-
             placement = place(model, device, dtype, keep_originals=True)
         result = compensate(
             model,
@@ -68,8 +66,6 @@ def cut(
             remove_ffn=selection.remove_ffn,
         )
         if placement is not None:
-            from headprune_cli.runtime.device import restore
-
             restore(model, placement)
     apply_plan(model, selection.remove_heads, selection.remove_layers, remove_ffn=selection.remove_ffn)
     return result
@@ -101,7 +97,6 @@ class PruneOptions(SelectionOptions):
 
 
 def run(opts: PruneOptions, ctx: Context) -> Result:
-    from headprune_cli.runtime.device import check as check_device
 
     _check(opts)
     check_device(opts.device, opts.dtype)
@@ -164,8 +159,8 @@ def _plan(opts: PruneOptions, artifact, source: str, text: str) -> tuple[dict, s
 
 def _streamed(artifact, path: Path, output: Path, selection: Selection, plan_sha: str) -> str:
     """Pure slicing, tensor by tensor: the model is never built."""
-    from headprune_cli.model.checkpoint import read_layout_only
-    from headprune_cli.model.streaming import prune_layout
+    from headprune_cli.model.checkpoint import read_layout_only  # noqa: PLC0415 (keeps numpy out of this module's import)
+    from headprune_cli.model.streaming import prune_layout  # noqa: PLC0415 (keeps numpy out of this module's import)
 
     layout = read_layout_only(path, hashed=True)  # the file is hashed while its layout is built
     check_model(artifact, path)
@@ -181,8 +176,7 @@ def _streamed(artifact, path: Path, output: Path, selection: Selection, plan_sha
 
 
 def _compensated(artifact, path: Path, opts: PruneOptions, selection: Selection, plan_sha: str, ctx: Context) -> str:
-    from headprune_cli.data.readers import batches, read_data  # deferred: tokenizers load only when needed
-    from headprune_cli.model.checkpoint import load, save
+    from headprune_cli.model.checkpoint import load, save  # noqa: PLC0415 (keeps numpy out of this module's import)
 
     check_model(artifact, path)
     model = load(path)

@@ -17,16 +17,20 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from headprune_cli.artifacts.schema import envelope, input_ref, read_artifact
+from headprune_cli.data import readers as data_mod
 from headprune_cli.errors import ArchitectureError, CheckpointError, DataError, UsageError
 from headprune_cli.files.io import sha256_file
-from headprune_cli.model.checkpoint import read_info
+from headprune_cli.model.checkpoint import load, read_info
 from headprune_cli.model.cost import count_params, flops_per_token
 from headprune_cli.model.layout import ModelInfo, info_of
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import input_device, place
+from headprune_cli.stages import objectives
 from headprune_cli.stages.objectives import drop_unit, worse_by, worse_than
 from headprune_cli.stages.report import serving
 from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs
+from headprune_cli.stages.report.latency_cost import latency_section, read_table
 
 # The metric a gate reads, per task, and whether its drop is stated in points (x100).
 MAIN_METRIC = {"classification": "accuracy", "causal-lm": "perplexity", "embedding": "fidelity"}
@@ -138,8 +142,6 @@ def evaluate_both(
     baseline: nn.Module, pruned: nn.Module, data: str | Path, batch_size: int, max_length: int
 ) -> tuple[list[dict], list[dict]]:
     """Metrics of both models on the same eval data (fidelity: cosine to the baseline)."""
-    from headprune_cli.data import readers as data_mod
-    from headprune_cli.stages import objectives
 
     dataset = data_mod.read_data(data, pruned, max_length=max_length)
     objective = objectives.default_objective(pruned)
@@ -308,9 +310,6 @@ class ReportOptions:
 
 def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptions, warn=lambda message: None) -> dict:
     """Load, compare, measure and gate; returns the report artifact (a plain dict)."""
-    from headprune_cli.artifacts.schema import envelope, input_ref, read_artifact
-    from headprune_cli.model.checkpoint import load
-    from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (registers the `report` kind)
 
     baseline_path = resolve_baseline(pruned_path, baseline_arg)
     base_info, new_info = read_info(baseline_path), read_info(pruned_path)
@@ -329,8 +328,6 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     base_sha, new_sha = info_of(baseline).loaded_from[1], info_of(pruned).loaded_from[1]
     table = None
     if opts.latency is not None:
-        from headprune_cli.stages.report.latency_cost import read_table
-
         table = read_table(opts.latency, baseline, base_sha)
     warnings = []
     family_tree = lineage(pruned_path, base_sha, new_sha)
@@ -359,8 +356,6 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
         )
     latency = None
     if table is not None:
-        from headprune_cli.stages.report.latency_cost import latency_section
-
         latency = latency_section(
             opts.latency, *table, baseline, pruned, measured, predicted, opts.batch_size, seq_len, opts.threads
         )
@@ -402,7 +397,6 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
 
 
 def _objective_name(model: nn.Module) -> str:
-    from headprune_cli.stages import objectives
 
     objective = objectives.default_objective(model)
     return str(getattr(objective, "name", objective))

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from torch import nn
 
+from headprune_cli.artifacts.schema import read_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.model.latency_table import LatencyTable
 from headprune_cli.runtime.device import input_device, stored_dtype_name
-from headprune_cli.stages.profile.build import layout_counts
+from headprune_cli.stages.profile.build import device_facts, layout_counts
+from headprune_cli.stages.select.latency import check_belongs
 
 
 def setting_of(model: nn.Module, batch: int, seq_len: int, threads: int) -> dict:
-    from headprune_cli.stages.profile.build import device_facts
 
     device = device_facts(input_device(model))
     dtype = stored_dtype_name(model)
@@ -45,9 +46,6 @@ def differences(artifact, here: dict) -> list[str]:
 def read_table(path, baseline: nn.Module, base_sha: str) -> tuple:
     """(artifact, sha256) of the baseline's latency table, refused when it is another model's:
     checked before the report evaluates anything."""
-    from headprune_cli.artifacts.schema import read_artifact
-    from headprune_cli.stages.profile import schema  # noqa: F401  (registers the `latency` kind)
-    from headprune_cli.stages.select.latency import check_belongs
 
     artifact, sha = read_artifact(path, ("latency",))
     heads, widths = layout_counts(baseline)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
+from rich.table import Table
+
 from headprune_cli.errors import UsageError
 from headprune_cli.files.io import atomic_write, atomic_write_bytes
 
@@ -111,7 +113,7 @@ def markdown(report: dict) -> str:
         )
     )
     if cost.get("latency"):
-        from headprune_cli.stages.report.latency_cost import markdown_line
+        from headprune_cli.stages.report.latency_cost import markdown_line  # noqa: PLC0415 (keeps torch out of this module's import)
 
         lines.append(markdown_line(cost["latency"]))
     if cost.get("decode"):
@@ -197,7 +199,6 @@ def junit(report: dict) -> str:
 
 # --- terminal -----------------------------------------------------------------------
 def terminal(report: dict, console) -> None:
-    from rich.table import Table
 
     style = {"pass": "bold green", "fail": "bold red", "no-gates": "bold"}[report["verdict"]]
     console.print(f"[{style}]{headline(report)}[/]", highlight=False, soft_wrap=True)
@@ -237,8 +238,8 @@ def _width(row: dict) -> str:
 # --- plots --------------------------------------------------------------------------
 def _figure(width: float, height: float):
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415 (matplotlib: an optional extra, loaded for plots only)
+        from matplotlib.figure import Figure  # noqa: PLC0415 (matplotlib: an optional extra, loaded for plots only)
     except ImportError:
         raise UsageError("plots need matplotlib: pip install 'headprune[plot]'") from None
 
@@ -254,7 +255,7 @@ def _save_png(figure, path: str | Path) -> None:
 
 def head_map_png(report: dict, path: str | Path) -> None:
     """Importance (when scores were given) per layer x head; removed heads crossed out."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 (keeps numpy out of this module's import)
 
     rows = report["head_map"]
     width = max(r["num_heads"] for r in rows)

@@ -16,6 +16,7 @@ from headprune_cli.artifacts.schema import portable_path, write_artifact
 from headprune_cli.errors import EXIT_GATE_FAILED, UsageError
 from headprune_cli.files.outputs import check_distinct, check_folder, check_output, make_folder
 from headprune_cli.runtime.device import check as check_device
+from headprune_cli.stages.report import render
 from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
 
 
@@ -79,8 +80,7 @@ class ReportStageOptions(Options):
 
 
 def run(opts: ReportStageOptions, ctx: Context) -> Result:
-    from headprune_cli.stages.report import render
-    from headprune_cli.stages.report.build import ReportOptions, build_report
+    from headprune_cli.stages.report.build import ReportOptions, build_report  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     inputs = [
         opts.model,

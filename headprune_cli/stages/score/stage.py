@@ -6,8 +6,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from headprune_cli.artifacts.schema import write_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
+from headprune_cli.runtime.device import check as check_device
+from headprune_cli.runtime.device import dtype_name, place
+from headprune_cli.stages.score.importance import init_distributed, score_model, scores_artifact, world
 from headprune_cli.stages.score.importance.registry import (
     DEFAULT_LAYER_METHOD,
     HEAD_METHODS,
@@ -72,14 +78,10 @@ class ScoreOptions(Options):
 
 
 def run(opts: ScoreOptions, ctx: Context) -> Result:
-    from headprune_cli.artifacts.schema import write_artifact
-    from headprune_cli.data.readers import position_limit, read_data
-    from headprune_cli.model.checkpoint import load
-    from headprune_cli.runtime.device import check as check_device
-    from headprune_cli.runtime.device import dtype_name, place
-    from headprune_cli.stages.objectives import check_objective, needs_labels
-    from headprune_cli.stages.score.importance import init_distributed, score_model, scores_artifact, world
-    from headprune_cli.stages.score.importance.baselines import parse_weights
+    from headprune_cli.data.readers import position_limit, read_data  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.model.checkpoint import load  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.stages.objectives import check_objective, needs_labels  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.stages.score.importance.baselines import parse_weights  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     if opts.output is not None and str(opts.output) != "-":
         check_output(opts.output, opts.force, [opts.checkpoint, opts.data])
@@ -129,7 +131,6 @@ def run(opts: ScoreOptions, ctx: Context) -> Result:
 @contextmanager
 def _progress(ctx: Context, show: bool):
     """A rich progress bar on stderr; scorers open one task per pass over the data."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(
         TextColumn("{task.description}"),
@@ -150,7 +151,7 @@ def _progress(ctx: Context, show: bool):
 
 
 def _finish_distributed() -> None:
-    import torch.distributed as dist
+    import torch.distributed as dist  # noqa: PLC0415 (keeps torch out of this module's import)
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

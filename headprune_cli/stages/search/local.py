@@ -83,9 +83,7 @@ def search(
             "search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform"
         )
     if rescore_layers:
-        space, current, result, seen = _rescored_start(
-            table, loss, budget, constraints, evaluations, on_evaluation
-        )
+        space, current, result, seen = _rescored_start(table, loss, budget, constraints, evaluations, on_evaluation)
         best_loss = result.best_loss
     else:
         start = select(table, None, budget=budget, constraints=constraints)
@@ -120,8 +118,6 @@ def search(
 
 def _rescored_start(table, loss, budget: Budget, c, evaluations: int, on_evaluation):
     """(space, start state, result so far, states measured) of a search that starts from layers chosen by rescoring."""
-    from headprune_cli.errors import UsageError
-    from headprune_cli.stages.search.local import SearchResult, search_space, selection_of
 
     if not budget.is_cost:
         raise UsageError(

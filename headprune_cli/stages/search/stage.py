@@ -10,12 +10,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from headprune_cli.artifacts.schema import input_ref, write_artifact
 from headprune_cli.errors import DataError, UsageError
 from headprune_cli.files.outputs import check_output
+from headprune_cli.runtime.device import check as check_device
+from headprune_cli.runtime.device import place
 from headprune_cli.stages.budget import Budget, one_of
-from headprune_cli.stages.score.importance.registry import HEAD_METHODS
+from headprune_cli.stages.score.importance import score_model
+from headprune_cli.stages.score.importance.registry import DEFAULT_LAYER_METHOD, HEAD_METHODS, head_method, layer_method
 from headprune_cli.stages.score.stage import LAYER_METHOD_HELP
+from headprune_cli.stages.score.table import ScoreTable
+from headprune_cli.stages.search.layer_rescore import check_reachable
+from headprune_cli.stages.search.local import search
+from headprune_cli.stages.select.plan import plan_artifact
 from headprune_cli.stages.select.stage import ConstraintOptions, ratio_option, target_flops_option, target_params_option
+from headprune_cli.stages.select.strategies import select
 from headprune_cli.stages.unit import Context, Result, Stage, device_option, dtype_option, option
 
 DEFAULT_EVALUATIONS = 100  # about a minute on all-MiniLM-L6-v2 with 64 held-out texts (BENCHMARKS.md)
@@ -89,12 +100,9 @@ class SearchOptions(ConstraintOptions):
 
 
 def run(opts: SearchOptions, ctx: Context) -> Result:
-    from headprune_cli.artifacts.schema import write_artifact
-    from headprune_cli.data.readers import position_limit, read_data
-    from headprune_cli.model.checkpoint import load
-    from headprune_cli.runtime.device import check as check_device
-    from headprune_cli.runtime.device import place
-    from headprune_cli.stages.objectives import check_objective, needs_labels
+    from headprune_cli.data.readers import position_limit, read_data  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.model.checkpoint import load  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.stages.objectives import check_objective, needs_labels  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     if opts.output is not None:
         check_output(opts.output, opts.force, [opts.checkpoint, opts.data])
@@ -140,7 +148,6 @@ def _start_name(result) -> str:
 
 
 def _check_method(opts: SearchOptions) -> None:
-    from headprune_cli.stages.score.importance.registry import head_method, layer_method
 
     head_method(opts.method)
     if opts.layer_method is not None:
@@ -162,10 +169,8 @@ def _check_reachable(model, opts: SearchOptions, max_length: int) -> None:
     """Refuse a budget the constraints cannot reach before any scoring: heads alone (with
     --rescore-layers, heads and layers), priced by the cost table, whatever their scores
     (with --layers or --ffn, the units that may reach it are only known once scored)."""
-    from headprune_cli.model.cost import cost_table
-    from headprune_cli.model.layout import info_of
-    from headprune_cli.stages.score.table import ScoreTable
-    from headprune_cli.stages.select.strategies import select
+    from headprune_cli.model.cost import cost_table  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     layout = info_of(model).layout
     flat = ScoreTable(
@@ -175,16 +180,12 @@ def _check_reachable(model, opts: SearchOptions, max_length: int) -> None:
         cost=cost_table(model, max_length),
     )
     if opts.rescore_layers:
-        from headprune_cli.stages.search.layer_rescore import check_reachable
-
         check_reachable(flat, opts.budget(), opts.constraints())
         return
     select(flat, None, budget=opts.budget(), constraints=opts.constraints())
 
 
 def _score(model, scoring, objective: str, opts: SearchOptions, max_length: int):
-    from headprune_cli.stages.score.importance import score_model
-    from headprune_cli.stages.score.importance.registry import DEFAULT_LAYER_METHOD
 
     layers = (opts.layer_method or DEFAULT_LAYER_METHOD) if opts.layers else None
     return score_model(
@@ -202,10 +203,8 @@ def _score(model, scoring, objective: str, opts: SearchOptions, max_length: int)
 
 
 def _search(model, table, held_out, objective: str, opts: SearchOptions, ctx: Context):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from headprune_cli.stages.search.local import search
-    from headprune_cli.stages.search.masked_loss import MaskedLoss
+    from headprune_cli.stages.search.masked_loss import MaskedLoss  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     loss = MaskedLoss(model, held_out, objective, opts.batch_size)
     bar = Progress(
@@ -233,9 +232,7 @@ def _search(model, table, held_out, objective: str, opts: SearchOptions, ctx: Co
 
 
 def _plan(model, opts: SearchOptions, result, max_length: int) -> dict:
-    from headprune_cli.artifacts.schema import input_ref
-    from headprune_cli.model.layout import info_of
-    from headprune_cli.stages.select.plan import plan_artifact
+    from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     info = info_of(model)
     inputs = [input_ref("model", opts.checkpoint, info.loaded_from[1]), input_ref("data", opts.data)]

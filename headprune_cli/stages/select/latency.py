@@ -16,10 +16,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from headprune_cli.artifacts.schema import read_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.model.cost_table import predict
 from headprune_cli.model.latency_table import LatencyTable, priced
 from headprune_cli.stages.budget import Budget, BudgetUnreachable, checked
+from headprune_cli.stages.select.plan import model_ref
 
 MAX_TIGHTENINGS = 8
 BISECTIONS = 12  # selections spent closing in on the target from below
@@ -157,9 +159,6 @@ def _choose(choose, by_ms, strategy, fraction, constraints, target, full):
 
 def read_latency(path: str, scores, phase: str = "forward") -> tuple[LatencyTable, str]:
     """The latency table at `path`, checked to belong to the scored model; (table, sha256)."""
-    from headprune_cli.artifacts.schema import read_artifact
-    from headprune_cli.stages.profile import schema  # noqa: F401  (registers the `latency` kind)
-    from headprune_cli.stages.select.plan import model_ref
 
     if phase not in ("forward", "decode"):
         raise UsageError(f"--latency-phase {phase!r}: expected forward or decode")

@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from headprune_cli.artifacts.schema import read_artifact, write_artifact
+from headprune_cli.artifacts.schema import input_ref, read_artifact, write_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.stages.budget import Budget, given
 from headprune_cli.stages.score.table import ScoreTable
+from headprune_cli.stages.select import latency as latency_select
 from headprune_cli.stages.select.chains import Constraints, parse_protect
 from headprune_cli.stages.select.plan import make_plan
 from headprune_cli.stages.select.strategies import select as choose
@@ -151,8 +152,6 @@ def _config(opts: SelectionOptions, selection, constraints, scores, **latency) -
 
 def _latency_plan(opts: SelectionOptions, scores, source: str, scores_sha: str, constraints) -> dict:
     """A plan under a latency budget (stages/latency_select.py)."""
-    from headprune_cli.artifacts.schema import input_ref
-    from headprune_cli.stages.select import latency as latency_select
     others = {
         "--ratio": opts.ratio,
         "--threshold": opts.threshold,

@@ -14,20 +14,28 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
+from headprune_cli.data.readers import batches
 from headprune_cli.errors import UsageError
 from headprune_cli.model.cost import count_params, flops_per_token
 from headprune_cli.model.layout import info_of
+from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget, BudgetUnreachable
-from headprune_cli.stages.report.build import main_metric, metric_dicts
+from headprune_cli.stages.objectives import default_objective, evaluate
+from headprune_cli.stages.prune.stage import Compensation, cut
+from headprune_cli.stages.report.build import main_metric, measure_speed, metric_dicts
+from headprune_cli.stages.report.latency import max_sequence
+from headprune_cli.stages.report.render import metric_value as fmt
+from headprune_cli.stages.score.importance.api import score_model
+from headprune_cli.stages.score.importance.registry import check_ffn
+from headprune_cli.stages.select.strategies import select
 
 ROUTES = {"heads": {}, "heads+ffn": {"ffn": True}, "heads+ffn+layers": {"ffn": True, "layers": "loo"}}
 
 
 def check_routes(routes: list[str], methods: list[str]) -> None:
-    from headprune_cli.names import did_you_mean
-    from headprune_cli.stages.score.importance.registry import check_ffn
 
     for route in routes:
         if route not in ROUTES:
@@ -41,9 +49,6 @@ def run_budget_sweep(
     model: nn.Module, calib, eval_data, opts, progress: Callable[[str], None] = lambda _: None
 ) -> dict:
     """The budget sweep's payload: one row per (method, route, target), and per route the smallest FLOPs kept within budget."""
-    from headprune_cli.stages.objectives import default_objective, evaluate
-    from headprune_cli.stages.score.importance.api import score_model
-    from headprune_cli.stages.select.strategies import select
 
     check_routes(opts.routes, opts.methods)
     objective, task = default_objective(model), info_of(model).task
@@ -67,7 +72,9 @@ def run_budget_sweep(
             for target in sorted(opts.targets, reverse=True):
                 progress(f"{method} ({route}): FLOPs {target:g}")
                 try:
-                    selection = select(table, "joint" if "layers" in route else "budget", budget=Budget("flops", target))
+                    selection = select(
+                        table, "joint" if "layers" in route else "budget", budget=Budget("flops", target)
+                    )
                 except BudgetUnreachable as exc:  # beyond what the route can remove: a gap in its curve
                     progress(f"{method} ({route}): FLOPs {target:g} not reachable ({exc})")
                     continue
@@ -114,8 +121,6 @@ def run_budget_sweep(
 
 
 def _cut_copy(model, selection, calib, opts):
-    from headprune_cli.data.readers import batches
-    from headprune_cli.stages.prune.stage import Compensation, cut
 
     pruned = copy.deepcopy(model)
     compensation = (
@@ -128,10 +133,6 @@ def _cut_copy(model, selection, calib, opts):
 def _speedup(model, pruned, opts) -> float | None:
     if not opts.repeats:
         return None
-    import torch
-
-    from headprune_cli.stages.report.build import measure_speed
-    from headprune_cli.stages.report.latency import max_sequence
 
     seq_len = min(opts.max_length, max_sequence(model) or opts.max_length)
     return measure_speed(model, pruned, opts.batch_size, seq_len, torch.get_num_threads(), opts.repeats, 2)["speedup"]
@@ -163,7 +164,6 @@ def _best(rows: list[dict], opts) -> dict[str, dict | None]:
 
 
 def markdown(payload: dict) -> str:
-    from headprune_cli.stages.report.render import metric_value as fmt
 
     main, budget = payload["main_metric"], payload["budget"]
     name, unit = main["name"], main["unit"]

@@ -15,11 +15,20 @@ from dataclasses import asdict, dataclass, field
 
 from torch import nn
 
+from headprune_cli.data.readers import batches
 from headprune_cli.errors import UsageError
 from headprune_cli.model.cost import count_params, flops_per_token
 from headprune_cli.model.layout import info_of
+from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.objectives import default_objective, evaluate
+from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
+from headprune_cli.stages.prune.stage import Compensation, cut
 from headprune_cli.stages.report.build import main_metric, metric_dicts
+from headprune_cli.stages.report.render import metric_value as fmt
+from headprune_cli.stages.score.importance.api import score_model
+from headprune_cli.stages.score.importance.registry import HEAD_METHODS
+from headprune_cli.stages.select.strategies import select
 
 DEFAULT_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 
@@ -44,9 +53,6 @@ class SweepSettings:
 
 
 def check_options(opts: SweepSettings) -> None:
-    from headprune_cli.names import did_you_mean
-    from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
-    from headprune_cli.stages.score.importance.registry import HEAD_METHODS
 
     for method in opts.methods:
         if method not in HEAD_METHODS:
@@ -65,8 +71,6 @@ def run_sweep(
     model: nn.Module, calib, eval_data, opts: SweepSettings, progress: Callable[[str], None] = lambda _: None
 ) -> dict:
     """The sweep payload: baseline metrics, one row per (method, ratio), the knees."""
-    from headprune_cli.stages.objectives import default_objective, evaluate
-    from headprune_cli.stages.score.importance.api import score_model
 
     check_options(opts)
     objective = default_objective(model)
@@ -137,9 +141,6 @@ def knees(rows: list[dict], methods: list[str]) -> dict[str, dict | None]:
 
 
 def _pruned_copy(model: nn.Module, table, ratio: float, calib, opts: SweepSettings) -> tuple[nn.Module, int]:
-    from headprune_cli.data.readers import batches
-    from headprune_cli.stages.prune.stage import Compensation, cut
-    from headprune_cli.stages.select.strategies import select
 
     selection = select(table, "global", budget=Budget("heads", ratio))
     pruned = copy.deepcopy(model)
@@ -151,7 +152,6 @@ def _pruned_copy(model: nn.Module, table, ratio: float, calib, opts: SweepSettin
 
 
 def markdown(result: dict) -> str:
-    from headprune_cli.stages.report.render import metric_value as fmt
 
     main = result["main_metric"]
     name = main["name"]

@@ -5,9 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from headprune_cli.artifacts.schema import KINDS, envelope, input_ref, write_artifact
+from headprune_cli.data.readers import read_data
 from headprune_cli.files.outputs import check_folder, check_output, make_folder
-from headprune_cli.stages.sweep.budgets import ROUTES, check_routes
-from headprune_cli.stages.sweep.ratios import DEFAULT_RATIOS, SweepSettings, check_options
+from headprune_cli.model.checkpoint import load
+from headprune_cli.runtime.device import check as check_device
+from headprune_cli.runtime.device import place
+from headprune_cli.stages.report import render
+from headprune_cli.stages.sweep import budgets as sweep_budget
+from headprune_cli.stages.sweep.budgets import ROUTES, check_routes, run_budget_sweep
+from headprune_cli.stages.sweep.ratios import (
+    DEFAULT_RATIOS,
+    SweepSettings,
+    check_options,
+    curves,
+    markdown,
+    options_dict,
+    run_sweep,
+)
 from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, device_option, dtype_option, option
 
 FILES = {"json": "sweep.json", "md": "sweep.md", "png": "curve.png"}
@@ -63,13 +78,6 @@ class SweepOptions(Options):
 
 
 def run(opts: SweepOptions, ctx: Context) -> Result:
-    from headprune_cli.artifacts.schema import write_artifact
-    from headprune_cli.data.readers import read_data
-    from headprune_cli.model.checkpoint import load
-    from headprune_cli.runtime.device import check as check_device
-    from headprune_cli.runtime.device import place
-    from headprune_cli.stages.sweep.budgets import run_budget_sweep
-    from headprune_cli.stages.sweep.ratios import run_sweep
 
     settings = opts.settings()
     check_device(opts.device, opts.dtype)
@@ -93,9 +101,6 @@ def run(opts: SweepOptions, ctx: Context) -> Result:
 
 
 def _write_views(payload: dict, outputs: dict, max_drop: float) -> None:
-    from headprune_cli.stages.report import render
-    from headprune_cli.stages.sweep import budgets as sweep_budget
-    from headprune_cli.stages.sweep.ratios import curves, markdown
 
     main = payload["main_metric"]
     line = _budget_line(main, max_drop)
@@ -133,9 +138,6 @@ def _tell(payload: dict, ctx: Context) -> None:
 
 
 def _artifact(model, opts: SweepOptions, settings: SweepSettings, payload: dict) -> dict:
-    from headprune_cli.artifacts.schema import KINDS, envelope, input_ref
-    from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (registers the `sweep` kind)
-    from headprune_cli.stages.sweep.ratios import options_dict
 
     inputs = [
         input_ref("model", opts.checkpoint, model.headprune.loaded_from[1]),

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from headprune_cli.data.readers import Dataset, as_batch, num_batches
@@ -83,7 +84,6 @@ class ScoreContext:
         """Sum float64 tensors over all processes (identity for one process)."""
         if world()[1] == 1:
             return tensors
-        import torch.distributed as dist
 
         flat = torch.cat([t.reshape(-1) for t in tensors]).to(torch.float64)
         dist.all_reduce(flat)

@@ -18,7 +18,7 @@ from headprune_cli.data.readers import Dataset, batches
 from headprune_cli.errors import DataError
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
-from headprune_cli.model.surgery import HeadGates, apply_plan, skip_layers
+from headprune_cli.model.surgery import HeadGates, NeuronGates, apply_plan, skip_layers
 from headprune_cli.stages.objectives import check_finite, embed, per_example_loss
 from headprune_cli.stages.score.importance.context import ScoreContext
 
@@ -85,7 +85,6 @@ def attention_loss(ctx: ScoreContext) -> torch.Tensor:
 def ffn_loss(ctx: ScoreContext) -> torch.Tensor:
     """Per layer: the exact loss change when ALL its FFN neurons are removed (gated to 0):
     what puts neuron scores on the layers' loss scale, as attention_loss does for heads."""
-    from headprune_cli.model.surgery import NeuronGates
 
     widths = [ctx.layout.ffn_width(layer) for layer in ctx.layout.layers]
     return _whole_block_loss(ctx, NeuronGates, widths, "scoring FFN blocks")
@@ -127,7 +126,7 @@ class LayerRefit:
     BATCH = 16
 
     def __call__(self, ctx: ScoreContext) -> torch.Tensor:
-        from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
+        from headprune_cli.stages.finetune.train import FinetuneConfig, finetune  # noqa: PLC0415 (keeps numpy, safetensors out of this module's import)
 
         n = len(ctx.dataset)
         if n < 4:
