@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 def run() -> NoReturn:
     """Console-script entry point (and `python -m headprune_cli`, under torchrun too).
 
-    The command runs in a child that this process watches (watcher.py): a memory-mapped
+    The command runs in a child that this process watches (files/watcher.py): a memory-mapped
     input truncated by another process kills a process by SIGBUS, which only a parent can
     turn into one `Error:` line, exit 1 and removed temporaries."""
     exit_without_teardown(watched(main, lambda folder: sweep(folder, quiet=True)))

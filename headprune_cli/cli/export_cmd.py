@@ -1,4 +1,4 @@
-"""`headprune export` (the stage: stages/export_stage.py)."""
+"""`headprune export` (the stage: stages/export/stage.py)."""
 
 from __future__ import annotations
 

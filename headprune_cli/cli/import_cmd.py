@@ -1,4 +1,4 @@
-"""`headprune import` (the stage: stages/import_stage.py)."""
+"""`headprune import` (the stage: stages/import_/stage.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`headprune iterate`: gradual pruning with recovery between rounds (the stage: stages/iterate.py)."""
+"""`headprune iterate`: gradual pruning with recovery between rounds (the stage: stages/iterate/stage.py)."""
 
 from __future__ import annotations
 

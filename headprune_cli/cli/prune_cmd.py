@@ -1,4 +1,4 @@
-"""`headprune prune`: checkpoint + plan (or scores + amount) -> a smaller checkpoint (the stage: stages/prune.py)."""
+"""`headprune prune`: checkpoint + plan (or scores + amount) -> a smaller checkpoint (the stage: stages/prune/stage.py)."""
 
 from __future__ import annotations
 

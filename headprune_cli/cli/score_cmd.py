@@ -1,4 +1,4 @@
-"""`headprune score` (the stage: stages/score.py)."""
+"""`headprune score` (the stage: stages/score/stage.py)."""
 
 from __future__ import annotations
 

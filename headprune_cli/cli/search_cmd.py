@@ -1,4 +1,4 @@
-"""`headprune search` (the stage: stages/search_stage.py)."""
+"""`headprune search` (the stage: stages/search/stage.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`headprune select`: scores JSON -> plan JSON (the stage: stages/select.py)."""
+"""`headprune select`: scores JSON -> plan JSON (the stage: stages/select/stage.py)."""
 
 from __future__ import annotations
 

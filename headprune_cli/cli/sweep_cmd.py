@@ -1,4 +1,4 @@
-"""`headprune sweep` (the stage: stages/sweep_stage.py)."""
+"""`headprune sweep` (the stage: stages/sweep/stage.py)."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def option(
 
 
 def device_option(help: str | None = None) -> Any:
-    """--device, stated once: where a stage computes (device.py resolves it)."""
+    """--device, stated once: where a stage computes (runtime/device.py resolves it)."""
 
     return option("auto", help or DEVICE_HELP)
 

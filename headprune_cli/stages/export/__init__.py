@@ -1,1 +1,1 @@
-"""export."""
+"""`export`: deployment files (the writers live in model/)."""

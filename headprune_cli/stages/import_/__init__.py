@@ -1,1 +1,1 @@
-"""import_."""
+"""`import`: a model folder -> one headprune checkpoint (a keyword, hence the underscore)."""

@@ -24,7 +24,7 @@ held-out fidelity 86.6 uncompensated, 68.6 unweighted lstsq, 88.9 weighted (BENC
 section 14).
 
 Both models are run block by block, as two streams of hidden states (one per calibration
-batch, compensation_streams.py) that advance one layer at a time: the unpruned stream
+batch, streams.py) that advance one layer at a time: the unpruned stream
 (which gives Y) and the pruned stream (which gives X). So every block runs at most four
 times per batch (five, one of them only up to its attention output, when both its heads
 and its FFN are cut): O(L) block forwards, not a whole-model forward per pruned layer,

@@ -7,7 +7,7 @@ loss is the real loss of the model with the candidate's heads gated to 0 and its
 skipped, on a held-out part of the calibration data.
 
 Search space: how many heads (KV groups for grouped-query layers) each layer keeps, as a
-prefix of its chain (selection.py: which heads a layer loses still follows its scores,
+prefix of its chain (select/chains.py: which heads a layer loses still follows its scores,
 and every allowed prefix respects --min-heads, --multiple-of and --protect), with
 neuron scores (`score --ffn`) how many FFN neurons it keeps (a prefix of its neuron
 chain, in steps of --ffn-multiple-of), and, under a FLOPs/params budget, which layers are
@@ -75,7 +75,7 @@ def search(
     on_evaluation: Callable[[int, float], None] = lambda n, best: None,
 ) -> SearchResult:
     """The best plan found from the greedy one (or, with `rescore_layers`, from the layers chosen
-    one at a time by measured loss: stages/layer_rescore.py), by `loss(remove_heads, remove_layers, remove_ffn)`."""
+    one at a time by measured loss: layer_rescore.py), by `loss(remove_heads, remove_layers, remove_ffn)`."""
     if evaluations < 1:
         raise UsageError(f"the search needs at least 1 evaluation (got {evaluations})")
     if constraints.uniform:

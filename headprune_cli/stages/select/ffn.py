@@ -2,7 +2,7 @@
 with scores that hold neuron scores).
 
 Every layer has two chains of removable units, least important first: its heads (the
-chain selection.py builds, with every head constraint) and its FFN neurons (by score, in
+chain chains.py builds, with every head constraint) and its FFN neurons (by score, in
 steps that keep the width a multiple of `ffn_multiple_of` and at least `min_ffn`). A step
 costs its units' scores (its loss) and saves its price (params or FLOPs per token, from
 the cost table, which prices every neuron). Greedily, the step with the least loss per

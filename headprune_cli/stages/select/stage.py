@@ -151,7 +151,7 @@ def _config(opts: SelectionOptions, selection, constraints, scores, **latency) -
 
 
 def _latency_plan(opts: SelectionOptions, scores, source: str, scores_sha: str, constraints) -> dict:
-    """A plan under a latency budget (stages/latency_select.py)."""
+    """A plan under a latency budget (latency.py)."""
     others = {
         "--ratio": opts.ratio,
         "--threshold": opts.threshold,

@@ -45,9 +45,7 @@ class SweepSettings:
     max_length: int = 128
     samples: int | None = None
     seed: int = 0
-    targets: list[float] = field(
-        default_factory=list
-    )  # FLOPs fractions: a budget sweep (sweep_budget.py) instead of ratios
+    targets: list[float] = field(default_factory=list)  # FLOPs fractions: a budget sweep (budgets.py) instead of ratios
     routes: list[str] = field(default_factory=list)
     repeats: int = 0  # timed runs per model for the measured speedup (budget sweep); 0 skips
 
