@@ -53,6 +53,15 @@ def make(work: Path) -> None:
     save(model, work / "model.safetensors", overwrite=True)
 
 
+def data(work: Path) -> None:
+    """The calibration set `score` reads in the memory runs: 4 rows x 64 token ids, seeded."""
+    import torch
+    from safetensors.torch import save_file
+
+    ids = torch.randint(3, SHAPE["vocab_size"], (4, 64), generator=torch.Generator().manual_seed(2))
+    save_file({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, str(work / "ids.safetensors"))
+
+
 def plan() -> tuple[dict, dict]:
     """Two KV groups (their query heads too) and 25% of the FFN neurons of every layer, chosen
     at random per layer (seeded): uneven indices, one width and one head count for all."""
@@ -154,8 +163,8 @@ def plain(work: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("step", choices=["make", "prune", "export", "logits", "plain"])
-    parser.add_argument("--work", type=Path, default=Path("/tmp/ffn_bench"))
+    parser.add_argument("step", choices=["make", "data", "prune", "export", "logits", "plain"])
+    parser.add_argument("--work", type=Path, default=Path("out/ffn_bench"))
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     globals()[args.step](args.work)

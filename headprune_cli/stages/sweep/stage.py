@@ -12,6 +12,7 @@ from headprune_cli.model.checkpoint import load
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import place
 from headprune_cli.stages.report import render
+from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (registers the `sweep` kind)
 from headprune_cli.stages.sweep import budgets as sweep_budget
 from headprune_cli.stages.sweep.budgets import ROUTES, check_routes, run_budget_sweep
 from headprune_cli.stages.sweep.ratios import (
