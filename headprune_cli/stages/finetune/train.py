@@ -32,6 +32,7 @@ from headprune_cli.stages.finetune.distill import kd_logits
 from headprune_cli.errors import NumericalError, UsageError
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates
+from headprune_cli.stages.importance.recompute import recomputed_blocks, wants_recompute
 from headprune_cli.stages.objectives import higher_is_better as metric_higher_is_better, next_token_mask
 from headprune_cli.stages.finetune.losses import as_tensors, check_labels, fidelity_loss, predict, task_loss, trim
 
@@ -71,6 +72,7 @@ class FinetuneConfig:
     stop_after: int | None = None  # stop as if interrupted after this many steps (tests)
     device: str = "auto"  # device.resolve_device; under torchrun each process uses its LOCAL_RANK device
     dtype: str = "auto"  # compute dtype of student and teacher; the returned model is cast back
+    recompute: bool | None = None  # activation checkpointing per block; None: on from 400 M parameters
 
 
 @dataclass
@@ -221,6 +223,7 @@ class _Loop:
         self.model, self.train, self.plan, self.optimizer, self.ctx = model, train, plan, optimizer, ctx
         self.teacher, self.kd, self.cfg, self.eval_fn, self.higher = teacher, kd, cfg, eval_fn, higher
         self.gating = gating
+        self.recompute = wants_recompute(model, cfg.recompute)
         self.wrapped = _wrap(model, ctx)
         self.step, self.history, self.best, self.best_value, self.best_epoch = 0, [], None, None, None
         self.first_loss, self.epoch_losses = None, []
@@ -294,18 +297,19 @@ class _Loop:
         task = info_of(self.model).task
         dtype = next(self.model.parameters()).dtype
         gated = HeadGates(self.model, [g.to(self.ctx.device, dtype) for g in gates]) if gates else nullcontext()
-        with gated:
+        # Gates stay on through the backward: a recomputed block must see the same hooks.
+        with gated, recomputed_blocks(self.model, self.recompute):
             pred = predict(self.wrapped, rows, task, self.model)
-        loss_sum = torch.zeros((), device=self.ctx.device)
-        if self.kd < 1.0 and task != "embedding":
-            loss_sum = loss_sum + (1.0 - self.kd) * task_loss(pred, rows, task)[0]
-        if self.kd > 0.0 or task == "embedding":
-            with torch.no_grad():
-                ref = predict(self.teacher, rows, task, self.teacher)
-            loss_sum = loss_sum + (1.0 if task == "embedding" else self.kd) * self._kd(pred, ref, rows, task)
-        loss_sum = loss_sum * weight
-        # DDP averages gradients over processes, hence the factor world.
-        (loss_sum * self.ctx.world / grand).backward()
+            loss_sum = torch.zeros((), device=self.ctx.device)
+            if self.kd < 1.0 and task != "embedding":
+                loss_sum = loss_sum + (1.0 - self.kd) * task_loss(pred, rows, task)[0]
+            if self.kd > 0.0 or task == "embedding":
+                with torch.no_grad():
+                    ref = predict(self.teacher, rows, task, self.teacher)
+                loss_sum = loss_sum + (1.0 if task == "embedding" else self.kd) * self._kd(pred, ref, rows, task)
+            loss_sum = loss_sum * weight
+            # DDP averages gradients over processes, hence the factor world.
+            (loss_sum * self.ctx.world / grand).backward()
         return float(self.ctx.sum(loss_sum.detach()).item()) / grand
 
     def _kd(self, pred, ref, rows, task):
