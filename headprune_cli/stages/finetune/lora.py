@@ -122,8 +122,10 @@ def attach(model: nn.Module, spec: LoraSpec, seed: int):
     Only the adapters train afterwards. Their initialisation draws from a generator of its
     own, so the same seed gives the same adapters and the caller's random stream is untouched.
     """
-    from peft import LoraConfig, get_peft_model
-
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise UsageError("--lora needs peft: pip install 'headprune[lora]' (or pip install peft)") from None
     targets = check(model, spec)
     config = LoraConfig(
         r=spec.rank,
