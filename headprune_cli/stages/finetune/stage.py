@@ -103,6 +103,11 @@ class FinetuneOptions(Options):
         negative="--no-recompute",
     )
 
+    fsdp: bool = option(
+        False,
+        "Under torchrun: shard weights, gradients, AdamW state and the teacher over the processes (FSDP2, one unit per block) instead of a full copy in each; the state is saved sharded and resumes with the same process count.",
+    )
+
     def lora_spec(self):
         from headprune_cli.stages.finetune.lora import LoraSpec
 
@@ -148,6 +153,10 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
         opts.constraints_given() + (["gates_out"] if opts.gates_out else []),
     )
     _check_lora_options(opts)
+    if opts.fsdp:
+        from headprune_cli.stages.finetune.sharding import check_fsdp
+
+        check_fsdp(setup(), opts.lora, opts.learn_gates)
     constraints = opts.constraints()
     inputs = [
         opts.checkpoint,
@@ -192,6 +201,7 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
         device=opts.device,
         dtype=opts.dtype,
         recompute=opts.recompute,
+        fsdp=opts.fsdp,
     )
     fingerprint = {
         "checkpoint": model.headprune.loaded_from[1],
@@ -205,6 +215,8 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
         fingerprint["head_dropout"] = opts.head_dropout
     if opts.lora:
         fingerprint["lora"] = opts.lora_spec().fingerprint()
+    if opts.fsdp:
+        fingerprint["fsdp"] = True
     gating = _gating(opts, model, constraints)
     result = run_finetune(model, train, cfg, dev, teacher, fingerprint, ctx, gating=gating)
     if adapted is not None:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from headprune_cli import distributed
-from headprune_cli.stages.finetune import state as train_state
+from headprune_cli.stages.finetune import sharding, state as train_state
 from headprune_cli.device import cast_parameters, resolve_device, resolve_dtype, stored_dtype
 from headprune_cli.model.cost import count_params
 from headprune_cli.stages.finetune.distill import kd_logits
@@ -73,6 +73,7 @@ class FinetuneConfig:
     device: str = "auto"  # device.resolve_device; under torchrun each process uses its LOCAL_RANK device
     dtype: str = "auto"  # compute dtype of student and teacher; the returned model is cast back
     recompute: bool | None = None  # activation checkpointing per block; None: on from 400 M parameters
+    fsdp: bool = False  # FSDP2 under torchrun (sharding.py) instead of DDP
 
 
 @dataclass
@@ -171,6 +172,8 @@ def finetune(
             cast_parameters(m, compute)
         if m is not None:
             m.to(ctx.device)
+        if m is not None and cfg.fsdp:
+            sharding.shard(m, ctx)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
     fingerprint = {
@@ -188,7 +191,10 @@ def finetune(
         loop.evaluate(0, 0, None, on_epoch)
     completed = loop.run(start, fingerprint, on_step, on_epoch)
     final = loop.final_model()
-    cast_parameters(final, stored)
+    if cfg.fsdp:  # rank 0 gets a plain model with the full weights; the others keep their shards
+        final = sharding.gathered(final, ctx) or final
+    if not (cfg.fsdp and not ctx.main):
+        cast_parameters(final, stored)
     return FinetuneResult(final, loop.step, lr, kd, loop.history, loop.best_epoch, completed, loop.first_loss)
 
 
@@ -224,7 +230,7 @@ class _Loop:
         self.teacher, self.kd, self.cfg, self.eval_fn, self.higher = teacher, kd, cfg, eval_fn, higher
         self.gating = gating
         self.recompute = wants_recompute(model, cfg.recompute)
-        self.wrapped = _wrap(model, ctx)
+        self.wrapped = model if cfg.fsdp else _wrap(model, ctx)
         self.step, self.history, self.best, self.best_value, self.best_epoch = 0, [], None, None, None
         self.first_loss, self.epoch_losses = None, []
 
@@ -351,21 +357,27 @@ class _Loop:
         return self.model
 
     def save(self, fingerprint: dict) -> None:
+        if self.cfg.fsdp:  # every process writes its own shards
+            layout = sharding.plan(self.model, self.ctx.world)
+            sharding.save_state(
+                self.cfg.state_dir,
+                self.step,
+                self.model,
+                self.optimizer,
+                self._scalars(fingerprint),
+                self.best,
+                self.ctx,
+                layout,
+            )
+            return
         if self.ctx.main:
-            scalars = {
-                "fingerprint": fingerprint,
-                "history": [r.__dict__ for r in self.history],
-                "best_value": self.best_value,
-                "best_epoch": self.best_epoch,
-                "first_loss": self.first_loss,
-                "epoch_losses": self.epoch_losses,
-            }
+            scalars = self._scalars(fingerprint)
             train_state.save_state(self.cfg.state_dir, self.step, self.model, self.optimizer, scalars, self.best)
         self.ctx.barrier()
 
     def restore(self, fingerprint: dict) -> int:
         # validate() already refused --resume without a state folder.
-        state, best = train_state.load_state(self.cfg.state_dir, self.model, self.optimizer)
+        state, best = self._load_state()
         saved = state.get("fingerprint", {})
         changed = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
         if changed:
@@ -381,6 +393,23 @@ class _Loop:
         self.best_value, self.best_epoch = state["best_value"], state["best_epoch"]
         self.first_loss, self.epoch_losses = state["first_loss"], state["epoch_losses"]
         return self.step
+
+    def _scalars(self, fingerprint: dict) -> dict:
+        return {
+            "fingerprint": fingerprint,
+            "history": [r.__dict__ for r in self.history],
+            "best_value": self.best_value,
+            "best_epoch": self.best_epoch,
+            "first_loss": self.first_loss,
+            "epoch_losses": self.epoch_losses,
+        }
+
+    def _load_state(self):
+        if not self.cfg.fsdp:
+            return train_state.load_state(self.cfg.state_dir, self.model, self.optimizer)
+        target, state = sharding.read_state(self.cfg.state_dir, sharding.plan(self.model, self.ctx.world))
+        like = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return state, sharding.load_state(target, state, self.model, self.optimizer, self.ctx, like)
 
 
 def _wrap(model: nn.Module, ctx) -> nn.Module:
