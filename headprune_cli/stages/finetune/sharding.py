@@ -157,7 +157,7 @@ def load_state(target: Path, state: dict, model, optimizer, ctx, best_like: dict
     try:
         dcp.load(loaded, checkpoint_id=str(target))
         torch.set_rng_state(load_file(str(target / f"rng-{ctx.rank}.safetensors"))["rng.torch"])
-    except Exception as exc:  # DCP's and safetensors' own errors for a corrupt or foreign state
+    except Exception as exc:  # noqa: BLE001 (DCP's and safetensors' own errors for a corrupt or foreign state)
         raise UsageError(f"--resume: training state in {target} does not restore ({shorten(str(exc), 160)})") from None
     set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
     return loaded.get("best")

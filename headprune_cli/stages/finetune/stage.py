@@ -103,6 +103,11 @@ class FinetuneOptions(Options):
         negative="--no-recompute",
     )
 
+    autocast: bool | None = option(
+        None,
+        "Run the forward passes under bf16 autocast (weights, gradients and AdamW state keep their dtype). Default: on where the device computes bf16 natively (CUDA), off on CPU.",
+        negative="--no-autocast",
+    )
     fsdp: bool = option(
         False,
         "Under torchrun: shard weights, gradients, AdamW state and the teacher over the processes (FSDP2, one unit per block) instead of a full copy in each; the state is saved sharded and resumes with the same process count.",
@@ -202,6 +207,7 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
         dtype=opts.dtype,
         recompute=opts.recompute,
         fsdp=opts.fsdp,
+        autocast=opts.autocast,
     )
     fingerprint = {
         "checkpoint": model.headprune.loaded_from[1],
@@ -217,6 +223,8 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
         fingerprint["lora"] = opts.lora_spec().fingerprint()
     if opts.fsdp:
         fingerprint["fsdp"] = True
+    if opts.autocast:
+        fingerprint["autocast"] = True
     gating = _gating(opts, model, constraints)
     result = run_finetune(model, train, cfg, dev, teacher, fingerprint, ctx, gating=gating)
     if adapted is not None:

@@ -34,6 +34,7 @@ from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates
 from headprune_cli.stages.importance.recompute import recomputed_blocks, wants_recompute
 from headprune_cli.stages.objectives import higher_is_better as metric_higher_is_better, next_token_mask
+from headprune_cli.stages.finetune.precision import autocast_dtype, autocasting
 from headprune_cli.stages.finetune.losses import as_tensors, check_labels, fidelity_loss, predict, task_loss, trim
 
 # Recovery starts from trained weights, so it uses about a tenth of the rate the model
@@ -74,6 +75,7 @@ class FinetuneConfig:
     dtype: str = "auto"  # compute dtype of student and teacher; the returned model is cast back
     recompute: bool | None = None  # activation checkpointing per block; None: on from 400 M parameters
     fsdp: bool = False  # FSDP2 under torchrun (sharding.py) instead of DDP
+    autocast: bool | None = None  # bf16 autocast of the forward passes; None: where the device computes bf16 natively
 
 
 @dataclass
@@ -230,6 +232,7 @@ class _Loop:
         self.teacher, self.kd, self.cfg, self.eval_fn, self.higher = teacher, kd, cfg, eval_fn, higher
         self.gating = gating
         self.recompute = wants_recompute(model, cfg.recompute)
+        self.autocast = autocast_dtype(ctx.device, cfg.autocast)
         self.wrapped = model if cfg.fsdp else _wrap(model, ctx)
         self.step, self.history, self.best, self.best_value, self.best_epoch = 0, [], None, None, None
         self.first_loss, self.epoch_losses = None, []
@@ -305,12 +308,13 @@ class _Loop:
         gated = HeadGates(self.model, [g.to(self.ctx.device, dtype) for g in gates]) if gates else nullcontext()
         # Gates stay on through the backward: a recomputed block must see the same hooks.
         with gated, recomputed_blocks(self.model, self.recompute):
-            pred = predict(self.wrapped, rows, task, self.model)
+            with autocasting(self.ctx.device, self.autocast):
+                pred = predict(self.wrapped, rows, task, self.model)
             loss_sum = torch.zeros((), device=self.ctx.device)
             if self.kd < 1.0 and task != "embedding":
                 loss_sum = loss_sum + (1.0 - self.kd) * task_loss(pred, rows, task)[0]
             if self.kd > 0.0 or task == "embedding":
-                with torch.no_grad():
+                with torch.no_grad(), autocasting(self.ctx.device, self.autocast):
                     ref = predict(self.teacher, rows, task, self.teacher)
                 loss_sum = loss_sum + (1.0 if task == "embedding" else self.kd) * self._kd(pred, ref, rows, task)
             loss_sum = loss_sum * weight
