@@ -63,18 +63,26 @@ def shard(model: nn.Module, ctx) -> None:
 
 
 def gathered(model: nn.Module, ctx) -> nn.Module | None:
-    """The full weights in a plain copy of the model, on rank 0 (None elsewhere)."""
+    """The full weights in a plain copy of the model, on rank 0 (None elsewhere).
+
+    The copy is built with meta parameters from the checkpoint's header and takes the
+    gathered tensors as they are (no second copy of the weights); buffers, which FSDP does
+    not shard and which a state dict may leave out (RoPE's inv_freq), come from `model`."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    from headprune_cli.model.checkpoint import load
+    from headprune_cli.model.checkpoint import read_layout_only
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not ctx.main:
         return None
-    plain = load(model.headprune.loaded_from[0])
+    plain = read_layout_only(model.headprune.loaded_from[0])
     missing, unexpected = plain.load_state_dict(full, strict=False, assign=True)
-    if unexpected or [k for k in missing if k in dict(plain.named_parameters())]:
+    buffers = dict(model.named_buffers())
+    if unexpected or [k for k in missing if k not in buffers]:
         raise HeadpruneError(f"gathered weights do not fit the model ({(missing + unexpected)[0]})")
+    for name, buffer in buffers.items():
+        owner, _, leaf = name.rpartition(".")
+        setattr(plain.get_submodule(owner), leaf, buffer.detach().to("cpu", copy=True))
     plain.headprune = model.headprune
     plain.eval()
     return plain

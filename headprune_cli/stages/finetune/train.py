@@ -194,6 +194,8 @@ def finetune(
     completed = loop.run(start, fingerprint, on_step, on_epoch)
     final = loop.final_model()
     if cfg.fsdp:  # rank 0 gets a plain model with the full weights; the others keep their shards
+        optimizer.state.clear()  # AdamW's moments and the gradients are not needed any more: room for the gather
+        final.zero_grad(set_to_none=True)
         final = sharding.gathered(final, ctx) or final
     if not (cfg.fsdp and not ctx.main):
         cast_parameters(final, stored)

@@ -116,7 +116,7 @@ def test_cli_output_is_an_ordinary_checkpoint_and_the_kept_adapter_reproduces_it
 def _lora_run(tmp_path: Path, **extra):
     model = _pruned("llama-gqa")
     attach(model, LoraSpec(rank=2, dropout=0.1), seed=0)  # dropout on: the RNG must resume too
-    cfg = dict(steps=6, lr=1e-2, batch_size=8, warmup=0, state_dir=tmp_path / "st", save_every=2)
+    cfg = {"steps": 6, "lr": 1e-2, "batch_size": 8, "warmup": 0, "state_dir": tmp_path / "st", "save_every": 2}
     return finetune(model, _causal_data(), FinetuneConfig(**cfg, **extra), fingerprint={"lora": 2})
 
 
