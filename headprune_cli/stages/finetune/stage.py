@@ -438,4 +438,7 @@ STAGE = Stage(
     makes={"model": "output"},
     needs=("checkpoint", "data"),
     optional_outputs={"gates_out": "{stem}.gates.json"},
+    refused={
+        "keep_adapter": "the pipeline keeps the merged checkpoint; run `headprune finetune --lora --keep-adapter DIR` for peft's adapter folder"
+    },
 )
