@@ -350,7 +350,7 @@ class _Loop:
             better = self.best_value is None or (value > self.best_value if higher else value < self.best_value)
             if better and (self.gating is None or self.gating.restores_best):
                 self.best_value, self.best_epoch = value, epoch
-                self.best = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+                self.best = _snapshot(self.model)
         record = EpochRecord(epoch, step, loss, metrics)
         self.history.append(record)
         if on_epoch and self.ctx.main:
@@ -358,7 +358,7 @@ class _Loop:
 
     def final_model(self) -> nn.Module:
         if self.best is not None:
-            self.model.load_state_dict(self.best)
+            self.model.load_state_dict(self.best, strict=not _frozen(self.model))
         self.model.eval()
         return self.model
 
@@ -416,6 +416,19 @@ class _Loop:
         target, state = sharding.read_state(self.cfg.state_dir, sharding.plan(self.model, self.ctx.world))
         like = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         return state, sharding.load_state(target, state, self.model, self.optimizer, self.ctx, like)
+
+
+def _frozen(model: nn.Module) -> bool:
+    """Whether part of the model does not train (LoRA's frozen base weights)."""
+    return any(not p.requires_grad for p in model.parameters())
+
+
+def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the weights that can change: all of them, or only the trainable ones when the
+    rest is frozen (LoRA: the adapters, not another copy of the whole model)."""
+    if not _frozen(model):
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {k: p.detach().clone() for k, p in model.named_parameters() if p.requires_grad}
 
 
 def _wrap(model: nn.Module, ctx) -> nn.Module:

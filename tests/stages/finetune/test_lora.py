@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -113,19 +114,32 @@ def test_cli_output_is_an_ordinary_checkpoint_and_the_kept_adapter_reproduces_it
     )
 
 
+def _lm_loss(model) -> dict[str, float]:
+    data = _causal_data(8)
+    with torch.no_grad():
+        logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), data["input_ids"][:, 1:].flatten())
+    return {"perplexity": math.exp(float(loss))}
+
+
 def _lora_run(tmp_path: Path, **extra):
     model = _pruned("llama-gqa")
     attach(model, LoraSpec(rank=2, dropout=0.1), seed=0)  # dropout on: the RNG must resume too
     cfg = {"steps": 6, "lr": 1e-2, "batch_size": 8, "warmup": 0, "state_dir": tmp_path / "st", "save_every": 2}
-    return finetune(model, _causal_data(), FinetuneConfig(**cfg, **extra), fingerprint={"lora": 2})
+    # Evaluated every epoch (2 steps), so the best-so-far adapters are kept, saved and restored too.
+    return finetune(model, _causal_data(), FinetuneConfig(**cfg, **extra), _lm_loss, fingerprint={"lora": 2})
 
 
 def test_lora_resume_mid_run_equals_an_uninterrupted_run(tmp_path):
     straight = _lora_run(tmp_path / "a")
     stopped = _lora_run(tmp_path / "b", stop_after=3)
     assert not stopped.completed
+    # The state holds the adapters only: the frozen weights are the input checkpoint's.
+    saved = load_file(str(next((tmp_path / "b" / "st").glob("step-*")) / "model.safetensors"))
+    assert saved and all("lora_" in name for name in saved)
     resumed = _lora_run(tmp_path / "b", resume=True)
     assert resumed.completed and resumed.steps == 6
+    assert resumed.best_epoch == straight.best_epoch is not None
     for name, value in straight.model.state_dict().items():
         torch.testing.assert_close(resumed.model.state_dict()[name], value, rtol=0, atol=0)
 
