@@ -150,9 +150,13 @@ def merge(peft_model) -> nn.Module:
 
 def check_adapter_folder(folder: Path, force: bool, inputs) -> Path:
     """`--keep-adapter DIR`: new, or (with --force) a folder headprune wrote; refused otherwise."""
-    from headprune_cli.model.export import check_folder_output
+    from headprune_cli.outputs import check_folder, check_parent
 
-    return check_folder_output(folder, force, inputs)
+    out = check_folder(folder, inputs, "--keep-adapter folder", force)
+    if os.path.lexists(out) and not force:
+        raise UsageError(f"{out} exists; pass --force to overwrite it")
+    check_parent(out)
+    return out
 
 
 def save_adapter(peft_model, folder: Path) -> None:
