@@ -21,6 +21,12 @@ def finetune_command(opts: stage.FinetuneOptions):
 
       torchrun --nproc-per-node 2 -m headprune_cli finetune small.safetensors --data train.jsonl --steps 500 -o out.safetensors
 
+    At LLM scale: --lora trains low-rank adapters (peft) on the attention and FFN projections and merges them into the output (--keep-adapter DIR also writes peft's adapter folder); --fsdp under torchrun shards weights, gradients, AdamW state and the teacher (FSDP2, one unit per block; sharded resumable state); --recompute (default from 400 M parameters) and --autocast cut activation memory.
+
+      headprune finetune llama-pruned.safetensors --data train.txt --teacher auto --lora --lora-rank 16 --keep-adapter adapter -o llama-lora.safetensors
+
+      torchrun --nproc-per-node 8 -m headprune_cli finetune llama-pruned.safetensors --data train.txt --teacher auto --fsdp -o llama-kd.safetensors
+
     Learned pruning (--learn-gates with --ratio, --target-params or --target-flops): hard-concrete gates on the heads (whole KV groups for GQA models) train with the model; a Lagrangian drives the expected share removed to the target (rising from 0 over --target-warmup of the steps); the gates then close as `headprune select` would choose from their open probabilities (with --min-heads, --multiple-of, --protect, --uniform), the last --closed-share of the steps trains the model with them closed, and the output is the physically cut model. --gates-out writes the open probabilities as scores (method `learned`). --teacher auto on an unpruned model distils from the model itself. Not resumable, one process.
 
     --head-dropout P zeroes each head's output with probability P per example while training (not rescaled: the condition a pruned model runs in), so the model becomes robust to removal.

@@ -91,6 +91,46 @@ class FinetuneOptions(Options):
         le=1.0,
     )
 
+    lora: bool = option(
+        False,
+        "Train low-rank adapters (peft) on the attention and FFN projections instead of every weight; they are merged into the output.",
+    )
+    lora_rank: int = option(8, "--lora: adapter rank r (at most the narrowest targeted projection's width).")
+    lora_alpha: float | None = option(None, "--lora: scaling alpha (the update is scaled by alpha / r; default 2 r).")
+    lora_dropout: float = option(0.0, "--lora: dropout on the adapters' input, in [0, 1).")
+    lora_targets: str | None = option(
+        None,
+        "--lora: projections to adapt, NAME[,NAME] matched as a module-name suffix (default: every block's attention and FFN projections, e.g. q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj).",
+    )
+    keep_adapter: Path | None = option(
+        None,
+        "--lora: also write the unmerged adapter here, in peft's format (a folder; applies to CHECKPOINT).",
+        folder=True,
+    )
+    recompute: bool | None = option(
+        None,
+        "Recompute each block's activations in the backward instead of keeping them (less memory, one more forward per micro-batch, the same gradients). Default: on from 400 M parameters.",
+        negative="--no-recompute",
+    )
+
+    autocast: bool | None = option(
+        None,
+        "Run the forward passes under bf16 autocast (weights, gradients and AdamW state keep their dtype). Default: on where the device computes bf16 natively (CUDA), off on CPU.",
+        negative="--no-autocast",
+    )
+    fsdp: bool = option(
+        False,
+        "Under torchrun: shard weights, gradients, AdamW state and the teacher over the processes (FSDP2, one unit per block) instead of a full copy in each; the state is saved sharded and resumes with the same process count.",
+    )
+
+    def lora_spec(self):
+        from headprune_cli.stages.finetune.lora import LoraSpec  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+
+        targets = (
+            None if self.lora_targets is None else tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
+        )
+        return LoraSpec(self.lora_rank, self.lora_alpha, self.lora_dropout, targets)
+
     def targets(self) -> list[Budget]:
         """The learned-pruning budgets given (check_learning accepts exactly one)."""
         return given(ratio=self.ratio, target_params=self.target_params, target_flops=self.target_flops)
@@ -126,6 +166,11 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
         opts.resume,
         opts.constraints_given() + (["gates_out"] if opts.gates_out else []),
     )
+    _check_lora_options(opts)
+    if opts.fsdp:
+        from headprune_cli.stages.finetune.sharding import check_fsdp  # noqa: PLC0415 (keeps torch out of this module's import)
+
+        check_fsdp(setup(), opts.lora, opts.learn_gates)
     constraints = opts.constraints()
     inputs = [
         opts.checkpoint,
@@ -136,14 +181,19 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
     check_output(opts.output, opts.force, inputs)
     if opts.gates_out is not None:
         check_output(opts.gates_out, opts.force, inputs)
+    if opts.keep_adapter is not None:
+        from headprune_cli.stages.finetune.lora import check_adapter_folder  # noqa: PLC0415 (keeps torch out of this module's import)
+
+        check_adapter_folder(opts.keep_adapter, opts.force, inputs)
     check_device(opts.device, opts.dtype)
     state_dir = check_folder(
         opts.state_dir or opts.output.with_name(opts.output.name + ".state"), inputs, "--state-dir"
     )
     check_distinct(
-        [opts.output, state_dir, *([opts.gates_out] if opts.gates_out else [])]
+        [opts.output, state_dir, *([opts.gates_out] if opts.gates_out else []), *filter(None, [opts.keep_adapter])]
     )  # the state folder is deleted at the end
     model = load(opts.checkpoint)
+    adapted = _attach_lora(opts, model)
     teacher = _teacher(opts.teacher, opts.checkpoint, model, root_teaches_itself=opts.learn_gates)
     train = read_data(opts.data, model, max_length=opts.max_length, seed=opts.seed)
     dev = read_data(opts.eval_data, model, max_length=opts.max_length) if opts.eval_data is not None else None
@@ -164,6 +214,9 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
         state_dir=None if opts.learn_gates else state_dir,  # gates are not resumable
         device=opts.device,
         dtype=opts.dtype,
+        recompute=opts.recompute,
+        fsdp=opts.fsdp,
+        autocast=opts.autocast,
     )
     fingerprint = {
         "checkpoint": model.headprune.loaded_from[1],
@@ -175,8 +228,16 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
     }  # a saved state resumes only in the dtype it was trained in
     if opts.head_dropout:
         fingerprint["head_dropout"] = opts.head_dropout
+    if opts.lora:
+        fingerprint["lora"] = opts.lora_spec().fingerprint()
+    if opts.fsdp:
+        fingerprint["fsdp"] = True
+    if opts.autocast:
+        fingerprint["autocast"] = True
     gating = _gating(opts, model, constraints)
     result = run_finetune(model, train, cfg, dev, teacher, fingerprint, ctx, gating=gating)
+    if adapted is not None:
+        result.model = _merge_lora(opts, adapted, ctx)
     closed = _close(opts, result.model, gating, constraints, train, ctx) if opts.learn_gates else None
     if setup().main:
         plan_sha = None if closed is None else sha256_bytes(dumps(closed.plan).encode())
@@ -189,7 +250,43 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
             ctx.print(f"wrote {opts.gates_out}")
     setup().barrier()
     outputs = [str(opts.output), *([str(opts.gates_out)] if closed is not None and opts.gates_out else [])]
+    outputs += [str(opts.keep_adapter)] if opts.keep_adapter is not None else []
     return Result(outputs, value=result)
+
+
+def _check_lora_options(opts: FinetuneOptions) -> None:
+
+    if opts.keep_adapter is not None and not opts.lora:
+        raise UsageError("--keep-adapter writes the LoRA adapter; it needs --lora")
+    if opts.keep_adapter is not None and opts.learn_gates:
+        raise UsageError("--keep-adapter with --learn-gates: the adapter would not fit the cut model; drop one of them")
+    given = [
+        f
+        for f in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+        if getattr(opts, f) != FinetuneOptions.model_fields[f].default
+    ]
+    if given and not opts.lora:
+        raise UsageError(f"{', '.join('--' + f.replace('_', '-') for f in given)}: LoRA settings need --lora")
+
+
+def _attach_lora(opts: FinetuneOptions, model):
+    """With --lora: the PeftModel around `model` (adapted in place), else None."""
+    if not opts.lora:
+        return None
+    from headprune_cli.stages.finetune.lora import attach  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+
+    return attach(model, opts.lora_spec(), opts.seed)
+
+
+def _merge_lora(opts: FinetuneOptions, adapted, ctx: Context):
+    """--keep-adapter's folder first (rank 0), then the adapters merged into the dense weights."""
+    from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
+    from headprune_cli.stages.finetune.lora import merge, save_adapter  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+
+    if opts.keep_adapter is not None and setup().main:
+        save_adapter(adapted, opts.keep_adapter)
+        ctx.print(f"wrote {opts.keep_adapter}")
+    return merge(adapted)
 
 
 def _gating(opts: FinetuneOptions, model, constraints):
@@ -344,4 +441,7 @@ STAGE = Stage(
     makes={"model": "output"},
     needs=("checkpoint", "data"),
     optional_outputs={"gates_out": "{stem}.gates.json"},
+    refused={
+        "keep_adapter": "the pipeline keeps the merged checkpoint; run `headprune finetune --lora --keep-adapter DIR` for peft's adapter folder"
+    },
 )

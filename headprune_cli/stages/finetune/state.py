@@ -69,7 +69,11 @@ def _save_state(
 def _write_step(
     tmp: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scalars: dict, best: dict | None
 ) -> None:
-    save_model(model, str(tmp / "model.safetensors"))
+    trainable = {name: p.detach().contiguous() for name, p in model.named_parameters() if p.requires_grad}
+    if len(trainable) < len(list(model.parameters())):  # LoRA: the frozen rest is the input checkpoint
+        save_file(trainable, str(tmp / "model.safetensors"))
+    else:
+        save_model(model, str(tmp / "model.safetensors"))
     tensors, groups = _optimizer_tensors(optimizer)
     tensors["rng.torch"] = torch.get_rng_state()
     save_file(tensors, str(tmp / "optimizer.safetensors"))
@@ -136,6 +140,9 @@ def _checked(state) -> dict:
 
 def _restore(target: Path, state: dict, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
     missing, unexpected = load_model(model, str(target / "model.safetensors"), strict=False)
+    if any(not p.requires_grad for p in model.parameters()):  # only the trainable weights were saved
+        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        missing = [name for name in missing if name in trainable]
     if missing or unexpected:
         raise UsageError(f"--resume: saved weights do not fit this model ({(missing + unexpected)[0]})")
     tensors = load_file(str(target / "optimizer.safetensors"))

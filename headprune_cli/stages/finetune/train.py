@@ -31,11 +31,14 @@ from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates
 from headprune_cli.runtime import distributed
 from headprune_cli.runtime.device import cast_parameters, resolve_device, resolve_dtype, stored_dtype
+from headprune_cli.stages.finetune import sharding
 from headprune_cli.stages.finetune import state as train_state
 from headprune_cli.stages.finetune.distill import kd_logits
 from headprune_cli.stages.finetune.losses import as_tensors, check_labels, fidelity_loss, predict, task_loss, trim
+from headprune_cli.stages.finetune.precision import autocast_dtype, autocasting
 from headprune_cli.stages.objectives import higher_is_better as metric_higher_is_better
 from headprune_cli.stages.objectives import next_token_mask
+from headprune_cli.stages.score.importance.recompute import recomputed_blocks, wants_recompute
 
 # Recovery starts from trained weights, so it uses about a tenth of the rate the model
 # size is usually fine-tuned at (BERT-base: ~2e-5 instead of 2e-4..5e-5 from scratch).
@@ -73,6 +76,9 @@ class FinetuneConfig:
     stop_after: int | None = None  # stop as if interrupted after this many steps (tests)
     device: str = "auto"  # device.resolve_device; under torchrun each process uses its LOCAL_RANK device
     dtype: str = "auto"  # compute dtype of student and teacher; the returned model is cast back
+    recompute: bool | None = None  # activation checkpointing per block; None: on from 400 M parameters
+    fsdp: bool = False  # FSDP2 under torchrun (sharding.py) instead of DDP
+    autocast: bool | None = None  # bf16 autocast of the forward passes; None: where the device computes bf16 natively
 
 
 @dataclass
@@ -171,6 +177,8 @@ def finetune(
             cast_parameters(m, compute)
         if m is not None:
             m.to(ctx.device)
+        if m is not None and cfg.fsdp:
+            sharding.shard(m, ctx)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
     fingerprint = {
@@ -188,7 +196,12 @@ def finetune(
         loop.evaluate(0, 0, None, on_epoch)
     completed = loop.run(start, fingerprint, on_step, on_epoch)
     final = loop.final_model()
-    cast_parameters(final, stored)
+    if cfg.fsdp:  # rank 0 gets a plain model with the full weights; the others keep their shards
+        optimizer.state.clear()  # AdamW's moments and the gradients are not needed any more: room for the gather
+        final.zero_grad(set_to_none=True)
+        final = sharding.gathered(final, ctx) or final
+    if not (cfg.fsdp and not ctx.main):
+        cast_parameters(final, stored)
     return FinetuneResult(final, loop.step, lr, kd, loop.history, loop.best_epoch, completed, loop.first_loss)
 
 
@@ -223,7 +236,9 @@ class _Loop:
         self.model, self.train, self.plan, self.optimizer, self.ctx = model, train, plan, optimizer, ctx
         self.teacher, self.kd, self.cfg, self.eval_fn, self.higher = teacher, kd, cfg, eval_fn, higher
         self.gating = gating
-        self.wrapped = _wrap(model, ctx)
+        self.recompute = wants_recompute(model, cfg.recompute)
+        self.autocast = autocast_dtype(ctx.device, cfg.autocast)
+        self.wrapped = model if cfg.fsdp else _wrap(model, ctx)
         self.step, self.history, self.best, self.best_value, self.best_epoch = 0, [], None, None, None
         self.first_loss, self.epoch_losses = None, []
 
@@ -296,18 +311,20 @@ class _Loop:
         task = info_of(self.model).task
         dtype = next(self.model.parameters()).dtype
         gated = HeadGates(self.model, [g.to(self.ctx.device, dtype) for g in gates]) if gates else nullcontext()
-        with gated:
-            pred = predict(self.wrapped, rows, task, self.model)
-        loss_sum = torch.zeros((), device=self.ctx.device)
-        if self.kd < 1.0 and task != "embedding":
-            loss_sum = loss_sum + (1.0 - self.kd) * task_loss(pred, rows, task)[0]
-        if self.kd > 0.0 or task == "embedding":
-            with torch.no_grad():
-                ref = predict(self.teacher, rows, task, self.teacher)
-            loss_sum = loss_sum + (1.0 if task == "embedding" else self.kd) * self._kd(pred, ref, rows, task)
-        loss_sum = loss_sum * weight
-        # DDP averages gradients over processes, hence the factor world.
-        (loss_sum * self.ctx.world / grand).backward()
+        # Gates stay on through the backward: a recomputed block must see the same hooks.
+        with gated, recomputed_blocks(self.model, self.recompute):
+            with autocasting(self.ctx.device, self.autocast):
+                pred = predict(self.wrapped, rows, task, self.model)
+            loss_sum = torch.zeros((), device=self.ctx.device)
+            if self.kd < 1.0 and task != "embedding":
+                loss_sum = loss_sum + (1.0 - self.kd) * task_loss(pred, rows, task)[0]
+            if self.kd > 0.0 or task == "embedding":
+                with torch.no_grad(), autocasting(self.ctx.device, self.autocast):
+                    ref = predict(self.teacher, rows, task, self.teacher)
+                loss_sum = loss_sum + (1.0 if task == "embedding" else self.kd) * self._kd(pred, ref, rows, task)
+            loss_sum = loss_sum * weight
+            # DDP averages gradients over processes, hence the factor world.
+            (loss_sum * self.ctx.world / grand).backward()
         return float(self.ctx.sum(loss_sum.detach()).item()) / grand
 
     def _kd(self, pred, ref, rows, task):
@@ -336,7 +353,7 @@ class _Loop:
             better = self.best_value is None or (value > self.best_value if higher else value < self.best_value)
             if better and (self.gating is None or self.gating.restores_best):
                 self.best_value, self.best_epoch = value, epoch
-                self.best = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+                self.best = _snapshot(self.model)
         record = EpochRecord(epoch, step, loss, metrics)
         self.history.append(record)
         if on_epoch and self.ctx.main:
@@ -344,26 +361,32 @@ class _Loop:
 
     def final_model(self) -> nn.Module:
         if self.best is not None:
-            self.model.load_state_dict(self.best)
+            self.model.load_state_dict(self.best, strict=not _frozen(self.model))
         self.model.eval()
         return self.model
 
     def save(self, fingerprint: dict) -> None:
+        if self.cfg.fsdp:  # every process writes its own shards
+            layout = sharding.plan(self.model, self.ctx.world)
+            sharding.save_state(
+                self.cfg.state_dir,
+                self.step,
+                self.model,
+                self.optimizer,
+                self._scalars(fingerprint),
+                self.best,
+                self.ctx,
+                layout,
+            )
+            return
         if self.ctx.main:
-            scalars = {
-                "fingerprint": fingerprint,
-                "history": [r.__dict__ for r in self.history],
-                "best_value": self.best_value,
-                "best_epoch": self.best_epoch,
-                "first_loss": self.first_loss,
-                "epoch_losses": self.epoch_losses,
-            }
+            scalars = self._scalars(fingerprint)
             train_state.save_state(self.cfg.state_dir, self.step, self.model, self.optimizer, scalars, self.best)
         self.ctx.barrier()
 
     def restore(self, fingerprint: dict) -> int:
         # validate() already refused --resume without a state folder.
-        state, best = train_state.load_state(self.cfg.state_dir, self.model, self.optimizer)
+        state, best = self._load_state()
         saved = state.get("fingerprint", {})
         changed = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
         if changed:
@@ -379,6 +402,36 @@ class _Loop:
         self.best_value, self.best_epoch = state["best_value"], state["best_epoch"]
         self.first_loss, self.epoch_losses = state["first_loss"], state["epoch_losses"]
         return self.step
+
+    def _scalars(self, fingerprint: dict) -> dict:
+        return {
+            "fingerprint": fingerprint,
+            "history": [r.__dict__ for r in self.history],
+            "best_value": self.best_value,
+            "best_epoch": self.best_epoch,
+            "first_loss": self.first_loss,
+            "epoch_losses": self.epoch_losses,
+        }
+
+    def _load_state(self):
+        if not self.cfg.fsdp:
+            return train_state.load_state(self.cfg.state_dir, self.model, self.optimizer)
+        target, state = sharding.read_state(self.cfg.state_dir, sharding.plan(self.model, self.ctx.world))
+        like = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return state, sharding.load_state(target, state, self.model, self.optimizer, self.ctx, like)
+
+
+def _frozen(model: nn.Module) -> bool:
+    """Whether part of the model does not train (LoRA's frozen base weights)."""
+    return any(not p.requires_grad for p in model.parameters())
+
+
+def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the weights that can change: all of them, or only the trainable ones when the
+    rest is frozen (LoRA: the adapters, not another copy of the whole model)."""
+    if not _frozen(model):
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {k: p.detach().clone() for k, p in model.named_parameters() if p.requires_grad}
 
 
 def _wrap(model: nn.Module, ctx) -> nn.Module:

@@ -1,0 +1,190 @@
+"""`finetune --lora`: low-rank adapters (peft) on the kept projections, merged back at the end.
+
+Full fine-tuning keeps weights, gradients and two AdamW moments per parameter (16 bytes
+each in fp32): a 7-8 B model needs over 110 GB. LoRA trains two small matrices beside each
+targeted projection instead and freezes the rest, so gradients and optimizer state shrink
+to the adapters'. The targets default to every block's attention and FFN projections, found
+through the family's adapter views (q/k/v/o and gate/up/down for LLaMA; query/key/value,
+attention.output.dense, intermediate.dense, output.dense for BERT; fused c_attn for GPT-2):
+after pruning those are exactly the kept heads' and neurons' weights, whatever their widths.
+
+peft wraps the model in place (the headprune model object and its metadata stay), and
+`merge` folds each adapter into its dense weight and removes the wrappers, so the output is
+an ordinary checkpoint at the pruned layout that serves without peft. `save_adapter` writes
+the unmerged adapter in peft's own format (adapter_config.json + adapter_model.safetensors)
+for engines that serve adapters; it applies to the input checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from headprune_cli.errors import HeadpruneError, UsageError
+from headprune_cli.files.outputs import MARKER, check_folder, check_parent, is_claimed
+from headprune_cli.files.temps import make_temp_folder, publish
+from headprune_cli.model.arch import adapter_for
+from headprune_cli.model.arch.base import is_conv1d
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    rank: int = 8
+    alpha: float | None = None  # None: 2 x rank (the scale alpha / rank is then 2)
+    dropout: float = 0.0
+    targets: tuple[str, ...] | None = None  # None: every block's attention and FFN projections
+
+    @property
+    def scale_alpha(self) -> float:
+        return float(self.alpha) if self.alpha is not None else 2.0 * self.rank
+
+    def fingerprint(self) -> dict:
+        """What a resumed run must share with the saved one."""
+        return {"rank": self.rank, "alpha": self.scale_alpha, "dropout": self.dropout, "targets": self.targets}
+
+
+def projections(model: nn.Module) -> dict[str, nn.Module]:
+    """Every block's attention and FFN projections by their full module names, in model order."""
+    adapter = adapter_for(model)
+    wanted: set[int] = set()
+    for layer in adapter.layer_list(model):
+        attn = adapter.attention(layer)
+        wanted.update(id(m) for m in (attn.q, attn.k, attn.v, attn.o, attn.fused_qkv) if m is not None)
+        ffn = adapter.ffn(layer)
+        wanted.update(id(m) for m in (*ffn.ups, ffn.down))
+    return {name: module for name, module in model.named_modules() if id(module) in wanted}
+
+
+def short_names(names) -> list[str]:
+    """The projections' names inside a block (`self_attn.q_proj`, `attention.output.dense`), each once."""
+    out: list[str] = []
+    for name in names:
+        parts = name.split(".")
+        index = next((i for i, part in enumerate(parts) if part.isdigit()), -1)
+        inner = ".".join(parts[index + 1 :])
+        if inner not in out:
+            out.append(inner)
+    return out
+
+
+def resolve_targets(model: nn.Module, targets: tuple[str, ...] | None) -> dict[str, nn.Module]:
+    """The projections LoRA adapts: all of them, or those whose name is or ends with a target."""
+    candidates = projections(model)
+    if not candidates:
+        raise UsageError("--lora: this model has no attention or FFN projections left to adapt")
+    if targets is None:
+        chosen = candidates
+    else:
+        chosen = {n: m for n, m in candidates.items() if any(n == t or n.endswith("." + t) for t in targets)}
+        unmatched = [t for t in targets if not any(n == t or n.endswith("." + t) for n in candidates)]
+        if unmatched:
+            raise UsageError(
+                f"--lora-targets {','.join(unmatched)} matches none of the model's attention/FFN projections "
+                f"(available: {', '.join(short_names(candidates))})"
+            )
+    chosen = {n: m for n, m in chosen.items() if min(_width(m)) > 0}  # a fully cut projection has nothing to adapt
+    if not chosen:
+        raise UsageError("--lora: every targeted projection was cut to width 0; nothing to adapt")
+    for name, module in chosen.items():
+        if not (isinstance(module, nn.Linear) or is_conv1d(module)):
+            raise UsageError(f"--lora adapts linear projections; {name} is a {type(module).__name__}")
+    return chosen
+
+
+def _width(module: nn.Module) -> tuple[int, int]:
+    """(inputs, outputs) of a Linear or a GPT-2 Conv1D (whose weight is stored transposed)."""
+    rows, cols = module.weight.shape
+    return (rows, cols) if is_conv1d(module) else (cols, rows)
+
+
+def check(model: nn.Module, spec: LoraSpec) -> dict[str, nn.Module]:
+    """Refuse a spec that cannot adapt this model, before anything is trained or written."""
+    if not (spec.dropout >= 0.0 and spec.dropout < 1.0):
+        raise UsageError(f"--lora-dropout {spec.dropout} is outside [0, 1)")
+    if spec.alpha is not None and not spec.alpha > 0:
+        raise UsageError(f"--lora-alpha must be positive (got {spec.alpha})")
+    targets = resolve_targets(model, spec.targets)
+    narrowest_name, narrowest = min(targets.items(), key=lambda item: min(_width(item[1])))
+    width = min(_width(narrowest))
+    if not 1 <= spec.rank <= width:
+        raise UsageError(
+            f"--lora-rank {spec.rank} is outside 1..{width} (the narrowest targeted projection, {narrowest_name}, is {width} wide)"
+        )
+    return targets
+
+
+def attach(model: nn.Module, spec: LoraSpec, seed: int):
+    """Wrap the targeted projections of `model` (in place) with fresh adapters; returns the PeftModel.
+
+    Only the adapters train afterwards. Their initialisation draws from a generator of its
+    own, so the same seed gives the same adapters and the caller's random stream is untouched.
+    """
+    try:
+        from peft import LoraConfig, get_peft_model  # noqa: PLC0415 (peft: an optional extra)
+    except ImportError:
+        raise UsageError("--lora needs peft: pip install 'headprune[lora]' (or pip install peft)") from None
+    targets = check(model, spec)
+    config = LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.scale_alpha,
+        lora_dropout=spec.dropout,
+        target_modules=list(targets),
+        fan_in_fan_out=any(is_conv1d(m) for m in targets.values()),  # GPT-2's Conv1D stores W transposed
+        bias="none",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, config)
+
+
+def merge(peft_model) -> nn.Module:
+    """Fold every adapter into its dense weight and drop the wrappers: the plain model again."""
+    model = peft_model.merge_and_unload()
+    for param in model.parameters():
+        param.requires_grad_(True)
+    return model
+
+
+def check_adapter_folder(folder: Path, force: bool, inputs) -> Path:
+    """`--keep-adapter DIR`: new, or (with --force) a folder headprune wrote; refused otherwise."""
+
+    out = check_folder(folder, inputs, "--keep-adapter folder", force)
+    if os.path.lexists(out) and not force:
+        raise UsageError(f"{out} exists; pass --force to overwrite it")
+    check_parent(out)
+    return out
+
+
+def save_adapter(peft_model, folder: Path) -> None:
+    """Write the unmerged adapter in peft's format into `folder`, atomically (built beside it, then renamed)."""
+
+    tmp, lock = make_temp_folder(folder)
+    try:
+        peft_model.save_pretrained(str(tmp), safe_serialization=True)
+        (tmp / MARKER).write_text("headprune made this folder; headprune may replace or delete it.\n")
+        _publish_folder(tmp, folder)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise HeadpruneError(f"could not write {folder}: {exc.strerror or exc}") from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        os.close(lock)
+
+
+def _publish_folder(tmp: Path, out: Path) -> None:
+    """A new folder is published without replacing; a --force one is swapped for the old."""
+
+    if is_claimed(out) or not os.path.lexists(out):
+        publish(tmp, out)
+        return
+    old = out.with_name(f".{out.name}.old-{os.urandom(4).hex()}")
+    os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)

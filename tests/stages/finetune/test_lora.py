@@ -1,0 +1,167 @@
+"""`finetune --lora`: adapters on the kept projections, merged into an ordinary checkpoint; resume; recompute."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from headprune_cli import load, save
+from headprune_cli.model.surgery import apply_plan
+from headprune_cli.stages.finetune.lora import LoraSpec, attach, merge, projections, resolve_targets
+from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
+from tests.support import TINY
+from tests.support.training import tensor_set
+
+
+def _pruned(name: str) -> torch.nn.Module:
+    """A tiny model with a cut: one whole GQA group (or two heads) and FFN neurons removed."""
+    model = TINY[name]()
+    apply_plan(model, {0: [0, 1, 2, 3]} if name == "llama-gqa" else {0: [1], 2: [0]}, [])
+    return model
+
+
+def _causal_data(rows: int = 16) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(2, 60, (rows, 8), generator=gen)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _logits(model, data) -> torch.Tensor:
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits
+
+
+def test_default_targets_are_every_attention_and_ffn_projection():
+    names = projections(TINY["llama-gqa"]())
+    leaves = {n.rsplit(".", 1)[1] for n in names}
+    assert leaves == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert len(names) == 3 * 7  # three layers
+    bert = {n.split("layer.0.", 1)[1] for n in projections(TINY["bert"]()) if ".layer.0." in n}
+    assert bert == {
+        "attention.self.query",
+        "attention.self.key",
+        "attention.self.value",
+        "attention.output.dense",
+        "intermediate.dense",
+        "output.dense",
+    }
+    assert not any("pooler" in n or "classifier" in n for n in projections(TINY["bert"]()))
+    assert set(resolve_targets(TINY["llama-gqa"](), ("q_proj", "v_proj"))) == {
+        f"model.layers.{i}.self_attn.{p}" for i in range(3) for p in ("q_proj", "v_proj")
+    }
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "bert", "gpt2"])
+def test_merged_model_equals_the_adapter_applied_model(name):
+    model, data = _pruned(name), _causal_data()
+    keys = {k: v.shape for k, v in model.state_dict().items()}
+    adapted = attach(model, LoraSpec(rank=2, alpha=4.0), seed=0)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    with torch.no_grad():  # B starts at zero (the adapter is a no-op): give it a real update
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(len(n))))
+    applied = _logits(model, data)
+    base = _logits(_pruned(name), data)
+    assert (applied - base).abs().max() > 0.01 * base.abs().max()  # the adapters change the outputs
+    merged = merge(adapted)
+    assert merged is model and {k: v.shape for k, v in merged.state_dict().items()} == keys
+    torch.testing.assert_close(_logits(merged, data), applied, rtol=1e-4, atol=1e-6)
+
+
+def test_cli_output_is_an_ordinary_checkpoint_and_the_kept_adapter_reproduces_it(cli, tmp_path):
+    from peft import PeftModel
+
+    save(TINY["llama-gqa"](), tmp_path / "root.safetensors")
+    model = load(tmp_path / "root.safetensors")
+    apply_plan(model, {0: [0, 1, 2, 3]}, [])
+    save(model, tmp_path / "pruned.safetensors")
+    train = tensor_set(tmp_path / "train.safetensors", labels=False)
+    args = ["finetune", tmp_path / "pruned.safetensors", "--data", train, "--teacher", "auto", "--steps", "3"]
+    res = cli(
+        *args,
+        "--lr",
+        "1e-2",
+        "--lora",
+        "--lora-rank",
+        "4",
+        "--keep-adapter",
+        tmp_path / "ad",
+        "-o",
+        tmp_path / "o.safetensors",
+    )
+    assert res.code == 0, res.err
+    out, src = load_file(str(tmp_path / "o.safetensors")), load_file(str(tmp_path / "pruned.safetensors"))
+    assert {k: v.shape for k, v in out.items()} == {k: v.shape for k, v in src.items()}  # no lora tensors
+    assert any(not torch.equal(out[k], src[k]) for k in out)  # trained
+    assert sorted(p.name for p in (tmp_path / "ad").iterdir() if not p.name.startswith(".")) == [
+        "README.md",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    assert not list(tmp_path.glob(".*tmp"))  # no temporaries left behind
+    served = PeftModel.from_pretrained(load(tmp_path / "pruned.safetensors"), str(tmp_path / "ad"))
+    data = _causal_data()
+    torch.testing.assert_close(
+        _logits(served, data), _logits(load(tmp_path / "o.safetensors"), data), rtol=1e-5, atol=1e-5
+    )
+
+
+def _lm_loss(model) -> dict[str, float]:
+    data = _causal_data(8)
+    with torch.no_grad():
+        logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), data["input_ids"][:, 1:].flatten())
+    return {"perplexity": math.exp(float(loss))}
+
+
+def _lora_run(tmp_path: Path, **extra):
+    model = _pruned("llama-gqa")
+    attach(model, LoraSpec(rank=2, dropout=0.1), seed=0)  # dropout on: the RNG must resume too
+    cfg = {"steps": 6, "lr": 1e-2, "batch_size": 8, "warmup": 0, "state_dir": tmp_path / "st", "save_every": 2}
+    # Evaluated every epoch (2 steps), so the best-so-far adapters are kept, saved and restored too.
+    return finetune(model, _causal_data(), FinetuneConfig(**cfg, **extra), _lm_loss, fingerprint={"lora": 2})
+
+
+def test_lora_resume_mid_run_equals_an_uninterrupted_run(tmp_path):
+    straight = _lora_run(tmp_path / "a")
+    stopped = _lora_run(tmp_path / "b", stop_after=3)
+    assert not stopped.completed
+    # The state holds the adapters only: the frozen weights are the input checkpoint's.
+    saved = load_file(str(next((tmp_path / "b" / "st").glob("step-*")) / "model.safetensors"))
+    assert saved and all("lora_" in name for name in saved)
+    resumed = _lora_run(tmp_path / "b", resume=True)
+    assert resumed.completed and resumed.steps == 6
+    assert resumed.best_epoch == straight.best_epoch is not None
+    for name, value in straight.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[name], value, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_recompute_changes_no_gradient(lora):
+    """Same weights after a few steps with and without recompute, with head dropout's gates on
+    (they must stay attached through the backward, when the blocks run again)."""
+    from headprune_cli.stages.finetune.gates import HeadDropout
+
+    def build():
+        model = _pruned("llama-gqa")
+        if lora:
+            attach(model, LoraSpec(rank=2), seed=0)
+        return model
+
+    fresh = {k: v.clone() for k, v in build().state_dict().items()}
+    results = []
+    for recompute in (False, True):
+        model = build()
+        cfg = FinetuneConfig(steps=3, lr=1e-2, batch_size=8, warmup=0, recompute=recompute)
+        result = finetune(model, _causal_data(), cfg, gating=HeadDropout(model, 0.3, seed=1))
+        results.append({k: v.detach().clone() for k, v in result.model.state_dict().items()})
+    assert any(not torch.equal(results[0][k], fresh[k]) for k in fresh)  # it trained
+    for name, value in results[0].items():
+        torch.testing.assert_close(results[1][name], value, rtol=1e-6, atol=1e-7)
