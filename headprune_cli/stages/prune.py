@@ -145,7 +145,7 @@ def _read_input(plan: str | None, scores: str | None):
         kinds = ("plan",) if plan is not None else ("scores",)
     else:
         source, kinds = "-", ("plan", "scores")
-    text, name = read_text(source)
+    text, name = read_text(source, kinds)
     return parse_artifact(text, name, kinds), source, text
 
 
