@@ -98,11 +98,15 @@ class PruneOptions(SelectionOptions):
         "Compensation's compute dtype: auto (stored), float32, bfloat16, float16; the output keeps the stored dtype.",
     )
 
+    def check(self) -> None:
+        _check(self)
+        super().check()
+
 
 def run(opts: PruneOptions, ctx: Context) -> Result:
     from headprune_cli.device import check as check_device
 
-    _check(opts)
+    opts.check()
     check_device(opts.device, opts.dtype)
     given = [p for p in (opts.checkpoint, opts.plan, opts.scores, opts.data, opts.latency) if p is not None]
     check_output(opts.output, opts.force, inputs=given)

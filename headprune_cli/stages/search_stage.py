@@ -12,6 +12,7 @@ from typing import Optional
 
 from headprune_cli.errors import DataError, UsageError
 from headprune_cli.outputs import check_output
+from headprune_cli.stages.amounts import check_fractions
 from headprune_cli.stages.importance.registry import HEAD_METHODS
 from headprune_cli.stages.score import LAYER_METHOD_HELP
 from headprune_cli.stages.select import ConstraintOptions, ratio_option, target_flops_option, target_params_option
@@ -82,6 +83,8 @@ class SearchOptions(ConstraintOptions):
             raise UsageError(
                 "search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform"
             )
+        check_fractions(self.ratio, self.target_params, self.target_flops)
+        _check_method(self)
 
 
 def run(opts: SearchOptions, ctx: Context) -> Result:
@@ -94,7 +97,6 @@ def run(opts: SearchOptions, ctx: Context) -> Result:
     if opts.output is not None:
         check_output(opts.output, opts.force, [opts.checkpoint, opts.data])
     opts.check()
-    _check_method(opts)
     check_device(opts.device, opts.dtype)
     model = load(opts.checkpoint)
     place(model, opts.device, opts.dtype)

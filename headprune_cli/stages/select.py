@@ -87,6 +87,13 @@ class SelectionOptions(ConstraintOptions):
         "With --latency: price by the table's 'forward' profile, or its 'decode' one (causal LMs profiled with --context).",
     )
 
+    def check(self) -> None:
+        """Refusals that need no file: the amount's range and the latency options' pairing."""
+        from headprune_cli.stages.amounts import check_fractions, check_latency_options
+
+        check_fractions(self.ratio, self.target_params, self.target_flops)
+        check_latency_options(self)
+
     def selection_given(self) -> list[str]:
         """The selection options set to other than their defaults."""
         return [
@@ -179,6 +186,7 @@ def _latency_plan(opts: SelectionOptions, scores, source: str, scores_sha: str, 
 def run(opts: SelectOptions, ctx: Context) -> Result:
     if opts.output is not None:
         check_output(opts.output, opts.force, inputs=[opts.scores, opts.latency])
+    opts.check()
     plan = plan_from_scores(opts, opts.scores)
     write_artifact(plan, opts.output)
     ctx.print(summary(plan))
