@@ -118,7 +118,27 @@ class Scores(Envelope):
         for layer, heads in self.kept.items():
             if not 0 <= layer < layers or any(not 0 <= h < self.num_heads[layer] for h in heads):
                 raise ValueError(f"layer {layer}: head index out of range")
+        _ffn_matches_cost(self.ffn, self.cost)
         return self
+
+
+def _ffn_matches_cost(ffn: FFNScores | None, cost: dict) -> None:
+    """The neurons scored per layer are the neurons the scored model keeps, as its cost table
+    (made from the model itself) counts them: scores claiming a wider layer would let a plan
+    name neurons the model does not have."""
+    if ffn is None:
+        return
+    widths = {
+        entry.get("layer"): entry.get("ffn_width")
+        for entry in cost.get("layers", [])
+        if isinstance(entry, dict) and entry.get("ffn_width")
+    }
+    for layer, entry in ffn.layers.items():
+        if widths.get(layer) != len(entry.kept_indices()):
+            raise ValueError(
+                f"ffn.layers.{layer}: {len(entry.kept_indices())} neurons scored, but the scored model keeps "
+                f"{widths.get(layer, 'no')} FFN neurons in that layer (its cost table); score the model again"
+            )
 
 
 class Prediction(_Strict):
