@@ -112,7 +112,8 @@ def check_stage_options(stages: list, problems: list[str]) -> None:
             continue
         where, declared = f"stages.{i} ({stage.name})", unit.get(stage.command)
         try:
-            declared.options.model_validate(stage.params).check()
+            # A None is a value already reported (an unset ${VAR}) or `key: null`: the default here.
+            declared.options.model_validate({k: v for k, v in stage.params.items() if v is not None}).check()
         except ValidationError as exc:
             missing = all(e["type"] == "missing" for e in exc.errors())  # wiring reports those itself
             problems += [] if missing else format_errors(exc, f"{where}.", list(declared.options.model_fields))
