@@ -185,7 +185,7 @@ def _check_files(config: PipelineConfig, stages: list[Stage], specs, problems: l
             option = spec.options.get(key)
             declared = unit.get(stage.command)
             reads = option is not None and (option.is_path or key in declared.inputs)  # a path, or an artifact
-            if not reads or not isinstance(value, str) or key in declared.refused:
+            if not reads or not isinstance(value, str) or value == "-" or key in declared.refused:
                 continue
             if option.is_folder:
                 if not Path(value).exists():

@@ -49,6 +49,9 @@ class IterateOptions(Options):
     max_length: int = option(128, "Tokens per example (also the sequence length FLOPs are priced at).", ge=1)
     force: bool = option(False, "Overwrite OUT if it exists.")
 
+    def check(self) -> None:
+        self.ratios()
+
     def ratios(self) -> tuple[str | None, list[float]]:
         """(budget, schedule): budget None for head fractions, else "flops" or "params"."""
         from headprune_cli.stages.importance.registry import check_ffn

@@ -61,6 +61,9 @@ class SweepOptions(Options):
             check_routes(settings.routes, settings.methods)
         return settings
 
+    def check(self) -> None:
+        self.settings()
+
 
 def run(opts: SweepOptions, ctx: Context) -> Result:
     from headprune_cli.data import read_data

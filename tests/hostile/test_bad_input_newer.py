@@ -1,5 +1,5 @@
 """Bad input on the newer surfaces (issue #41), part of the bad-input matrix (its contract,
-workspace and runner: test_bad_input_matrix.py): 98 cases.
+workspace and runner: test_bad_input_matrix.py): 101 cases.
 
 - 75 special-file outputs: `--force` never replaces a device node, a FIFO, a socket, or a
   symlink into /dev or /proc (as `/dev/stdout` is), whatever the command. The nodes are made
@@ -9,7 +9,7 @@ workspace and runner: test_bad_input_matrix.py): 98 cases.
   1e-12 ms, a table over the latency size cap, one at the artifact size cap (peak memory
   measured), an unreadable table. (That no prediction is zero or less:
   tests/model/test_latency_table.py.)
-- 8 `headprune run` cases refused before the first stage runs, exit 2.
+- 11 `headprune run` cases refused before the first stage runs, exit 2.
 - 4 more: FFN scores wider than the scored model, a checkpoint that is a FIFO.
 """
 
@@ -366,6 +366,27 @@ RUN_CASES = [
             os.mkfifo(f / "s.json"),
             _config({"command": "select", "scores": str(f / "s.json"), "ratio": 0.5})(f),
         ),
+    ),
+    Case(
+        "run finetune learn_gates without a target",
+        RUN,
+        2,
+        "--learn-gates needs a target",
+        _config(SCORE, {"command": "finetune", "learn_gates": True, "steps": 1}),
+    ),
+    Case(
+        "run report min_speedup without timing",
+        RUN,
+        2,
+        "--min-speedup needs latency measurements",
+        _config(SCORE, {"command": "report", "min_speedup": 1.1, "repeats": 0}),
+    ),
+    Case(
+        "run sweep ratios not numbers",
+        RUN,
+        2,
+        "comma-separated list of float",
+        _config({"command": "sweep", "ratios": "half,most"}),
     ),
 ]
 

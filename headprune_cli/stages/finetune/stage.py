@@ -99,6 +99,15 @@ class FinetuneOptions(Options):
     def constraints_given(self) -> list[str]:
         return [name for name in CONSTRAINTS if getattr(self, name) != FinetuneOptions.model_fields[name].default]
 
+    def check(self) -> None:
+        """The option combinations learned pruning and head dropout refuse."""
+        from headprune_cli.stages.finetune.learn import check_learning
+
+        gates_out = ["gates_out"] if self.gates_out else []
+        check_learning(
+            self.learn_gates, self.amount(), self.head_dropout, self.resume, self.constraints_given() + gates_out
+        )
+
 
 def run(opts: FinetuneOptions, ctx: Context) -> Result:
     from headprune_cli.data import read_data
@@ -106,17 +115,10 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
     from headprune_cli.model.checkpoint import load, save
     from headprune_cli.fileio import sha256_bytes
     from headprune_cli.schema import dumps, write_artifact
-    from headprune_cli.stages.finetune.learn import check_learning
     from headprune_cli.stages.finetune.losses import check_labels
     from headprune_cli.stages.finetune.train import FinetuneConfig
 
-    check_learning(
-        opts.learn_gates,
-        opts.amount(),
-        opts.head_dropout,
-        opts.resume,
-        opts.constraints_given() + (["gates_out"] if opts.gates_out else []),
-    )
+    opts.check()
     constraints = opts.constraints()
     inputs = [
         opts.checkpoint,
