@@ -190,9 +190,8 @@ def refuse_special(out: Path, what: str = "output") -> None:
     """Never replace a device, FIFO, socket or /dev, /proc, /sys entry, even with --force (special_files.py)."""
     why = special_output(out)
     if why:
-        raise UsageError(
-            f"{what} {out} {why}; headprune never replaces one, even with --force (for stdout give -o - or no -o)"
-        )
+        hint = " (for stdout give -o - or no -o)" if what == "output" else ""
+        raise UsageError(f"{what} {out} {why}; headprune never replaces one, even with --force{hint}")
 
 
 def _claim_unless_forced(out: Path, force: bool) -> None:
