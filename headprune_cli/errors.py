@@ -87,7 +87,7 @@ def describe(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, MemoryError):
         return EXIT_ERROR, "Error: out of memory"
     if isinstance(exc, OSError):
-        return EXIT_ERROR, f"Error: {first_line(exc)}"
+        return EXIT_ERROR, f"Error: {os_error_line(exc)}"
     detail = (str(exc).strip().splitlines() or [""])[0]
     message = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
     return EXIT_INTERNAL, f"Internal error: {message} (please report; HEADPRUNE_DEBUG=1 for the traceback)"
@@ -102,3 +102,10 @@ def report(exc: BaseException) -> int:
     if line:
         print(line, file=sys.stderr)
     return code
+
+
+def os_error_line(exc: OSError) -> str:
+    """'PATH: Permission denied' rather than Python's "[Errno 13] Permission denied: 'PATH'"."""
+    if exc.strerror and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    return exc.strerror or first_line(exc)

@@ -118,7 +118,27 @@ class Scores(Envelope):
         for layer, heads in self.kept.items():
             if not 0 <= layer < layers or any(not 0 <= h < self.num_heads[layer] for h in heads):
                 raise ValueError(f"layer {layer}: head index out of range")
+        _ffn_matches_cost(self.ffn, self.cost)
         return self
+
+
+def _ffn_matches_cost(ffn: FFNScores | None, cost: dict) -> None:
+    """The neurons scored per layer are the neurons the scored model keeps, as its cost table
+    (made from the model itself) counts them: scores claiming a wider layer would let a plan
+    name neurons the model does not have."""
+    if ffn is None:
+        return
+    widths = {
+        entry.get("layer"): entry.get("ffn_width")
+        for entry in cost.get("layers", [])
+        if isinstance(entry, dict) and entry.get("ffn_width")
+    }
+    for layer, entry in ffn.layers.items():
+        if widths.get(layer) != len(entry.kept_indices()):
+            raise ValueError(
+                f"ffn.layers.{layer}: {len(entry.kept_indices())} neurons scored, but the scored model keeps "
+                f"{widths.get(layer, 'no')} FFN neurons in that layer (its cost table); score the model again"
+            )
 
 
 class Prediction(Strict):
@@ -195,9 +215,15 @@ def ffn_fields(remove_ffn: dict[int, list[int]], num_ffn: list[int]) -> dict:
 KINDS: dict[str, type[Envelope]] = {"scores": Scores, "plan": Plan}
 
 
-def register_kind(kind: str, model: type[Envelope]) -> None:
-    """Later stages (report, ...) add their payload models here."""
+# Kinds whose largest real artifact is far below MAX_ARTIFACT_BYTES (a latency table: a few
+# dozen points per curve) are refused on their file size, before a byte is parsed.
+MAX_BYTES: dict[str, int] = {}
+
+
+def register_kind(kind: str, model: type[Envelope], max_bytes: int = MAX_ARTIFACT_BYTES) -> None:
+    """Later stages (report, ...) add their payload models here (and how large one may be)."""
     KINDS[kind] = model
+    MAX_BYTES[kind] = max_bytes
 
 
 # --- writing --------------------------------------------------------------------------
@@ -263,27 +289,41 @@ def _check_finite(value: Any, where: str = "artifact") -> None:
 
 
 # --- reading --------------------------------------------------------------------------
-def read_text(source: str | os.PathLike) -> tuple[str, str]:
-    """Text and a display name of an artifact file, or of stdin for '-'."""
+def read_text(source: str | os.PathLike, kinds: tuple[str, ...] = ()) -> tuple[str, str]:
+    """Text and a display name of an artifact file, or of stdin for '-' (at most the size
+    an artifact of `kinds` may have)."""
+    limit = size_limit(kinds)
     if str(source) == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise ArtifactError("expected a JSON artifact on stdin (pipe one in, or give a path)")
-        return sys.stdin.read(MAX_ARTIFACT_BYTES + 1), "<stdin>"
+        return sys.stdin.read(limit + 1), "<stdin>"
     path = Path(source)
     if not path.exists():
         raise ArtifactError(f"{path}: no such file")
-    if check_regular(path, "artifact", ArtifactError).st_size > MAX_ARTIFACT_BYTES:
-        raise ArtifactError(f"{path}: too large to be a headprune artifact")
+    size = check_regular(path, "artifact", ArtifactError).st_size
+    if size > limit:
+        raise ArtifactError(_too_large(str(path), size, kinds))
     try:
         return path.read_text(encoding="utf-8"), str(path)
     except UnicodeDecodeError:
         raise ArtifactError(f"{path}: not a text file") from None
+    except PermissionError:
+        raise ArtifactError(f"{path}: permission denied (not readable by this user)") from None
+
+
+def size_limit(kinds: tuple[str, ...]) -> int:
+    return max((MAX_BYTES.get(kind, MAX_ARTIFACT_BYTES) for kind in kinds), default=MAX_ARTIFACT_BYTES)
+
+
+def _too_large(name: str, size: int, kinds: tuple[str, ...]) -> str:
+    what = " or ".join(kinds) if kinds else "headprune"
+    return f"{name}: too large to be a headprune {what} artifact ({size} bytes; at most {size_limit(kinds)})"
 
 
 def parse_artifact(text: str, name: str, kinds: tuple[str, ...]) -> Envelope:
     """Parse and validate an artifact of one of `kinds`; only ArtifactError escapes."""
-    if len(text) > MAX_ARTIFACT_BYTES:
-        raise ArtifactError(f"{name}: too large to be a headprune artifact")
+    if len(text) > size_limit(kinds):
+        raise ArtifactError(_too_large(name, len(text), kinds))
     try:
         data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
     except (json.JSONDecodeError, RecursionError, ValueError) as exc:
@@ -301,15 +341,16 @@ def parse_artifact(text: str, name: str, kinds: tuple[str, ...]) -> Envelope:
         return KINDS[kind].model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or kind
-        raise ArtifactError(f"{name}: invalid {kind}: {where}: {first['msg']}") from None
+        where = "".join(f"{p}: " for p in [".".join(str(p) for p in first["loc"])] if p)
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise ArtifactError(f"{name}: invalid {kind}: {where}{message}") from None
     except (ValueError, TypeError, RecursionError) as exc:
         raise ArtifactError(f"{name}: invalid {kind}: {first_line(exc)}") from None
 
 
 def read_artifact(source: str | os.PathLike, kinds: tuple[str, ...]) -> tuple[Envelope, str]:
     """Read and validate; returns the artifact and the sha256 of its exact bytes."""
-    text, name = read_text(source)
+    text, name = read_text(source, kinds)
     return parse_artifact(text, name, kinds), sha256_bytes(text.encode())
 
 

@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from headprune_cli.errors import HeadpruneError
 from headprune_cli.files.outputs import check_output, check_parent  # noqa: F401  (the output rule lives there)
+from headprune_cli.files.special import SPECIAL_ROOTS  # /dev, /proc, /sys: never read as data (nor replaced)
 from headprune_cli.files.temps import linux_libc, make_temp, publish  # locked temporaries, no-replace publishing
 
 _CHUNK = 1 << 20
@@ -31,11 +32,6 @@ T = TypeVar("T")
 _SHA_CACHE: dict[tuple, str] = {}
 _AHEAD: dict[tuple, Future] = {}  # hashes started by hash_ahead, not yet taken
 _HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256-ahead")
-
-
-# Pseudo filesystems whose "regular" files have no true size and may read without end
-# (/proc/self/pagemap): a path from a checkpoint's provenance or a plan never goes there.
-SPECIAL_ROOTS = ("/proc", "/sys", "/dev")
 
 
 def check_regular(

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from headprune_cli.errors import HeadpruneError, UsageError
+from headprune_cli.files.special import special_output
 
 MARKER = ".headprune"
 # An `export --hf` folder is marked by its headprune.json, which it needs anyway; no dotfile
@@ -169,6 +170,7 @@ def check_output(path: str | os.PathLike, force: bool = False, inputs: Iterable[
     """A file output: not an input (see the module doc), replaced only with --force."""
     out = Path(path)
     refuse_overlap(out, inputs)
+    refuse_special(out)
     if os.path.lexists(out) and not out.exists() and not force:
         raise UsageError(f"{out} is a symlink to a missing file; pass --force to replace the link")
     if out.exists() and not force:
@@ -182,6 +184,14 @@ def check_output(path: str | os.PathLike, force: bool = False, inputs: Iterable[
     check_parent(out)
     _claim_unless_forced(out, force)
     return out
+
+
+def refuse_special(out: Path, what: str = "output") -> None:
+    """Never replace a device, FIFO, socket or /dev, /proc, /sys entry, even with --force (special.py)."""
+    why = special_output(out)
+    if why:
+        hint = " (for stdout give -o - or no -o)" if what == "output" else ""
+        raise UsageError(f"{what} {out} {why}; headprune never replaces one, even with --force{hint}")
 
 
 def _claim_unless_forced(out: Path, force: bool) -> None:
@@ -254,6 +264,7 @@ def check_folder(
     creates it before this one does, this one fails instead of sharing it."""
     out = Path(path)
     refuse_overlap(out, inputs)
+    refuse_special(out, what)
     if os.path.lexists(out) and not out.is_dir():
         raise UsageError(f"{what} {out} is a file, not a folder")
     if out.is_dir() and not owned(out):

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from headprune_cli.errors import ArchitectureError, CheckpointError, HeadpruneError, UsageError, first_line
-from headprune_cli.files.io import atomic_write, hash_ahead, remember_sha256, sha256_bytes, sha256_file
+from headprune_cli.files.io import atomic_write, check_regular, hash_ahead, remember_sha256, sha256_bytes, sha256_file
 from headprune_cli.files.outputs import CHECKPOINT_FORMAT
 from headprune_cli.model.arch import adapter_for_family
 from headprune_cli.model.config_check import check_against_header, check_declared
@@ -140,8 +140,9 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"{path}: a folder, not a checkpoint (make one with `headprune import {path}`)")
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint file")
+    check_regular(path, "checkpoint file", CheckpointError)  # a FIFO, a device, /proc: said so, never opened
     raw = read_header(path)[0]
     meta = {k[len("headprune.") :]: v for k, v in raw.items() if k.startswith("headprune.")}
     if meta.get("format") != FORMAT:

@@ -4,8 +4,10 @@ Per layer the table holds the block's latency at a few kept-unit counts (KV grou
 heads without GQA) and FFN widths. Two readings of it:
 - `LatencyTable.predict_ms`: a plan's latency by piecewise-linear interpolation between
   the measured points (linear extrapolation below the smallest), a layer at (k units,
-  w neurons) costing B - (A(all) - A(k)) - (F(all) - F(w)), plus the measured rest, where
-  B, the whole block, is the mean of the two curves' full points (each curve times it);
+  w neurons) costing B - (A(all) - A(k)) - (F(all) - F(w)) (at least 0), plus the measured
+  rest (positive: the reader refuses times outside 1e-6..1e9 ms), so a prediction is never
+  zero or less; B, the whole block, is both curves' last point (the reader refuses a table
+  whose two curves end apart);
 - `priced`: the same table as linear prices (ms per query head, per KV head and per FFN
   neuron, fixed ms per layer, ms outside the layers), fitted by least squares over the
   points, in a CostTable's FLOPs fields, so the one-scale selection machinery that spends
@@ -74,8 +76,11 @@ class LayerCurves:
 
     def at(self, units: float, width: float) -> float:
         """The block with `units` attention units and `width` neurons: the whole block, less
-        what each curve says its cut saves."""
-        return self.full_ms - (self.attention.full - self.attention(units)) - (self.ffn.full - self.ffn(width))
+        what each curve says its cut saves; never below zero (two deep cuts, each read off
+        its own curve, can claim to save more than the block costs)."""
+        return max(
+            0.0, self.full_ms - (self.attention.full - self.attention(units)) - (self.ffn.full - self.ffn(width))
+        )
 
     @property
     def full_ms(self) -> float:

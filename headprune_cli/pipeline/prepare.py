@@ -35,7 +35,7 @@ from headprune_cli.pipeline.config import (
     stage_model,
     stage_specs,
 )
-from headprune_cli.pipeline.option_checks import check_values
+from headprune_cli.pipeline.option_checks import check_stage_options, check_values
 from headprune_cli.stages import unit
 
 # prune options that mean "select inside prune from scores" rather than "apply a plan".
@@ -56,6 +56,7 @@ class Stage:
     argv: list[str] = field(default_factory=list)  # the command line that does the same
     outputs: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)  # the stage's options, by field name
+    checked: bool = True  # its entry passed the checks of its keys (else those problems are reported)
 
 
 @dataclass
@@ -82,6 +83,7 @@ def prepare(source: str | Path | dict, overrides: list[str] = (), out: str | Non
     _check_files(config, stages, specs, problems)
     pipeline = Pipeline(config, stages, Path(config.out), raw)
     _wire(pipeline, specs, problems)
+    check_stage_options(pipeline.stages, problems)
     _check_out(pipeline, problems)
     if problems:
         raise ConfigError(problems)
@@ -135,7 +137,7 @@ def _check_stages(entries, specs, problems: list[str]) -> list[Stage]:
         options = {
             k: v for k, v in entry.items() if k in specs[command].options or k in unit.get(command).optional_outputs
         }
-        stages.append(Stage(name, command, options))
+        stages.append(Stage(name, command, options, checked=len(problems) == found))
     return stages
 
 
@@ -181,12 +183,9 @@ def _check_files(config: PipelineConfig, stages: list[Stage], specs, problems: l
         spec = specs[stage.command]
         for key, value in stage.options.items():
             option = spec.options.get(key)
-            if (
-                option is None
-                or not option.is_path
-                or not isinstance(value, str)
-                or key in unit.get(stage.command).refused
-            ):
+            declared = unit.get(stage.command)
+            reads = option is not None and (option.is_path or key in declared.inputs)  # a path, or an artifact
+            if not reads or not isinstance(value, str) or value == "-" or key in declared.refused:
                 continue
             if option.is_folder:
                 if not Path(value).exists():

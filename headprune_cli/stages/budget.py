@@ -14,7 +14,6 @@ point) catches exactly that and lets real misuse through.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from headprune_cli.errors import UsageError
@@ -115,8 +114,9 @@ def checked(budget: Budget) -> Budget:
     value = budget.value
     if budget.kind not in KINDS:
         raise UsageError(f"unknown budget kind {budget.kind!r}")
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
-        raise UsageError(f"{budget.option} {value} is not a finite number")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise UsageError(f"{budget.option} {value!r} is not a number")
+    # NaN fails every range below, so it is refused with the range's own message.
     if budget.kind == "heads" and not 0 <= value <= 1:
         raise UsageError(f"--ratio {value} is outside [0, 1] (the fraction of kept heads to remove)")
     if budget.kind in ("params", "flops") and not 0 < value <= 1:

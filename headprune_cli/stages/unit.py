@@ -44,6 +44,11 @@ class Options(BaseModel):
                     values = {**values, name: [values[name]]}
         return values
 
+    def check(self) -> None:
+        """Refusals that need no file (names, ranges, options that exclude each other): a
+        stage's `run` calls it first, and `headprune run` calls it for every stage before
+        the first one runs. Stages override it; the base refuses nothing."""
+
 
 def option(
     default: Any = ...,

@@ -124,7 +124,9 @@ def layer_table(task: Task, name: str, drop: int, methods=LAYER_METHODS, steps: 
     rows = []
     for method in methods:
         t = task.table(method)
-        chosen = select(t, "global", budget=Budget("heads", 0.0), constraints=Constraints(drop_layers=drop)).remove_layers
+        chosen = select(
+            t, "global", budget=Budget("heads", 0.0), constraints=Constraints(drop_layers=drop)
+        ).remove_layers
         log(name, method, "drops", chosen)
         r = task.cut({}, chosen, steps=steps)
         rows.append(

@@ -82,3 +82,13 @@ def test_linear_prices_reproduce_a_linear_table_exactly_and_split_gqa_units_by_f
     two_units = {0: list(range(8, 16))}  # 2 of 4 groups removed
     got = predict(ms, kept, two_units, [], {0: list(range(16))})["flops_per_token"]
     assert got == pytest.approx(table.predict_ms({0: 8}, {0: 16}))
+
+
+def test_two_deep_cuts_never_predict_a_layer_below_zero_nor_a_model_at_zero():
+    """Each curve says what its own cut saves from the whole block; together two deep cuts can
+    claim more than the block costs (1 + 1 - 10 ms here). The layer is then 0 ms, and the
+    model the rest: never zero or less (report divides by it, select promises it)."""
+    table = _table({1: 1.0, 4: 10.0}, {8: 1.0, 32: 10.0}, outside=0.5)
+    assert table.layers[0].at(1, 8) == 0.0
+    assert table.predict_ms({0: 1}, {0: 8}) == 0.5
+    assert table.predict_ms({0: 4}, {0: 32}) == pytest.approx(10.5)

@@ -151,6 +151,15 @@ class FinetuneOptions(Options):
     def constraints_given(self) -> list[str]:
         return [name for name in CONSTRAINTS if getattr(self, name) != FinetuneOptions.model_fields[name].default]
 
+    def check(self) -> None:
+        """The option combinations learned pruning and head dropout refuse."""
+
+        gates_out = ["gates_out"] if self.gates_out else []
+        check_learning(
+            self.learn_gates, self.targets(), self.head_dropout, self.resume, self.constraints_given() + gates_out
+        )
+        _check_lora_options(self)
+
 
 def run(opts: FinetuneOptions, ctx: Context) -> Result:
     from headprune_cli.data.readers import read_data  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
@@ -159,14 +168,7 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
     from headprune_cli.stages.finetune.losses import check_labels  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.stages.finetune.train import FinetuneConfig  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
 
-    check_learning(
-        opts.learn_gates,
-        opts.targets(),
-        opts.head_dropout,
-        opts.resume,
-        opts.constraints_given() + (["gates_out"] if opts.gates_out else []),
-    )
-    _check_lora_options(opts)
+    opts.check()
     if opts.fsdp:
         from headprune_cli.stages.finetune.sharding import check_fsdp  # noqa: PLC0415 (keeps torch out of this module's import)
 

@@ -53,6 +53,9 @@ class IterateOptions(Options):
     max_length: int = option(128, "Tokens per example (also the sequence length FLOPs are priced at).", ge=1)
     force: bool = option(False, "Overwrite OUT if it exists.")
 
+    def check(self) -> None:
+        self.schedule_budgets()
+
     def schedule_budgets(self) -> list[Budget]:
         """The schedule: head fractions removed, or FLOPs or params fractions kept."""
 

@@ -18,6 +18,7 @@ from typing import Literal, Optional
 from pydantic import ValidationError, field_validator, model_validator
 
 from headprune_cli.artifacts.schema import Envelope, Strict, index_map, register_kind
+from headprune_cli.stages.profile.bounds import MAX_MS, MAX_TABLE_BYTES, MIN_MS, WHOLE_BLOCK_TOLERANCE, check_raw
 
 # A point may sit below a smaller one by its spread (IQR) or this share of its median:
 # timing noise, not a table that says fewer units cost more.
@@ -34,6 +35,11 @@ class Point(Strict):
         if not (0 < self.q1_ms <= self.median_ms <= self.q3_ms):
             raise ValueError(
                 f"a point needs 0 < q1 <= median <= q3 (got {self.q1_ms}, {self.median_ms}, {self.q3_ms} ms)"
+            )
+        if self.q1_ms < MIN_MS or self.q3_ms > MAX_MS:
+            raise ValueError(
+                f"times of {self.q1_ms:.4g} to {self.q3_ms:.4g} ms are beyond any measurement "
+                f"({MIN_MS:g} to {MAX_MS:g} ms); profile the model again"
             )
         return self
 
@@ -71,6 +77,18 @@ class LayerPoints(Strict):
             problem = not_monotone(name, size, points)
             if problem:
                 raise ValueError(problem)
+        return self._one_whole_block()
+
+    def _one_whole_block(self) -> "LayerPoints":
+        """Both curves end at the whole block (all units, full width): one time, which profile
+        writes as both last points. Two different ends would let a plan's prediction fall
+        below zero (a cut saving more than the block costs)."""
+        a, f = self.attention[-1].median_ms, self.ffn[-1].median_ms
+        if abs(a - f) > WHOLE_BLOCK_TOLERANCE * max(a, f):
+            raise ValueError(
+                f"the attention curve ends at {a:.6g} ms and the FFN curve at {f:.6g} ms; both end at the "
+                "whole block, which profile times once (an edited or inconsistent table: profile the model again)"
+            )
         return self
 
 
@@ -133,6 +151,12 @@ class LatencyTableArtifact(Envelope):
     timing: dict
     phases: dict[Literal["forward", "decode"], Phase]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, data):
+        check_raw(data)  # list lengths, before any point becomes an object
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> "LatencyTableArtifact":
         shape = self.model
@@ -160,4 +184,4 @@ class LatencyTableArtifact(Envelope):
         return self
 
 
-register_kind("latency", LatencyTableArtifact)
+register_kind("latency", LatencyTableArtifact, max_bytes=MAX_TABLE_BYTES)

@@ -95,10 +95,14 @@ class PruneOptions(SelectionOptions):
         "Compensation's compute dtype: auto (stored), float32, bfloat16, float16; the output keeps the stored dtype.",
     )
 
+    def check(self) -> None:
+        _check(self)
+        super().check()
+
 
 def run(opts: PruneOptions, ctx: Context) -> Result:
 
-    _check(opts)
+    opts.check()
     check_device(opts.device, opts.dtype)
     given = [p for p in (opts.checkpoint, opts.plan, opts.scores, opts.data, opts.latency) if p is not None]
     check_output(opts.output, opts.force, inputs=given)
@@ -141,7 +145,7 @@ def _read_input(plan: str | None, scores: str | None):
         kinds = ("plan",) if plan is not None else ("scores",)
     else:
         source, kinds = "-", ("plan", "scores")
-    text, name = read_text(source)
+    text, name = read_text(source, kinds)
     return parse_artifact(text, name, kinds), source, text
 
 

@@ -78,6 +78,10 @@ class ReportStageOptions(Options):
         "The baseline's latency table (`headprune profile`): adds its predicted speedup beside the measured one (cost.latency).",
     )
 
+    def check(self) -> None:
+        if self.min_speedup is not None and self.repeats == 0:
+            raise UsageError("--min-speedup needs latency measurements; --repeats must be at least 1")
+
 
 def run(opts: ReportStageOptions, ctx: Context) -> Result:
     from headprune_cli.stages.report.build import ReportOptions, build_report  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
@@ -90,8 +94,7 @@ def run(opts: ReportStageOptions, ctx: Context) -> Result:
         opts.latency,
     ]  # `auto` reaches the root through the model's provenance
     outputs = _check_outputs(opts, inputs)
-    if opts.min_speedup is not None and opts.repeats == 0:
-        raise UsageError("--min-speedup needs latency measurements; --repeats must be at least 1")
+    opts.check()
     check_device(opts.device, opts.dtype)
     # The report's `config` holds these, in ReportOptions' order.
     settings = ReportOptions(**{f.name: getattr(opts, f.name) for f in fields(ReportOptions)})

@@ -24,6 +24,7 @@ from headprune_cli.stages.score.stage import LAYER_METHOD_HELP
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.search.layer_rescore import check_reachable
 from headprune_cli.stages.search.local import search
+from headprune_cli.stages.select.amounts import check_fractions
 from headprune_cli.stages.select.plan import plan_artifact
 from headprune_cli.stages.select.stage import ConstraintOptions, ratio_option, target_flops_option, target_params_option
 from headprune_cli.stages.select.strategies import select
@@ -97,6 +98,8 @@ class SearchOptions(ConstraintOptions):
             raise UsageError(
                 "search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform"
             )
+        check_fractions(self.ratio, self.target_params, self.target_flops)
+        _check_method(self)
 
 
 def run(opts: SearchOptions, ctx: Context) -> Result:
@@ -107,7 +110,6 @@ def run(opts: SearchOptions, ctx: Context) -> Result:
     if opts.output is not None:
         check_output(opts.output, opts.force, [opts.checkpoint, opts.data])
     opts.check()
-    _check_method(opts)
     check_device(opts.device, opts.dtype)
     model = load(opts.checkpoint)
     place(model, opts.device, opts.dtype)

@@ -72,7 +72,7 @@ def find_model(artifact: Envelope, artifact_path: str | None, checkpoint: str | 
     ref = model_ref(artifact)
     if checkpoint is not None:
         path = Path(checkpoint)
-        if not path.is_file():
+        if not path.exists():
             raise CheckpointError(f"{path}: no such checkpoint file")
     else:
         found = [p for p in candidates(ref.path, artifact_path) if p.is_file()]

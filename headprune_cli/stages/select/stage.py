@@ -12,6 +12,7 @@ from headprune_cli.files.outputs import check_output
 from headprune_cli.stages.budget import Budget, given
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select import latency as latency_select
+from headprune_cli.stages.select.amounts import check_fractions, check_latency_options
 from headprune_cli.stages.select.chains import Constraints, parse_protect
 from headprune_cli.stages.select.plan import make_plan
 from headprune_cli.stages.select.strategies import select as choose
@@ -98,6 +99,12 @@ class SelectionOptions(ConstraintOptions):
         if len(found) > 1 or (found and self.threshold is not None):
             raise UsageError("give exactly one of --ratio, --threshold, --target-params, --target-flops")
         return found[0] if found else None
+
+    def check(self) -> None:
+        """Refusals that need no file: the amount's range and the latency options' pairing."""
+
+        check_fractions(self.ratio, self.target_params, self.target_flops)
+        check_latency_options(self)
 
     def selection_given(self) -> list[str]:
         """The selection options set to other than their defaults."""
@@ -186,6 +193,7 @@ def _latency_plan(opts: SelectionOptions, scores, source: str, scores_sha: str, 
 def run(opts: SelectOptions, ctx: Context) -> Result:
     if opts.output is not None:
         check_output(opts.output, opts.force, inputs=[opts.scores, opts.latency])
+    opts.check()
     plan = plan_from_scores(opts, opts.scores)
     write_artifact(plan, opts.output)
     ctx.print(summary(plan))

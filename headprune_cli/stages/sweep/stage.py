@@ -77,6 +77,9 @@ class SweepOptions(Options):
             check_routes(settings.routes, settings.methods)
         return settings
 
+    def check(self) -> None:
+        self.settings()
+
 
 def run(opts: SweepOptions, ctx: Context) -> Result:
 

@@ -1,0 +1,48 @@
+"""The amount a selection spends, checked from the options alone (no scores, no table read):
+the ranges of --ratio and the cost targets, and the latency options' pairing.
+
+`select`, `prune --scores` and `search` call these from their options' `check()`, which
+their `run` calls first and `headprune run` calls for every stage before the first runs
+(pipeline/prepare.py), so a bad amount in the last stage costs nothing. The messages are
+the ones the selection itself gives (strategies.py, latency.py).
+"""
+
+from __future__ import annotations
+
+from headprune_cli.errors import UsageError
+from headprune_cli.stages.budget import checked, given
+from headprune_cli.stages.select.latency import latency_budget
+
+LATENCY_PHASES = ("forward", "decode")
+
+
+def check_fractions(ratio: float | None, target_params: float | None, target_flops: float | None) -> None:
+    """--ratio within [0, 1]; --target-params and --target-flops within (0, 1] (budget.checked)."""
+    for budget in given(ratio=ratio, target_params=target_params, target_flops=target_flops):
+        checked(budget)
+
+
+def check_latency_options(opts) -> None:
+    """A latency budget needs a table and exactly one of --target-latency / --target-ms, in
+    range, and no other amount (a SelectionOptions)."""
+    asked = (
+        opts.latency is not None
+        or opts.target_latency is not None
+        or opts.target_ms is not None
+        or opts.latency_phase != "forward"
+    )
+    if not asked:
+        return
+    if opts.latency_phase not in LATENCY_PHASES:
+        raise UsageError(f"--latency-phase {opts.latency_phase!r}: expected forward or decode")
+    if opts.latency is None:
+        raise UsageError(
+            "--target-latency/--target-ms price the budget by a latency table: give --latency TABLE from `headprune profile`"
+        )
+    others = {
+        "--ratio": opts.ratio,
+        "--threshold": opts.threshold,
+        "--target-params": opts.target_params,
+        "--target-flops": opts.target_flops,
+    }
+    latency_budget(opts.target_latency, opts.target_ms, others)
