@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import json
 
+import gguf
 import numpy as np
 import pytest
 import torch
 import transformers as T
 
-pytest.importorskip("gguf")
-import gguf  # noqa: E402
-
-import headprune_cli  # noqa: E402
-from tests.support.gguf_models import NON_UNIFORM, UNIFORM, VOCAB, bpe_tokenizer, tiny_llama, write_checkpoint  # noqa: E402
-from tests.support.models import TINY  # noqa: E402
-from tests.support.refusals import assert_refused  # noqa: E402
+import headprune_cli
+from tests.support.gguf_models import NON_UNIFORM, UNIFORM, VOCAB, bpe_tokenizer, tiny_llama, write_checkpoint
+from tests.support.models import TINY
+from tests.support.refusals import assert_refused
 
 
 def fields(reader: gguf.GGUFReader) -> dict:
