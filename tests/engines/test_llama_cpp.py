@@ -15,13 +15,14 @@ import json
 import numpy as np
 import pytest
 import torch
+import transformers as T
 from tokenizers import Tokenizer
 
 import headprune_cli
 from headprune_cli.model.layout import info_of
 from tests.support import run_without_headprune
 from tests.support.engines import llama_cpp_python
-from tests.support.gguf_models import NON_UNIFORM, UNIFORM, write_checkpoint
+from tests.support.gguf_models import NON_UNIFORM, UNIFORM, tiny_llama, write_checkpoint
 
 pytestmark = pytest.mark.engines
 
@@ -65,6 +66,13 @@ def checkpoints(tmp_path_factory):
     return {
         "uniform": write_checkpoint(folder / "uniform.safetensors", UNIFORM),
         "non-uniform": write_checkpoint(folder / "non_uniform.safetensors", NON_UNIFORM),
+        # Qwen2 goes out as `llama` (with its q/k/v biases), Qwen3 as `qwen3` (q/k norms, no permutation).
+        "qwen2-uniform": write_checkpoint(
+            folder / "qwen2.safetensors", UNIFORM, tiny_llama(T.Qwen2ForCausalLM, T.Qwen2Config)
+        ),
+        "qwen3-uniform": write_checkpoint(
+            folder / "qwen3.safetensors", UNIFORM, tiny_llama(T.Qwen3ForCausalLM, T.Qwen3Config)
+        ),
     }
 
 
@@ -98,6 +106,8 @@ def export(cli, checkpoint, kind: str):
         ("non-uniform", "f16", "deci"),
         ("non-uniform", "q8_0", "deci"),
         ("non-uniform", "q4_0", "deci"),
+        ("qwen2-uniform", "f32", "llama"),
+        ("qwen3-uniform", "f32", "qwen3"),
     ],
 )
 def test_llama_cpp_tokenizes_and_computes_as_headprune(engine, checkpoints, cli, cut, kind, arch):

@@ -168,3 +168,20 @@ def test_refuses_a_tokenizer_llama_cpp_cannot_reproduce(tmp_path, cli):
     source = write_checkpoint(tmp_path / "w.safetensors", model=model)
     assert_refused(cli("export", source, "--gguf", tmp_path / "x.gguf"), 1, "cannot reproduce this WordLevel tokenizer")
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_qwen2_goes_out_as_llama_with_its_biases_permuted(tmp_path, cli):
+    # llama.cpp's qwen2 architecture wants n_head * head_dim == hidden, which a cut breaks; `llama`
+    # loads optional q/k/v biases and computes the same attention once Q/K are permuted.
+    source = write_checkpoint(tmp_path / "q2.safetensors", UNIFORM, tiny_llama(T.Qwen2ForCausalLM, T.Qwen2Config))
+    out = tmp_path / "q2.gguf"
+    assert cli("export", source, "--gguf", out).code == 0
+    reader = gguf.GGUFReader(out)
+    assert fields(reader)["general.architecture"] == "llama"
+    state = headprune_cli.load(source).state_dict()
+    found = tensors(reader)
+    bias = state["model.layers.0.self_attn.k_proj.bias"]
+    assert np.array_equal(np.asarray(found["blk.0.attn_k.bias"].data), permute(bias[:, None], 3)[:, 0].numpy())
+    assert np.array_equal(
+        np.asarray(found["blk.0.attn_v.bias"].data), state["model.layers.0.self_attn.v_proj.bias"].numpy()
+    )

@@ -71,9 +71,11 @@ def tiny_llama(cls=T.LlamaForCausalLM, config_cls=T.LlamaConfig, **extra) -> tor
     )
     model = cls(config).eval()
     with torch.no_grad():  # weights of a trained scale, so logits differ visibly between tokens
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.08)
+            elif name.endswith("bias"):  # Qwen2's q/k/v biases: nonzero, so their permutation shows
+                p.normal_(0, 0.05)
     info = info_of(model)
     info.tokenizer = bpe_tokenizer().to_str()
     info.tokenizer_config = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
