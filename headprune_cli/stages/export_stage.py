@@ -139,5 +139,8 @@ STAGE = Stage(
     outputs={"hf": "{stem}"},
     makes={},
     needs=("checkpoint",),
-    refused={"onnx": "the export stage writes an HF folder; `with_onnx: true` adds onnx/model.onnx to it"},
+    refused={
+        "onnx": "the export stage writes an HF folder; `with_onnx: true` adds onnx/model.onnx to it",
+        "gguf": "the export stage writes an HF folder; run `headprune export --gguf FILE` on the run's checkpoint",
+    },
 )
