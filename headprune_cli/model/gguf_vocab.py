@@ -71,7 +71,7 @@ def _pre_tokenizer(pre: dict | None, normalizer: dict | None) -> str:
     if normalizer not in (None, {"type": "NFC"}):  # llama.cpp normalises nothing else for these
         raise ArchitectureError(f"llama.cpp cannot reproduce this tokenizer's {normalizer.get('type')} normalizer")
     if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
-        return "gpt2"
+        return "gpt-2"
     if kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
         regex = (steps[0].get("pattern") or {}).get("Regex")
         if regex in _SPLIT_PRE:

@@ -95,7 +95,7 @@ def test_tokenizer_metadata_is_the_checkpoints(non_uniform, tmp_path, cli):
     meta = fields(gguf.GGUFReader(out))
     tok = json.loads(bpe_tokenizer().to_str())
     vocab = {i: t for t, i in tok["model"]["vocab"].items()}
-    assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.pre"] == "gpt2"
+    assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.pre"] == "gpt-2"
     assert meta["tokenizer.ggml.tokens"] == [vocab[i] for i in range(VOCAB)]
     assert meta["tokenizer.ggml.merges"] == [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
     assert meta["tokenizer.ggml.token_type"][:3] == [3, 3, 3] and set(meta["tokenizer.ggml.token_type"][3:]) == {1}
