@@ -8,8 +8,8 @@ for, and in llama.cpp (llama-cpp-python in its own environment, scripts/engines/
   headprune's own reader makes, so both sides score the same tokens; the KV cache in f32), beside
   headprune's own perplexity of the checkpoint; and how many documents llama.cpp's own tokenizer
   splits differently;
-- prefill (a --prompt-token prompt in one batch) and decode (--decode-tokens greedy tokens one at a
-  time) tokens/s with --threads threads, median of --repeats, llama.cpp's default f16 KV cache.
+- prefill (a --prompt-tokens prompt in one batch) and decode (the --decode-tokens tokens that follow
+  it, one at a time) tokens/s with --threads threads, median of --repeats, llama.cpp's default f16 KV cache.
 
 Usage (the trained LM from `python -m scripts.tools.make_trained_lm --recipe full ... > summary.json`):
     python -m scripts.benchmarks.gguf_llama_cpp --summary summary.json --work /tmp/gguf-bench/work \
@@ -55,15 +55,15 @@ out["tokenizer_mismatches"] = sum(
 )
 del llm
 llm = Llama(model_path=path, n_ctx=prompt_len + decode_n + 8, n_batch=prompt_len, n_threads=threads, verbose=False)
-prompt = [t for ids in rows for t in ids][:prompt_len]
+stream = [t for ids in rows for t in ids]
+prompt, follow = stream[:prompt_len], stream[prompt_len : prompt_len + decode_n]
 prefill, decode = [], []
 for _ in range(repeats):
     llm.reset()
     start = time.perf_counter()
     llm.eval(prompt)
     mid = time.perf_counter()
-    for _ in range(decode_n):
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    for token in follow:  # the held-out text's next tokens: a decode step costs the same whatever the token
         llm.eval([token])
     end = time.perf_counter()
     prefill.append(prompt_len / (mid - start))
