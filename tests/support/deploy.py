@@ -32,12 +32,13 @@ assert not [m for m in sys.modules if m.partition(".")[0] == "headprune_cli"]
 """
 
 
-def run_without_headprune(script: str, cwd: Path, *args: str) -> str:
-    """Run `script` (Python source; `sys.argv[1:]` = args) and return its stdout."""
+def run_without_headprune(script: str, cwd: Path, *args: str, python: str = sys.executable) -> str:
+    """Run `script` (Python source; `sys.argv[1:]` = args) and return its stdout; `python` is
+    the interpreter (an engine's own environment, such as llama.cpp's)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(
-        [sys.executable, "-I", "-c", _PRELUDE + script + _EPILOGUE, *args],
+        [python, "-I", "-c", _PRELUDE + script + _EPILOGUE, *args],
         cwd=cwd,
         env=env,
         capture_output=True,

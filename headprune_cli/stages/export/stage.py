@@ -24,6 +24,12 @@ class ExportOptions(Options):
         None, "Write an ONNX file (dynamic batch and sequence axes; causal LMs with past key/values)."
     )
     hf: Path | None = option(None, "Write an HF-style folder: config, weights, tokenizer, headprune.json.")
+    gguf: Path | None = option(
+        None, "Write a GGUF file for llama.cpp (LLaMA-family causal LMs; per-layer shapes use its deci architecture)."
+    )
+    gguf_type: str = option(
+        "auto", "--gguf: weight type: auto (the checkpoint's), f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0."
+    )
     with_onnx: Optional[bool] = option(
         None,
         "With --hf: also write DIR/onnx/model.onnx (default: for sentence-transformers models).",
@@ -42,8 +48,12 @@ def run(opts: ExportOptions, ctx: Context) -> Result:
     from headprune_cli.model.export import check_folder_output  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.tensorfile import parse_size  # noqa: PLC0415 (keeps numpy, torch out of this module's import)
 
-    if (opts.onnx is None) == (opts.hf is None):
-        raise UsageError("give exactly one of --onnx FILE or --hf DIR")
+    if sum(out is not None for out in (opts.onnx, opts.hf, opts.gguf)) != 1:
+        raise UsageError("give exactly one of --onnx FILE, --hf DIR or --gguf FILE")
+    if opts.gguf is not None:
+        from headprune_cli.stages.export.gguf import export_gguf_file  # noqa: PLC0415 (keeps torch out of this module's import)
+
+        return export_gguf_file(opts.checkpoint, opts.gguf, opts.gguf_type, opts.force, ctx)
     if opts.with_onnx is not None and opts.hf is None:
         raise UsageError("--with-onnx/--no-onnx go with --hf DIR (--onnx FILE writes only the ONNX file)")
     if opts.onnx is not None:
@@ -129,5 +139,8 @@ STAGE = Stage(
     outputs={"hf": "{stem}"},
     makes={},
     needs=("checkpoint",),
-    refused={"onnx": "the export stage writes an HF folder; `with_onnx: true` adds onnx/model.onnx to it"},
+    refused={
+        "onnx": "the export stage writes an HF folder; `with_onnx: true` adds onnx/model.onnx to it",
+        "gguf": "the export stage writes an HF folder; run `headprune export --gguf FILE` on the run's checkpoint",
+    },
 )

@@ -1,0 +1,151 @@
+"""llama.cpp loads headprune's GGUF files and computes headprune's logits (DESIGN invariant 10).
+
+llama.cpp runs through llama-cpp-python in its own environment (scripts/engines/llama_cpp.sh),
+in a process where headprune cannot be imported; it tokenizes the text itself, and both its
+token ids and its logits at every position are compared with headprune's. The KV cache is kept
+in f32 there (llama.cpp's default is f16), so an f32 file must match to float tolerance.
+
+Run: `python -m pytest -m engines tests/engines` (deselected from the default suite; .ci/run runs it).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers as T
+from tokenizers import Tokenizer
+
+import headprune_cli
+from headprune_cli.model.layout import info_of
+from tests.support import run_without_headprune
+from tests.support.engines import llama_cpp_python
+from tests.support.gguf_models import NON_UNIFORM, UNIFORM, tiny_llama, write_checkpoint
+
+pytestmark = pytest.mark.engines
+
+TEXTS = [
+    "The package provides a library for parsing configuration files.",
+    "numbers 12345 and 3.14, punctuation!? -- (brackets) [x]  two  spaces\nnew line\ttab",
+    "Ünïcödé wörds, 日本語 and emoji 🙂 stay byte-level.",
+]
+# Max |llama.cpp - headprune| over every logit, as a fraction of the largest |logit| headprune
+# gives. For f16 and the quantized types headprune runs the very weights the file holds
+# (roundtrip below), so what is left is llama.cpp's arithmetic: it rounds activations to f16
+# (f16 files) or to q8 blocks (q8_0/q4_0 files) before each product. Measured on these models
+# (2026-12-02, llama-cpp-python 0.3.36): f32 7.2e-7, f16 7.3e-4, q8_0 1.75e-2, q4_0 2.26e-2;
+# the bounds leave about 2x. (Against headprune's f32 weights instead, the whole quantization
+# loss: q8_0 3.9e-2, q4_0 0.46 on these random-weight models.)
+BOUNDS = {"f32": 1e-5, "f16": 2e-3, "q8_0": 4e-2, "q4_0": 5e-2}
+
+ENGINE = """
+import json, sys
+import numpy as np
+from llama_cpp import Llama
+
+path, texts = sys.argv[1], json.loads(sys.argv[2])
+GGML_TYPE_F32 = 0
+llm = Llama(model_path=path, n_ctx=256, n_batch=256, n_threads=2, logits_all=True,
+            type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, verbose=False)
+out = {"arch": llm.metadata["general.architecture"], "runs": []}
+for text in texts:
+    ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+    llm.reset()
+    llm.eval(ids)
+    out["runs"].append({"ids": ids, "logits": np.asarray(llm.scores[: len(ids)], dtype=np.float64).tolist()})
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def engine() -> str:
+    return llama_cpp_python()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama-cpp")
+    return {
+        "uniform": write_checkpoint(folder / "uniform.safetensors", UNIFORM),
+        "non-uniform": write_checkpoint(folder / "non_uniform.safetensors", NON_UNIFORM),
+        # Qwen2 goes out as `llama` (with its q/k/v biases), Qwen3 as `qwen3` (q/k norms, no permutation).
+        "qwen2-uniform": write_checkpoint(
+            folder / "qwen2.safetensors", UNIFORM, tiny_llama(T.Qwen2ForCausalLM, T.Qwen2Config)
+        ),
+        "qwen3-uniform": write_checkpoint(
+            folder / "qwen3.safetensors", UNIFORM, tiny_llama(T.Qwen3ForCausalLM, T.Qwen3Config)
+        ),
+    }
+
+
+def headprune_logits(checkpoint, kind: str = "f32") -> tuple[list[list[int]], list[np.ndarray]]:
+    """headprune's tokens and logits; for a quantized `kind`, with every weight the file holds
+    quantized and dequantized the same way (rows are quantized independently, so llama.cpp's
+    Q/K row permutation does not change the values), so only llama.cpp's arithmetic differs."""
+    model = headprune_cli.load(checkpoint)
+    if kind != "f32":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(roundtrip(p.detach(), kind))
+    tokenizer = Tokenizer.from_str(info_of(model).tokenizer)
+    ids = [tokenizer.encode(text).ids for text in TEXTS]
+    with torch.no_grad():
+        logits = [model(torch.tensor([row])).logits[0].double().numpy() for row in ids]
+    return ids, logits
+
+
+def roundtrip(weight: torch.Tensor, kind: str) -> torch.Tensor:
+    """`weight` as the GGUF file stores it: 1-D in f32; matrices in `kind`, or f16 when their rows
+    are not whole quantization blocks."""
+    import gguf
+
+    if weight.dim() == 1:
+        return weight
+    data = weight.numpy()
+    qtype = gguf.GGMLQuantizationType[kind.upper()]
+    if kind == "f16" or data.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
+        return torch.from_numpy(data.astype(np.float16).astype(np.float32))
+    return torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(data, qtype), qtype).reshape(data.shape))
+
+
+def llama_cpp_run(engine: str, gguf) -> dict:
+    out = run_without_headprune(ENGINE, gguf.parent, str(gguf), json.dumps(TEXTS), python=engine)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def export(cli, checkpoint, kind: str):
+    out = checkpoint.with_name(f"{checkpoint.stem}-{kind}.gguf")
+    result = cli("export", checkpoint, "--gguf", out, "--gguf-type", kind, "--force")
+    assert result.code == 0, result
+    return out
+
+
+@pytest.mark.parametrize(
+    "cut, kind, arch",
+    [
+        ("uniform", "f32", "llama"),
+        ("non-uniform", "f32", "deci"),
+        ("uniform", "q8_0", "llama"),
+        ("non-uniform", "f16", "deci"),
+        ("non-uniform", "q8_0", "deci"),
+        ("non-uniform", "q4_0", "deci"),
+        ("qwen2-uniform", "f32", "llama"),
+        ("qwen3-uniform", "f32", "qwen3"),
+    ],
+)
+def test_llama_cpp_tokenizes_and_computes_as_headprune(engine, checkpoints, cli, cut, kind, arch):
+    ids, ours = headprune_logits(checkpoints[cut], kind)
+    theirs = llama_cpp_run(engine, export(cli, checkpoints[cut], kind))
+    assert theirs["arch"] == arch
+    assert [run["ids"] for run in theirs["runs"]] == ids  # llama.cpp's tokenizer = transformers'
+    pairs = [(np.asarray(run["logits"]), mine) for run, mine in zip(theirs["runs"], ours)]
+    worst = max(np.abs(got - want).max() / np.abs(want).max() for got, want in pairs)
+    rms = max(np.linalg.norm(got - want) / np.linalg.norm(want) for got, want in pairs)
+    top1 = np.mean(np.concatenate([got.argmax(-1) == want.argmax(-1) for got, want in pairs]))
+    print(
+        f"{cut} {kind}: max |llama.cpp - headprune| / max |logit| = {worst:.2e}, relative RMS {rms:.2e}, top-1 {top1:.3f}"
+    )
+    assert top1 >= (1.0 if kind == "f32" else 0.9), top1
+    assert worst < BOUNDS[kind], worst
