@@ -24,6 +24,7 @@ from headprune_cli.errors import ArchitectureError, CheckpointError, DataError, 
 from headprune_cli.fileio import sha256_file
 from headprune_cli.stages.report import serving
 from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs
+from headprune_cli.stages.report.shipped import checkpoint_metrics, load_shipped
 from headprune_cli.model.layout import ModelInfo, info_of
 from headprune_cli.stages.objectives import drop_unit, worse_by, worse_than
 
@@ -303,6 +304,7 @@ class ReportOptions:
     decode_tokens: int = serving.DEFAULT_TOKENS  # 0 = no decode measurement
     decode_batch: int = serving.DEFAULT_BATCH
     latency: str | None = None  # the baseline's latency table (`profile`): cost.latency
+    onnx: str | None = None  # the shipped ONNX file: evaluated and timed in onnxruntime for the pruned side
 
 
 def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptions, warn=lambda message: None) -> dict:
@@ -326,6 +328,9 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     for model in (baseline, pruned):
         place(model, opts.device, opts.dtype)
     base_sha, new_sha = info_of(baseline).loaded_from[1], info_of(pruned).loaded_from[1]
+    served, shipped = pruned, None  # `report --onnx`: the shipped file stands in for the pruned model
+    if opts.onnx is not None:
+        served, shipped = load_shipped(Path(opts.onnx), pruned, opts.threads)
     table = None
     if opts.latency is not None:
         from headprune_cli.stages.report.latency_cost import read_table
@@ -339,7 +344,9 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
         )
         warn(warnings[-1])
     seq_len = opts.seq_len or min(DEFAULT_SEQ_LEN, max_sequence(baseline) or DEFAULT_SEQ_LEN)
-    base_metrics, new_metrics = evaluate_both(baseline, pruned, data, opts.batch_size, seq_len)
+    base_metrics, new_metrics = evaluate_both(baseline, served, data, opts.batch_size, seq_len)
+    if shipped is not None:
+        shipped["checkpoint_metrics"] = checkpoint_metrics(baseline, pruned, data, opts.batch_size, seq_len)
     main = main_metric(new_info.task, base_metrics, new_metrics)
     facts = {
         "baseline": model_facts(baseline, baseline_path, base_sha, seq_len),
@@ -349,7 +356,7 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     decode = serving.decode_prediction(baseline, pruned, gen) if gen else None
     measured = None
     if opts.repeats > 0:
-        measured = measure_speed(baseline, pruned, opts.batch_size, seq_len, opts.threads, opts.repeats, opts.warmup)
+        measured = measure_speed(baseline, served, opts.batch_size, seq_len, opts.threads, opts.repeats, opts.warmup)
         measured["speedup_vs_predicted"] = measured["speedup"] / predicted
         measured["decode"] = (
             serving.measure_decode(baseline, pruned, decode, opts.threads, opts.repeats, opts.warmup)
@@ -373,8 +380,12 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
         inputs.append(input_ref("scores", scores_path))
     if table is not None:
         inputs.append(input_ref("latency", opts.latency, table[1]))  # hashed once, by read_table
+    if shipped is not None:
+        inputs.append(input_ref("shipped", opts.onnx, shipped["sha256"]))
     config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()}
     config["baseline"] = str(baseline_arg)
+    if config["onnx"] is None:  # reports without --onnx keep the bytes they had before the option
+        del config["onnx"]
     return {
         **envelope("report", inputs, config),
         "task": new_info.task,
@@ -394,6 +405,7 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
         "measured": measured,
         "head_map": head_map(base_info, new_info, scores),
         "lineage": family_tree,
+        **({"shipped": shipped} if shipped is not None else {}),
         "warnings": warnings,
         "gates": [g.to_dict() for g in gate_list],
         "verdict": verdict(gate_list),
