@@ -70,7 +70,9 @@ def check_quantization(kind: str | None, onnx: Path | None, calib_data: Path | N
     if onnx is None:
         raise UsageError("--quantize goes with --onnx FILE (it quantizes the ONNX graph for onnxruntime)")
     if kind == "int8-static" and calib_data is None:
-        raise UsageError("--quantize int8-static needs --calib-data FILE (text the model will see, for activation ranges)")
+        raise UsageError(
+            "--quantize int8-static needs --calib-data FILE (text the model will see, for activation ranges)"
+        )
     if kind == "int8-dynamic" and calib_data is not None:
         raise UsageError("--calib-data goes with --quantize int8-static (int8-dynamic needs no data)")
 

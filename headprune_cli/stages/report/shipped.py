@@ -123,7 +123,9 @@ def _check_output_matches(model: OnnxModel, checkpoint: nn.Module, path: Path) -
     except HeadpruneError:
         raise
     except Exception as exc:
-        raise CheckpointError(f"--onnx {path}: onnxruntime cannot run it on the model's inputs: {first_line(exc)}") from None
+        raise CheckpointError(
+            f"--onnx {path}: onnxruntime cannot run it on the model's inputs: {first_line(exc)}"
+        ) from None
     if want is None or tuple(got.shape) != tuple(want.shape):
         raise CheckpointError(
             f"--onnx {path} gives {model.output_name} of shape {tuple(got.shape)}, the checkpoint "
