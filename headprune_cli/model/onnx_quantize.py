@@ -35,7 +35,7 @@ from torch import nn
 
 from headprune_cli.errors import DataError, HeadpruneError, NumericalError, UsageError, first_line
 from headprune_cli.model.layout import info_of
-from headprune_cli.model.onnx_export import export_onnx, example_inputs, require_onnx
+from headprune_cli.model.onnx_export import example_inputs, export_onnx, require_onnx
 from headprune_cli.names import did_you_mean
 from headprune_cli.temps import make_temp_folder, publish
 
@@ -147,7 +147,7 @@ def _quantize(fp32: Path, graph: Path, kind: str, names: list[str], calibration)
             return reader.rows
     except HeadpruneError:
         raise
-    except Exception as exc:  # onnxruntime's quantizer raises plain exceptions on graphs it cannot handle
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's quantizer raises plain exceptions on graphs it cannot handle
         raise HeadpruneError(f"onnxruntime could not quantize the graph ({kind}): {first_line(exc)}") from None
 
 
@@ -218,7 +218,7 @@ def _check_in_onnxruntime(graph: Path, model: nn.Module, names: list[str], seq_l
 
     try:
         session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types (Fail, InvalidGraph)
         raise HeadpruneError(f"onnxruntime cannot load the quantized graph: {first_line(exc)}") from None
     diffs, cosines = [], []
     for batch, length, seed in ((2, seq_len, 0), (3, max(1, seq_len // 2 + 1), 1)):

@@ -24,8 +24,8 @@ from headprune_cli.errors import ArchitectureError, CheckpointError, DataError, 
 from headprune_cli.fileio import sha256_file
 from headprune_cli.stages.report import serving
 from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs
-from headprune_cli.stages.report.shipped import checkpoint_metrics, load_shipped
 from headprune_cli.model.layout import ModelInfo, info_of
+from headprune_cli.stages.report.shipped import checkpoint_metrics, load_shipped
 from headprune_cli.stages.objectives import drop_unit, worse_by, worse_than
 
 # The metric a gate reads, per task, and whether its drop is stated in points (x100).

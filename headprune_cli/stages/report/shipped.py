@@ -40,7 +40,7 @@ class OnnxModel(nn.Module):
         options.inter_op_num_threads = 1
         try:
             self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types (Fail, InvalidGraph)
             raise CheckpointError(f"{path}: onnxruntime cannot load it: {first_line(exc)}") from None
         self.config = checkpoint.config  # adapter_for and the data readers read the family from here
         self.headprune = info_of(checkpoint)  # info_of: tokenizer, task, pooling, layout
@@ -79,7 +79,7 @@ def load_shipped(path: Path, checkpoint: nn.Module, threads: int) -> tuple[OnnxM
         raise UsageError("--onnx evaluates encoders (classifiers, embedding models); causal LMs are not supported")
     try:
         stamp = read_stamp(path)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - onnx raises protobuf's DecodeError and others
         raise CheckpointError(f"{path}: not an ONNX file ({first_line(exc)})") from None
     source = stamp.get(SOURCE_KEY)
     sha = info.loaded_from[1] if info.loaded_from else ""
@@ -122,7 +122,7 @@ def _check_output_matches(model: OnnxModel, checkpoint: nn.Module, path: Path) -
         got = getattr(model(**sample), model.output_name)
     except HeadpruneError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types at run time
         raise CheckpointError(
             f"--onnx {path}: onnxruntime cannot run it on the model's inputs: {first_line(exc)}"
         ) from None

@@ -76,7 +76,7 @@ class ReportStageOptions(Options):
         None,
         "The baseline's latency table (`headprune profile`): adds its predicted speedup beside the measured one (cost.latency).",
     )
-    onnx: Optional[Path] = option(
+    onnx: Path | None = option(
         None,
         "The shipped ONNX file exported from --model (`export --onnx`, int8 with --quantize): evaluated, timed and "
         "gated in onnxruntime (CPU) in place of the PyTorch model.",
