@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import warnings
 from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -154,12 +155,14 @@ def _quantize(fp32: Path, graph: Path, kind: str, names: list[str], calibration)
 @contextmanager
 def _quiet_quantizer():
     """onnxruntime's quantizer logs advice ("consider pre-processing") through the root
-    logger; stderr is for the command's own lines."""
+    logger, and numpy warns on constant tensors (scale 0); stderr is for the command's own lines."""
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         root.setLevel(level)
 
