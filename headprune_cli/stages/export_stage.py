@@ -144,5 +144,9 @@ STAGE = Stage(
     outputs={"hf": "{stem}"},
     makes={},
     needs=("checkpoint",),
-    refused={"onnx": "the export stage writes an HF folder; `with_onnx: true` adds onnx/model.onnx to it"},
+    refused={
+        "onnx": "the export stage writes an HF folder; `with_onnx: true` adds onnx/model.onnx to it",
+        "quantize": "int8 ONNX goes with --onnx FILE: run `headprune export CKPT --onnx FILE --quantize ...` after the run",
+        "calib_data": "it goes with --quantize int8-static, which the export stage does not take",
+    },
 )
