@@ -172,6 +172,7 @@ def main(argv=None) -> int:
     parser.add_argument("--pruned", type=Path, help="The cut checkpoint; made by the real commands when absent.")
     parser.add_argument("--eval", type=Path, required=True)
     parser.add_argument("--calib", type=Path, help="Calibration data: for the cut and for int8-static.")
+    parser.add_argument("--no-static", action="store_true", help="Leave out the int8-static variants.")
     parser.add_argument("--recovery", type=Path, help="Training data: one recovery epoch after the cut.")
     parser.add_argument("--target-flops", type=float, default=0.5)
     parser.add_argument("--seq-len", type=int, default=128)
@@ -192,7 +193,7 @@ def main(argv=None) -> int:
     )
     torch.set_num_threads(args.threads)
     baseline, cut = load(args.baseline), load(pruned)
-    files = exports(args.work, {"base": baseline, "cut": cut}, args.calib, args.seq_len)
+    files = exports(args.work, {"base": baseline, "cut": cut}, None if args.no_static else args.calib, args.seq_len)
     models = variants(baseline, cut, files, args.threads)
     result = {
         "setting": {
