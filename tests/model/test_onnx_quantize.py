@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnx
 import pytest
 
 from headprune_cli import load, save
@@ -84,8 +85,7 @@ def test_the_file_names_its_checkpoint_and_a_rerun_is_byte_identical(quantized, 
     assert stamp == {SOURCE_KEY: model.headprune.loaded_from[1], QUANTIZATION_KEY: "int8-dynamic"}
     again = export_quantized(model, tmp_path / "again.onnx", "int8-dynamic")
     assert (tmp_path / "again.onnx").read_bytes() == path.read_bytes()
-    import onnx
-
+    assert again.quantization == "int8-dynamic" and again.min_cosine >= BOUND["int8-dynamic"][1]  # its own check
     graph = onnx.load(str(path)).graph
     int8 = [t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8]
     assert "MatMulInteger" in {node.op_type for node in graph.node} and int8  # weights stored and used in int8
