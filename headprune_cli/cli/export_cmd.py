@@ -16,6 +16,9 @@ def export(opts: stage.ExportOptions):
     position_ids and past_key_values.N.key/value and returns present.N.key/value, so
     onnxruntime can decode. Each file is checked against PyTorch in onnxruntime before it
     is written; models of 2 GB or more keep their weights in FILE.data beside it.
+    --quantize int8-dynamic|int8-static (encoders) writes it through
+    onnxruntime's quantizer, run in onnxruntime before it is moved into
+    place; `report --onnx` measures what it kept.
 
     The folder loads back with `headprune_cli.load(DIR)` and re-imports with
     `headprune import DIR -o x.safetensors`. A LLaMA/Mistral/Qwen model whose layers keep
@@ -27,6 +30,8 @@ def export(opts: stage.ExportOptions):
     Examples:
 
       headprune export small.safetensors --onnx small.onnx
+
+      headprune export small.safetensors --onnx small-int8.onnx --quantize int8-dynamic   # encoders: int8 weights
 
       headprune export small.safetensors --hf small-model/
 

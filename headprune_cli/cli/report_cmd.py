@@ -14,6 +14,9 @@ def report(opts: stage.ReportStageOptions):
     For causal LMs it also states KV-cache bytes per token and measures prefill and
     decode (tokens/s with the KV cache on), each beside its prediction.
 
+    With --onnx FILE (an `export --onnx` file of --model) that file, run in onnxruntime,
+    stands for the pruned model in quality, latency and gates: the gate covers what ships.
+
     Exit codes: 0 every gate passed (or none given), 3 a gate failed (the model got worse
     than the budget), 1 an error, 2 a usage error. Outputs are written before exit 3.
 
@@ -25,5 +28,7 @@ def report(opts: stage.ReportStageOptions):
         --min-speedup 1.3 --json report.json --markdown report.md --junit gates.xml
 
       cat report.md >> "$GITHUB_STEP_SUMMARY"
+
+      headprune report --model small.safetensors --onnx small-int8.onnx --data dev.jsonl --max-drop 1.0   # the shipped file
     """
     return stage.run(opts, context())

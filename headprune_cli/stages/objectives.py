@@ -274,3 +274,8 @@ def _fidelity(model: nn.Module, reference: nn.Module, dataset: Dataset, batch_si
         check_finite(sim, f"batch {number}")
         total += float(sim.double().sum())
     return [metric("fidelity", total / len(dataset))]
+
+
+def metric_dicts(metrics) -> list[dict]:
+    """Metrics as artifacts record them: name, value, higher_is_better."""
+    return [{"name": m.name, "value": float(m.value), "higher_is_better": bool(m.higher_is_better)} for m in metrics]

@@ -7,6 +7,7 @@ traceback, nothing on stdout, and every file in the folder exactly as it was. Th
 live in tests.support.assert_refused: a crash (exit 70, `Internal error: ...`) never passes a
 case, even when its message happens to contain the case's fragment.
 File safety, in its own block at the end: 22 file-safety cases, where an output would destroy a file.
+int8 ONNX (export --quantize, report --onnx), in a block after it: 9 quantization cases.
 """
 
 from __future__ import annotations
@@ -1384,3 +1385,118 @@ def test_file_safety_bad_input(case: Case, workspace: Path, tmp_path: Path, cli)
 
 def test_file_safety_count_matches_docstring():
     assert f"{len(SAFETY_CASES)} file-safety cases" in __doc__
+
+
+# --- int8 ONNX (export --quantize, report --onnx) -------------------------------------------
+# A block of its own, as the file-safety block, so that the lists above grow independently.
+def _calib_of_another_vocabulary(folder: Path) -> None:
+    ids = torch.full((4, 6), 10**6, dtype=torch.long)  # far beyond the demo model's vocabulary
+    save_file({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, str(folder / "calib.safetensors"))
+
+
+def _onnx_of(source_sha: str) -> Callable[[Path], None]:
+    """A tiny valid ONNX file whose metadata names `source_sha` as the checkpoint it came from."""
+
+    def prepare(folder: Path) -> None:
+        import onnx
+        from onnx import TensorProto, helper
+
+        node = helper.make_node("Identity", ["x"], ["y"])
+        graph = helper.make_graph(
+            [node],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        )
+        proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        proto.metadata_props.add(key="headprune.source_sha256", value=source_sha)
+        onnx.save_model(proto, str(folder / "shipped.onnx"))
+
+    return prepare
+
+
+def _report_onnx(extra: Callable[[Path], list]) -> Callable[[Path], list]:
+    return lambda f: ["report", "--model", f / M, "--baseline", f / M, "--data", f / "data.jsonl", *extra(f)]
+
+
+QUANTIZE_CASES = [
+    Case(
+        "unknown quantization",
+        lambda f: ["export", f / M, "--onnx", f / "q.onnx", "--quantize", "int4"],
+        2,
+        "unknown --quantize 'int4'",
+    ),
+    Case(
+        "quantize without --onnx",
+        lambda f: ["export", f / M, "--hf", f / "out", "--quantize", "int8-dynamic"],
+        2,
+        "--quantize goes with --onnx",
+    ),
+    Case(
+        "static quantization without calibration data",
+        lambda f: ["export", f / M, "--onnx", f / "q.onnx", "--quantize", "int8-static"],
+        2,
+        "needs --calib-data",
+    ),
+    Case(
+        "calibration data for dynamic quantization",
+        lambda f: [
+            "export",
+            f / M,
+            "--onnx",
+            f / "q.onnx",
+            "--quantize",
+            "int8-dynamic",
+            "--calib-data",
+            f / "text.txt",
+        ],
+        2,
+        "int8-dynamic needs no data",
+    ),
+    Case(
+        "calibration data that does not match the model",
+        lambda f: [
+            "export",
+            f / M,
+            "--onnx",
+            f / "q.onnx",
+            "--quantize",
+            "int8-static",
+            "--calib-data",
+            f / "calib.safetensors",
+        ],
+        1,
+        "token ids must lie in",
+        _calib_of_another_vocabulary,
+    ),
+    Case("report --onnx of a missing file", _report_onnx(lambda f: ["--onnx", f / "none.onnx"]), 2, "no such file"),
+    Case(
+        "report --onnx of a file that is not ONNX",
+        _report_onnx(lambda f: ["--onnx", f / "text.txt"]),
+        1,
+        "not an ONNX file",
+    ),
+    Case(
+        "report --onnx of another checkpoint's export",
+        _report_onnx(lambda f: ["--onnx", f / "shipped.onnx"]),
+        1,
+        "not from --model",
+        _onnx_of("0" * 64),
+    ),
+    Case(
+        "report --onnx on a GPU",
+        _report_onnx(lambda f: ["--onnx", f / "shipped.onnx", "--device", "cuda"]),
+        2,
+        "--device cuda does not go with it",
+        _onnx_of("0" * 64),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", QUANTIZE_CASES, ids=[c.name for c in QUANTIZE_CASES])
+def test_quantize_bad_input(case: Case, workspace: Path, tmp_path: Path, cli):
+    test_bad_input(case, workspace, tmp_path, cli)
+
+
+def test_quantize_count_matches_docstring():
+    assert f"{len(QUANTIZE_CASES)} quantization cases" in __doc__

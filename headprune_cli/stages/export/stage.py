@@ -41,11 +41,21 @@ class ExportOptions(Options):
         DEFAULT_MAX_SHARD,
         "--hf: split weights above this size into shards with an index, as transformers does (e.g. 5GB, 500MB).",
     )
+    quantize: str | None = option(
+        None,
+        "With --onnx: int8 through onnxruntime's quantizer: int8-dynamic (weights int8, no data) or int8-static "
+        "(activation ranges from --calib-data).",
+    )
+    calib_data: Path | None = option(
+        None, "--quantize int8-static: calibration data (JSONL/CSV/text/safetensors) the model will see."
+    )
+    calib_samples: int = option(128, "--quantize int8-static: calibration rows read from --calib-data.", ge=1)
     force: bool = option(False, "Overwrite an existing output (a folder only if headprune wrote it).")
 
 
 def run(opts: ExportOptions, ctx: Context) -> Result:
     from headprune_cli.model.export import check_folder_output  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.onnx_quantize import check_quantization  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.tensorfile import parse_size  # noqa: PLC0415 (keeps numpy, torch out of this module's import)
 
     if sum(out is not None for out in (opts.onnx, opts.hf, opts.gguf)) != 1:
@@ -56,8 +66,13 @@ def run(opts: ExportOptions, ctx: Context) -> Result:
         return export_gguf_file(opts.checkpoint, opts.gguf, opts.gguf_type, opts.force, ctx)
     if opts.with_onnx is not None and opts.hf is None:
         raise UsageError("--with-onnx/--no-onnx go with --hf DIR (--onnx FILE writes only the ONNX file)")
+    check_quantization(opts.quantize, opts.onnx, opts.calib_data)
     if opts.onnx is not None:
-        check_output(opts.onnx, opts.force, inputs=[opts.checkpoint])
+        check_output(opts.onnx, opts.force, inputs=[opts.checkpoint, opts.calib_data])
+        if opts.quantize is not None:
+            from headprune_cli.stages.export.quantized import export_quantized_onnx  # noqa: PLC0415 (keeps torch out of this module's import)
+
+            return export_quantized_onnx(opts, ctx)
         return _export_onnx(opts, ctx)
     check_folder_output(opts.hf, opts.force, inputs=[opts.checkpoint])
     parse_size(opts.max_shard_size)
@@ -142,5 +157,7 @@ STAGE = Stage(
     refused={
         "onnx": "the export stage writes an HF folder; `with_onnx: true` adds onnx/model.onnx to it",
         "gguf": "the export stage writes an HF folder; run `headprune export --gguf FILE` on the run's checkpoint",
+        "quantize": "int8 ONNX goes with --onnx FILE: run `headprune export CKPT --onnx FILE --quantize ...` after the run",
+        "calib_data": "it goes with --quantize int8-static, which the export stage does not take",
     },
 )

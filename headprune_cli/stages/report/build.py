@@ -27,11 +27,12 @@ from headprune_cli.model.layout import ModelInfo, info_of
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import input_device, place
 from headprune_cli.stages import objectives
-from headprune_cli.stages.objectives import drop_unit, worse_by, worse_than
+from headprune_cli.stages.objectives import drop_unit, metric_dicts, worse_by, worse_than
 from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (registers the `report` kind)
 from headprune_cli.stages.report import serving
 from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs
 from headprune_cli.stages.report.latency_cost import latency_section, read_table
+from headprune_cli.stages.report.shipped import checkpoint_metrics, load_shipped
 
 # The metric a gate reads, per task, and whether its drop is stated in points (x100).
 MAIN_METRIC = {"classification": "accuracy", "causal-lm": "perplexity", "embedding": "fidelity"}
@@ -110,10 +111,6 @@ class MainMetric:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def metric_dicts(metrics) -> list[dict]:
-    return [{"name": m.name, "value": float(m.value), "higher_is_better": bool(m.higher_is_better)} for m in metrics]
 
 
 def main_metric(task: str, baseline: list[dict], pruned: list[dict]) -> MainMetric:
@@ -307,6 +304,7 @@ class ReportOptions:
     decode_tokens: int = serving.DEFAULT_TOKENS  # 0 = no decode measurement
     decode_batch: int = serving.DEFAULT_BATCH
     latency: str | None = None  # the baseline's latency table (`profile`): cost.latency
+    onnx: str | None = None  # the shipped ONNX file: evaluated and timed in onnxruntime for the pruned side
 
 
 def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptions, warn=lambda message: None) -> dict:
@@ -327,6 +325,9 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     for model in (baseline, pruned):
         place(model, opts.device, opts.dtype)
     base_sha, new_sha = info_of(baseline).loaded_from[1], info_of(pruned).loaded_from[1]
+    served, shipped = pruned, None  # `report --onnx`: the shipped file stands in for the pruned model
+    if opts.onnx is not None:
+        served, shipped = load_shipped(Path(opts.onnx), pruned, opts.threads)
     table = None
     if opts.latency is not None:
         table = read_table(opts.latency, baseline, base_sha)
@@ -338,7 +339,9 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
         )
         warn(warnings[-1])
     seq_len = opts.seq_len or min(DEFAULT_SEQ_LEN, max_sequence(baseline) or DEFAULT_SEQ_LEN)
-    base_metrics, new_metrics = evaluate_both(baseline, pruned, data, opts.batch_size, seq_len)
+    base_metrics, new_metrics = evaluate_both(baseline, served, data, opts.batch_size, seq_len)
+    if shipped is not None:
+        shipped["checkpoint_metrics"] = checkpoint_metrics(baseline, pruned, data, opts.batch_size, seq_len)
     main = main_metric(new_info.task, base_metrics, new_metrics)
     facts = {
         "baseline": model_facts(baseline, baseline_path, base_sha, seq_len),
@@ -348,7 +351,7 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     decode = serving.decode_prediction(baseline, pruned, gen) if gen else None
     measured = None
     if opts.repeats > 0:
-        measured = measure_speed(baseline, pruned, opts.batch_size, seq_len, opts.threads, opts.repeats, opts.warmup)
+        measured = measure_speed(baseline, served, opts.batch_size, seq_len, opts.threads, opts.repeats, opts.warmup)
         measured["speedup_vs_predicted"] = measured["speedup"] / predicted
         measured["decode"] = (
             serving.measure_decode(baseline, pruned, decode, opts.threads, opts.repeats, opts.warmup)
@@ -370,8 +373,12 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
         inputs.append(input_ref("scores", scores_path))
     if table is not None:
         inputs.append(input_ref("latency", opts.latency, table[1]))  # hashed once, by read_table
+    if shipped is not None:
+        inputs.append(input_ref("shipped", opts.onnx, shipped["sha256"]))
     config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()}
     config["baseline"] = str(baseline_arg)
+    if config["onnx"] is None:  # reports without --onnx keep the bytes they had before the option
+        del config["onnx"]
     return {
         **envelope("report", inputs, config),
         "task": new_info.task,
@@ -391,6 +398,7 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
         "measured": measured,
         "head_map": head_map(base_info, new_info, scores),
         "lineage": family_tree,
+        **({"shipped": shipped} if shipped is not None else {}),
         "warnings": warnings,
         "gates": [g.to_dict() for g in gate_list],
         "verdict": verdict(gate_list),

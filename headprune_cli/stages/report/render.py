@@ -112,6 +112,10 @@ def markdown(report: dict) -> str:
             else " (latency not measured)."
         )
     )
+    if report.get("shipped"):
+        from headprune_cli.stages.report.shipped import shipped_line  # noqa: PLC0415 (keeps torch out of this module's import)
+
+        lines.append(shipped_line(report["shipped"]))
     if cost.get("latency"):
         from headprune_cli.stages.report.latency_cost import markdown_line  # noqa: PLC0415 (keeps torch out of this module's import)
 
@@ -207,6 +211,10 @@ def terminal(report: dict, console) -> None:
     for g in report["gates"]:
         mark = "[green]pass[/]" if g["passed"] else "[red]FAIL[/]"
         console.print(f"  {mark} {g['description']} (value {g['value']:.4g})", highlight=False, soft_wrap=True)
+    if report.get("shipped"):
+        from headprune_cli.stages.report.shipped import shipped_line  # noqa: PLC0415 (keeps torch out of this module's import)
+
+        console.print(shipped_line(report["shipped"]), highlight=False, soft_wrap=True, markup=False)
     if report["cost"].get("decode"):
         console.print(serving_summary(report), highlight=False, soft_wrap=True)
     elif report.get("kv_cache"):

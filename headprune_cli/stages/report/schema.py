@@ -6,7 +6,7 @@ validates it like scores and plans. Everything measured with a clock is under
 
 Versioning: fields are only ever added, as optional fields with a null default, and
 schema_version stays 1 while that holds. `kv_cache`, `cost.decode` and `measured.decode`
-(causal-LM serving, report.serving) came that way: reports written before them still
+(causal-LM serving, report.serving), and `shipped` (`report --onnx`, report.shipped) came that way: reports written before them still
 read. A reader older than a field refuses a report that has it (every model forbids
 unknown fields), naming the field, instead of silently dropping it. A change that
 renames, removes or retypes a field bumps schema_version.
@@ -167,6 +167,19 @@ class Gate(Strict):
     passed: bool
 
 
+class Shipped(Strict):
+    """`report --onnx FILE`: the file that ran for the pruned side (metrics, latency, gates)."""
+
+    path: str
+    sha256: str
+    engine: str  # onnxruntime
+    engine_version: str
+    quantization: str | None  # from the file's metadata (export --quantize); None: not quantized by headprune
+    source_checked: bool  # the file names the --model checkpoint's sha256 (export --quantize writes it)
+    bytes: int  # the file (and its external data)
+    checkpoint_metrics: list[Metric]  # the --model checkpoint in PyTorch on the same data: the cut alone
+
+
 class Report(Envelope):
     kind: Literal["report"]
     task: str
@@ -179,6 +192,7 @@ class Report(Envelope):
     measured: Measured | None
     head_map: list[HeadMapRow]
     lineage: Lineage
+    shipped: Shipped | None = None  # `report --onnx`: the engine run that stands for the pruned model
     warnings: list[str]
     gates: list[Gate]
     verdict: Literal["pass", "fail", "no-gates"]

@@ -77,6 +77,11 @@ class ReportStageOptions(Options):
         None,
         "The baseline's latency table (`headprune profile`): adds its predicted speedup beside the measured one (cost.latency).",
     )
+    onnx: Path | None = option(
+        None,
+        "The shipped ONNX file exported from --model (`export --onnx`, int8 with --quantize): evaluated, timed and "
+        "gated in onnxruntime (CPU) in place of the PyTorch model.",
+    )
 
     def check(self) -> None:
         if self.min_speedup is not None and self.repeats == 0:
@@ -92,12 +97,18 @@ def run(opts: ReportStageOptions, ctx: Context) -> Result:
         opts.scores,
         opts.baseline,
         opts.latency,
+        opts.onnx,
     ]  # `auto` reaches the root through the model's provenance
     outputs = _check_outputs(opts, inputs)
     opts.check()
+    from headprune_cli.stages.report.shipped import check_onnx_options  # noqa: PLC0415 (torch: only once the options are read)
+
+    check_onnx_options(opts.onnx, opts.device, opts.dtype)
     check_device(opts.device, opts.dtype)
     # The report's `config` holds these, in ReportOptions' order.
     settings = ReportOptions(**{f.name: getattr(opts, f.name) for f in fields(ReportOptions)})
+    if opts.onnx is not None:  # the baseline runs where onnxruntime does, for a fair comparison
+        settings.device, settings.onnx = "cpu", str(opts.onnx)
     report = build_report(opts.model, opts.baseline, opts.data, opts.scores, settings)
     _portable_model_paths(report, outputs.get("json") or outputs.get("markdown"))
     if opts.json_out is not None:
@@ -129,7 +140,7 @@ def _portable_model_paths(report: dict, home: Path | None) -> None:
     """Name the models as the report's own folder sees them (as its `inputs` do), so that
     a report in an out folder has the same bytes wherever the folder is."""
     if home is not None:
-        for side in report["models"].values():
+        for side in [*report["models"].values(), *([report["shipped"]] if report.get("shipped") else [])]:
             side["path"] = portable_path(side["path"], Path(home).parent)
 
 

@@ -21,10 +21,10 @@ from headprune_cli.model.cost import count_params, flops_per_token
 from headprune_cli.model.layout import info_of
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget
-from headprune_cli.stages.objectives import default_objective, evaluate
+from headprune_cli.stages.objectives import default_objective, evaluate, metric_dicts
 from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
 from headprune_cli.stages.prune.stage import Compensation, cut
-from headprune_cli.stages.report.build import main_metric, metric_dicts
+from headprune_cli.stages.report.build import main_metric
 from headprune_cli.stages.report.render import metric_value as fmt
 from headprune_cli.stages.score.importance.api import score_model
 from headprune_cli.stages.score.importance.registry import HEAD_METHODS
