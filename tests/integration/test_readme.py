@@ -76,6 +76,20 @@ def test_every_docs_page_runs_in_a_fixed_order():
     assert {"README.md", "docs/commands.md", "docs/serving.md"} <= pages_with_examples
 
 
+LINK = re.compile(r"\]\((?P<target>[^)#\s]+)(?:#[^)\s]*)?\)")
+
+
+def test_every_relative_link_of_the_pages_names_a_file_of_the_repository():
+    pages = [*example_pages(), ROOT / "BENCHMARKS.md", *sorted((DOCS / "experiments").glob("*.md"))]
+    broken = [
+        (page.relative_to(ROOT).as_posix(), m["target"])
+        for page in pages
+        for m in LINK.finditer(page.read_text())
+        if "://" not in m["target"] and not (page.parent / m["target"]).exists()
+    ]
+    assert not broken, f"links to nothing: {broken}"
+
+
 def test_every_readme_example_runs_in_order(tmp_path):
     blocks = example_blocks()
     skipped = [b for b in blocks if b["skip"]]
