@@ -27,7 +27,7 @@ lstsq` of a plan with FFN cuts fails (TypeError), so the lstsq rows of those pla
 made with the same library calls minus the FFN refit (lstsq on the attention only, then
 the plan's cut) and are labelled `lstsq-attn`.
 
-Usage (from the repository root; BENCHMARKS.md section 12 has the run it records):
+Usage (from the repository root; docs/experiments/2026-12-01-heads-ffn-layers.md has the run it records):
   OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.ffn_routes --work /tmp/ffn_routes --tasks debian0 \
       --repeats 20 --compute-threads 1 --timing-threads 1 --json /tmp/ffn_routes/debian0.json
   python -m scripts.benchmarks.ffn_routes --tables-from /tmp/ffn_routes/*.json   # the tables, nothing measured

@@ -1,8 +1,8 @@
-"""Every headprune benchmark in one run, written to BENCHMARKS.md.
+"""Sections 1-7 and 11 of BENCHMARKS.md in one run; the other sections are carried over as they are.
 
-    OMP_NUM_THREADS=2 /tmp/venv0/bin/python -m scripts.benchmarks.suite --peer-python /tmp/venv-bench/bin/python
-    OMP_NUM_THREADS=2 /tmp/venv0/bin/python -m scripts.benchmarks.suite --full ...     # larger sets, more repeats
-    python -m scripts.benchmarks.suite --quick --out /tmp/b.md       # tiny random models, seconds (the test suite)
+    OMP_NUM_THREADS=2 python -m scripts.benchmarks.suite --peer-python $WORK/venv-bench/bin/python
+    OMP_NUM_THREADS=2 python -m scripts.benchmarks.suite --full ...     # larger sets, more repeats
+    python -m scripts.benchmarks.suite --quick --out $WORK/b.md      # tiny random models, seconds (the test suite)
     python -m scripts.benchmarks.suite --render run.json             # rewrite BENCHMARKS.md from a saved --json run
     OMP_NUM_THREADS=2 nice python -m scripts.benchmarks.suite --only decode   # re-measure section 11 alone, in place
 
@@ -314,14 +314,24 @@ def run(
     return result
 
 
-LARGE_MODELS = "<!-- scripts/benchmarks/large.py -->"  # scripts/benchmarks/large.py owns the text from this marker on
+# Sections 8-10 and 12-16 start at this marker (section 8 is scripts/benchmarks/large.py's): each is
+# measured by the script it names, in a run of its own, so the suite carries them over as they are.
+OTHER_SECTIONS = "<!-- scripts/benchmarks/large.py -->"
 
 
-def _keep_large_models(out: Path, text: str) -> str:
-    """Carry over the large-model section: scripts/benchmarks/large.py measures it in its own run."""
+def document(out: Path, result: dict) -> str:
+    """BENCHMARKS.md after this run: sections 1-7 rendered from `result`, the other scripts' sections
+    carried from `out` (they hold current results only; superseded notes live in docs/experiments/), and
+    section 11 (decode) replaced where it stands among them, so a rerun never holds it twice."""
     old = out.read_text() if out.exists() else ""
-    start = old.find(LARGE_MODELS)
-    return text if start < 0 else text.rstrip("\n") + "\n\n" + old[start:]
+    start = old.find(OTHER_SECTIONS)
+    if start < 0:
+        return bench_report.render(result)
+    own = bench_report.render({key: value for key, value in result.items() if key != "decode"})
+    text = own.rstrip("\n") + "\n\n" + old[start:]
+    if "decode" in result:
+        text = bench_report.splice(text, bench_report.decode_section(result["decode"]))
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.render:
-        args.out.write_text(_keep_large_models(args.out, bench_report.render(json.loads(args.render.read_text()))))
+        args.out.write_text(document(args.out, json.loads(args.render.read_text())))
         return 0
     if args.quick and args.out.resolve() == (ROOT / "BENCHMARKS.md").resolve():
         parser.error("--quick measures tiny random models: give --out another path than BENCHMARKS.md")
@@ -380,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         before = args.out.read_text() if args.out.exists() else ""
         args.out.write_text(bench_report.splice(before, bench_report.decode_section(result["decode"], alone=result)))
     else:
-        args.out.write_text(_keep_large_models(args.out, bench_report.render(result)))
+        args.out.write_text(document(args.out, result))
     print(f"bench: wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -2,7 +2,7 @@
 copy of the tree and run the test that must catch it; prints one line per mutation
 (CAUGHT when the test fails).
 
-Not part of CI (minutes per mutation). TESTING.md records a run.
+Not part of CI (minutes per mutation). docs/testing.md records a run.
 
     python scripts/tools/check_mutations.py                 # all
     python scripts/tools/check_mutations.py max-drop sgd    # some, by name

@@ -2,7 +2,7 @@
 # Mutation testing (mutmut) of the modules whose bugs the other tests might not see.
 # Not run in CI: it is slow. Each module is mutated in its own scratch copy of the tree
 # and checked against a fast subset of the tests (the ones that exercise it), at low
-# priority. Prints the surviving-mutant count per module; TESTING.md records the runs.
+# priority. Prints the surviving-mutant count per module; docs/testing.md records the runs.
 #
 #   pip install -e '.[dev]'               # mutmut
 #   scripts/tools/mutation.sh                   # every module below
@@ -52,7 +52,7 @@ pytest_add_cli_args_test_selection = [${tests}]
 pytest_add_cli_args = [${DESELECT}"-p", "no:cacheprovider", "-x", "-q"]
 process_isolation = "forkserver"
 use_git_change_detection = false
-also_copy = ["examples", "configs", "scripts", "README.md", "BENCHMARKS.md", "TESTING.md"]  # what tests read besides code
+also_copy = ["examples", "configs", "scripts", "docs", "README.md", "BENCHMARKS.md"]  # what tests read besides code
 CONF
   set -f; patterns=${PATTERN[$name]}; [ "$patterns" = "*" ] && patterns=""; set +f
   start=$(date +%s)

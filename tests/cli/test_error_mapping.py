@@ -96,8 +96,8 @@ def test_panic_through_the_console_entry_point(debug, tmp_path):
 
 
 def test_the_console_entry_point_delivers_what_it_printed_before_it_leaves():
-    """run() leaves with os._exit (no interpreter teardown, BENCHMARKS §8): what a command
-    printed into a pipe, which Python buffers, must still arrive whole."""
+    """run() leaves with os._exit (no interpreter teardown, docs/experiments/2026-12-01-large-models.md): what a
+    command printed into a pipe, which Python buffers, must still arrive whole."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | {
         "PYTHONPATH": str(ROOT)
     }  # a pipe is block-buffered

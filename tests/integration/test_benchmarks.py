@@ -81,6 +81,31 @@ def test_bench_quick_fills_every_table(tmp_path):
     again = tmp_path / "again.md"
     assert suite.main(["--render", str(raw), "--out", str(again)]) == 0
     assert again.read_text() == text
+    _check_a_rerun_keeps_the_other_scripts_sections(tmp_path, raw)
+
+
+def _check_a_rerun_keeps_the_other_scripts_sections(tmp_path, raw):
+    """Sections 8-10 and 12-16 come from their own scripts: a suite run carries them as they are and
+    rewrites section 11 where it stands (once), and only its own sections above the marker."""
+    decode = "## 11. Serving a causal LM: KV cache, prefill and decode"
+    out = tmp_path / "BENCHMARKS.md"
+    out.write_text(
+        f"# old header\n\n## 1. Scoring cost\n\nold scores\n\n{suite.OTHER_SECTIONS}\n## 8. Large\n\nkept 8\n\n"
+        f"## 10. Depth\n\nkept 10\n\n{decode}\n\nold decode\n\n## 12. Learned\n\nkept 12\n"
+    )
+    assert suite.main(["--render", str(raw), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# headprune benchmarks") and "old header" not in text and "old scores" not in text
+    assert text.count(decode) == 1 and "old decode" not in text
+    assert text.index("## 7. onnxruntime latency") < text.index(suite.OTHER_SECTIONS)
+    assert text.index("kept 8") < text.index("kept 10") < text.index(decode) < text.index("kept 12")
+    assert "| batch |" in text[text.index(decode) : text.index("kept 12")]  # the new run's decode table
+
+
+def test_benchmarks_md_names_no_scratch_paths():
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    assert "/tmp/" not in text
+    assert text.count(suite.OTHER_SECTIONS) == 1
 
 
 def test_bench_quick_refuses_to_overwrite_benchmarks_md(capsys):

@@ -1,9 +1,11 @@
-"""Every README example runs as written.
+"""Every example of README.md and of the docs pages runs as written.
 
-The ```bash and ```python blocks run in order, each in its own process, in one scratch
-folder that holds what the repository ships (examples/, configs/, scripts/), with this
-tree's `headprune` on PATH: what a new user gets by pasting them one after another. A
+The ```bash and ```python blocks of README.md, then of docs/*.md in the order of `PAGES`,
+run in order, each in its own process, in one scratch folder that holds what the repository
+ships (examples/, configs/, scripts/), with this tree's `headprune` on PATH: what a new user
+gets by pasting them one after another, so a page may use what an earlier one made. A
 block right after `<!-- readme-test: skip (why) -->` is not run; skips stay few.
+docs/experiments/ holds dated lab notes, whose commands name their own work folders: not run.
 
 `headprune` here is a shim that hands each command to a fork server holding the imported
 CLI (tests/support/forkserver.py): some 40 commands each paying the torch import took 7 minutes
@@ -23,6 +25,10 @@ from pathlib import Path
 from tests.support import ROOT, ForkServer
 
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+# The docs pages in the order their examples run: commands.md makes the checkpoints that
+# serving.md exports. Every page under docs/ is listed (a test checks it).
+PAGES = ("commands", "pipeline", "devices", "serving", "reliability", "formats", "methods", "architecture", "testing")
 BLOCK = re.compile(
     r"(?:<!-- readme-test: skip \((?P<why>[^)]+)\) -->\n)?```(?P<lang>[a-z]*)\n(?P<body>.*?)^```",
     re.DOTALL | re.MULTILINE,
@@ -49,10 +55,45 @@ def test_block_parser_sees_languages_lines_and_skips():
     assert blocks[0]["body"] == "echo a\n"
 
 
+def example_pages() -> list[Path]:
+    """README.md first, then the docs pages in their fixed order."""
+    return [README, *(DOCS / f"{name}.md" for name in PAGES)]
+
+
+def example_blocks() -> list[dict]:
+    """The bash and python blocks of every example page, in run order, each naming its page."""
+    return [
+        {**block, "page": page.relative_to(ROOT).as_posix()}
+        for page in example_pages()
+        for block in readme_blocks(page.read_text())
+        if block["lang"] in ("bash", "python")
+    ]
+
+
+def test_every_docs_page_runs_in_a_fixed_order():
+    assert sorted(p.stem for p in DOCS.glob("*.md")) == sorted(PAGES), "add the new docs page to PAGES"
+    pages_with_examples = {b["page"] for b in example_blocks() if not b["skip"]}
+    assert {"README.md", "docs/commands.md", "docs/serving.md"} <= pages_with_examples
+
+
+LINK = re.compile(r"\]\((?P<target>[^)#\s]+)(?:#[^)\s]*)?\)")
+
+
+def test_every_relative_link_of_the_pages_names_a_file_of_the_repository():
+    pages = [*example_pages(), ROOT / "BENCHMARKS.md", *sorted((DOCS / "experiments").glob("*.md"))]
+    broken = [
+        (page.relative_to(ROOT).as_posix(), m["target"])
+        for page in pages
+        for m in LINK.finditer(page.read_text())
+        if "://" not in m["target"] and not (page.parent / m["target"]).exists()
+    ]
+    assert not broken, f"links to nothing: {broken}"
+
+
 def test_every_readme_example_runs_in_order(tmp_path):
-    blocks = [b for b in readme_blocks(README.read_text()) if b["lang"] in ("bash", "python")]
+    blocks = example_blocks()
     skipped = [b for b in blocks if b["skip"]]
-    assert len(skipped) <= MAX_SKIPS, f"too many README blocks skipped: {[(b['line'], b['skip']) for b in skipped]}"
+    assert len(skipped) <= MAX_SKIPS, f"too many blocks skipped: {[(b['page'], b['line'], b['skip']) for b in skipped]}"
     work, server = tmp_path / "work", tmp_path / "server"
     work.mkdir(), server.mkdir()
     for name in ("examples", "configs", "scripts"):
@@ -77,9 +118,11 @@ def _run_blocks(blocks: list[dict], cwd: Path, env: dict) -> None:
         )
         result = _run(argv, cwd, env)
         assert result.returncode == 0, (
-            f"README.md line {block['line']}: this {block['lang']} block exited {result.returncode}:\n{block['body']}"
+            f"{block['page']} line {block['line']}: this {block['lang']} block exited {result.returncode}:\n"
+            f"{block['body']}"
             f"--- its stderr (end):\n{result.stderr[-3000:]}\n"
-            "Fix the example so it runs as written from the repository root, after the blocks above it; a block "
+            "Fix the example so it runs as written from the repository root, after the blocks before it (README.md, "
+            "then docs/ in the order of PAGES); a block "
             "that cannot run here (GPU, network) gets `<!-- readme-test: skip (why) -->` on the line before it."
         )
 

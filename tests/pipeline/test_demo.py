@@ -121,7 +121,7 @@ def test_rerun_skips_unchanged_stages_and_redoes_a_changed_one_and_those_after(s
 def test_demo_into_another_out_folder_is_byte_identical(shipped, at_root, tmp_path_factory):
     """Same config and SOURCE_DATE_EPOCH, a second out folder at the same depth: the same
     bytes (artifacts name files in their own folder relative to it). What differs is
-    listed in README (Files and formats): the measured latencies, and resolved.yaml's paths."""
+    listed in docs/formats.md: the measured latencies, and resolved.yaml's paths."""
     out, _, first = shipped
     other = tmp_path_factory.mktemp("demo-again") / "run"
     assert run("--out", str(other)) == 0
