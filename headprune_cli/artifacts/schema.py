@@ -15,7 +15,7 @@ import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -101,7 +101,7 @@ class Scores(Envelope):
         )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Scores":
+    def _consistent(self) -> Scores:
         layers, _ = self.shape
         if len(self.num_heads) != layers or len(self.num_kv_heads) != layers:
             raise ValueError("num_heads/num_kv_heads do not match shape")
@@ -134,8 +134,8 @@ class Plan(Envelope):
     remove_layers: list[int]
     predicted: dict[Literal["before", "after"], Prediction]
     num_heads: list[int]
-    search: Optional[dict[str, Any]] = None  # `headprune search`: measured losses and evaluations
-    latency: Optional[dict[str, Any]] = None  # a latency budget (`select --latency`): target and predicted ms
+    search: dict[str, Any] | None = None  # `headprune search`: measured losses and evaluations
+    latency: dict[str, Any] | None = None  # a latency budget (`select --latency`): target and predicted ms
     # FFN neurons to remove: original layer -> original neuron indices, strictly increasing
     # (one spelling per plan, checked in one pass even at 80 layers x 28,672 neurons). Absent
     # when the plan cuts no FFN, so plans without FFN cuts keep their bytes; `num_ffn` (the
@@ -149,7 +149,7 @@ class Plan(Envelope):
         return index_map(value) if isinstance(value, dict) else value
 
     @model_validator(mode="after")
-    def _in_range(self) -> "Plan":
+    def _in_range(self) -> Plan:
         n = len(self.num_heads)
         for layer, heads in self.remove_heads.items():
             _distinct(heads, f"remove_heads.{layer}")
@@ -177,7 +177,7 @@ def _check_ffn(
             raise ValueError(f"remove_ffn.{layer}: the layer is also in remove_layers")
         if any(b <= a for a, b in zip(neurons, neurons[1:])):
             raise ValueError(f"remove_ffn.{layer}: neuron indices must be strictly increasing (sorted, none twice)")
-        if neurons and not (0 <= neurons[0] and neurons[-1] < num_ffn[layer]):
+        if neurons and not (neurons[0] >= 0 and neurons[-1] < num_ffn[layer]):
             raise ValueError(f"remove_ffn.{layer}: neuron index out of range (the layer has {num_ffn[layer]})")
         if len(neurons) == num_ffn[layer]:
             raise ValueError(f"remove_ffn.{layer}: removes every neuron; drop the layer instead")

@@ -61,7 +61,7 @@ class Layout:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Layout":
+    def from_dict(cls, data: dict) -> Layout:
         try:
             layout = cls(**{k: data[k] for k in HEAD_KEYS})
         except (KeyError, TypeError) as exc:

@@ -33,7 +33,7 @@ class HeadGates:
         self.model, self.gates = model, gates
         self._handles = []
 
-    def __enter__(self) -> "HeadGates":
+    def __enter__(self) -> HeadGates:
         adapter = adapter_for(self.model)
         for pos, layer in enumerate(adapter.layer_list(self.model)):
             view = adapter.attention(layer)
@@ -79,7 +79,7 @@ class NeuronGates:
         self.model, self.gates = model, gates
         self._handles = []
 
-    def __enter__(self) -> "NeuronGates":
+    def __enter__(self) -> NeuronGates:
         adapter = adapter_for(self.model)
         for pos, layer in enumerate(adapter.layer_list(self.model)):
             down = adapter.ffn(layer).down

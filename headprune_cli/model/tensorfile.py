@@ -247,7 +247,7 @@ class _HashingWriter:
             self._pending.result()
             self._pending = None
 
-    def __enter__(self) -> "_HashingWriter":
+    def __enter__(self) -> _HashingWriter:
         return self
 
     def __exit__(self, *exc) -> None:

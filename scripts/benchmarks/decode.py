@@ -238,10 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     if args.out:
-        command = "OMP_NUM_THREADS=%s python -m scripts.benchmarks.decode %s" % (
-            os.environ.get("OMP_NUM_THREADS", "unset"),
-            " ".join(argv if argv is not None else sys.argv[1:]),
-        )
+        threads = os.environ.get("OMP_NUM_THREADS", "unset")
+        arguments = " ".join(argv if argv is not None else sys.argv[1:])
+        command = f"OMP_NUM_THREADS={threads} python -m scripts.benchmarks.decode {arguments}"
         alone = {
             "command": command.strip(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

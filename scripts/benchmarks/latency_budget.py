@@ -210,6 +210,7 @@ def decode_facts(target: float, plan: dict, rep: dict) -> dict:
 
 def score(t: Task, folder: Path) -> Path:
     from headprune_cli.stages.score import stage
+
     out = folder / "scores.json"
     if not out.is_file():
         stage.run(

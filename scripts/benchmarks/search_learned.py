@@ -84,6 +84,7 @@ def accuracy(path: Path, t: dict) -> float:
 
 def scores(t: dict, folder: Path, layers: bool) -> Path:
     from headprune_cli.stages.score import stage
+
     out = folder / ("scores-taylor-loo.json" if layers else "scores-taylor.json")
     if not out.is_file():
         extra = dict(layers=True, layer_method="loo") if layers else {}
@@ -104,6 +105,7 @@ def scores(t: dict, folder: Path, layers: bool) -> Path:
 
 def greedy_plan(t: dict, folder: Path, kind: str, value: float) -> tuple[Path, dict]:
     from headprune_cli.stages.select import stage
+
     out = folder / f"plan-greedy-{kind}-{value}.json"
     if not out.is_file():
         source = scores(t, folder, layers=kind != "ratio")
@@ -113,6 +115,7 @@ def greedy_plan(t: dict, folder: Path, kind: str, value: float) -> tuple[Path, d
 
 def search_plan(t: dict, folder: Path, kind: str, value: float, evaluations: int, rescore: bool) -> tuple[Path, dict]:
     from headprune_cli.stages.search import stage
+
     out = folder / f"plan-search{'-rescore' if rescore else ''}-{kind}-{value}.json"
     record = folder / (out.stem + ".time.json")
     if not out.is_file():
@@ -142,6 +145,7 @@ def search_plan(t: dict, folder: Path, kind: str, value: float, evaluations: int
 
 def prune(t: dict, plan: Path, out: Path, compensation: str) -> Path:
     from headprune_cli.stages.prune import stage
+
     if not out.is_file():
         data = t["calib"] if compensation != "none" else None
         stage.run(

@@ -160,7 +160,7 @@ def test_metadata_that_lies_about_shapes_is_refused_naming_the_file(tmp_path, cl
     save(poisoned, nan)
     out = tmp_path / "out.safetensors"
     for command in (["inspect"], ["import", "-o", out]):  # inspect reads the header, import loads the weights
-        run = lambda path: cli(command[0], path, *command[1:])  # noqa: E731
+        run = lambda path, command=command: cli(command[0], path, *command[1:])  # noqa: E731
         assert_refused(run(lie), 1, f"{lie}: tensor '{layer}' has shape [32, 24], the layout needs [32, 32]")
         assert_refused(run(wide), 1, f"{wide}: config intermediate_size=4000 matches no stored tensor's shape")
     assert_refused(

@@ -36,7 +36,7 @@ class AttentionView:
         return self.num_heads // self.num_kv_heads
 
     @classmethod
-    def of_projections(cls, module: nn.Module, q, k, v, o, head_dim: int) -> "AttentionView":
+    def of_projections(cls, module: nn.Module, q, k, v, o, head_dim: int) -> AttentionView:
         """A view of separate Q/K/V/O projections; head counts come from their shapes."""
         return cls(
             module=module,
@@ -61,7 +61,7 @@ class FFNView:
     width: int
 
     @classmethod
-    def of(cls, *ups: nn.Module, down: nn.Module) -> "FFNView":
+    def of(cls, *ups: nn.Module, down: nn.Module) -> FFNView:
         width = down.weight.shape[0] if is_conv1d(down) else down.in_features
         return cls(ups=list(ups), down=down, width=width)
 

@@ -7,7 +7,6 @@ export copies weights tensor by tensor unless it also traces ONNX (which needs t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
@@ -24,7 +23,7 @@ class ExportOptions(Options):
         None, "Write an ONNX file (dynamic batch and sequence axes; causal LMs with past key/values)."
     )
     hf: Path | None = option(None, "Write an HF-style folder: config, weights, tokenizer, headprune.json.")
-    with_onnx: Optional[bool] = option(
+    with_onnx: bool | None = option(
         None,
         "With --hf: also write DIR/onnx/model.onnx (default: for sentence-transformers models).",
         negative="--no-onnx",

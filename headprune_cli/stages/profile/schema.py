@@ -13,7 +13,7 @@ edited).
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import field_validator, model_validator
 
@@ -30,7 +30,7 @@ class Point(Strict):
     q3_ms: float
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Point":
+    def _ordered(self) -> Point:
         if not (0 < self.q1_ms <= self.median_ms <= self.q3_ms):
             raise ValueError(
                 f"a point needs 0 < q1 <= median <= q3 (got {self.q1_ms}, {self.median_ms}, {self.q3_ms} ms)"
@@ -64,7 +64,7 @@ class LayerPoints(Strict):
         return None
 
     @model_validator(mode="after")
-    def _grids(self) -> "LayerPoints":
+    def _grids(self) -> LayerPoints:
         for name, points, size in (("attention", self.attention, "units"), ("ffn", self.ffn, "width")):
             counts = [getattr(p, size) for p in points]
             if not counts or counts[0] < 1 or any(b <= a for a, b in zip(counts, counts[1:])):
@@ -88,7 +88,7 @@ def not_monotone(name: str, size: str, points: list) -> str | None:
 
 
 class Phase(Strict):
-    context: Optional[int] = None  # decode: KV-cache tokens each step attends to
+    context: int | None = None  # decode: KV-cache tokens each step attends to
     outside: Point
     layers: dict[int, LayerPoints]
 
@@ -101,7 +101,7 @@ class Phase(Strict):
 class Device(Strict):
     type: str  # cpu | cuda
     name: str
-    index: Optional[int] = None
+    index: int | None = None
 
 
 class ModelShape(Strict):
@@ -125,7 +125,7 @@ class LatencyTableArtifact(Envelope):
     kind: Literal["latency"]
     device: Device
     torch_version: str
-    threads: Optional[int]
+    threads: int | None
     batch: int
     seq_len: int
     dtype: str
@@ -135,7 +135,7 @@ class LatencyTableArtifact(Envelope):
     phases: dict[Literal["forward", "decode"], Phase]
 
     @model_validator(mode="after")
-    def _consistent(self) -> "LatencyTableArtifact":
+    def _consistent(self) -> LatencyTableArtifact:
         shape = self.model
         for name in ("heads", "kv_heads", "ffn"):
             if sorted(getattr(shape, name)) != sorted(shape.layers):

@@ -7,7 +7,6 @@ inside `run`. Nothing is written unless every point was measured.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from headprune_cli.artifacts.schema import write_artifact
 from headprune_cli.errors import UsageError
@@ -28,13 +27,11 @@ class ProfileOptions(Options):
     model: Path = option(
         ..., "Checkpoint to profile (the unpruned model that `score` and `select` will see).", argument=True
     )
-    output: Optional[Path] = option(None, "Latency JSON to write (default: stdout).", "-o", "--output")
+    output: Path | None = option(None, "Latency JSON to write (default: stdout).", "-o", "--output")
     device: str = device_option("Where to measure: " + DEVICE_HELP)
     dtype: str = dtype_option()
     batch_size: int = option(8, "Sequences per forward (match `report --batch-size` and how you serve).", ge=1)
-    seq_len: Optional[int] = option(
-        None, "Tokens per sequence (default: 128, or the model's maximum when smaller).", ge=1
-    )
+    seq_len: int | None = option(None, "Tokens per sequence (default: 128, or the model's maximum when smaller).", ge=1)
     threads: int = option(2, "CPU threads while timing (as `report --threads`).", ge=1)
     points: int = option(9, GRID_HELP, ge=2, le=64)
     multiple_of: int = option(
@@ -45,7 +42,7 @@ class ProfileOptions(Options):
     ffn_multiple_of: int = option(
         8, "FFN grid widths are multiples of this (8: what GPU matrix kernels tile by).", ge=1
     )
-    context: Optional[int] = option(
+    context: int | None = option(
         None, "Causal LMs: also profile decode, one token per sequence against a KV cache of this many tokens.", ge=1
     )
     rounds: int = option(5, "Interleaved timing rounds per point; the table keeps their median and quartiles.", ge=1)

@@ -116,7 +116,8 @@ class Streams:
                     if advance_full:
                         self.full[i] = calls[pos].run(self.blocks[pos], self.full[i])
                     else:
-                        seen.run_until(lambda: calls[pos].run(self.blocks[pos], self.full[i]))
+                        # run_until calls it at once, within this iteration: late binding is harmless
+                        seen.run_until(lambda: calls[pos].run(self.blocks[pos], self.full[i]))  # noqa: B023
                 x_full = _real_tokens(seen.x, self.masks[i])
                 self._run_pruned(pos, i)  # only the projection's input is needed here
                 x_kept = _real_tokens(seen.x, self.masks[i])[:, cols.to(seen.x.device)]
@@ -142,7 +143,7 @@ class Original:
     bias: torch.Tensor | None
 
     @classmethod
-    def of(cls, module: nn.Module) -> "Original":
+    def of(cls, module: nn.Module) -> Original:
         bias = module.bias.detach().clone() if module.bias is not None else None
         return cls(module, module.weight.detach().clone(), bias)
 
@@ -208,7 +209,7 @@ class _Captured:
     def __init__(self, o: nn.Module):
         self.o, self.x, self._stop = o, None, False
 
-    def __enter__(self) -> "_Captured":
+    def __enter__(self) -> _Captured:
         self._handle = self.o.register_forward_pre_hook(self._hook)
         return self
 

@@ -83,9 +83,7 @@ def search(
             "search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform"
         )
     if rescore_layers:
-        space, current, result, seen = _rescored_start(
-            table, loss, budget, constraints, evaluations, on_evaluation
-        )
+        space, current, result, seen = _rescored_start(table, loss, budget, constraints, evaluations, on_evaluation)
         best_loss = result.best_loss
     else:
         start = select(table, None, budget=budget, constraints=constraints)

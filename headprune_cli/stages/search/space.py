@@ -19,7 +19,6 @@ from headprune_cli.stages.select.ffn import NeuronChain
 State = tuple[tuple[int, ...], frozenset]  # (allowed-prefix index per chain, dropped layers)
 
 
-
 @dataclass
 class Space:
     table: ScoreTable

@@ -8,7 +8,6 @@ seen. The output is the same plan artifact `select` writes, with the search's re
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from headprune_cli.errors import DataError, UsageError
 from headprune_cli.files.outputs import check_output
@@ -31,9 +30,9 @@ class SearchOptions(ConstraintOptions):
         "--data",
         "-d",
     )
-    ratio: Optional[float] = ratio_option()
-    target_params: Optional[float] = target_params_option()
-    target_flops: Optional[float] = target_flops_option()
+    ratio: float | None = ratio_option()
+    target_params: float | None = target_params_option()
+    target_flops: float | None = target_flops_option()
     evaluations: int = option(
         DEFAULT_EVALUATIONS, "Candidates measured at most (the greedy start included).", ge=1, le=MAX_EVALUATIONS
     )
@@ -51,13 +50,13 @@ class SearchOptions(ConstraintOptions):
         False,
         "Score FFN neurons too, so that a FLOPs/params budget searches FFN widths as well (use --method fisher or taylor).",
     )
-    layer_method: Optional[str] = option(None, LAYER_METHOD_HELP)
-    objective: Optional[str] = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
-    samples: Optional[int] = option(None, "Use the first N examples of --data.", ge=1)
+    layer_method: str | None = option(None, LAYER_METHOD_HELP)
+    objective: str | None = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
+    samples: int | None = option(None, "Use the first N examples of --data.", ge=1)
     batch_size: int = option(32, "Examples per forward pass.", ge=1)
     max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
     seed: int = option(0, "Seed of the search order (and of anything stochastic in scoring).")
-    output: Optional[Path] = option(None, "Plan JSON to write (default: stdout).", "-o", "--output")
+    output: Path | None = option(None, "Plan JSON to write (default: stdout).", "-o", "--output")
     force: bool = option(False, "Overwrite OUTPUT if it exists.")
     device: str = device_option()
     dtype: str = dtype_option()

@@ -67,7 +67,9 @@ def run_budget_sweep(
             for target in sorted(opts.targets, reverse=True):
                 progress(f"{method} ({route}): FLOPs {target:g}")
                 try:
-                    selection = select(table, "joint" if "layers" in route else "budget", budget=Budget("flops", target))
+                    selection = select(
+                        table, "joint" if "layers" in route else "budget", budget=Budget("flops", target)
+                    )
                 except BudgetUnreachable as exc:  # beyond what the route can remove: a gap in its curve
                     progress(f"{method} ({route}): FLOPs {target:g} not reachable ({exc})")
                     continue

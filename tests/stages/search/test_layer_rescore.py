@@ -87,7 +87,13 @@ def test_every_rescored_plan_keeps_the_budget_and_the_constraints():
     check_constraints(table, constraints, result.selection)
     assert result.selection.predicted["after"]["flops_per_token"] <= limit
     again = search(
-        table, _paired_loss([]), budget=Budget("flops", 0.45), constraints=constraints, evaluations=25, seed=4, rescore_layers=True
+        table,
+        _paired_loss([]),
+        budget=Budget("flops", 0.45),
+        constraints=constraints,
+        evaluations=25,
+        seed=4,
+        rescore_layers=True,
     )
     assert (
         again.selection.remove_heads == result.selection.remove_heads

@@ -56,11 +56,13 @@ def test_every_candidate_keeps_the_budget_and_the_constraints():
     constraints = Constraints(min_heads=2, multiple_of=2, protect=((1, 0),))
     loss, seen = _quadratic([3.0, 1.0, 2.0])
     result = search(table, loss, budget=Budget("heads", 0.45), constraints=constraints, evaluations=40, seed=3)
-    removed = sum(len(v) for v in select(table, budget=Budget("heads", 0.45), constraints=constraints).remove_heads.values())
+    removed = sum(
+        len(v) for v in select(table, budget=Budget("heads", 0.45), constraints=constraints).remove_heads.values()
+    )
     assert len(seen) == result.evaluations > 1
     for candidate in seen:
         assert sum(len(v) for v in candidate.values()) == removed
-        for layer, heads in candidate.items():
+        for heads in candidate.values():
             kept = 6 - len(heads)
             assert kept >= 2 and kept % 2 == 0
         assert 0 not in candidate.get(1, [])  # protected

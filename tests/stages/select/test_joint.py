@@ -71,7 +71,9 @@ def test_budget_without_loss_scale_layer_scores_stays_heads_only():
         select(cosine, "joint", budget=Budget("flops", 0.9))
     with pytest.raises(UsageError, match="got taylor"):  # taylor scores without the attention measurement
         select(table(0.01, {0: 1.0, 1: 1.0, 2: 1.0}, method="taylor"), "joint", budget=Budget("flops", 0.9))
-    fixed = select(table(1.0, {0: 3.0, 1: 0.5, 2: 3.0}), budget=Budget("flops", 0.9), constraints=Constraints(drop_layers=1))
+    fixed = select(
+        table(1.0, {0: 3.0, 1: 0.5, 2: 3.0}), budget=Budget("flops", 0.9), constraints=Constraints(drop_layers=1)
+    )
     assert fixed.strategy == "budget" and fixed.remove_layers == [1]  # an explicit layer count keeps the old meaning
 
 

@@ -188,9 +188,13 @@ def test_multiple_of_and_protect():
     sel = select(table, budget=Budget("heads", 0.3), constraints=Constraints(multiple_of=2))
     assert sel.remove_heads == {0: [0, 1, 2, 3]}  # round(3.6) = 4 heads, two steps of 2
     # 3 heads asked, steps of 2: 2 and 4 miss by one each; the tie stays short of the ratio.
-    assert select(table, budget=Budget("heads", 0.25), constraints=Constraints(multiple_of=2)).remove_heads == {0: [0, 1]}
+    assert select(table, budget=Budget("heads", 0.25), constraints=Constraints(multiple_of=2)).remove_heads == {
+        0: [0, 1]
+    }
     # 5 asked: 4 misses by one, 6 by one; again short. 7 asked (0.58): 6, not 8.
-    assert select(table, budget=Budget("heads", 5 / 12), constraints=Constraints(multiple_of=2)).remove_heads == {0: [0, 1, 2, 3]}
+    assert select(table, budget=Budget("heads", 5 / 12), constraints=Constraints(multiple_of=2)).remove_heads == {
+        0: [0, 1, 2, 3]
+    }
     assert select(table, budget=Budget("heads", 0.58), constraints=Constraints(multiple_of=2)).remove_heads == {
         0: [0, 1, 2, 3],
         1: [4, 5],
@@ -202,7 +206,10 @@ def test_multiple_of_and_protect():
 def test_global_takes_a_step_past_the_ratio_only_when_it_lands_nearer():
     # 9 query heads in 3 KV groups: every step removes a group of 3 (min_heads keeps one).
     table = ScoreTable(heads={0: {h: 0.1 * h for h in range(9)}}, num_heads=[9], num_kv_heads=[3])
-    removed = {asked: sum(map(len, select(table, budget=Budget("heads", asked / 9)).remove_heads.values())) for asked in (2, 4, 5)}
+    removed = {
+        asked: sum(map(len, select(table, budget=Budget("heads", asked / 9)).remove_heads.values()))
+        for asked in (2, 4, 5)
+    }
     assert removed == {2: 3, 4: 3, 5: 6}  # each lands on the nearer multiple of 3
     # Steps of two sizes: the group that would overshoot is passed over for a head that fits.
     mixed = ScoreTable(
@@ -234,7 +241,10 @@ def test_shipped_causal_lm_config_removes_two_of_four_query_heads_of_every_group
         heads={l: {h: rng.random() for h in range(8)} for l in range(4)}, num_heads=[8] * 4, num_kv_heads=[2] * 4
     )
     chosen = select(
-        table, stage.get("strategy"), budget=Budget("heads", stage["ratio"]), constraints=Constraints(gqa_unit=stage["gqa_unit"])
+        table,
+        stage.get("strategy"),
+        budget=Budget("heads", stage["ratio"]),
+        constraints=Constraints(gqa_unit=stage["gqa_unit"]),
     )
     for layer in range(4):
         removed = chosen.remove_heads[layer]
@@ -254,7 +264,10 @@ def test_budget_meets_the_target_with_least_important_heads():
 def test_layer_removal_by_layer_scores():
     table = mha({0: [0.1, 0.2], 1: [0.5, 0.6], 2: [0.3, 0.3]}, layer_scores={0: 0.5, 1: 0.1, 2: 0.9})
     assert select(table, budget=Budget("heads", 0.0), constraints=Constraints(drop_layers=1)).remove_layers == [1]
-    assert select(table, budget=Budget("heads", 0.0), constraints=Constraints(layer_threshold=0.6)).remove_layers == [0, 1]
+    assert select(table, budget=Budget("heads", 0.0), constraints=Constraints(layer_threshold=0.6)).remove_layers == [
+        0,
+        1,
+    ]
     protected = Constraints(drop_layers=1, protect=((1, 0),))
     assert select(table, budget=Budget("heads", 0.0), constraints=protected).remove_layers == [0]
     with pytest.raises(UsageError, match="every layer"):

@@ -69,16 +69,42 @@ def test_uniform_takes_each_layers_least_important_heads():
     # Without --uniform, global would take 3 heads from one layer when its scores say so.
     skewed = mha({0: [0.01, 0.02, 0.03, 0.9], 1: [0.5, 0.6, 0.7, 0.8]})
     assert select(skewed, budget=Budget("heads", 0.5)).remove_heads == {0: [0, 1, 2], 1: [0]}
-    assert select(skewed, budget=Budget("heads", 0.5), constraints=Constraints(uniform=True)).remove_heads == {0: [0, 1], 1: [0, 1]}
+    assert select(skewed, budget=Budget("heads", 0.5), constraints=Constraints(uniform=True)).remove_heads == {
+        0: [0, 1],
+        1: [0, 1],
+    }
 
 
 def test_uniform_ratio_rounds_to_the_nearest_level_and_ties_keep_more():
     table = mha({0: [0.1, 0.2, 0.3, 0.4], 1: [0.5, 0.6, 0.7, 0.8], 2: [0.1, 0.9, 0.3, 0.2]})
     # 12 heads; levels remove 0, 3, 6, 9. ratio 0.3 -> 4 -> 3 heads (one per layer).
-    assert sum(map(len, select(table, budget=Budget("heads", 0.3), constraints=Constraints(uniform=True)).remove_heads.values())) == 3
+    assert (
+        sum(
+            map(
+                len,
+                select(table, budget=Budget("heads", 0.3), constraints=Constraints(uniform=True)).remove_heads.values(),
+            )
+        )
+        == 3
+    )
     # ratio 0.375 -> 4.5 rounds to 5, nearer 6 than 3.
-    assert sum(map(len, select(table, budget=Budget("heads", 0.375), constraints=Constraints(uniform=True)).remove_heads.values())) == 6
-    assert select(mha({0: [1, 2], 1: [3, 4]}), budget=Budget("heads", 0.25), constraints=Constraints(uniform=True)).remove_heads == {}
+    assert (
+        sum(
+            map(
+                len,
+                select(
+                    table, budget=Budget("heads", 0.375), constraints=Constraints(uniform=True)
+                ).remove_heads.values(),
+            )
+        )
+        == 6
+    )
+    assert (
+        select(
+            mha({0: [1, 2], 1: [3, 4]}), budget=Budget("heads", 0.25), constraints=Constraints(uniform=True)
+        ).remove_heads
+        == {}
+    )
 
 
 def test_uniform_threshold_pools_the_step_over_layers():
@@ -124,7 +150,9 @@ def test_uniform_from_an_uneven_model_and_when_impossible():
         cost=synthetic_cost([3, 4], [3, 2]),
     )
     with pytest.raises(UsageError, match=r"--uniform: no head count .*layer 0: \[3\]; layer 1: \[4, 2\]"):
-        select(odd, budget=Budget("heads", 0.5), constraints=Constraints(uniform=True, protect=((0, 0), (0, 1), (0, 2))))
+        select(
+            odd, budget=Budget("heads", 0.5), constraints=Constraints(uniform=True, protect=((0, 0), (0, 1), (0, 2)))
+        )
 
 
 @pytest.mark.parametrize("family", ["llama-gqa", "qwen3"])

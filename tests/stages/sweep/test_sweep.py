@@ -91,7 +91,9 @@ def test_a_sweep_point_equals_pruning_and_evaluating_by_hand(setup, cli):
     calib = read_data(setup / "calib.jsonl", model, max_length=16)
     dev = read_data(setup / "dev.jsonl", model, max_length=16)
     heads = score_model(model, calib, "taylor", batch_size=8).heads
-    selection = select(ScoreTable(heads=heads, num_heads=[4, 3, 4], num_kv_heads=[4, 3, 4]), "global", budget=Budget("heads", 0.5))
+    selection = select(
+        ScoreTable(heads=heads, num_heads=[4, 3, 4], num_kv_heads=[4, 3, 4]), "global", budget=Budget("heads", 0.5)
+    )
     apply_plan(model, selection.remove_heads, [])
     accuracy = {m.name: m.value for m in evaluate(model, dev, "classification", batch_size=8)}["accuracy"]
     assert row["main"] == pytest.approx(accuracy)
@@ -141,7 +143,9 @@ def test_sweep_compensation_changes_the_result_to_what_compensating_by_hand_give
     dev = read_data(tmp_path / "dev.txt", model, max_length=16)
     objective = default_objective(model)
     heads = score_model(model, calib, "taylor", objective, batch_size=8).heads
-    selection = select(ScoreTable(heads=heads, num_heads=[4, 4, 4], num_kv_heads=[4, 4, 4]), "global", budget=Budget("heads", 0.4))
+    selection = select(
+        ScoreTable(heads=heads, num_heads=[4, 4, 4], num_kv_heads=[4, 4, 4]), "global", budget=Budget("heads", 0.4)
+    )
     compensate(model, selection.remove_heads, selection.remove_layers, list(batches(calib, 8)), method="lstsq")
     apply_plan(model, selection.remove_heads, selection.remove_layers)
     perplexity = {m.name: m.value for m in evaluate(model, dev, objective, batch_size=8)}["perplexity"]
