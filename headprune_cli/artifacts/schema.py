@@ -108,7 +108,8 @@ class Scores(Envelope):
         for q, kv in zip(self.num_heads, self.num_kv_heads):
             if kv < 1 or q < 1 or q % kv:
                 raise ValueError(
-                    f"a layer has {q} query and {kv} key/value heads; each needs at least 1, and queries a multiple of key/values"
+                    f"a layer has {q} query and {kv} key/value heads; each needs at least 1, "
+                    "and queries a multiple of key/values"
                 )
         for layer, heads in self.kept.items():
             _distinct(heads, f"kept.{layer}")

@@ -268,7 +268,8 @@ def run_task(
                 sink(results)
                 r = results[-1]
                 print(
-                    f"{task.name} {route} {target} {applied}{tag}: {r['metric']} {r['pruned']:.4f} (drop {r['drop_points']:+.2f}) "
+                    f"{task.name} {route} {target} {applied}{tag}: {r['metric']} {r['pruned']:.4f} "
+                    f"(drop {r['drop_points']:+.2f}) "
                     f"flops {r['report_flops_ratio']:.3f} speedup {r['measured_speedup']}",
                     flush=True,
                 )
@@ -310,7 +311,8 @@ def wide_markdown(results: list[dict]) -> str:
         for (route, target), by in sorted(cells.items(), key=lambda kv: (-kv[0][1], list(ROUTES).index(kv[0][0]))):
             first = next(iter(by.values()))
             line = (
-                f"| {route} | {target} | {first['layers_removed'] or '-'} | {first['heads_removed']} | {first['neurons_removed']} | "
+                f"| {route} | {target} | {first['layers_removed'] or '-'} | "
+                f"{first['heads_removed']} | {first['neurons_removed']} | "
                 f"{first['report_flops_ratio']:.3f} | {first['params_ratio']:.2f} |"
             )
             for kind in kinds:

@@ -1003,7 +1003,8 @@ HOSTILE = [
         "aliases",
         _write(
             "bad.yaml",
-            "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nmodel: *b\nstages: [{command: score}]\n",
+            "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+            "model: *b\nstages: [{command: score}]\n",
         ),
     ),
     Case(

@@ -100,7 +100,9 @@ def _bad_files(tmp_path):
         "tiny.safetensors": "too short",
         "plain.safetensors": "without headprune metadata",
         "family.safetensors": "unknown model family 'nosuchfamily'",
-        "unbuildable.safetensors": "unbuildable.safetensors: cannot build BertForSequenceClassification from the stored config",
+        "unbuildable.safetensors": (
+            "unbuildable.safetensors: cannot build BertForSequenceClassification from the stored config"
+        ),
         "noconfig": "no config.json",
         "missing.safetensors": "no such",
     }
@@ -350,7 +352,8 @@ def test_an_export_folder_is_read_with_its_tokenizer_and_a_broken_one_is_refused
         "keys": (lambda d: d.pop("layout"), "{dir}/headprune.json: export metadata lacks layout"),
         "escape": (
             lambda d: d.update(weights="../good/model.safetensors"),
-            "{dir}/headprune.json: weights '../good/model.safetensors' is not one of model.safetensors, headprune.safetensors",
+            "{dir}/headprune.json: weights '../good/model.safetensors' is not one of "
+            "model.safetensors, headprune.safetensors",
         ),
         "missing": (
             lambda d: d.update(weights="headprune.safetensors"),

@@ -3,7 +3,8 @@
 An adapter knows, for one model family, where the attention blocks are and which
 attributes its forward reads, and answers what the rest of headprune would otherwise ask
 the family name: example inputs for (batch, seq_len), the positions a forward covers, the
-head size, whether its causal LMs keep a KV cache and whether its config states head_dim. Everything generic (gating, head removal, layer removal,
+head size, whether its causal LMs keep a KV cache and whether its config states
+head_dim. Everything generic (gating, head removal, layer removal,
 cost counting) is written once, here and in `surgery.py`, against that view.
 """
 

@@ -67,7 +67,8 @@ def _export_onnx(opts: ExportOptions, ctx: Context) -> Result:
     )
     data = f", weights in {result.external_data}" if result.external_data else ""
     ctx.print(
-        f"wrote {opts.onnx} (inputs {', '.join(names)} -> {result.outputs[0]}{' + present key/values' if past else ''}, "
+        f"wrote {opts.onnx} (inputs {', '.join(names)} -> "
+        f"{result.outputs[0]}{' + present key/values' if past else ''}, "
         f"opset {opts.opset}{data}; onnxruntime matches PyTorch to {result.max_abs_diff:.1e})"
     )
     written = [str(opts.onnx)] + ([str(opts.onnx.with_name(result.external_data))] if result.external_data else [])

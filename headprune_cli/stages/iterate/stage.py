@@ -22,21 +22,24 @@ class IterateOptions(Options):
     )
     target_flops: str | None = option(
         None,
-        "Instead of --schedule: fractions of the ORIGINAL FLOPs per token to keep after each round, falling (e.g. 0.9,0.8,0.7); each round cuts under that budget.",
+        "Instead of --schedule: fractions of the ORIGINAL FLOPs per token to keep after each round, "
+        "falling (e.g. 0.9,0.8,0.7); each round cuts under that budget.",
     )
     target_params: str | None = option(
         None, "Instead of --schedule: fractions of the ORIGINAL parameters to keep after each round, falling."
     )
     ffn: bool = option(
         False,
-        "Also score FFN neurons every round and cut them with the heads under the --target-flops/--target-params budget.",
+        "Also score FFN neurons every round and cut them with the heads under "
+        "the --target-flops/--target-params budget.",
     )
     method: str = option("taylor", "Scoring method used every round.")
     score_data: Path | None = option(None, "Data for scoring (default: --data).")
     floor: float | None = option(None, "Stop before the dev metric crosses this value.")
     max_drop: float | None = option(
         None,
-        "Stop before the dev metric is this much worse than the input's: points for accuracy/F1/fidelity (1.0 = one percentage point, as in `report`), or perplexity.",
+        "Stop before the dev metric is this much worse than the input's: points for accuracy/F1/fidelity (1.0 "
+        "= one percentage point, as in `report`), or perplexity.",
         ge=0,
     )
     epochs: int = option(1, "Recovery epochs per round.", ge=1)
@@ -135,7 +138,10 @@ def _line(r, budget=None) -> str:
     verdict = "kept" if r.accepted else "below the floor: stop"
     size = f"{r.heads_kept} heads" + (f", {r.neurons_kept} FFN neurons" if r.remove_ffn else "")
     cost = "" if r.cost_kept is None else f" ({r.cost_kept:.1%} of the {budget})"
-    return f"round {_step(r, budget)}: {size}{cost}, {r.metric_pruned:.4f} pruned -> {r.metric_recovered:.4f} recovered ({verdict})"
+    return (
+        f"round {_step(r, budget)}: {size}{cost}, {r.metric_pruned:.4f} pruned -> "
+        f"{r.metric_recovered:.4f} recovered ({verdict})"
+    )
 
 
 def _table(result, budget=None):

@@ -154,7 +154,8 @@ class LatencyTableArtifact(Envelope):
                 full = shape.kv_heads[layer] if group > 1 else shape.heads[layer]
                 if points.attention[-1].units != full or points.ffn[-1].width != shape.ffn[layer]:
                     raise ValueError(
-                        f"phases.{name}.layers.{layer}: the grid must end at the layer's {full} units and {shape.ffn[layer]} FFN neurons"
+                        f"phases.{name}.layers.{layer}: the grid must end at the layer's {full} units and "
+                        f"{shape.ffn[layer]} FFN neurons"
                     )
                 if points.measured_as not in phase.layers:
                     raise ValueError(f"phases.{name}.layers.{layer}: measured_as names no layer of the table")

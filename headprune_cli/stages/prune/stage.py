@@ -202,7 +202,8 @@ def _tell(result, ctx: Context) -> None:
             ctx.print(f"[yellow]warning:[/] {result.method} compensation skipped the {what} of layer {layer}: {why}")
         if layers:
             ctx.print(
-                f"{result.method} compensation on {result.tokens} tokens, {len(layers)} layers: relative {what}-output error "
+                f"{result.method} compensation on {result.tokens} tokens, "
+                f"{len(layers)} layers: relative {what}-output error "
                 f"{sum(before.values()) / len(layers):.4f} -> {sum(after.values()) / len(layers):.4f}"
             )
 

@@ -39,7 +39,8 @@ class ReportStageOptions(Options):
     batch_size: int = option(8, "Batch size for evaluation and latency.", ge=1)
     seq_len: int | None = option(
         None,
-        "Sequence length for FLOPs, latency, and the evaluation's max length (default: 128, or the model's maximum when smaller).",
+        "Sequence length for FLOPs, latency, and the evaluation's max length (default: 128, "
+        "or the model's maximum when smaller).",
         ge=1,
     )
     threads: int = option(2, "CPU threads while timing (torch.set_num_threads).", ge=1)
@@ -71,7 +72,8 @@ class ReportStageOptions(Options):
     decode_batch: int = option(1, "Causal LMs: sequences decoded together.", ge=1)
     latency: Path | None = option(
         None,
-        "The baseline's latency table (`headprune profile`): adds its predicted speedup beside the measured one (cost.latency).",
+        "The baseline's latency table (`headprune profile`): adds its predicted speedup beside "
+        "the measured one (cost.latency).",
     )
 
 

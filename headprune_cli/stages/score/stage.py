@@ -38,7 +38,8 @@ class ScoreOptions(Options):
     layers: bool = option(False, "Also score whole layers.")
     ffn: bool = option(
         False,
-        "Also score every FFN neuron (gradient, taylor, taylor-weight, fisher, activation, random), in the same pass: `select --target-*` then cuts heads, neurons and layers under one budget.",
+        "Also score every FFN neuron (gradient, taylor, taylor-weight, fisher, activation, random), "
+        "in the same pass: `select --target-*` then cuts heads, neurons and layers under one budget.",
     )
     layer_method: str | None = option(None, LAYER_METHOD_HELP)
     weights: list[str] | None = option(None, "For combined: METHOD=WEIGHT[,METHOD=WEIGHT] (default taylor=1,loo=1).")

@@ -44,11 +44,13 @@ class SearchOptions(ConstraintOptions):
     rescore_layers: bool = option(
         False,
         "Start from layers chosen one at a time by measured loss (each drop measured with the ones before it dropped, "
-        "the rest of the budget filled by head scores), instead of from single-pass layer scores; needs --target-flops/--target-params.",
+        "the rest of the budget filled by head scores), instead of from single-pass layer scores; "
+        "needs --target-flops/--target-params.",
     )
     ffn: bool = option(
         False,
-        "Score FFN neurons too, so that a FLOPs/params budget searches FFN widths as well (use --method fisher or taylor).",
+        "Score FFN neurons too, so that a FLOPs/params budget searches FFN widths as "
+        "well (use --method fisher or taylor).",
     )
     layer_method: str | None = option(None, LAYER_METHOD_HELP)
     objective: str | None = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
@@ -72,7 +74,8 @@ class SearchOptions(ConstraintOptions):
             raise UsageError("--layer-method needs --layers (it names how whole layers are scored)")
         if self.rescore_layers and self.ratio is not None:
             raise UsageError(
-                "--rescore-layers needs --target-flops or --target-params: --ratio counts heads, which dropping a layer does not change"
+                "--rescore-layers needs --target-flops or --target-params: --ratio counts heads, "
+                "which dropping a layer does not change"
             )
         if self.rescore_layers and self.layers:
             raise UsageError("--rescore-layers measures the layers itself; leave out --layers")
@@ -83,7 +86,8 @@ class SearchOptions(ConstraintOptions):
             )
         if self.uniform:
             raise UsageError(
-                "search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform"
+                "search does not take --uniform: one head count for every layer leaves nothing per layer "
+                "to search; use select --uniform"
             )
 
 
@@ -121,8 +125,10 @@ def run(opts: SearchOptions, ctx: Context) -> Result:
     write_artifact(plan, opts.output)
     ctx.print(
         f"search ({result.evaluations} candidates measured, {result.improvements} improvements): held-out loss "
-        f"{result.start_loss:.5f} ({_start_name(result)}) -> {result.best_loss:.5f}; removes {sum(len(v) for v in result.selection.remove_heads.values())} heads, "
-        f"{sum(len(v) for v in result.selection.remove_ffn.values())} FFN neurons, {len(result.selection.remove_layers)} layers",
+        f"{result.start_loss:.5f} ({_start_name(result)}) -> {result.best_loss:.5f}; "
+        f"removes {sum(len(v) for v in result.selection.remove_heads.values())} heads, "
+        f"{sum(len(v) for v in result.selection.remove_ffn.values())} FFN neurons, "
+        f"{len(result.selection.remove_layers)} layers",
         highlight=False,
     )
     return Result([str(opts.output)] if opts.output is not None else [], value=plan)
@@ -151,7 +157,8 @@ def _split(dataset, holdout: float, path: Path):
     held = round(len(dataset) * holdout)
     if held < MIN_PART or len(dataset) - held < MIN_PART:
         raise DataError(
-            f"{path}: {len(dataset)} examples are too few to split for search (each part needs at least {MIN_PART}; --holdout {holdout:g})"
+            f"{path}: {len(dataset)} examples are too few to split for search (each part needs at least "
+            f"{MIN_PART}; --holdout {holdout:g})"
         )
     cut = len(dataset) - held
     return dataset.select(0, cut), dataset.select(cut, len(dataset))

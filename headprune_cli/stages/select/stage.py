@@ -69,7 +69,8 @@ class SelectionOptions(ConstraintOptions):
     ratio: float | None = ratio_option()
     strategy: str | None = option(
         None,
-        "global | layer | threshold | budget | joint (default: from the amount given; a --target-* with loss-scale layer scores is joint).",
+        "global | layer | threshold | budget | joint (default: from the amount given; "
+        "a --target-* with loss-scale layer scores is joint).",
     )
     drop_layers: int = option(0, "Also drop the N least important layers (needs layer scores).", ge=0)
     layer_threshold: float | None = option(None, "Also drop layers scoring below T.")
@@ -78,13 +79,15 @@ class SelectionOptions(ConstraintOptions):
     target_flops: float | None = target_flops_option()
     latency: str | None = option(
         None,
-        "Latency table from `headprune profile`: price the budget in measured milliseconds (with --target-latency or --target-ms).",
+        "Latency table from `headprune profile`: price the budget in measured milliseconds (with "
+        "--target-latency or --target-ms).",
     )
     target_latency: float | None = option(None, "With --latency: keep this fraction of the profiled latency.")
     target_ms: float | None = option(None, "With --latency: keep the predicted latency at most this many milliseconds.")
     latency_phase: str = option(
         "forward",
-        "With --latency: price by the table's 'forward' profile, or its 'decode' one (causal LMs profiled with --context).",
+        "With --latency: price by the table's 'forward' profile, "
+        "or its 'decode' one (causal LMs profiled with --context).",
     )
 
     def budget(self) -> Budget | None:
@@ -159,7 +162,8 @@ def _latency_plan(opts: SelectionOptions, scores, source: str, scores_sha: str, 
     }
     if opts.latency is None:
         raise UsageError(
-            "--target-latency/--target-ms price the budget by a latency table: give --latency TABLE from `headprune profile`"
+            "--target-latency/--target-ms price the budget by a latency table: "
+            "give --latency TABLE from `headprune profile`"
         )
     budget = latency_select.latency_budget(opts.target_latency, opts.target_ms, others)
     table, table_sha = latency_select.read_latency(opts.latency, scores, opts.latency_phase)
@@ -204,7 +208,10 @@ def summary(plan: dict) -> str:
     shape = ", the same heads in every layer" if plan["constraints"].get("uniform") else ""
     ffn = f", {neurons} FFN neurons" if neurons else ""
     if plan.get("latency"):
-        cost += f"; latency {plan['latency']['after_ms']:.4g} ms predicted, {plan['latency']['after_fraction']:.1%} of before"
+        cost += (
+            f"; latency {plan['latency']['after_ms']:.4g} ms predicted, "
+            f"{plan['latency']['after_fraction']:.1%} of before"
+        )
     return f"plan ({plan['strategy']}): remove {heads} heads{ffn}, {len(plan['remove_layers'])} layers{shape}{cost}"
 
 

@@ -20,7 +20,8 @@ class SweepOptions(Options):
     ratios: str = option(",".join(f"{r:g}" for r in DEFAULT_RATIOS), "Comma-separated fractions of heads to remove.")
     target_flops: str | None = option(
         None,
-        "Comma-separated fractions of the FLOPs to keep (e.g. 0.8,0.6,0.5): sweep FLOPs budgets per --routes instead of head ratios.",
+        "Comma-separated fractions of the FLOPs to keep (e.g. 0.8,0.6,0.5): "
+        "sweep FLOPs budgets per --routes instead of head ratios.",
     )
     routes: str = option(
         ",".join(ROUTES),
