@@ -17,10 +17,9 @@ from headprune_cli.stages.unit import Context, Options, Result, Stage, device_op
 
 GRID_HELP = (
     "Grid points per layer for attention and for the FFN (default 9: the smallest allowed count, every eighth of the "
-    "full count, and all), interpolated linearly in between. Latency bends at the narrow "
-    "end, where fixed costs dominate: "
-    "every 5-point table measured overpredicted speedups (by 1.5-20% on average); 9-point tables lose that bias, "
-    "not the machine's noise (BENCHMARKS section 16). 2 x 9 timed blocks per layer shape."
+    "full count, and all), interpolated linearly in between. Latency bends at the narrow end, where fixed costs "
+    "dominate: every 5-point table measured overpredicted speedups (by 1.5-20% on average); 9-point tables lose "
+    "that bias, not the machine's noise (BENCHMARKS section 16). 2 x 9 timed blocks per layer shape."
 )
 
 

@@ -151,9 +151,8 @@ def _choose(choose, by_ms, strategy, fraction, constraints, target, full):
         return choose(by_ms, strategy, Budget("flops", fraction), constraints)
     except BudgetUnreachable:
         raise BudgetUnreachable(
-            message=f"the latency target {target:.4g} ms ({target / full:.3f} of the "
-            f"profiled {full:.4g} ms) cannot be met "
-            f"within the constraints (--min-heads, --min-ffn, --multiple-of, --protect)"
+            message=f"the latency target {target:.4g} ms ({target / full:.3f} of the profiled {full:.4g} ms) "
+            "cannot be met within the constraints (--min-heads, --min-ffn, --multiple-of, --protect)"
         ) from None
 
 
