@@ -31,7 +31,7 @@ class HeadGates:
 
     def __init__(self, model: nn.Module, gates: list[torch.Tensor]):
         self.model, self.gates = model, gates
-        self._handles = []
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def __enter__(self) -> HeadGates:
         adapter = adapter_for(self.model)
@@ -77,7 +77,7 @@ class NeuronGates:
 
     def __init__(self, model: nn.Module, gates: list[torch.Tensor]):
         self.model, self.gates = model, gates
-        self._handles = []
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def __enter__(self) -> NeuronGates:
         adapter = adapter_for(self.model)

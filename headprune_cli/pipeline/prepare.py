@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,7 @@ class Pipeline:
 
 
 # --- validation: everything, before any work ------------------------------------------
-def prepare(source: str | Path | dict, overrides: list[str] = (), out: str | None = None) -> Pipeline:
+def prepare(source: str | Path | dict, overrides: Sequence[str] = (), out: str | None = None) -> Pipeline:
     """Read, override, validate and wire a config; raise ConfigError listing every problem."""
     raw = load_yaml(source) if not isinstance(source, dict) else json.loads(json.dumps(source))
     problems = apply_overrides(raw, list(overrides))
@@ -315,7 +316,7 @@ def _check_out(pipeline: Pipeline, problems: list[str]) -> None:
         check_folder(out, [p for p in inputs if isinstance(p, str)], "out folder")
     except HeadpruneError as exc:
         problems.append(str(exc))
-    root, owner = os.path.realpath(out), {}
+    root, owner = os.path.realpath(out), dict[str, str]()
     for stage in pipeline.stages:
         for path in stage.outputs:
             resolved = os.path.realpath(path)

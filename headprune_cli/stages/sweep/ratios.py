@@ -188,7 +188,7 @@ def markdown(result: dict) -> str:
 
 def curves(result: dict) -> dict[str, list[tuple[float, float]]]:
     start = result["main_metric"]["baseline"]
-    out = {}
+    out: dict[str, list[tuple[float, float]]] = {}
     for r in result["rows"]:
         out.setdefault(r["method"], [(0.0, start)]).append((r["fraction_removed"], r["main"]))
     return out
