@@ -113,8 +113,8 @@ class Scores(Envelope):
                 )
         for layer, heads in self.kept.items():
             _distinct(heads, f"kept.{layer}")
-        for layer, heads in self.heads.items():
-            if layer not in self.kept or sorted(heads) != sorted(self.kept[layer]):
+        for layer, scored in self.heads.items():
+            if layer not in self.kept or sorted(scored) != sorted(self.kept[layer]):
                 raise ValueError(f"layer {layer}: scored heads differ from the heads the model keeps")
         for layer, heads in self.kept.items():
             if not 0 <= layer < layers or any(not 0 <= h < self.num_heads[layer] for h in heads):
@@ -318,9 +318,11 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
     """json.loads keeps the last of two equal keys silently; an artifact never has two."""
     out = dict(pairs)
     if len(out) != len(pairs):
-        seen = set()
-        key = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ValueError(f"key {key[:20]!r} appears twice in one object")
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"key {key[:20]!r} appears twice in one object")
+            seen.add(key)
     return out
 
 

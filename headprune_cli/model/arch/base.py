@@ -29,14 +29,14 @@ class AttentionView:
     """The parts of one layer's self-attention that head pruning touches."""
 
     module: HFModule  # the attention module whose head-count attributes we update
-    q: nn.Module | None  # None when Q/K/V are one fused projection (GPT-2)
-    k: nn.Module | None
-    v: nn.Module | None
-    o: nn.Module  # output projection; its input is the concatenation of head outputs
+    q: HFModule | None  # None when Q/K/V are one fused projection (GPT-2)
+    k: HFModule | None
+    v: HFModule | None
+    o: HFModule  # output projection; its input is the concatenation of head outputs
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    fused_qkv: nn.Module | None = None
+    fused_qkv: HFModule | None = None
 
     @property
     def group_size(self) -> int:
@@ -63,8 +63,8 @@ class FFNView:
     whose output features are the neurons (up, and gate for gated MLPs), `down` the one
     whose input features are the neurons."""
 
-    ups: list[nn.Module]
-    down: nn.Module
+    ups: list[HFModule]
+    down: HFModule
     width: int
 
     @classmethod

@@ -52,7 +52,7 @@ class SweepOptions(Options):
             max_length=self.max_length,
             samples=self.samples,
             seed=self.seed,
-            targets=comma_list(self.target_flops, float, "--target-flops") if budget else [],
+            targets=comma_list(self.target_flops, float, "--target-flops") if self.target_flops is not None else [],
             routes=comma_list(self.routes, str, "--routes") if budget else [],
             repeats=self.repeats if budget else 0,
         )
