@@ -73,8 +73,8 @@ def test_the_import_walk_sees_function_level_and_relative_imports(tmp_path):
 
 def _heavy_modules_after(code: str) -> list[str]:
     probe = (
-        code
-        + "\nimport sys, json\nprint(json.dumps(sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules)))"
+        code + "\nimport sys, json\nprint(json.dumps(sorted(m for m in ('torch', 'transformers', "
+        "'tokenizers') if m in sys.modules)))"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -103,7 +103,10 @@ def test_help_and_select_do_not_import_torch(tmp_path):
         capture_output=True,
     )
     assert _heavy_modules_after("from headprune_cli.cli.app import main\nmain(['--help'])") == []
-    select = f"from headprune_cli.cli.app import main\nmain(['select', {str(scores)!r}, '--ratio', '0.5', '-o', {str(tmp_path / 'plan.json')!r}])"
+    select = (
+        f"from headprune_cli.cli.app import main\nmain(['select', {str(scores)!r}, '--ratio', '0.5', '-o', "
+        f"{str(tmp_path / 'plan.json')!r}])"
+    )
     assert _heavy_modules_after(select) == []
     assert json.loads((tmp_path / "plan.json").read_text())["kind"] == "plan"
     assert _heavy_modules_after("import headprune_cli") == []

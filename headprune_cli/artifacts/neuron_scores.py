@@ -78,7 +78,7 @@ class FFNScores(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _in_range(self) -> "FFNScores":
+    def _in_range(self) -> FFNScores:
         if (
             not all(isinstance(w, int) and 1 <= w <= MAX_FFN_WIDTH for w in self.width)
             or sum(self.width) > MAX_FFN_NEURONS

@@ -15,7 +15,7 @@ import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -101,19 +101,20 @@ class Scores(Envelope):
         )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Scores":
+    def _consistent(self) -> Scores:
         layers, _ = self.shape
         if len(self.num_heads) != layers or len(self.num_kv_heads) != layers:
             raise ValueError("num_heads/num_kv_heads do not match shape")
         for q, kv in zip(self.num_heads, self.num_kv_heads):
             if kv < 1 or q < 1 or q % kv:
                 raise ValueError(
-                    f"a layer has {q} query and {kv} key/value heads; each needs at least 1, and queries a multiple of key/values"
+                    f"a layer has {q} query and {kv} key/value heads; each needs at least 1, "
+                    "and queries a multiple of key/values"
                 )
         for layer, heads in self.kept.items():
             _distinct(heads, f"kept.{layer}")
-        for layer, heads in self.heads.items():
-            if layer not in self.kept or sorted(heads) != sorted(self.kept[layer]):
+        for layer, scored in self.heads.items():
+            if layer not in self.kept or sorted(scored) != sorted(self.kept[layer]):
                 raise ValueError(f"layer {layer}: scored heads differ from the heads the model keeps")
         for layer, heads in self.kept.items():
             if not 0 <= layer < layers or any(not 0 <= h < self.num_heads[layer] for h in heads):
@@ -154,8 +155,8 @@ class Plan(Envelope):
     remove_layers: list[int]
     predicted: dict[Literal["before", "after"], Prediction]
     num_heads: list[int]
-    search: Optional[dict[str, Any]] = None  # `headprune search`: measured losses and evaluations
-    latency: Optional[dict[str, Any]] = None  # a latency budget (`select --latency`): target and predicted ms
+    search: dict[str, Any] | None = None  # `headprune search`: measured losses and evaluations
+    latency: dict[str, Any] | None = None  # a latency budget (`select --latency`): target and predicted ms
     # FFN neurons to remove: original layer -> original neuron indices, strictly increasing
     # (one spelling per plan, checked in one pass even at 80 layers x 28,672 neurons). Absent
     # when the plan cuts no FFN, so plans without FFN cuts keep their bytes; `num_ffn` (the
@@ -169,7 +170,7 @@ class Plan(Envelope):
         return index_map(value) if isinstance(value, dict) else value
 
     @model_validator(mode="after")
-    def _in_range(self) -> "Plan":
+    def _in_range(self) -> Plan:
         n = len(self.num_heads)
         for layer, heads in self.remove_heads.items():
             _distinct(heads, f"remove_heads.{layer}")
@@ -197,7 +198,7 @@ def _check_ffn(
             raise ValueError(f"remove_ffn.{layer}: the layer is also in remove_layers")
         if any(b <= a for a, b in zip(neurons, neurons[1:])):
             raise ValueError(f"remove_ffn.{layer}: neuron indices must be strictly increasing (sorted, none twice)")
-        if neurons and not (0 <= neurons[0] and neurons[-1] < num_ffn[layer]):
+        if neurons and not (neurons[0] >= 0 and neurons[-1] < num_ffn[layer]):
             raise ValueError(f"remove_ffn.{layer}: neuron index out of range (the layer has {num_ffn[layer]})")
         if len(neurons) == num_ffn[layer]:
             raise ValueError(f"remove_ffn.{layer}: removes every neuron; drop the layer instead")
@@ -358,9 +359,11 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
     """json.loads keeps the last of two equal keys silently; an artifact never has two."""
     out = dict(pairs)
     if len(out) != len(pairs):
-        seen = set()
-        key = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ValueError(f"key {key[:20]!r} appears twice in one object")
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"key {key[:20]!r} appears twice in one object")
+            seen.add(key)
     return out
 
 

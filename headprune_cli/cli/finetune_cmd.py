@@ -1,4 +1,5 @@
-"""`headprune finetune`: recovery training after pruning, with optional distillation (the stage: stages/finetune/stage.py)."""
+"""`headprune finetune`: recovery training after pruning, with optional distillation
+(the stage: stages/finetune/stage.py)."""
 
 from __future__ import annotations
 
@@ -34,5 +35,5 @@ def finetune_command(opts: stage.FinetuneOptions):
       headprune finetune model.safetensors --data train.jsonl --learn-gates --ratio 0.5 --teacher auto --gates-out gates.json -o small.safetensors
 
       headprune finetune model.safetensors --data train.jsonl --head-dropout 0.2 -o robust.safetensors
-    """
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
     return stage.run(opts, context())

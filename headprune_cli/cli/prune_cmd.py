@@ -23,5 +23,5 @@ def prune(opts: stage.PruneOptions):
       headprune prune --scores scores.json --ratio 0.3 --compensate lstsq --data calib.txt -o small.safetensors
 
       headprune score m.safetensors --method taylor --data d.jsonl | headprune prune --ratio 0.3 --min-heads 1 -o small.safetensors
-    """
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
     return stage.run(opts, context())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -19,13 +19,13 @@ from headprune_cli.pipeline.prepare import prepare
 def run(
     config: Annotated[Path, typer.Argument(help="A pipeline config (YAML): model, data, out, seed, stages.")],
     overrides: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option(
             "--set",
             help="Override a config value: KEY.PATH=VALUE (value read as YAML; stages by name or index). Repeatable.",
         ),
     ] = None,
-    out: Annotated[Optional[str], typer.Option("--out", help="Output folder (overrides `out:` in the config).")] = None,
+    out: Annotated[str | None, typer.Option("--out", help="Output folder (overrides `out:` in the config).")] = None,
     force: Annotated[
         bool,
         typer.Option(

@@ -23,5 +23,5 @@ def search(opts: stage.SearchOptions):
       headprune search model.safetensors --data calib.jsonl --target-flops 0.5 --layers --layer-method loo --evaluations 200 -o plan.json
 
       headprune search m.safetensors --data calib.jsonl --ratio 0.5 | headprune prune -o small.safetensors
-    """
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
     return stage.run(opts, context())

@@ -55,7 +55,7 @@ class Dataset:
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def select(self, start: int, stop: int) -> "Dataset":
+    def select(self, start: int, stop: int) -> Dataset:
         """Rows [start, stop): a contiguous slice (batches, shards)."""
         pick = slice(start, stop)
         return Dataset(

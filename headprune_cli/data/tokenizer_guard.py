@@ -91,7 +91,8 @@ def encode_rows(
     except TokenizerFailure as whole:
         for i, where in enumerate(wheres):
             try:
-                guarded(lambda: encode(texts[i : i + 1], pairs[i : i + 1] if pairs is not None else None))
+                # the lambda runs within this iteration, so late binding of `i` is harmless
+                guarded(lambda: encode(texts[i : i + 1], pairs[i : i + 1] if pairs is not None else None))  # noqa: B023
             except TokenizerFailure as alone:
                 raise DataError(
                     f"{where}: the checkpoint's tokenizer failed on this row ({_cut(alone.reason)})"
@@ -105,7 +106,7 @@ def probe(backend, checkpoint: str) -> None:
     """Refuse a tokenizer whose regex engine gives up on the short, ordinary probes."""
     for text in PROBES:
         try:
-            guarded(lambda: backend.encode(text))
+            guarded(lambda: backend.encode(text))  # noqa: B023 - called within this iteration
         except TokenizerFailure as failure:
             if any(word in failure.reason.lower() for word in _REGEX_FAILURE):
                 raise DataError(

@@ -287,7 +287,8 @@ def make_folder(path: str | os.PathLike) -> Path:
             out.mkdir(parents=True)
         except FileExistsError:
             raise HeadpruneError(
-                f"{out} now exists: another process created it while this one ran; it was left as it is (choose another folder)"
+                f"{out} now exists: another process created it while this one ran; "
+                "it was left as it is (choose another folder)"
             ) from None
         release_claim(out)
     if out.is_dir() and not owned(out):

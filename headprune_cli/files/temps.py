@@ -167,7 +167,8 @@ def publish(tmp: str | os.PathLike, target: str | os.PathLike) -> None:
         rename_noreplace(tmp, target)
     except FileExistsError:
         raise HeadpruneError(
-            f"{target} now exists: another process wrote it while this one ran; it was left as it is (pass --force to replace it)"
+            f"{target} now exists: another process wrote it while this one ran; "
+            "it was left as it is (pass --force to replace it)"
         ) from None
     release_claim(target)
 

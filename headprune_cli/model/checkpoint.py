@@ -353,7 +353,8 @@ def _cut_to_layout(model: nn.Module, stored: ModelInfo, where) -> None:
         raise CheckpointError(f"{where}: its layout cannot be applied: {exc}") from None
     if info_of(model).layout.kv_heads != layout.kv_heads:
         raise CheckpointError(f"{where}: its layout's key/value heads do not match its query heads")
-    model.headprune = ModelInfo(**{**stored.__dict__, "layout": info_of(model).layout})
+    # nn.Module.__setattr__ is typed for Tensor | Module values; a plain attribute is what this is
+    model.headprune = ModelInfo(**{**stored.__dict__, "layout": info_of(model).layout})  # type: ignore[assignment]
 
 
 def _missing(kept: list[int], width: int) -> list[int]:

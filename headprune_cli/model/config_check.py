@@ -120,7 +120,7 @@ def estimated_params(config: dict) -> float:
     inner = _first(config, KEYS["intermediate"]) or 4 * hidden
     vocab = _first(config, KEYS["vocab"]) or 0
     positions = _first(config, KEYS["positions"]) or 0
-    image = config.get("image_size"), config.get("patch_size")
-    if all(isinstance(v, int) for v in image):
-        positions = (image[0] // image[1]) ** 2 + 1
+    image, patch = config.get("image_size"), config.get("patch_size")
+    if isinstance(image, int) and isinstance(patch, int):
+        positions = (image // patch) ** 2 + 1
     return float(4 * hidden * width + 3 * hidden * inner * (layers or 1) + (vocab + positions) * hidden)

@@ -16,10 +16,12 @@ it reads: every weight once per step, shared by the batch, plus each sequence's 
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 from torch import nn
 
 from headprune_cli.model.arch import adapter_for
-from headprune_cli.model.arch.base import is_conv1d
+from headprune_cli.model.arch.base import HFModule, is_conv1d
 from headprune_cli.model.cost_table import CostTable, LayerCost
 from headprune_cli.model.layout import info_of
 
@@ -30,7 +32,7 @@ def _is_linear(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) or is_conv1d(module)
 
 
-def _macs(module: nn.Module) -> int:
+def _macs(module: HFModule) -> int:
     return module.weight.numel()
 
 
@@ -42,7 +44,7 @@ def keys_per_token(model: nn.Module, seq_len: int) -> float:
     return (seq_len + 1) / 2 if info_of(model).task == "causal-lm" else float(seq_len)
 
 
-def linear_flops(model: nn.Module, seq_len: int, skip: set[int] = frozenset()) -> float:
+def linear_flops(model: nn.Module, seq_len: int, skip: AbstractSet[int] = frozenset()) -> float:
     """2 x MACs per token of every linear layer not in `skip` (ids of modules)."""
     total = 0.0
     for name, module in model.named_modules():

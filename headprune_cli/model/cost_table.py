@@ -60,7 +60,7 @@ class CostTable:
         return any(layer.ffn_width for layer in self.layers)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "CostTable":
+    def from_dict(cls, data: dict) -> CostTable:
         return cls(
             seq_len=int(data["seq_len"]),
             outside_params=int(data["outside_params"]),

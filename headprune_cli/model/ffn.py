@@ -67,7 +67,8 @@ def _kept_after(layout: Layout, layer: int, neurons: list[int]) -> list[int]:
 
 
 def _repeated(values: list[int]) -> set[int]:
-    seen, twice = set(), set()
+    seen: set[int] = set()
+    twice: set[int] = set()
     for v in values:
         (twice if v in seen else seen).add(v)
     return twice

@@ -32,7 +32,7 @@ class Curve:
     ms: tuple[float, ...]
 
     @classmethod
-    def of(cls, xs, ms) -> "Curve":
+    def of(cls, xs, ms) -> Curve:
         return cls(tuple(float(x) for x in xs), tuple(_monotone([float(m) for m in ms])))
 
     def __call__(self, x: float) -> float:
@@ -97,7 +97,7 @@ class LatencyTable:
     facts: dict  # device, torch version, threads, batch, seq_len, dtype, context
 
     @classmethod
-    def from_artifact(cls, artifact, phase: str = "forward") -> "LatencyTable":
+    def from_artifact(cls, artifact, phase: str = "forward") -> LatencyTable:
         data = artifact.phases[phase]
         layers = {}
         for layer, points in sorted(data.layers.items()):

@@ -14,6 +14,7 @@ from torch import nn
 
 from headprune_cli.errors import CheckpointError
 from headprune_cli.model.arch import adapter_for
+from headprune_cli.model.arch.base import HFModule
 from headprune_cli.ranges import MAX_FFN_NEURONS, MAX_FFN_WIDTH, from_ranges, to_ranges  # noqa: F401  (re-exported)
 
 
@@ -61,7 +62,7 @@ class Layout:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Layout":
+    def from_dict(cls, data: dict) -> Layout:
         try:
             layout = cls(**{k: data[k] for k in HEAD_KEYS})
         except (KeyError, TypeError) as exc:
@@ -194,7 +195,7 @@ def _build_options(model: nn.Module) -> dict:
     return {}
 
 
-def info_of(model: nn.Module) -> ModelInfo:
+def info_of(model: HFModule) -> ModelInfo:
     """The model's ModelInfo, created on first use for a model built in Python."""
     info = getattr(model, "headprune", None)
     if info is None:

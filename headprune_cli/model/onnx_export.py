@@ -109,10 +109,7 @@ def export_onnx(
     data = out.with_name(out.name + ".data")
     if external:
         check_output(data, force, inputs)
-    if info.task == "causal-lm":
-        spec = _decoder_spec(model, seq_len)
-    else:
-        spec = _plain_spec(model, seq_len)
+    spec = _decoder_spec(model, seq_len) if info.task == "causal-lm" else _plain_spec(model, seq_len)
     result = OnnxExport(str(out), spec.names, spec.outputs, opset, 0.0, data.name if external else None)
     tmp, lock = make_temp_folder(out)
     try:

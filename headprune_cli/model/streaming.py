@@ -3,7 +3,8 @@
 The model is built on the meta device (shapes, no weights) and cut with the same code
 as in-memory pruning, which gives the output's layout, config and tensor shapes. What
 each kept tensor holds comes from the adapter's `head_slices` and `ffn_slices` (which
-projections keep which head features and which FFN neurons): every output tensor is read from the source file alone, sliced
+projections keep which head features and which FFN neurons): every output tensor is read
+from the source file alone, sliced
 if the plan cuts it, checked, written and dropped. The bytes equal those of
 load -> apply_plan -> save, at a peak of about the largest tensor, not the model.
 """

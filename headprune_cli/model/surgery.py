@@ -31,9 +31,9 @@ class HeadGates:
 
     def __init__(self, model: nn.Module, gates: list[torch.Tensor]):
         self.model, self.gates = model, gates
-        self._handles = []
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
-    def __enter__(self) -> "HeadGates":
+    def __enter__(self) -> HeadGates:
         adapter = adapter_for(self.model)
         for pos, layer in enumerate(adapter.layer_list(self.model)):
             view = adapter.attention(layer)
@@ -77,9 +77,9 @@ class NeuronGates:
 
     def __init__(self, model: nn.Module, gates: list[torch.Tensor]):
         self.model, self.gates = model, gates
-        self._handles = []
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
-    def __enter__(self) -> "NeuronGates":
+    def __enter__(self) -> NeuronGates:
         adapter = adapter_for(self.model)
         for pos, layer in enumerate(adapter.layer_list(self.model)):
             down = adapter.ffn(layer).down

@@ -157,7 +157,8 @@ def read_tensor(entry: Entry) -> torch.Tensor:
         size = os.path.getsize(entry.path)
         if size < end:
             raise CheckpointError(
-                f"{entry.path} changed while headprune read it (truncated to {size} bytes; tensor {entry.name!r} ends at {end})"
+                f"{entry.path} changed while headprune read it (truncated to {size} bytes; "
+                f"tensor {entry.name!r} ends at {end})"
             )
         mapped = numpy.memmap(entry.path, dtype=numpy.uint8, mode="c", offset=entry.start, shape=(entry.nbytes,))
     except (OSError, ValueError) as exc:
@@ -206,7 +207,8 @@ def write_file(path: str | os.PathLike, specs: list[Spec], metadata: dict[str, s
             tensor = spec.produce()
             if tuple(tensor.shape) != spec.shape or tensor.dtype != spec.dtype:
                 raise CheckpointError(
-                    f"tensor {spec.name!r} is {tensor.dtype} {list(tensor.shape)}, expected {spec.dtype} {list(spec.shape)}"
+                    f"tensor {spec.name!r} is {tensor.dtype} {list(tensor.shape)}, "
+                    f"expected {spec.dtype} {list(spec.shape)}"
                 )
             if spec.nbytes:
                 out.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
@@ -247,7 +249,7 @@ class _HashingWriter:
             self._pending.result()
             self._pending = None
 
-    def __enter__(self) -> "_HashingWriter":
+    def __enter__(self) -> _HashingWriter:
         return self
 
     def __exit__(self, *exc) -> None:

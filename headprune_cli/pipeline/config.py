@@ -16,7 +16,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, create_model
@@ -46,9 +46,9 @@ class PipelineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(description="The checkpoint the pipeline starts from (the report's baseline).")
-    data: Optional[str] = Field(None, description="Default --data: scoring, calibration, compensation.")
-    train_data: Optional[str] = Field(None, description="finetune's --data (default: data).")
-    eval_data: Optional[str] = Field(None, description="report's --data, finetune/sweep --eval-data (default: data).")
+    data: str | None = Field(None, description="Default --data: scoring, calibration, compensation.")
+    train_data: str | None = Field(None, description="finetune's --data (default: data).")
+    eval_data: str | None = Field(None, description="report's --data, finetune/sweep --eval-data (default: data).")
     out: str = Field(DEFAULT_OUT, description="Folder for every artifact, resolved.yaml and run-state.json.")
     seed: StrictInt = Field(0, description="Passed as --seed to every stage that has one, unless the stage sets it.")
     stages: list[dict[str, Any]] = Field(min_length=1, description="The stages, run in order.")
@@ -149,12 +149,12 @@ def _scalar(base):
 
 def stage_model(spec: CommandSpec, reserved: set[str]) -> type[BaseModel]:
     """A pydantic model of one stage: the command's options (all optional), nothing else."""
-    fields: dict[str, Any] = {"command": (str, ...), "name": (Optional[str], None)}
+    fields: dict[str, Any] = {"command": (str, ...), "name": (str | None, None)}
     for key, option in spec.options.items():
         if key in reserved:
             continue
         bounds = {k: v for k, v in (("ge", option.minimum), ("le", option.maximum)) if v is not None}
-        fields[key] = (Optional[_field_type(option)], Field(None, **bounds))
+        fields[key] = (_field_type(option) | None, Field(None, **bounds))
     # NaN passes every bound (nan < 1 and nan > 0 are both false); no option means it.
     return create_model(f"Stage_{spec.name}", __config__=ConfigDict(extra="forbid", allow_inf_nan=False), **fields)
 

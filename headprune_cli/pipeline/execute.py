@@ -73,7 +73,7 @@ def _execute(pipeline: Pipeline, out: Path, invoke: Runner, force: bool, log: Lo
     for stage in pipeline.stages:
         fingerprint = stage_fingerprint(stage, out)
         before = previous.get(stage.name)
-        if not dirty and _unchanged(before, fingerprint, out):
+        if not dirty and before is not None and _unchanged(before, fingerprint, out):
             log(f"[{stage.name}] unchanged, skipped")
             state["stages"].append(before)
             results.append(StageResult(stage.name, stage.command, "skipped", before["code"], 0.0, stage.outputs))

@@ -3,7 +3,8 @@
 Every stage entry is checked against its stage's options model (the one its command is
 made from), then becomes the stage's options plus the command line that would run it
 (kept for resolved.yaml, `run --check` and the rerun fingerprints). execute.py calls
-each stage's `run` with those options. The pipeline adds three things: implicit wiring (select reads the last scores, prune the
+each stage's `run` with those options. The pipeline adds three things: implicit wiring
+(select reads the last scores, prune the
 last plan, finetune the current model, report compares the current model with the
 starting one), one folder holding every artifact plus `resolved.yaml`, and reruns that
 skip a stage whose options and input files (by sha256) are unchanged, redoing that stage
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +70,7 @@ class Pipeline:
 
 
 # --- validation: everything, before any work ------------------------------------------
-def prepare(source: str | Path | dict, overrides: list[str] = (), out: str | None = None) -> Pipeline:
+def prepare(source: str | Path | dict, overrides: Sequence[str] = (), out: str | None = None) -> Pipeline:
     """Read, override, validate and wire a config; raise ConfigError listing every problem."""
     raw = load_yaml(source) if not isinstance(source, dict) else json.loads(json.dumps(source))
     problems = apply_overrides(raw, list(overrides))
@@ -116,7 +118,9 @@ def _check_stages(entries, specs, problems: list[str]) -> list[Stage]:
         if command not in specs or command == "import":  # import is implicit: `model:` an HF folder
             known = [c for c in specs if c != "import"]
             problems.append(
-                f"{where}.command: {'missing' if command is None else f'unknown command {shorten(command)}'}{did_you_mean(str(command), known)}"
+                f"{where}.command: "
+                f"{'missing' if command is None else f'unknown command {shorten(command)}'}"
+                f"{did_you_mean(str(command), known)}"
             )
             continue
         name = str(entry.get("name") or command)
@@ -246,7 +250,8 @@ def _wire(pipeline: Pipeline, specs, problems: list[str]) -> None:
             missing.append("plan")
         for key in missing:
             problems.append(
-                f"stages.{i} ({stage.name}): needs `{key}`, which no earlier stage makes and the config does not give{_hint(stage.command, key)}"
+                f"stages.{i} ({stage.name}): needs `{key}`, which no earlier stage makes and the config does "
+                f"not give{_hint(stage.command, key)}"
             )
         for role, key in wiring.makes.items():
             roles[role] = produced[key]
@@ -310,7 +315,7 @@ def _check_out(pipeline: Pipeline, problems: list[str]) -> None:
         check_folder(out, [p for p in inputs if isinstance(p, str)], "out folder")
     except HeadpruneError as exc:
         problems.append(str(exc))
-    root, owner = os.path.realpath(out), {}
+    root, owner = os.path.realpath(out), dict[str, str]()
     for stage in pipeline.stages:
         for path in stage.outputs:
             resolved = os.path.realpath(path)

@@ -51,13 +51,13 @@ FIT_FRACTION = 0.8
 class Placement:
     """What `place` did: where the inputs go, and the dtype to cast back to before saving."""
 
-    device: "torch.device"
-    stored_dtype: "torch.dtype"
+    device: torch.device
+    stored_dtype: torch.dtype
     device_map: dict | None = None  # set when the layers were spread over several devices
     originals: dict | None = None  # parameter name -> its tensor as loaded (place(keep_originals=True))
 
 
-def resolve_device(spec: str = "auto") -> "torch.device":
+def resolve_device(spec: str = "auto") -> torch.device:
     """The device that `--device SPEC` names, checked against what this machine has."""
     import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 
@@ -90,7 +90,7 @@ def resolve_device(spec: str = "auto") -> "torch.device":
     return torch.device("cuda", index)
 
 
-def resolve_dtype(spec: str = "auto") -> "torch.dtype | None":
+def resolve_dtype(spec: str = "auto") -> torch.dtype | None:
     """The dtype `--dtype SPEC` names; None for auto (keep the stored dtype)."""
     import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 
@@ -114,24 +114,24 @@ def check(device: str = "auto", dtype: str = "auto") -> None:
     resolve_dtype(dtype)
 
 
-def stored_dtype(model: "nn.Module") -> "torch.dtype":
+def stored_dtype(model: nn.Module) -> torch.dtype:
     """The dtype of the model's floating-point parameters (the first one's)."""
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), next(model.parameters()).dtype)
 
 
-def stored_dtype_name(model: "nn.Module") -> str:
+def stored_dtype_name(model: nn.Module) -> str:
     """stored_dtype as artifacts write it: 'float32', 'bfloat16', ..."""
     return str(stored_dtype(model)).removeprefix("torch.")
 
 
-def cast_parameters(model: "nn.Module", dtype: "torch.dtype") -> None:
+def cast_parameters(model: nn.Module, dtype: torch.dtype) -> None:
     """Cast floating-point parameters (not buffers) in place, keeping Parameter identity and ties."""
     for p in model.parameters():
         if p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)
 
 
-def place(model: "nn.Module", device: str = "auto", dtype: str = "auto", keep_originals: bool = False) -> Placement:
+def place(model: nn.Module, device: str = "auto", dtype: str = "auto", keep_originals: bool = False) -> Placement:
     """Cast the model to the compute dtype and move it where it computes; see the module doc.
 
     `keep_originals` keeps the loaded parameter tensors (references: no copy unless the
@@ -150,7 +150,7 @@ def place(model: "nn.Module", device: str = "auto", dtype: str = "auto", keep_or
     return Placement(target, stored, None, originals)
 
 
-def restore(model: "nn.Module", placement: Placement) -> None:
+def restore(model: nn.Module, placement: Placement) -> None:
     """Back on the CPU in the stored dtype: what `save` must write.
 
     A parameter the stage left unchanged gets its loaded tensor back (no round trip
@@ -171,7 +171,7 @@ def restore(model: "nn.Module", placement: Placement) -> None:
             p.data = p.data.to(placement.stored_dtype)
 
 
-def input_device(model: "nn.Module") -> "torch.device":
+def input_device(model: nn.Module) -> torch.device:
     """Where a batch must be to enter the model: the device of its input embeddings."""
     embeddings = getattr(model, "get_input_embeddings", lambda: None)()
     for module in (embeddings, model):
@@ -184,7 +184,7 @@ def input_device(model: "nn.Module") -> "torch.device":
     return torch.device("cpu")
 
 
-def model_bytes(model: "nn.Module") -> int:
+def model_bytes(model: nn.Module) -> int:
     seen, total = set(), 0
     for p in list(model.parameters()) + list(model.buffers()):
         if id(p) not in seen:
@@ -193,7 +193,7 @@ def model_bytes(model: "nn.Module") -> int:
     return total
 
 
-def _fits(model: "nn.Module", device: "torch.device") -> bool:
+def _fits(model: nn.Module, device: torch.device) -> bool:
     import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 
     if torch.cuda.device_count() < 2 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -202,7 +202,7 @@ def _fits(model: "nn.Module", device: "torch.device") -> bool:
     return model_bytes(model) <= FIT_FRACTION * free
 
 
-def device_map_for(model: "nn.Module", max_memory: dict) -> dict:
+def device_map_for(model: nn.Module, max_memory: dict) -> dict:
     """accelerate's layer placement for `max_memory` ({device: bytes}): whole blocks per device."""
     try:
         from accelerate import infer_auto_device_map  # noqa: PLC0415 (accelerate: an optional extra)
@@ -228,7 +228,7 @@ def check_map(device_map: dict) -> dict:
     return device_map
 
 
-def spread(model: "nn.Module") -> dict:
+def spread(model: nn.Module) -> dict:
     """Place the model's layers over every visible CUDA device (accelerate dispatch_model)."""
     import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 

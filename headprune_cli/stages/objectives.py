@@ -56,7 +56,8 @@ def higher_is_better(metric: str) -> bool:
     """Whether a larger value of `metric` is better; an unknown metric is refused, not guessed."""
     if metric not in HIGHER_IS_BETTER:
         raise UsageError(
-            f"metric {metric!r} has no known direction (known: {', '.join(HIGHER_IS_BETTER)}); say whether higher is better"
+            f"metric {metric!r} has no known direction (known: "
+            f"{', '.join(HIGHER_IS_BETTER)}); say whether higher is better"
         )
     return HIGHER_IS_BETTER[metric]
 

@@ -13,9 +13,8 @@ its round medians, with quartiles and extremes.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Hashable
 
 
 @dataclass

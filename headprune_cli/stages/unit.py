@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import JsonDict
 
 from headprune_cli.errors import UsageError
 from headprune_cli.names import did_you_mean
@@ -63,7 +64,7 @@ def option(
     """A field of an options model with what its command-line option needs: `flags`
     ('-o', '--output'; default --FIELD-NAME), `negative` ('--no-normalize'), whether it is
     a positional `argument`, whether a path names a `folder` rather than a file to read."""
-    extra = {"flags": list(flags), "negative": negative, "argument": argument, "folder": folder}
+    extra: JsonDict = {"flags": list(flags), "negative": negative, "argument": argument, "folder": folder}
     return Field(default, description=help, ge=ge, le=le, json_schema_extra=extra)
 
 
@@ -123,7 +124,7 @@ class Stage:
 
     name: str
     options: type[Options]
-    run: Callable[[Options, Context], Result]
+    run: Callable[[Any, Context], Result]  # takes its own Options subclass (a Callable's argument is contravariant)
     stem: str
     inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)

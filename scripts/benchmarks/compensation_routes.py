@@ -59,7 +59,8 @@ def energy(base, batches, remove_ffn) -> None:
         tokens = y[:, top] ** 2
         print(
             f"layer {pos}: dimension {top} holds {float(dims[top] / dims.sum()):.1%} of the FFN output energy, "
-            f"the first token of each text ({float(first.float().mean()):.1%} of the tokens) {float(tokens[first].sum() / tokens.sum()):.1%} of that; "
+            f"the first token of each text ({float(first.float().mean()):.1%} of the tokens) "
+            f"{float(tokens[first].sum() / tokens.sum()):.1%} of that; "
             f"the removed neurons' share of the output energy: {float((part * part).sum() / (y * y).sum()):.1%}"
         )
 

@@ -42,7 +42,8 @@ from headprune_cli.stages.report.serving import Generation, decode_prediction, k
 from .speed import llama_shaped, remove_fraction
 
 HEADER = (
-    "| batch | KV cache B/token: baseline → pruned, predicted (measured in the cache) | prefill ms: baseline / pruned | prefill speedup: predicted / measured "
+    "| batch | KV cache B/token: baseline → pruned, predicted (measured in the cache) | prefill ms: "
+    "baseline / pruned | prefill speedup: predicted / measured "
     "| decode tokens/s: baseline / pruned | decode speedup: predicted (bytes) / measured | decode FLOP ratio |\n"
     "|---:|---|---|---|---|---|---:|"
 )
@@ -177,7 +178,8 @@ def markdown_row(r: dict) -> str:
         f"| {r['batch']} | {kv['baseline']:,} → {kv['pruned']:,} ({real['baseline']:,.0f} → {real['pruned']:,.0f}), "
         f"-{1 - r['kv_ratio']:.0%} | "
         + (
-            f"{pf['baseline']['median_ms']:.0f} / {pf['pruned']['median_ms']:.0f} | {r['predicted_prefill']:.2f}x / **{r['measured_prefill']:.2f}x** | "
+            f"{pf['baseline']['median_ms']:.0f} / {pf['pruned']['median_ms']:.0f} | "
+            f"{r['predicted_prefill']:.2f}x / **{r['measured_prefill']:.2f}x** | "
             if pf
             else f"not timed | {r['predicted_prefill']:.2f}x / not timed | "
         )
@@ -238,10 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     if args.out:
-        command = "OMP_NUM_THREADS=%s python -m scripts.benchmarks.decode %s" % (
-            os.environ.get("OMP_NUM_THREADS", "unset"),
-            " ".join(argv if argv is not None else sys.argv[1:]),
-        )
+        threads = os.environ.get("OMP_NUM_THREADS", "unset")
+        arguments = " ".join(argv if argv is not None else sys.argv[1:])
+        command = f"OMP_NUM_THREADS={threads} python -m scripts.benchmarks.decode {arguments}"
         alone = {
             "command": command.strip(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

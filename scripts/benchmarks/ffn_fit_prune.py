@@ -2,7 +2,8 @@
 down-projection column (what the CLI does), `diag` one scale per kept neuron (Kwon et al.'s
 mask tuning), a library option the CLI does not expose.
 
-  python -m scripts.benchmarks.ffn_fit_prune diag --plan plan.json --compensate lstsq --data calib.jsonl -o out.safetensors
+  python -m scripts.benchmarks.ffn_fit_prune diag --plan plan.json --compensate lstsq --data calib.jsonl \\
+      -o out.safetensors
 """
 
 import functools

@@ -147,7 +147,8 @@ ids = torch.randint(3, %d, (2, 16), generator=torch.Generator().manual_seed(1))
 with torch.no_grad():
     got = model(ids).logits
 want = load_file(work + "/headprune_logits.safetensors")["logits"]
-print("max |transformers - headprune| =", float((got - want).abs().max()), "intermediate_size =", model.config.intermediate_size,
+print("max |transformers - headprune| =", float((got - want).abs().max()),
+      "intermediate_size =", model.config.intermediate_size,
       "heads =", model.config.num_attention_heads, "kv heads =", model.config.num_key_value_heads)
 assert not [m for m in sys.modules if m.startswith("headprune_cli")]
 """

@@ -268,7 +268,8 @@ def run_task(
                 sink(results)
                 r = results[-1]
                 print(
-                    f"{task.name} {route} {target} {applied}{tag}: {r['metric']} {r['pruned']:.4f} (drop {r['drop_points']:+.2f}) "
+                    f"{task.name} {route} {target} {applied}{tag}: {r['metric']} {r['pruned']:.4f} "
+                    f"(drop {r['drop_points']:+.2f}) "
                     f"flops {r['report_flops_ratio']:.3f} speedup {r['measured_speedup']}",
                     flush=True,
                 )
@@ -290,8 +291,11 @@ def wide_markdown(results: list[dict]) -> str:
     for name in dict.fromkeys(r["task"] for r in results):
         rows = [r for r in results if r["task"] == name]
         metric = rows[0]["metric"]
+
         # lstsq and lstsq-attn share a column: a plan without FFN cuts has nothing for the FFN refit to do
-        kind_of = lambda r: "lstsq" if r["compensation"] == "lstsq-attn" else r["compensation"]
+        def kind_of(r):
+            return "lstsq" if r["compensation"] == "lstsq-attn" else r["compensation"]
+
         kinds = list(dict.fromkeys(kind_of(r) for r in rows))
         head = "| route | target | layers dropped | heads removed | FFN neurons removed | FLOPs | params |"
         rule = "|---|---:|---|---:|---:|---:|---:|"
@@ -307,7 +311,8 @@ def wide_markdown(results: list[dict]) -> str:
         for (route, target), by in sorted(cells.items(), key=lambda kv: (-kv[0][1], list(ROUTES).index(kv[0][0]))):
             first = next(iter(by.values()))
             line = (
-                f"| {route} | {target} | {first['layers_removed'] or '-'} | {first['heads_removed']} | {first['neurons_removed']} | "
+                f"| {route} | {target} | {first['layers_removed'] or '-'} | "
+                f"{first['heads_removed']} | {first['neurons_removed']} | "
                 f"{first['report_flops_ratio']:.3f} | {first['params_ratio']:.2f} |"
             )
             for kind in kinds:

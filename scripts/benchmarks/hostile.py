@@ -22,9 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
 from tests.support.hostile_files import BOMBS
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_one(tree: Path, args: list, limit: int) -> dict:
@@ -36,7 +36,8 @@ def run_one(tree: Path, args: list, limit: int) -> dict:
         "import resource, subprocess, sys, time;"
         "t = time.perf_counter();"
         "r = subprocess.run(sys.argv[1:], capture_output=True, text=True);"
-        "print(r.returncode, round(time.perf_counter() - t, 1), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024);"
+        "print(r.returncode, round(time.perf_counter() - t, 1), "
+        "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024);"
         "print((r.stderr.strip().splitlines() or [''])[-1][:150])"
     )
     out = subprocess.run(
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
             for tree in trees:
                 r = run_one(tree, args, int(opts.limit_gb * (1 << 30)))
                 print(
-                    f"| {name} | {tree.name} | {r['code']} | {r['peak_mb']} | {r['seconds']} | {r['stderr'].replace('|', '/')} |",
+                    f"| {name} | {tree.name} | {r['code']} | {r['peak_mb']} | {r['seconds']} | "
+                    f"{r['stderr'].replace('|', '/')} |",
                     flush=True,
                 )
                 for extra in folder.glob("long-scores.json"):

@@ -89,13 +89,17 @@ def render(summary: dict, command: str) -> str:
         MARKER,
         "## 8. Large models: memory and time per stage",
         "",
-        f"Random-weight LLaMA in bf16 ({c['layers']} layers, hidden {c['hidden']}, {c['heads']} query / {c['kv_heads']} KV heads, "
-        f"head_dim {c['head_dim']}, intermediate {c['intermediate']}, vocab {c['vocab']}), saved sharded by `save_pretrained`; "
-        f"checkpoint {size / 1e9:.2f} GB. Each stage runs in its own process; peak RSS from wait4, divided by the size of the checkpoint the stage reads (export reads the pruned one). "
+        f"Random-weight LLaMA in bf16 ({c['layers']} layers, hidden {c['hidden']}, "
+        f"{c['heads']} query / {c['kv_heads']} KV heads, "
+        f"head_dim {c['head_dim']}, intermediate {c['intermediate']}, vocab {c['vocab']}), "
+        "saved sharded by `save_pretrained`; "
+        f"checkpoint {size / 1e9:.2f} GB. Each stage runs in its own process; peak RSS from wait4, "
+        "divided by the size of the checkpoint the stage reads (export reads the pruned one). "
         "Targets: load and score <= 1.3x the checkpoint, prune and export <= 0.5x, inspect <= 0.25x.",
         "",
         f"- command: `nice {command}`",
-        f"- load average after the run: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} (shared machine: wall times are noisy; the ratios were measured side by side)",
+        f"- load average after the run: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} (shared machine: "
+        "wall times are noisy; the ratios were measured side by side)",
         "",
         "| stage | wall s | peak RSS GiB | input GB | RSS / input | target |",
         "|---|---:|---:|---:|---:|---|",
@@ -104,7 +108,8 @@ def render(summary: dict, command: str) -> str:
         target = TARGETS.get(r["stage"])
         verdict = "" if target is None else f"<= {target} {'ok' if r['rss_ratio'] <= target else 'MISSED'}"
         lines.append(
-            f"| {r['stage']} | {r['wall_s']:.1f} | {r['peak_rss_bytes'] / 2**30:.2f} | {r['input_bytes'] / 1e9:.2f} | {r['rss_ratio']:.2f} | {verdict} |"
+            f"| {r['stage']} | {r['wall_s']:.1f} | {r['peak_rss_bytes'] / 2**30:.2f} | "
+            f"{r['input_bytes'] / 1e9:.2f} | {r['rss_ratio']:.2f} | {verdict} |"
         )
     lines.append("")
     for key, what in (
@@ -113,7 +118,8 @@ def render(summary: dict, command: str) -> str:
     ):
         ratio = summary[key]
         lines.append(
-            f"- {what} wall time / (from_pretrained + save_pretrained) wall time: {ratio:.2f} (target <= 2: {'ok' if ratio <= 2 else 'MISSED'})"
+            f"- {what} wall time / (from_pretrained + save_pretrained) wall time: {ratio:.2f} (target <= 2: "
+            f"{'ok' if ratio <= 2 else 'MISSED'})"
         )
     lines.append("")
     return "\n".join(lines)
@@ -167,7 +173,8 @@ def main() -> None:
             "transformers from_pretrained+save",
             py
             + [
-                f"import transformers as T; T.AutoModelForCausalLM.from_pretrained({str(hf)!r}).save_pretrained({str(work / 'resaved')!r})"
+                "import transformers as T; "
+                f"T.AutoModelForCausalLM.from_pretrained({str(hf)!r}).save_pretrained({str(work / 'resaved')!r})"
             ],
         ),
         ("headprune import", hp + ["import", str(hf), "-o", str(ckpt)]),

@@ -34,8 +34,9 @@ Timing needs a quiet machine: nothing else running, the same --threads for every
 Usage (from the repository root):
   OMP_NUM_THREADS=2 python -m scripts.benchmarks.latency_budget --work /tmp/latency_budget --tasks minilm \
       --threads 2 --repeats 20 --json /tmp/latency_budget/minilm.json
-  OMP_NUM_THREADS=2 python -m scripts.benchmarks.latency_budget --work /tmp/lb-llama --tasks llama --threads 2 --batch-size 1 \
-      --repeats 10 --rounds 3 --bisect 0 --decode-context 512 --json /tmp/lb-llama/llama.json   # ~5 minutes
+  OMP_NUM_THREADS=2 python -m scripts.benchmarks.latency_budget --work /tmp/lb-llama --tasks llama --threads 2 \
+      --batch-size 1 --repeats 10 --rounds 3 --bisect 0 --decode-context 512 \
+      --json /tmp/lb-llama/llama.json   # ~5 minutes
   OMP_NUM_THREADS=1 python -m scripts.benchmarks.latency_budget --work /tmp/lb-demo --tasks demo --threads 1 \
       --repeats 2 --rounds 2 --min-time 0.01 --bisect 2 --json /tmp/lb-demo/demo.json   # smoke run
 """
@@ -351,7 +352,8 @@ def line(row: dict) -> str:
     if b is None:
         return head
     return head + (
-        f" (speedup {a['measured_speedup']:.3f}) vs FLOPs-priced {b['pruned']:.4f} at {b['measured_ms']['pruned']:.2f} ms"
+        f" (speedup {a['measured_speedup']:.3f}) vs FLOPs-priced {b['pruned']:.4f} at "
+        f"{b['measured_ms']['pruned']:.2f} ms"
         f" (speedup {b['measured_speedup']:.3f}, target_flops {b['target_flops']:.3f})"
     )
 

@@ -6,7 +6,8 @@ its pruned model interleaved with the baseline) names a pruned checkpoint; its m
 speedup is compared with each table's predicted speedup and with the FLOPs prediction.
 Nothing is timed here, so the tables' grids are compared on identical measurements.
 
-  python -m scripts.benchmarks.latency_grid --tables 5=/tmp/latency_budget/minilm/latency.json 9=/tmp/latency_budget9/minilm/latency.json \\
+  python -m scripts.benchmarks.latency_grid \\
+      --tables 5=/tmp/latency_budget/minilm/latency.json 9=/tmp/latency_budget9/minilm/latency.json \\
       --reports /tmp/latency_budget/minilm /tmp/latency_budget9/minilm
   python -m scripts.benchmarks.latency_grid --tables 5=a.json 9=b.json --reports /tmp/latency_budget/debian0 \
       --baseline ~/.cache/headprune/debian-sections/model.safetensors

@@ -169,7 +169,7 @@ def ort_latency(paths: dict[str, Path], inputs: dict, repeats: int, warmup: int,
     sessions = {k: ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"]) for k, p in paths.items()}
     feed = {k: v.numpy() for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
     samples: dict[str, list[float]] = {k: [] for k in sessions}
-    for name, session in sessions.items():
+    for session in sessions.values():
         for _ in range(warmup):
             session.run(None, feed)
     names = list(sessions)

@@ -83,7 +83,8 @@ def main() -> None:
     model = load(args.model).eval()
     data = read_data(args.data, model, max_length=args.max_length, need_labels=True)
     head_grads, neuron_grads = example_gradients(model, data, "classification")
-    plan = json.loads(open(args.plan).read())
+    with open(args.plan) as handle:
+        plan = json.load(handle)
     plan["remove_heads"] = {
         str(layer): new
         for layer, grads in enumerate(head_grads)

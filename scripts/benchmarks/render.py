@@ -101,7 +101,8 @@ def quality_section(q: dict) -> list[str]:
         "## 3. Quality: fidelity per importance method",
         "",
         f"Mean cosine of pooled embeddings to the unpruned model on {q['held_out']} held-out texts; scores and "
-        f"lstsq calibration on the {q['calibration']} texts before them (examples/minilm_text.txt, max {q['max_length']} tokens). "
+        f"lstsq calibration on the {q['calibration']} texts before them (examples/minilm_text.txt, "
+        f"max {q['max_length']} tokens). "
         "Selection `global`, min 1 head per layer. 1.0 = identical.",
         "",
         bench_quality.markdown(rows, ratios, q["seeds"]),
@@ -188,7 +189,8 @@ def recovery_section(rec: dict) -> list[str]:
         "",
         bench_recovery.markdown(rows),
         "",
-        f"Target within 0.5 points of the baseline after recovery: {_verdict(gap <= 0.5)} (best: {best['model'].split(',')[0]}, "
+        f"Target within 0.5 points of the baseline after recovery: {_verdict(gap <= 0.5)} (best: "
+        f"{best['model'].split(',')[0]}, "
         f"{-gap:+.2f} points).",
     ]
     if gap > 0.5:

@@ -22,10 +22,12 @@ Usage (from the repository root; BENCHMARKS.md section 15 has the run it records
   OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.search_learned --work /tmp/search_learned \
       --seeds 0 1 --rescore --json /tmp/search_learned/rows.json
   python -m scripts.benchmarks.search_learned --tables-from /tmp/search_learned/rows.json   # the tables only
-  python -m scripts.benchmarks.search_learned --tables-from /tmp/search_learned/rows.json --masked   # the plans as masks: loss vs accuracy
+  python -m scripts.benchmarks.search_learned --masked \
+      --tables-from /tmp/search_learned/rows.json   # the plans as masks: loss vs accuracy
   python -m scripts.benchmarks.search_learned --demo --work /tmp/sl-demo   # every path on the bundled toy model
   python -m scripts.benchmarks.search_learned --demo --work /tmp/sl-layers --seeds 0 --no-learn --rescore \
-      --cuts target_flops=0.6 target_flops=0.5 target_flops=0.4 --compensation none   # layer choice: single pass vs rescored
+      --cuts target_flops=0.6 target_flops=0.5 target_flops=0.4 \
+      --compensation none   # layer choice: single pass vs rescored
 """
 
 from __future__ import annotations
@@ -281,14 +283,16 @@ def masked(rows: list[dict], work: Path, demo: bool) -> str:
             with torch.no_grad(), HeadGates(model, removal_gates(model, heads)), skip_layers(model, layers):
                 acc = 100 * next(m.value for m in evaluate(model, dev, "classification") if m.name == "accuracy")
             lines.append(
-                f"| {name} | {r['route']} | {r['cut']} | {acc:.2f} | {dev_loss(heads, layers):.4f} | {held_loss(heads, layers):.4f} |"
+                f"| {name} | {r['route']} | {r['cut']} | {acc:.2f} | {dev_loss(heads, layers):.4f} | "
+                f"{held_loss(heads, layers):.4f} |"
             )
     return "\n".join(lines)
 
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| model | route | cut | compensation | heads removed | layers dropped | FLOPs | dev accuracy | drop (points) | search: evaluations, held-out loss start -> best | search wall s (load) |",
+        "| model | route | cut | compensation | heads removed | layers dropped | FLOPs | dev accuracy | "
+        "drop (points) | search: evaluations, held-out loss start -> best | search wall s (load) |",
         "|---|---|---|---|---:|---|---:|---:|---:|---|---:|",
     ]
     for r in rows:
@@ -299,7 +303,8 @@ def markdown(rows: list[dict]) -> str:
         wall = f"{r['wall_s']:.0f} ({r['load']:.1f})" if r.get("wall_s") else ""
         flops = f"{r['flops']:.3f}" if "flops" in r else ""
         lines.append(
-            f"| {r['model']} | {r['route']} | {r['cut']} | {r.get('compensation', '')} | {r.get('heads', '')} | {r.get('layers', '')} | {flops} | "
+            f"| {r['model']} | {r['route']} | {r['cut']} | {r.get('compensation', '')} | "
+            f"{r.get('heads', '')} | {r.get('layers', '')} | {flops} | "
             f"{r['accuracy']:.2f} | {r['drop']:+.2f} | {searched} | {wall} |"
         )
     return "\n".join(lines)

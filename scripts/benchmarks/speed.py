@@ -32,7 +32,10 @@ from headprune_cli.stages.report.latency import measure, synthetic_inputs
 from .common import minilm, tiny_bert
 
 FRACTIONS = (0.25, 0.5, 0.75)
-HEADER = "| model | heads removed | batch x seq | baseline ms (IQR) | pruned ms (IQR) | predicted | measured | measured/predicted |\n|---|---|---|---:|---:|---:|---:|---:|"
+HEADER = (
+    "| model | heads removed | batch x seq | baseline ms (IQR) | pruned ms (IQR) | predicted | measured | "
+    "measured/predicted |\n|---|---|---|---:|---:|---:|---:|---:|"
+)
 
 
 def gpt2_small(layers: int, width: int = 768, vocab: int = 50257):

@@ -73,13 +73,15 @@ def main() -> None:
     print(f"load average before/after: {load_before} / {os.getloadavg()}")
     base = statistics.median(walls["python -c pass"])
     print(
-        f"| command | wall s, median of {args.repeats} | wall s, min | CPU s, median | wall minus bare Python start (s) |"
+        f"| command | wall s, median of {args.repeats} | wall s, min | CPU s, median | "
+        "wall minus bare Python start (s) |"
     )
     print("|---|---:|---:|---:|---:|")
     for name in commands:
         median = statistics.median(walls[name])
         print(
-            f"| `{name}` | {median:.3f} | {min(walls[name]):.3f} | {statistics.median(cpus[name]):.3f} | {median - base:+.3f} |"
+            f"| `{name}` | {median:.3f} | {min(walls[name]):.3f} | "
+            f"{statistics.median(cpus[name]):.3f} | {median - base:+.3f} |"
         )
 
 

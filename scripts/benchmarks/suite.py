@@ -367,10 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick and args.out.resolve() == (ROOT / "BENCHMARKS.md").resolve():
         parser.error("--quick measures tiny random models: give --out another path than BENCHMARKS.md")
     mode = "quick" if args.quick else "full" if args.full else "default"
-    command = "OMP_NUM_THREADS=%s python -m scripts.benchmarks.suite %s" % (
-        os.environ.get("OMP_NUM_THREADS", "unset"),
-        " ".join(argv if argv is not None else sys.argv[1:]),
-    )
+    threads = os.environ.get("OMP_NUM_THREADS", "unset")
+    arguments = " ".join(argv if argv is not None else sys.argv[1:])
+    command = f"OMP_NUM_THREADS={threads} python -m scripts.benchmarks.suite {arguments}"
     result = json.loads(
         json.dumps(
             run(

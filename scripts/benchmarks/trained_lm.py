@@ -293,7 +293,8 @@ def decode_rows(bench: Bench, repeats: int, context: int = 512) -> list[dict]:
                 }
             )
             log(
-                f"decode {row.label} batch {batch}: {measured['decode_tokens_per_s']} predicted {predicted['predicted_decode_speedup']:.2f}x"
+                f"decode {row.label} batch {batch}: {measured['decode_tokens_per_s']} predicted "
+                f"{predicted['predicted_decode_speedup']:.2f}x"
             )
     return results
 

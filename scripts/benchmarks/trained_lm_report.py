@@ -7,7 +7,8 @@ def markdown(result: dict) -> str:
     base_ppl, base_params = result["baseline_perplexity"], result["baseline_parameters"]
     lines = [
         f"Baseline: {base_params:,} parameters, perplexity **{base_ppl:.2f}** on the first {result['eval_docs']} "
-        f"held-out documents (unigram baseline on the whole held-out split: {result['model']['unigram_perplexity']:.1f}).",
+        "held-out documents (unigram baseline on the whole held-out split: "
+        f"{result['model']['unigram_perplexity']:.1f}).",
         "",
         "| section | cut | params removed | perplexity | vs unpruned | command(s) |",
         "|---|---|---:|---:|---:|---|",

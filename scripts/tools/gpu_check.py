@@ -99,7 +99,8 @@ def main() -> int:
     check(
         f"score float32, {args.device} vs cpu",
         worst <= 1e-3 and spearman(cpu, gpu) > 0.999,
-        f"max relative difference {worst:.2e}, Spearman {spearman(cpu, gpu):.4f}; {seconds['cpu']:.1f} s cpu, {seconds['cuda']:.1f} s cuda",
+        f"max relative difference {worst:.2e}, Spearman {spearman(cpu, gpu):.4f}; "
+        f"{seconds['cpu']:.1f} s cpu, {seconds['cuda']:.1f} s cuda",
     )
     headprune("score", model, *common, "--device", args.device, "--dtype", "bfloat16", "-o", work / "scores-bf16.json")
     rho = spearman(cpu, head_scores(work / "scores-bf16.json"))
@@ -177,7 +178,8 @@ def main() -> int:
         f"report --device {args.device} (prefill, decode)",
         decode is not None and decode["decode_speedup"] > 0,
         f"forward speedup {report['measured']['speedup']:.2f}x, prefill {decode['prefill_speedup']:.2f}x, "
-        f"decode {decode['decode_speedup']:.2f}x (predicted {report['cost']['decode']['predicted_decode_speedup']:.2f}x)",
+        f"decode {decode['decode_speedup']:.2f}x (predicted "
+        f"{report['cost']['decode']['predicted_decode_speedup']:.2f}x)",
     )
     print("all GPU checks passed" if not FAILED else f"failed: {', '.join(FAILED)}")
     return 1 if FAILED else 0

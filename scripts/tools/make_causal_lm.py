@@ -5,7 +5,8 @@ a word-level tokenizer over a text file, then trained briefly on that text so th
 perplexity means something and pruning has something to lose. Deterministic (seeded,
 1 thread). Takes about a minute on 2 cores with the default 300 steps.
 
-Usage: python scripts/tools/make_causal_lm.py [--out out/causal-lm/model.safetensors] [--text examples/minilm_text.txt] [--steps 300]
+Usage: python scripts/tools/make_causal_lm.py [--out out/causal-lm/model.safetensors]
+       [--text examples/minilm_text.txt] [--steps 300]
 """
 
 from __future__ import annotations

@@ -108,9 +108,13 @@ def test_hash_ahead_starts_one_hash_per_version_of_a_file(tmp_path, monkeypatch)
 
 
 def test_atomic_write_returns_what_the_writer_returned_with_the_usual_mode(tmp_path):
+    def writer(tmp):
+        with open(tmp, "wb") as handle:
+            return handle.write(b"12345")
+
     old = os.umask(0o027)
     try:
-        result = fileio.atomic_write(tmp_path / "out.bin", lambda tmp: open(tmp, "wb").write(b"12345"))
+        result = fileio.atomic_write(tmp_path / "out.bin", writer)
         umask_after = os.umask(0o027)  # reading the umask must leave it as it was
     finally:
         os.umask(old)
@@ -169,7 +173,7 @@ def test_start_writeback_asks_the_kernel_for_the_range_just_written(tmp_path, mo
     fileio.start_writeback(7, 0, 10)
 
 
-@pytest.mark.skipif(not os.uname().sysname == "Linux", reason="sync_file_range is Linux's")
+@pytest.mark.skipif(os.uname().sysname != "Linux", reason="sync_file_range is Linux's")
 def test_sync_file_range_is_found_and_accepts_a_real_file(tmp_path):
     function = fileio._sync_file_range()
     assert function is not None and len(function.argtypes) == 4

@@ -16,9 +16,9 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -1004,7 +1004,8 @@ HOSTILE = [
         "aliases",
         _write(
             "bad.yaml",
-            "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nmodel: *b\nstages: [{command: score}]\n",
+            "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+            "model: *b\nstages: [{command: score}]\n",
         ),
     ),
     Case(

@@ -130,7 +130,8 @@ import sys, torch
 from headprune_cli import save
 from headprune_cli.model.arch import ReferenceConfig, ReferenceEncoder
 torch.manual_seed(0)
-model = ReferenceEncoder(ReferenceConfig(vocab_size=30000, hidden_size=512, heads_per_layer=[8, 8], head_dim=64, intermediate_size=2048))
+config = ReferenceConfig(vocab_size=30000, hidden_size=512, heads_per_layer=[8, 8], head_dim=64, intermediate_size=2048)
+model = ReferenceEncoder(config)
 save(model, sys.argv[2])  # the bytes every complete write produces
 print("ready", flush=True)
 while True:

@@ -11,7 +11,10 @@ from scripts.benchmarks import suite
 
 def test_decode_section_alone_replaces_only_its_section(tmp_path):
     out, raw = tmp_path / "bench.md", tmp_path / "bench.json"
-    before = "# headprune benchmarks\n\n## 7. onnxruntime latency\n\nkept\n\n## 11. Serving a causal LM: KV cache, prefill and decode\n\nold numbers\n\n## 12. Later\n\nalso kept\n"
+    before = (
+        "# headprune benchmarks\n\n## 7. onnxruntime latency\n\nkept\n\n## 11. Serving a causal LM: KV cache, "
+        "prefill and decode\n\nold numbers\n\n## 12. Later\n\nalso kept\n"
+    )
     out.write_text(before)
     assert suite.main(["--quick", "--only", "decode", "--out", str(out), "--json", str(raw)]) == 0
     text = out.read_text()

@@ -1,4 +1,5 @@
-"""scripts/benchmarks/suite.py --quick and scripts/benchmarks/peer.py --quick run in the suite so it cannot rot: the headprune side
+"""scripts/benchmarks/suite.py --quick and scripts/benchmarks/peer.py --quick run in the
+suite so it cannot rot: the headprune side
 (taylor scores, selection, compensation, removal, reload) and the onnxruntime path, on a
 tiny random BERT. The peer (Torch-Pruning) is never needed here: it lives only in the
 benchmark environment."""

@@ -45,7 +45,10 @@ def readme_blocks(text: str) -> list[dict]:
 
 
 def test_block_parser_sees_languages_lines_and_skips():
-    text = "intro\n```bash\necho a\n```\n<!-- readme-test: skip (needs a GPU) -->\n```python\nprint(1)\n```\n```yaml\nk: v\n```\n"
+    text = (
+        "intro\n```bash\necho a\n```\n<!-- readme-test: skip (needs a GPU) -->\n```python\n"
+        "print(1)\n```\n```yaml\nk: v\n```\n"
+    )
     blocks = readme_blocks(text)
     assert [(b["lang"], b["line"], b["skip"]) for b in blocks] == [
         ("bash", 3, None),
@@ -148,7 +151,8 @@ def test_the_fork_server_shim_behaves_as_the_installed_command(tmp_path):
     (tmp_path / "m.safetensors").symlink_to(ROOT / "examples" / "demo" / "model.safetensors")  # relative: cwd travels
     (tmp_path / "x.yaml").write_text("model: ${HP_TEST_MODEL}\ndata: d.jsonl\nstages:\n  - command: score\n")
     script = (
-        "headprune inspect m.safetensors --json | python -c \"import json, sys; print(json.load(sys.stdin)['family'])\"\n"
+        'headprune inspect m.safetensors --json | python -c "import json, sys; '
+        "print(json.load(sys.stdin)['family'])\"\n"
         'headprune select missing.json -o plan.json || echo "exit $?"\n'
         'echo "{" | headprune select - -o plan.json 2>/dev/null || echo "stdin exit $?"\n'
         "HP_TEST_MODEL=nowhere.safetensors headprune run x.yaml --check 2>&1 | head -c 300\n"

@@ -37,7 +37,8 @@ for folder in sys.argv[1:]:
     value = result.logits if getattr(result, "logits", None) is not None else result.last_hidden_state
     out[folder] = value.contiguous()
     config = model.config.to_dict()
-    out[folder + ".width"] = torch.tensor(config.get("intermediate_size") or config.get("n_inner") or config.get("hidden_dim"))
+    width = config.get("intermediate_size") or config.get("n_inner") or config.get("hidden_dim")
+    out[folder + ".width"] = torch.tensor(width)
 save_file(out, "outputs.safetensors")
 """
 

@@ -17,9 +17,12 @@ WIDTH = 48  # every TINY model's FFN width, but GPT-2's (4 x 32)
 
 
 def gated_output(model, inputs, remove_heads, remove_ffn, drop=()):
-    with HeadGates(model, removal_gates(model, remove_heads)), NeuronGates(model, removal_ffn_gates(model, remove_ffn)):
-        with skip_layers(model, list(drop)):
-            return model_output(model, inputs)
+    with (
+        HeadGates(model, removal_gates(model, remove_heads)),
+        NeuronGates(model, removal_ffn_gates(model, remove_ffn)),
+        skip_layers(model, list(drop)),
+    ):
+        return model_output(model, inputs)
 
 
 def test_removing_neurons_equals_gating_them(family):
@@ -85,7 +88,8 @@ def _layout_and_tensors(path):
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as handle:
-        return handle.metadata()["headprune.layout"], {k: handle.get_tensor(k) for k in handle.keys()}
+        # safe_open has keys() but no __iter__
+        return handle.metadata()["headprune.layout"], {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
 
 
 def test_every_layer_cut_loads(tmp_path):

@@ -100,7 +100,9 @@ def _bad_files(tmp_path):
         "tiny.safetensors": "too short",
         "plain.safetensors": "without headprune metadata",
         "family.safetensors": "unknown model family 'nosuchfamily'",
-        "unbuildable.safetensors": "unbuildable.safetensors: cannot build BertForSequenceClassification from the stored config",
+        "unbuildable.safetensors": (
+            "unbuildable.safetensors: cannot build BertForSequenceClassification from the stored config"
+        ),
         "noconfig": "no config.json",
         "missing.safetensors": "no such",
     }
@@ -160,7 +162,7 @@ def test_metadata_that_lies_about_shapes_is_refused_naming_the_file(tmp_path, cl
     save(poisoned, nan)
     out = tmp_path / "out.safetensors"
     for command in (["inspect"], ["import", "-o", out]):  # inspect reads the header, import loads the weights
-        run = lambda path: cli(command[0], path, *command[1:])  # noqa: E731
+        run = lambda path, command=command: cli(command[0], path, *command[1:])  # noqa: E731
         assert_refused(run(lie), 1, f"{lie}: tensor '{layer}' has shape [32, 24], the layout needs [32, 32]")
         assert_refused(run(wide), 1, f"{wide}: config intermediate_size=4000 matches no stored tensor's shape")
     assert_refused(
@@ -350,7 +352,8 @@ def test_an_export_folder_is_read_with_its_tokenizer_and_a_broken_one_is_refused
         "keys": (lambda d: d.pop("layout"), "{dir}/headprune.json: export metadata lacks layout"),
         "escape": (
             lambda d: d.update(weights="../good/model.safetensors"),
-            "{dir}/headprune.json: weights '../good/model.safetensors' is not one of model.safetensors, headprune.safetensors",
+            "{dir}/headprune.json: weights '../good/model.safetensors' is not one of "
+            "model.safetensors, headprune.safetensors",
         ),
         "missing": (
             lambda d: d.update(weights="headprune.safetensors"),

@@ -190,6 +190,7 @@ def test_an_export_stage_writes_the_deployable_folder_of_the_model_before_it(tmp
     capsys.readouterr()
     assert main(["run", str(tmp_path / "onnx.yaml")]) == 2
     assert capsys.readouterr().err.strip() == (
-        "Error: stages.3 (export).onnx: the export stage writes an HF folder; `with_onnx: true` adds onnx/model.onnx to it; remove it"
+        "Error: stages.3 (export).onnx: the export stage writes an HF folder; "
+        "`with_onnx: true` adds onnx/model.onnx to it; remove it"
     )
     assert not (tmp_path / "run2").exists()

@@ -1,7 +1,8 @@
 """What the tests share, imported as `from tests.support import ...`; fixtures stay in tests/conftest.py.
 
 models: the tiny random models of every family and what is done to them; refusals: the
-answer a command must give to bad input; reports: a fast `headprune report`; data: tiny tokenizers and data files; scores:
+answer a command must give to bad input; reports: a fast `headprune report`; data: tiny
+tokenizers and data files; scores:
 scores artifacts written by hand; selection: score tables built directly; deploy: a
 consumer process that cannot import headprune; hostile_files: inputs that claim memory or
 time; forkserver: many `headprune` commands for the price of one import;

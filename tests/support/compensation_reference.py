@@ -1,7 +1,8 @@
 """The compensation algorithm as it was before streaming (frozen reference for tests).
 
 Kept verbatim (apart from imports, and the per-token weights of the statistics, which the
-algorithm gained later; the statistics record and the solvers are the module's own) so that tests can prove that the streaming version in
+algorithm gained later; the statistics record and the solvers are the module's own) so
+that tests can prove that the streaming version in
 headprune_cli.stages.prune.compensation gives the same weights: for every pruned layer it ran the
 whole model twice per batch up to that layer, O(L^2) block forwards.
 """

@@ -3,40 +3,47 @@
 An adapter knows, for one model family, where the attention blocks are and which
 attributes its forward reads, and answers what the rest of headprune would otherwise ask
 the family name: example inputs for (batch, seq_len), the positions a forward covers, the
-head size, whether its causal LMs keep a KV cache and whether its config states head_dim. Everything generic (gating, head removal, layer removal,
+head size, whether its causal LMs keep a KV cache and whether its config states
+head_dim. Everything generic (gating, head removal, layer removal,
 cost counting) is written once, here and in `surgery.py`, against that view.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from headprune_cli.errors import ArchitectureError
 
+# A transformers block or projection reached by its attribute names (layer.self_attn.q_proj,
+# model.config): nn.Module.__getattr__ types every such name as Tensor | Module, true of none
+# that the adapters read, so what they walk by name is typed Any rather than cast at each step.
+HFModule = Any
+
 
 @dataclass
 class AttentionView:
     """The parts of one layer's self-attention that head pruning touches."""
 
-    module: nn.Module  # the attention module whose head-count attributes we update
-    q: nn.Module | None  # None when Q/K/V are one fused projection (GPT-2)
-    k: nn.Module | None
-    v: nn.Module | None
-    o: nn.Module  # output projection; its input is the concatenation of head outputs
+    module: HFModule  # the attention module whose head-count attributes we update
+    q: HFModule | None  # None when Q/K/V are one fused projection (GPT-2)
+    k: HFModule | None
+    v: HFModule | None
+    o: HFModule  # output projection; its input is the concatenation of head outputs
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    fused_qkv: nn.Module | None = None
+    fused_qkv: HFModule | None = None
 
     @property
     def group_size(self) -> int:
         return self.num_heads // self.num_kv_heads
 
     @classmethod
-    def of_projections(cls, module: nn.Module, q, k, v, o, head_dim: int) -> "AttentionView":
+    def of_projections(cls, module: nn.Module, q, k, v, o, head_dim: int) -> AttentionView:
         """A view of separate Q/K/V/O projections; head counts come from their shapes."""
         return cls(
             module=module,
@@ -56,12 +63,12 @@ class FFNView:
     whose output features are the neurons (up, and gate for gated MLPs), `down` the one
     whose input features are the neurons."""
 
-    ups: list[nn.Module]
-    down: nn.Module
+    ups: list[HFModule]
+    down: HFModule
     width: int
 
     @classmethod
-    def of(cls, *ups: nn.Module, down: nn.Module) -> "FFNView":
+    def of(cls, *ups: HFModule, down: HFModule) -> FFNView:
         width = down.weight.shape[0] if is_conv1d(down) else down.in_features
         return cls(ups=list(ups), down=down, width=width)
 
@@ -77,14 +84,14 @@ def is_conv1d(module: nn.Module) -> bool:
     return type(module).__name__ == "Conv1D"
 
 
-def sliced_dims(module: nn.Module, side: str) -> dict[str, int]:
+def sliced_dims(module: HFModule, side: str) -> dict[str, int]:
     """The parameter dimensions that keeping some outputs ("out") or inputs ("in") cuts."""
     if side == "out":
         return {"weight": 1 if is_conv1d(module) else 0, **({"bias": 0} if module.bias is not None else {})}
     return {"weight": 0 if is_conv1d(module) else 1}
 
 
-def keep_outputs(module: nn.Module, index: torch.Tensor) -> None:
+def keep_outputs(module: HFModule, index: torch.Tensor) -> None:
     """Keep only the given output features of a Linear/Conv1D, in place."""
     with torch.no_grad():
         if is_conv1d(module):
@@ -97,7 +104,7 @@ def keep_outputs(module: nn.Module, index: torch.Tensor) -> None:
             module.bias = nn.Parameter(module.bias[index].clone())
 
 
-def keep_inputs(module: nn.Module, index: torch.Tensor) -> None:
+def keep_inputs(module: HFModule, index: torch.Tensor) -> None:
     """Keep only the given input features of a Linear/Conv1D, in place."""
     with torch.no_grad():
         if is_conv1d(module):
@@ -137,20 +144,20 @@ class Adapter:
         parent, name = self._layers_parent(model)
         setattr(parent, name, layers)
 
-    def attention(self, layer: nn.Module) -> AttentionView:
+    def attention(self, layer: HFModule) -> AttentionView:
         raise NotImplementedError
 
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
         """Update whatever head-count attributes the family's forward reads."""
         raise NotImplementedError
 
-    def ffn(self, layer: nn.Module) -> FFNView:
+    def ffn(self, layer: HFModule) -> FFNView:
         raise NotImplementedError
 
     # --- generic slicing, overridden only for fused projections ----------------
     def head_slices(
         self, view: AttentionView, keep_q: list[int], keep_kv: list[int]
-    ) -> list[tuple[nn.Module, str, torch.Tensor]]:
+    ) -> list[tuple[HFModule, str, torch.Tensor]]:
         """Which projections keep which features when a layer keeps the given (current,
         0-based) heads: (module, "out" | "in", feature index). The one statement of where
         heads live in the tensors, shared by in-memory surgery and streamed pruning."""
@@ -164,7 +171,7 @@ class Adapter:
             (keep_outputs if side == "out" else keep_inputs)(module, index)
         self.set_head_counts(view, len(keep_q), len(keep_kv))
 
-    def ffn_slices(self, view: FFNView, keep: list[int] | torch.Tensor) -> list[tuple[nn.Module, str, torch.Tensor]]:
+    def ffn_slices(self, view: FFNView, keep: list[int] | torch.Tensor) -> list[tuple[HFModule, str, torch.Tensor]]:
         """Which projections keep which features when a layer keeps the given (current,
         0-based) FFN neurons: every up/gate projection's outputs, the down projection's inputs."""
         index = torch.as_tensor(keep, dtype=torch.long)
@@ -176,13 +183,14 @@ class Adapter:
         for module, side, index in self.ffn_slices(view, keep):
             (keep_outputs if side == "out" else keep_inputs)(module, index)
 
-    def renumber_layers(self, model: nn.Module, kept: list[int]) -> None:
+    def renumber_layers(self, model: HFModule, kept: list[int]) -> None:
         """After blocks were dropped: fix config and everything indexed by layer."""
         config = model.config
         config.num_hidden_layers = len(kept)
         layer_types = getattr(config, "layer_types", None)
         if layer_types is not None:
             config.layer_types = [layer_types[i] for i in kept]
+        layer: HFModule
         for new_index, layer in enumerate(self.layer_list(model)):
             attn = self.attention(layer).module
             if hasattr(attn, "layer_idx"):
@@ -238,7 +246,7 @@ class Adapter:
         return build_transformers_model(config, architecture, self.model_types, options or {})
 
 
-def stored_config(model: nn.Module) -> dict:
+def stored_config(model: HFModule) -> dict:
     """The model's config as headprune stores it: the checkpoint's (layout.ModelInfo), or for a
     model built in Python, its own (what layout.info_of would record)."""
     info = getattr(model, "headprune", None)

@@ -1,8 +1,6 @@
 """BERT family: BERT, RoBERTa, MiniLM (a BERT), ELECTRA, XLM-R."""
 
-from torch import nn
-
-from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView
+from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView, HFModule
 
 
 class BertAdapter(Adapter):
@@ -10,13 +8,13 @@ class BertAdapter(Adapter):
     model_types = ("bert", "roberta", "electra", "xlm-roberta")
     layers_path = "encoder.layer"
 
-    def attention(self, layer: nn.Module) -> AttentionView:
+    def attention(self, layer: HFModule) -> AttentionView:
         attn = layer.attention.self
         return AttentionView.of_projections(
             attn, attn.query, attn.key, attn.value, layer.attention.output.dense, attn.attention_head_size
         )
 
-    def ffn(self, layer: nn.Module) -> FFNView:
+    def ffn(self, layer: HFModule) -> FFNView:
         return FFNView.of(layer.intermediate.dense, down=layer.output.dense)
 
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:

@@ -1,8 +1,6 @@
 """DistilBERT."""
 
-from torch import nn
-
-from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView
+from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView, HFModule
 
 
 class DistilBertAdapter(Adapter):
@@ -10,13 +8,13 @@ class DistilBertAdapter(Adapter):
     model_types = ("distilbert",)
     layers_path = "transformer.layer"
 
-    def attention(self, layer: nn.Module) -> AttentionView:
+    def attention(self, layer: HFModule) -> AttentionView:
         attn = layer.attention
         return AttentionView.of_projections(
             attn, attn.q_lin, attn.k_lin, attn.v_lin, attn.out_lin, attn.attention_head_size
         )
 
-    def ffn(self, layer: nn.Module) -> FFNView:
+    def ffn(self, layer: HFModule) -> FFNView:
         return FFNView.of(layer.ffn.lin1, down=layer.ffn.lin2)
 
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:

@@ -1,10 +1,9 @@
 """GPT-2: one fused Conv1D for Q, K and V (weights stored [in, out])."""
 
 import torch
-from torch import nn
 
 from headprune_cli.errors import ArchitectureError
-from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView, out_rows
+from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView, HFModule, out_rows
 
 
 class GPT2Adapter(Adapter):
@@ -13,7 +12,7 @@ class GPT2Adapter(Adapter):
     layers_path = "h"
     keeps_kv_cache = True
 
-    def attention(self, layer: nn.Module) -> AttentionView:
+    def attention(self, layer: HFModule) -> AttentionView:
         attn = layer.attn
         if getattr(attn, "is_cross_attention", False):
             raise ArchitectureError("GPT-2 cross-attention layers are not supported")
@@ -36,7 +35,7 @@ class GPT2Adapter(Adapter):
         fused = torch.cat([rows, rows + width, rows + 2 * width])
         return [(view.fused_qkv, "out", fused), (view.o, "in", rows)]
 
-    def ffn(self, layer: nn.Module) -> FFNView:
+    def ffn(self, layer: HFModule) -> FFNView:
         return FFNView.of(layer.mlp.c_fc, down=layer.mlp.c_proj)
 
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:

@@ -1,8 +1,6 @@
 """LLaMA family: LLaMA, Mistral, Qwen2, Qwen3 (grouped-query attention)."""
 
-from torch import nn
-
-from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView
+from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView, HFModule
 
 
 class LlamaAdapter(Adapter):
@@ -12,11 +10,11 @@ class LlamaAdapter(Adapter):
     keeps_kv_cache = True
     explicit_head_dim = True  # LLaMA, Mistral and Qwen configs take head_dim
 
-    def attention(self, layer: nn.Module) -> AttentionView:
+    def attention(self, layer: HFModule) -> AttentionView:
         attn = layer.self_attn
         return AttentionView.of_projections(attn, attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, attn.head_dim)
 
-    def ffn(self, layer: nn.Module) -> FFNView:
+    def ffn(self, layer: HFModule) -> FFNView:
         return FFNView.of(layer.mlp.gate_proj, layer.mlp.up_proj, down=layer.mlp.down_proj)
 
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:

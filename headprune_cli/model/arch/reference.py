@@ -17,7 +17,7 @@ from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 from headprune_cli.errors import ArchitectureError
-from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView
+from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView, HFModule
 
 
 @dataclass
@@ -122,17 +122,17 @@ class ReferenceAdapter(Adapter):
     def base_model(self, model: nn.Module) -> nn.Module:
         return model
 
-    def attention(self, layer: nn.Module) -> AttentionView:
+    def attention(self, layer: HFModule) -> AttentionView:
         attn = layer.attention
         return AttentionView.of_projections(attn, attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, attn.head_dim)
 
-    def ffn(self, layer: nn.Module) -> FFNView:
+    def ffn(self, layer: HFModule) -> FFNView:
         return FFNView.of(layer.mlp[0], down=layer.mlp[2])
 
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
         view.module.num_heads = num_heads
 
-    def renumber_layers(self, model: nn.Module, kept: list[int]) -> None:
+    def renumber_layers(self, model: HFModule, kept: list[int]) -> None:
         model.config.heads_per_layer = [model.config.heads_per_layer[i] for i in kept]
 
     def build(self, config: dict, architecture: str, options: dict | None = None) -> nn.Module:

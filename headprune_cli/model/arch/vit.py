@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView, stored_config
+from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView, HFModule, stored_config
 
 
 class ViTAdapter(Adapter):
@@ -11,11 +11,11 @@ class ViTAdapter(Adapter):
     model_types = ("vit",)
     layers_path = "layers"
 
-    def attention(self, layer: nn.Module) -> AttentionView:
+    def attention(self, layer: HFModule) -> AttentionView:
         attn = layer.attention
         return AttentionView.of_projections(attn, attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, attn.head_dim)
 
-    def ffn(self, layer: nn.Module) -> FFNView:
+    def ffn(self, layer: HFModule) -> FFNView:
         return FFNView.of(layer.mlp.fc1, down=layer.mlp.fc2)
 
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:

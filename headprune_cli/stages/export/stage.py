@@ -7,7 +7,6 @@ export copies weights tensor by tensor unless it also traces ONNX (which needs t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
@@ -30,7 +29,7 @@ class ExportOptions(Options):
     gguf_type: str = option(
         "auto", "--gguf: weight type: auto (the checkpoint's), f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0."
     )
-    with_onnx: Optional[bool] = option(
+    with_onnx: bool | None = option(
         None,
         "With --hf: also write DIR/onnx/model.onnx (default: for sentence-transformers models).",
         negative="--no-onnx",
@@ -93,7 +92,8 @@ def _export_onnx(opts: ExportOptions, ctx: Context) -> Result:
     )
     data = f", weights in {result.external_data}" if result.external_data else ""
     ctx.print(
-        f"wrote {opts.onnx} (inputs {', '.join(names)} -> {result.outputs[0]}{' + present key/values' if past else ''}, "
+        f"wrote {opts.onnx} (inputs {', '.join(names)} -> "
+        f"{result.outputs[0]}{' + present key/values' if past else ''}, "
         f"opset {opts.opset}{data}; onnxruntime matches PyTorch to {result.max_abs_diff:.1e})"
     )
     written = [str(opts.onnx)] + ([str(opts.onnx.with_name(result.external_data))] if result.external_data else [])

@@ -67,7 +67,8 @@ def check_compatible(teacher: nn.Module, student: nn.Module, name: str = "teache
         raise UsageError(f"teacher {name} is a {t.task} model, the student is {s.task}")
     if _vocab(t.config) != _vocab(s.config) or (t.tokenizer and s.tokenizer and t.tokenizer != s.tokenizer):
         raise UsageError(
-            f"teacher {name} has a different vocabulary from the student ({_vocab(t.config)} vs {_vocab(s.config)} tokens)"
+            f"teacher {name} has a different vocabulary from the "
+            f"student ({_vocab(t.config)} vs {_vocab(s.config)} tokens)"
         )
     if s.task == "classification" and _labels(t.config) != _labels(s.config):
         raise UsageError(f"teacher {name} predicts different labels from the student")

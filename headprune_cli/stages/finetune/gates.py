@@ -111,7 +111,9 @@ class LearnedGates:
         self.cost = cost_table(model, seq_len)  # FLOPs priced at this sequence length
         self.layers, self.heads = list(layout.layers), [list(h) for h in layout.heads]
         self.num_heads, self.num_kv_heads = list(layout.num_heads), list(layout.num_kv_heads)
-        units, self.unit_of = [], []  # units: (layer, [original heads]); unit_of: per layer, head position -> unit
+        # units: (layer, [original heads]); unit_of: per layer, head position -> unit
+        units: list[tuple[int, list[int]]] = []
+        self.unit_of: list[torch.Tensor] = []
         for layer, kept in zip(self.layers, self.heads):
             group = layout.num_heads[layer] // layout.num_kv_heads[layer]
             first = len(units)

@@ -57,14 +57,16 @@ class FinetuneOptions(Options):
     device: str = device_option()
     dtype: str = option(
         "auto",
-        "Training dtype: auto (stored), float32 (float32 master weights for a bf16 model), bfloat16, float16; the output keeps the stored dtype.",
+        "Training dtype: auto (stored), float32 (float32 master weights for a bf16 model), bfloat16, float16; "
+        "the output keeps the stored dtype.",
     )
     head_dropout: float = option(
         0.0, "Pruning-aware training: drop each head's output with probability P per example (unscaled), in [0, 1)."
     )
     learn_gates: bool = option(
         False,
-        "Learned pruning: train hard-concrete head gates (KV groups for GQA) with the model towards --ratio/--target-*, then cut the closed heads.",
+        "Learned pruning: train hard-concrete head gates (KV groups for GQA) "
+        "with the model towards --ratio/--target-*, then cut the closed heads.",
     )
     ratio: float | None = ratio_option()
     target_params: float | None = target_params_option()
@@ -344,7 +346,8 @@ def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context
     state = gates.last
     removed = sum(len(v) for v in closed.selection.remove_heads.values())
     ctx.print(
-        f"learned gates: expected share removed {state.get('expected_sparsity', 0.0):.3f} when they closed (target {gates.budget.removed:.3f}); "
+        f"learned gates: expected share removed {state.get('expected_sparsity', 0.0):.3f} when they "
+        f"closed (target {gates.budget.removed:.3f}); "
         f"closed {removed} of {sum(len(h) for h in gates.heads)} heads"
     )
     cut(model, closed.selection)

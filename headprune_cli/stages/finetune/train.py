@@ -391,11 +391,13 @@ class _Loop:
         changed = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
         if changed:
             raise UsageError(
-                f"--resume: the saved training state used different settings ({', '.join(changed)}); start over without --resume"
+                f"--resume: the saved training state used different settings ({', '.join(changed)}); "
+                "start over without --resume"
             )
         if not 1 <= state["step"] <= self.plan.total:
             raise UsageError(
-                f"--resume: the saved state is at step {state['step']}, outside this run's 1..{self.plan.total}; start over without --resume"
+                f"--resume: the saved state is at step {state['step']}, "
+                f"outside this run's 1..{self.plan.total}; start over without --resume"
             )
         self.step, self.best = state["step"], best
         self.history = [EpochRecord(**r) for r in state["history"]]

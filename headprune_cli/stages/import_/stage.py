@@ -14,7 +14,8 @@ from headprune_cli.stages.unit import Context, Options, Result, Stage, option
 class ImportOptions(Options):
     source: Path = option(
         ...,
-        "A Hugging Face model folder (config.json + *.safetensors + tokenizer files), a folder from `headprune export --hf`, or a headprune checkpoint.",
+        "A Hugging Face model folder (config.json + *.safetensors + tokenizer files), a folder from `headprune "
+        "export --hf`, or a headprune checkpoint.",
         argument=True,
     )
     output: Path = option(..., "Checkpoint to write (.safetensors).", "-o", "--output")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Optional
 
 from rich.table import Table
 
@@ -21,34 +20,37 @@ class IterateOptions(Options):
     data: Path = option(..., "Training data for recovery (and scoring unless --score-data).")
     eval_data: Path = option(..., "Dev set that decides the quality floor.")
     output: Path = option(..., "Where to write the last model above the floor.", "-o", "--output")
-    schedule: Optional[str] = option(
+    schedule: str | None = option(
         None,
         f"Fractions of the ORIGINAL heads removed after each round (default {','.join(map(str, DEFAULT_SCHEDULE))}).",
     )
-    target_flops: Optional[str] = option(
+    target_flops: str | None = option(
         None,
-        "Instead of --schedule: fractions of the ORIGINAL FLOPs per token to keep after each round, falling (e.g. 0.9,0.8,0.7); each round cuts under that budget.",
+        "Instead of --schedule: fractions of the ORIGINAL FLOPs per token to keep after each round, "
+        "falling (e.g. 0.9,0.8,0.7); each round cuts under that budget.",
     )
-    target_params: Optional[str] = option(
+    target_params: str | None = option(
         None, "Instead of --schedule: fractions of the ORIGINAL parameters to keep after each round, falling."
     )
     ffn: bool = option(
         False,
-        "Also score FFN neurons every round and cut them with the heads under the --target-flops/--target-params budget.",
+        "Also score FFN neurons every round and cut them with the heads under "
+        "the --target-flops/--target-params budget.",
     )
     method: str = option("taylor", "Scoring method used every round.")
-    score_data: Optional[Path] = option(None, "Data for scoring (default: --data).")
-    floor: Optional[float] = option(None, "Stop before the dev metric crosses this value.")
-    max_drop: Optional[float] = option(
+    score_data: Path | None = option(None, "Data for scoring (default: --data).")
+    floor: float | None = option(None, "Stop before the dev metric crosses this value.")
+    max_drop: float | None = option(
         None,
-        "Stop before the dev metric is this much worse than the input's: points for accuracy/F1/fidelity (1.0 = one percentage point, as in `report`), or perplexity.",
+        "Stop before the dev metric is this much worse than the input's: points for accuracy/F1/fidelity (1.0 "
+        "= one percentage point, as in `report`), or perplexity.",
         ge=0,
     )
     epochs: int = option(1, "Recovery epochs per round.", ge=1)
-    lr: Optional[float] = option(None, "Recovery learning rate (default by model size).")
+    lr: float | None = option(None, "Recovery learning rate (default by model size).")
     batch_size: int = option(16, "", ge=1)
-    teacher: Optional[str] = option(None, "Distil from a checkpoint, or `self` = the input model.")
-    kd_weight: Optional[float] = option(None, "Distillation weight (default 0.5 with a teacher).")
+    teacher: str | None = option(None, "Distil from a checkpoint, or `self` = the input model.")
+    kd_weight: float | None = option(None, "Distillation weight (default 0.5 with a teacher).")
     seed: int = option(0, "")
     max_length: int = option(128, "Tokens per example (also the sequence length FLOPs are priced at).", ge=1)
     force: bool = option(False, "Overwrite OUT if it exists.")
@@ -141,7 +143,10 @@ def _line(r, budget=None) -> str:
     verdict = "kept" if r.accepted else "below the floor: stop"
     size = f"{r.heads_kept} heads" + (f", {r.neurons_kept} FFN neurons" if r.remove_ffn else "")
     cost = "" if r.cost_kept is None else f" ({r.cost_kept:.1%} of the {budget})"
-    return f"round {_step(r, budget)}: {size}{cost}, {r.metric_pruned:.4f} pruned -> {r.metric_recovered:.4f} recovered ({verdict})"
+    return (
+        f"round {_step(r, budget)}: {size}{cost}, {r.metric_pruned:.4f} pruned -> "
+        f"{r.metric_recovered:.4f} recovered ({verdict})"
+    )
 
 
 def _table(result, budget=None):

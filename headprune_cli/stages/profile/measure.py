@@ -29,7 +29,7 @@ from torch import nn
 
 from headprune_cli.errors import NumericalError
 from headprune_cli.model.arch import adapter_for
-from headprune_cli.model.arch.base import is_conv1d, keep_inputs, keep_outputs
+from headprune_cli.model.arch.base import HFModule, is_conv1d, keep_inputs, keep_outputs
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.profile.schema import LayerPoints
 from headprune_cli.stages.timing import Latency, interleaved_samples, measure_interleaved, summarize
@@ -111,7 +111,7 @@ def variant(model: nn.Module, block: nn.Module, units: int | None = None, width:
     return copied
 
 
-def _keep(module: nn.Module, side: str, index: torch.Tensor) -> None:
+def _keep(module: HFModule, side: str, index: torch.Tensor) -> None:
     n = len(index)
     if side == "out" and not is_conv1d(module) and torch.equal(index, torch.arange(n)):
         module.weight = nn.Parameter(module.weight[:n], requires_grad=False)

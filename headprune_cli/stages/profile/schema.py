@@ -13,7 +13,7 @@ edited).
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import ValidationError, field_validator, model_validator
 
@@ -31,7 +31,7 @@ class Point(Strict):
     q3_ms: float
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Point":
+    def _ordered(self) -> Point:
         if not (0 < self.q1_ms <= self.median_ms <= self.q3_ms):
             raise ValueError(
                 f"a point needs 0 < q1 <= median <= q3 (got {self.q1_ms}, {self.median_ms}, {self.q3_ms} ms)"
@@ -69,7 +69,7 @@ class LayerPoints(Strict):
         return None
 
     @model_validator(mode="after")
-    def _grids(self) -> "LayerPoints":
+    def _grids(self) -> LayerPoints:
         for name, points, size in (("attention", self.attention, "units"), ("ffn", self.ffn, "width")):
             counts = [getattr(p, size) for p in points]
             if not counts or counts[0] < 1 or any(b <= a for a, b in zip(counts, counts[1:])):
@@ -79,7 +79,7 @@ class LayerPoints(Strict):
                 raise ValueError(problem)
         return self._one_whole_block()
 
-    def _one_whole_block(self) -> "LayerPoints":
+    def _one_whole_block(self) -> LayerPoints:
         """Both curves end at the whole block (all units, full width): one time, which profile
         writes as both last points. Two different ends would let a plan's prediction fall
         below zero (a cut saving more than the block costs)."""
@@ -105,7 +105,7 @@ def not_monotone(name: str, size: str, points: list) -> str | None:
 
 
 class Phase(Strict):
-    context: Optional[int] = None  # decode: KV-cache tokens each step attends to
+    context: int | None = None  # decode: KV-cache tokens each step attends to
     outside: Point
     layers: dict[int, LayerPoints]
 
@@ -118,7 +118,7 @@ class Phase(Strict):
 class Device(Strict):
     type: str  # cpu | cuda
     name: str
-    index: Optional[int] = None
+    index: int | None = None
 
 
 class ModelShape(Strict):
@@ -142,7 +142,7 @@ class LatencyTableArtifact(Envelope):
     kind: Literal["latency"]
     device: Device
     torch_version: str
-    threads: Optional[int]
+    threads: int | None
     batch: int
     seq_len: int
     dtype: str
@@ -158,7 +158,7 @@ class LatencyTableArtifact(Envelope):
         return data
 
     @model_validator(mode="after")
-    def _consistent(self) -> "LatencyTableArtifact":
+    def _consistent(self) -> LatencyTableArtifact:
         shape = self.model
         for name in ("heads", "kv_heads", "ffn"):
             if sorted(getattr(shape, name)) != sorted(shape.layers):
@@ -177,7 +177,8 @@ class LatencyTableArtifact(Envelope):
                 full = shape.kv_heads[layer] if group > 1 else shape.heads[layer]
                 if points.attention[-1].units != full or points.ffn[-1].width != shape.ffn[layer]:
                     raise ValueError(
-                        f"phases.{name}.layers.{layer}: the grid must end at the layer's {full} units and {shape.ffn[layer]} FFN neurons"
+                        f"phases.{name}.layers.{layer}: the grid must end at the layer's {full} units and "
+                        f"{shape.ffn[layer]} FFN neurons"
                     )
                 if points.measured_as not in phase.layers:
                     raise ValueError(f"phases.{name}.layers.{layer}: measured_as names no layer of the table")

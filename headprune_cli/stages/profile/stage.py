@@ -7,7 +7,6 @@ inside `run`. Nothing is written unless every point was measured.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -21,9 +20,9 @@ from headprune_cli.stages.unit import Context, Options, Result, Stage, device_op
 
 GRID_HELP = (
     "Grid points per layer for attention and for the FFN (default 9: the smallest allowed count, every eighth of the "
-    "full count, and all), interpolated linearly in between. Latency bends at the narrow end, where fixed costs dominate: "
-    "every 5-point table measured overpredicted speedups (by 1.5-20% on average); 9-point tables lose that bias, "
-    "not the machine's noise (BENCHMARKS section 16). 2 x 9 timed blocks per layer shape."
+    "full count, and all), interpolated linearly in between. Latency bends at the narrow end, where fixed costs "
+    "dominate: every 5-point table measured overpredicted speedups (by 1.5-20% on average); 9-point tables lose "
+    "that bias, not the machine's noise (BENCHMARKS section 16). 2 x 9 timed blocks per layer shape."
 )
 
 
@@ -31,13 +30,11 @@ class ProfileOptions(Options):
     model: Path = option(
         ..., "Checkpoint to profile (the unpruned model that `score` and `select` will see).", argument=True
     )
-    output: Optional[Path] = option(None, "Latency JSON to write (default: stdout).", "-o", "--output")
+    output: Path | None = option(None, "Latency JSON to write (default: stdout).", "-o", "--output")
     device: str = device_option("Where to measure: " + DEVICE_HELP)
     dtype: str = dtype_option()
     batch_size: int = option(8, "Sequences per forward (match `report --batch-size` and how you serve).", ge=1)
-    seq_len: Optional[int] = option(
-        None, "Tokens per sequence (default: 128, or the model's maximum when smaller).", ge=1
-    )
+    seq_len: int | None = option(None, "Tokens per sequence (default: 128, or the model's maximum when smaller).", ge=1)
     threads: int = option(2, "CPU threads while timing (as `report --threads`).", ge=1)
     points: int = option(9, GRID_HELP, ge=2, le=64)
     multiple_of: int = option(
@@ -48,7 +45,7 @@ class ProfileOptions(Options):
     ffn_multiple_of: int = option(
         8, "FFN grid widths are multiples of this (8: what GPU matrix kernels tile by).", ge=1
     )
-    context: Optional[int] = option(
+    context: int | None = option(
         None, "Causal LMs: also profile decode, one token per sequence against a KV cache of this many tokens.", ge=1
     )
     rounds: int = option(5, "Interleaved timing rounds per point; the table keeps their median and quartiles.", ge=1)

@@ -62,7 +62,7 @@ from torch import nn
 
 from headprune_cli.errors import PlanError, UsageError
 from headprune_cli.model.arch import adapter_for
-from headprune_cli.model.arch.base import out_rows
+from headprune_cli.model.arch.base import HFModule, out_rows
 from headprune_cli.model.ffn import current_positions, ffn_cuts, removal_ffn_gates
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, NeuronGates, removal_gates
@@ -277,6 +277,6 @@ def _skipped_for_bias(fit: _Fit, o: nn.Module, result: CompensationResult) -> bo
     return True
 
 
-def _like(gate: torch.Tensor, module: nn.Module) -> torch.Tensor:
+def _like(gate: torch.Tensor, module: HFModule) -> torch.Tensor:
     """A gate in the projection's device and dtype (a float32 gate would upcast bf16 inputs)."""
     return gate.to(device=module.weight.device, dtype=module.weight.dtype)

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from headprune_cli.model.arch.base import is_conv1d
+from headprune_cli.model.arch.base import HFModule, is_conv1d
 
 
 @dataclass
@@ -34,13 +33,13 @@ class Stats:
 
 
 # --- weights: Linear [out, in] or GPT-2 Conv1D [in, out] ----------------------------
-def linear_weights(o: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+def linear_weights(o: HFModule) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight as [out, in], bias) copies."""
     w = o.weight.detach().T if is_conv1d(o) else o.weight.detach()
     return w.clone(), (o.bias.detach().clone() if o.bias is not None else None)
 
 
-def kept_weights(o: nn.Module, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def kept_weights(o: HFModule, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     w, b = linear_weights(o)
     w, b = w.cpu(), (b.cpu() if b is not None else None)  # solved on the CPU, like the statistics
     return w[:, cols].double().T, (b.double() if b is not None else None)  # [d, out], [out]
@@ -51,7 +50,7 @@ def _stack(w, has_bias: bool) -> torch.Tensor:
     return torch.cat([weight, bias[None]], 0) if has_bias else weight
 
 
-def write_solved(o: nn.Module, cols: torch.Tensor, solved, has_bias: bool) -> None:
+def write_solved(o: HFModule, cols: torch.Tensor, solved, has_bias: bool) -> None:
     weight, bias = solved
     with torch.no_grad():
         cols = cols.to(o.weight.device)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from headprune_cli.artifacts.schema import dumps, parse_artifact, read_text
 from headprune_cli.data.readers import batches, read_data
@@ -72,14 +71,14 @@ def cut(
 
 
 class PruneOptions(SelectionOptions):
-    checkpoint: Optional[Path] = option(
+    checkpoint: Path | None = option(
         None, "Checkpoint to prune (default: the model the plan/scores name).", argument=True
     )
     output: Path = option(..., "Pruned checkpoint to write (.safetensors).", "-o", "--output")
-    plan: Optional[str] = option(None, "Plan JSON from `headprune select` ('-': stdin).")
-    scores: Optional[str] = option(None, "Scores JSON; select in place with --ratio etc.")
+    plan: str | None = option(None, "Plan JSON from `headprune select` ('-': stdin).")
+    scores: str | None = option(None, "Scores JSON; select in place with --ratio etc.")
     compensation: str = option("none", "none | bias | lstsq (needs --data).", "--compensate")
-    data: Optional[Path] = option(None, "Calibration data for --compensate (a few hundred examples).")
+    data: Path | None = option(None, "Calibration data for --compensate (a few hundred examples).")
     samples: int = option(256, "Calibration examples to read from --data.")
     max_length: int = option(128, "Tokens per calibration example.")
     batch_size: int = option(16, "Calibration batch size.")
@@ -201,7 +200,8 @@ def _tell(result, ctx: Context) -> None:
             ctx.print(f"[yellow]warning:[/] {result.method} compensation skipped the {what} of layer {layer}: {why}")
         if layers:
             ctx.print(
-                f"{result.method} compensation on {result.tokens} tokens, {len(layers)} layers: relative {what}-output error "
+                f"{result.method} compensation on {result.tokens} tokens, "
+                f"{len(layers)} layers: relative {what}-output error "
                 f"{sum(before.values()) / len(layers):.4f} -> {sum(after.values()) / len(layers):.4f}"
             )
 

@@ -10,6 +10,7 @@ arguments, so only the current block's hidden states are ever held.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from headprune_cli.errors import NumericalError
+from headprune_cli.model.arch.base import HFModule
 from headprune_cli.stages.prune.solve import Stats, linear_weights
 
 
@@ -98,7 +100,7 @@ class Streams:
         cols: torch.Tensor,
         has_bias: bool,
         advance_full: bool = True,
-        rewritten: list[Original] = (),
+        rewritten: Sequence[Original] = (),
     ) -> Stats:
         """Sum [X 1]^T W [X 1], [X 1]^T W Y, sum_t w_t |Y_t|^2 for projection `o` of block `pos`:
         X = the kept input features `cols` in the pruned stream, Y = `o`'s output in the
@@ -116,7 +118,8 @@ class Streams:
                     if advance_full:
                         self.full[i] = calls[pos].run(self.blocks[pos], self.full[i])
                     else:
-                        seen.run_until(lambda: calls[pos].run(self.blocks[pos], self.full[i]))
+                        # run_until calls it at once, within this iteration: late binding is harmless
+                        seen.run_until(lambda: calls[pos].run(self.blocks[pos], self.full[i]))  # noqa: B023
                 x_full = _real_tokens(seen.x, self.masks[i])
                 self._run_pruned(pos, i)  # only the projection's input is needed here
                 x_kept = _real_tokens(seen.x, self.masks[i])[:, cols.to(seen.x.device)]
@@ -137,12 +140,12 @@ class Streams:
 class Original:
     """A projection's weights as they were before compensation rewrote them."""
 
-    module: nn.Module
+    module: HFModule
     weight: torch.Tensor
     bias: torch.Tensor | None
 
     @classmethod
-    def of(cls, module: nn.Module) -> "Original":
+    def of(cls, module: HFModule) -> Original:
         bias = module.bias.detach().clone() if module.bias is not None else None
         return cls(module, module.weight.detach().clone(), bias)
 
@@ -208,7 +211,7 @@ class _Captured:
     def __init__(self, o: nn.Module):
         self.o, self.x, self._stop = o, None, False
 
-    def __enter__(self) -> "_Captured":
+    def __enter__(self) -> _Captured:
         self._handle = self.o.register_forward_pre_hook(self._hook)
         return self
 

@@ -48,7 +48,8 @@ def resolve_baseline(pruned_path: str | Path, baseline: str | Path) -> Path:
     root, root_path = provenance.get("root"), provenance.get("root_path")
     if not root:
         raise UsageError(
-            f"--baseline auto: {pruned_path} has no root model in its provenance (it was never pruned); pass --baseline CKPT"
+            f"--baseline auto: {pruned_path} has no root model in its provenance (it was "
+            "never pruned); pass --baseline CKPT"
         )
     if not root_path:
         raise CheckpointError(
@@ -61,7 +62,8 @@ def resolve_baseline(pruned_path: str | Path, baseline: str | Path) -> Path:
         )
     if sha256_file(path) != root:
         raise CheckpointError(
-            f"--baseline auto: {path} is not the root model any more (sha256 differs from {root[:12]}); pass --baseline CKPT"
+            f"--baseline auto: {path} is not the root model any more (sha256 differs from "
+            f"{root[:12]}); pass --baseline CKPT"
         )
     return path
 
@@ -69,7 +71,8 @@ def resolve_baseline(pruned_path: str | Path, baseline: str | Path) -> Path:
 def check_comparable(baseline: ModelInfo, pruned: ModelInfo) -> None:
     if baseline.family != pruned.family:
         raise ArchitectureError(
-            f"the baseline is a {baseline.family} model and the pruned model a {pruned.family} model; compare models of one family"
+            f"the baseline is a {baseline.family} model and the pruned model a {pruned.family} "
+            "model; compare models of one family"
         )
     if baseline.task != pruned.task:
         raise ArchitectureError(f"the baseline is a {baseline.task} model and the pruned model a {pruned.task} model")
@@ -229,7 +232,8 @@ def _ffn_row(layout, layer: int, kept: bool) -> dict:
 def check_scores(scores, pruned: ModelInfo, name: str) -> None:
     if list(scores.num_heads) != list(pruned.layout.num_heads):
         raise UsageError(
-            f"{name}: scores are for a model with {scores.num_heads} heads per layer, the pruned model has {pruned.layout.num_heads}"
+            f"{name}: scores are for a model with {scores.num_heads} heads per layer, "
+            f"the pruned model has {pruned.layout.num_heads}"
         )
 
 
@@ -335,7 +339,8 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     family_tree = lineage(pruned_path, base_sha, new_sha)
     if not family_tree["descendant"]:
         warnings.append(
-            f"{pruned_path} does not descend from the baseline {baseline_path}: the comparison is not a pruning comparison"
+            f"{pruned_path} does not descend from the baseline {baseline_path}: "
+            "the comparison is not a pruning comparison"
         )
         warn(warnings[-1])
     seq_len = opts.seq_len or min(DEFAULT_SEQ_LEN, max_sequence(baseline) or DEFAULT_SEQ_LEN)

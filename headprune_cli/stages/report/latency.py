@@ -46,7 +46,7 @@ def synthetic_inputs(model: nn.Module, batch: int, seq_len: int, seed: int = 0) 
     limit = adapter.max_positions(model)  # None for ViT: its length comes from the image size
     if limit is not None and seq_len > limit:
         raise UsageError(f"--seq-len {seq_len} exceeds the model's maximum of {limit} positions")
-    inputs = adapter.example_inputs(model, batch, seq_len, seed=seed, first_token=3)
+    inputs: dict = adapter.example_inputs(model, batch, seq_len, seed=seed, first_token=3)  # + use_cache below
     seq_len = adapter.sequence_length(model, seq_len)
     if info_of(model).task == "causal-lm":
         inputs["use_cache"] = False  # a KV cache is not part of a single forward's cost

@@ -50,7 +50,8 @@ def headline(report: dict) -> str:
     if gates:
         parts.append(f"{len(gates) - len(failed)}/{len(gates)} gates passed")
     parts.append(
-        f"{main['name']} {metric_value(main['name'], main['baseline'])} → {metric_value(main['name'], main['pruned'])} (drop {main['drop']:+.3g} {main['unit']})"
+        f"{main['name']} {metric_value(main['name'], main['baseline'])} → "
+        f"{metric_value(main['name'], main['pruned'])} (drop {main['drop']:+.3g} {main['unit']})"
     )
     parts.append(f"predicted speedup {report['cost']['predicted_speedup']:.2f}x")
     if report["measured"]:
@@ -68,7 +69,8 @@ def markdown(report: dict) -> str:
         lines += ["| gate | threshold | value | result |", "|---|---:|---:|:---:|"]
         for g in report["gates"]:
             lines.append(
-                f"| {g['description']} | {g['threshold']:g} | {g['value']:.4g} | {'✅ pass' if g['passed'] else '❌ fail'} |"
+                f"| {g['description']} | {g['threshold']:g} | {g['value']:.4g} | "
+                f"{'✅ pass' if g['passed'] else '❌ fail'} |"
             )
         lines.append("")
     lines += ["| | baseline | pruned | change |", "|---|---:|---:|---:|"]
@@ -77,26 +79,31 @@ def markdown(report: dict) -> str:
         if m["name"] in by_name:
             b = by_name[m["name"]]["value"]
             lines.append(
-                f"| {m['name']} ({'higher' if m['higher_is_better'] else 'lower'} is better) | {metric_value(m['name'], b)} | {metric_value(m['name'], m['value'])} | {_change(m['name'], b, m['value'])} |"
+                f"| {m['name']} ({'higher' if m['higher_is_better'] else 'lower'} is better) | "
+                f"{metric_value(m['name'], b)} | {metric_value(m['name'], m['value'])} | "
+                f"{_change(m['name'], b, m['value'])} |"
             )
     b, p = models["baseline"], models["pruned"]
     lines.append(f"| heads | {b['heads']} | {p['heads']} | {p['heads'] - b['heads']:+d} |")
     lines.append(f"| layers | {b['layers']} | {p['layers']} | {p['layers'] - b['layers']:+d} |")
     lines.append(f"| parameters | {b['params']:,} | {p['params']:,} | {cost['params_ratio'] - 1:+.1%} |")
     lines.append(
-        f"| FLOPs per token (seq {cost['seq_len']}) | {_num(b['flops_per_token'])} | {_num(p['flops_per_token'])} | {cost['flops_ratio'] - 1:+.1%} |"
+        f"| FLOPs per token (seq {cost['seq_len']}) | {_num(b['flops_per_token'])} | "
+        f"{_num(p['flops_per_token'])} | {cost['flops_ratio'] - 1:+.1%} |"
     )
     kv = report.get("kv_cache")
     if kv:
         lines.append(
-            f"| KV cache per token ({kv['dtype']}) | {kv['baseline']['total']:,} B | {kv['pruned']['total']:,} B | {kv['ratio'] - 1:+.1%} |"
+            f"| KV cache per token ({kv['dtype']}) | {kv['baseline']['total']:,} B | "
+            f"{kv['pruned']['total']:,} B | {kv['ratio'] - 1:+.1%} |"
         )
     elif "kv_cache" in report:  # reports older than the field say nothing
         lines.append("| KV cache per token | n/a | n/a | encoder: no KV cache |")
     if measured:
         lb, lp = measured["latency_ms"]["baseline"], measured["latency_ms"]["pruned"]
         lines.append(
-            f"| latency, median ms (IQR) | {lb['median_ms']:.2f} ({lb['q1_ms']:.2f}–{lb['q3_ms']:.2f}) | {lp['median_ms']:.2f} ({lp['q1_ms']:.2f}–{lp['q3_ms']:.2f}) | {measured['speedup']:.2f}x faster |"
+            f"| latency, median ms (IQR) | {lb['median_ms']:.2f} ({lb['q1_ms']:.2f}–{lb['q3_ms']:.2f}) | "
+            f"{lp['median_ms']:.2f} ({lp['q1_ms']:.2f}–{lp['q3_ms']:.2f}) | {measured['speedup']:.2f}x faster |"
         )
     lines += _decode_rows(measured and measured.get("decode"))
     lines += [
@@ -106,8 +113,10 @@ def markdown(report: dict) -> str:
     lines.append(
         f"Speedup: predicted from FLOPs **{cost['predicted_speedup']:.2f}x**"
         + (
-            f", measured **{measured['speedup']:.2f}x** ({measured['speedup_vs_predicted']:.0%} of predicted; batch {measured['batch']}, "
-            f"sequence {measured['seq_len']}, {measured['threads']} threads, median of {measured['repeats']} interleaved runs after {measured['warmup']} warm-up)."
+            f", measured **{measured['speedup']:.2f}x** ({measured['speedup_vs_predicted']:.0%} of "
+            f"predicted; batch {measured['batch']}, "
+            f"sequence {measured['seq_len']}, {measured['threads']} threads, median of {measured['repeats']} "
+            f"interleaved runs after {measured['warmup']} warm-up)."
             if measured
             else " (latency not measured)."
         )
@@ -137,7 +146,8 @@ def markdown(report: dict) -> str:
         )
     lines += ["", "</details>", ""]
     lines.append(
-        f"Baseline `{b['path']}` ({b['sha256'][:12]}), pruned `{p['path']}` ({p['sha256'][:12]}); {report['lineage']['how']}."
+        f"Baseline `{b['path']}` ({b['sha256'][:12]}), "
+        f"pruned `{p['path']}` ({p['sha256'][:12]}); {report['lineage']['how']}."
     )
     return "\n".join(lines) + "\n"
 
@@ -148,14 +158,19 @@ def _decode_rows(decode: dict | None) -> list[str]:
     pb, pp = decode["prefill_ms"]["baseline"], decode["prefill_ms"]["pruned"]
     tb, tp = decode["decode_tokens_per_s"]["baseline"], decode["decode_tokens_per_s"]["pruned"]
     return [
-        f"| prefill ms, batch {decode['batch']} x {decode['prompt']} tokens (IQR) | {pb['median_ms']:.2f} ({pb['q1_ms']:.2f}–{pb['q3_ms']:.2f}) | "
+        f"| prefill ms, batch {decode['batch']} x {decode['prompt']} tokens (IQR) | "
+        f"{pb['median_ms']:.2f} ({pb['q1_ms']:.2f}–{pb['q3_ms']:.2f}) | "
         f"{pp['median_ms']:.2f} ({pp['q1_ms']:.2f}–{pp['q3_ms']:.2f}) | {decode['prefill_speedup']:.2f}x faster |",
-        f"| decode tokens/s, batch {decode['batch']}, {decode['tokens']} tokens | {tb:.1f} | {tp:.1f} | {decode['decode_speedup']:.2f}x faster |",
+        f"| decode tokens/s, batch {decode['batch']}, {decode['tokens']} tokens | {tb:.1f} | {tp:.1f} | "
+        f"{decode['decode_speedup']:.2f}x faster |",
     ]
 
 
 def _kv_text(kv: dict) -> str:
-    return f"KV cache per token {kv['baseline']['total']:,} → {kv['pruned']['total']:,} bytes ({kv['dtype']}, {-kv['reduction']:+.1%})"
+    return (
+        f"KV cache per token {kv['baseline']['total']:,} → {kv['pruned']['total']:,} "
+        f"bytes ({kv['dtype']}, {-kv['reduction']:+.1%})"
+    )
 
 
 def serving_summary(report: dict) -> str:

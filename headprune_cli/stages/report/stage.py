@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
-from typing import Optional
 
 from headprune_cli.artifacts.schema import portable_path, write_artifact
 from headprune_cli.errors import EXIT_GATE_FAILED, UsageError
@@ -26,38 +25,37 @@ class ReportStageOptions(Options):
     baseline: str = option(
         "auto", "Baseline checkpoint, or 'auto' for the root model named in the pruned model's provenance."
     )
-    scores: Optional[Path] = option(None, "Scores JSON: adds importance to the head map and its heatmap.")
-    max_drop: Optional[float] = option(
+    scores: Path | None = option(None, "Scores JSON: adds importance to the head map and its heatmap.")
+    max_drop: float | None = option(
         None,
         "Gate: largest allowed drop of the main metric, in points (accuracy/F1/fidelity x100) or in perplexity.",
         ge=0,
     )
-    max_rel_drop: Optional[float] = option(
+    max_rel_drop: float | None = option(
         None, "Gate: largest allowed relative drop of the main metric (0.02 = 2%).", ge=0
     )
-    min_speedup: Optional[float] = option(
+    min_speedup: float | None = option(
         None, "Gate: smallest allowed measured speedup (baseline median / pruned median).", ge=0
     )
     batch_size: int = option(8, "Batch size for evaluation and latency.", ge=1)
     seq_len: int | None = option(
         None,
-        "Sequence length for FLOPs, latency, and the evaluation's max length (default: 128, or the model's maximum when smaller).",
+        "Sequence length for FLOPs, latency, and the evaluation's max length (default: 128, "
+        "or the model's maximum when smaller).",
         ge=1,
     )
     threads: int = option(2, "CPU threads while timing (torch.set_num_threads).", ge=1)
     repeats: int = option(10, "Timed runs per model after warm-up; 0 skips latency.", ge=0)
     warmup: int = option(2, "Untimed warm-up runs per model.", ge=0)
-    json_out: Optional[str] = option(None, "Write the report JSON here ('-' for stdout).", "--json")
-    markdown_out: Optional[Path] = option(
-        None, "Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY).", "--markdown"
-    )
-    plot_dir: Optional[Path] = option(
+    json_out: str | None = option(None, "Write the report JSON here ('-' for stdout).", "--json")
+    markdown_out: Path | None = option(None, "Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY).", "--markdown")
+    plot_dir: Path | None = option(
         None,
         "Folder for PNG plots: head_map.png, kept/removed heads per layer (coloured by importance with --scores).",
         "--plot",
         folder=True,
     )
-    junit_out: Optional[Path] = option(None, "Write JUnit XML, one test case per gate.", "--junit")
+    junit_out: Path | None = option(None, "Write JUnit XML, one test case per gate.", "--junit")
     force: bool = option(False, "Overwrite existing output files.")
     device: str = device_option()
     dtype: str = dtype_option()
@@ -73,9 +71,10 @@ class ReportStageOptions(Options):
         ge=0,
     )
     decode_batch: int = option(1, "Causal LMs: sequences decoded together.", ge=1)
-    latency: Optional[Path] = option(
+    latency: Path | None = option(
         None,
-        "The baseline's latency table (`headprune profile`): adds its predicted speedup beside the measured one (cost.latency).",
+        "The baseline's latency table (`headprune profile`): adds its predicted speedup beside "
+        "the measured one (cost.latency).",
     )
     onnx: Path | None = option(
         None,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -37,26 +36,27 @@ class ScoreOptions(Options):
         ..., "JSONL/CSV (text[, text_pair][, label]), plain text, or a tokenized .safetensors set.", "--data", "-d"
     )
     method: str = option("taylor", f"Importance method: {', '.join(HEAD_METHODS)}.", "--method", "-m")
-    objective: Optional[str] = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
-    samples: Optional[int] = option(None, "Use the first N examples.", ge=1)
+    objective: str | None = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
+    samples: int | None = option(None, "Use the first N examples.", ge=1)
     batch_size: int = option(32, "Examples per forward pass.", ge=1)
     max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
     seed: int = option(0, "Seed for random, fidelity probes and anything stochastic.")
     layers: bool = option(False, "Also score whole layers.")
     ffn: bool = option(
         False,
-        "Also score every FFN neuron (gradient, taylor, taylor-weight, fisher, activation, random), in the same pass: `select --target-*` then cuts heads, neurons and layers under one budget.",
+        "Also score every FFN neuron (gradient, taylor, taylor-weight, fisher, activation, random), "
+        "in the same pass: `select --target-*` then cuts heads, neurons and layers under one budget.",
     )
-    layer_method: Optional[str] = option(None, LAYER_METHOD_HELP)
-    weights: Optional[list[str]] = option(None, "For combined: METHOD=WEIGHT[,METHOD=WEIGHT] (default taylor=1,loo=1).")
+    layer_method: str | None = option(None, LAYER_METHOD_HELP)
+    weights: list[str] | None = option(None, "For combined: METHOD=WEIGHT[,METHOD=WEIGHT] (default taylor=1,loo=1).")
     normalize: bool = option(True, "gradient: divide each layer's scores by their L2 norm.", negative="--no-normalize")
-    recompute: Optional[bool] = option(
+    recompute: bool | None = option(
         None,
         "Gradient methods: recompute each block's activations in the backward instead of keeping them (less memory, "
         "one more forward per batch, the same scores). Default: on for models of 400 M parameters or more.",
         negative="--no-recompute",
     )
-    output: Optional[Path] = option(None, "Write the scores JSON here (default: stdout).", "--output", "-o")
+    output: Path | None = option(None, "Write the scores JSON here (default: stdout).", "--output", "-o")
     force: bool = option(False, "Overwrite an existing output file.")
     device: str = device_option()
     dtype: str = dtype_option()

@@ -36,7 +36,7 @@ class ScoreTable:
     num_ffn: list[int] | None = None
 
     @classmethod
-    def from_scores(cls, scores) -> "ScoreTable":
+    def from_scores(cls, scores) -> ScoreTable:
         """From a schema.Scores artifact."""
         return cls(
             heads={int(k): {int(h): float(s) for h, s in v.items()} for k, v in scores.heads.items()},

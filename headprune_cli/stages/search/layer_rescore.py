@@ -8,7 +8,8 @@ more: forward selection. Every candidate is a whole plan under the budget: the l
 dropped, then the rest of the budget filled with the lowest-scoring head steps, as the
 search's own moves fill it; while the layers so far cannot meet the budget even with that
 fill, the layers alone are measured, to choose the next one by. Heads only: with FFN
-neurons the fill would weigh head and neuron scores against each other with no common scale. It stops when no further layer lowers the
+neurons the fill would weigh head and neuron scores against each other with no common
+scale. It stops when no further layer lowers the
 measured loss (or only one layer would be left, or the evaluations run out) and hands the
 best plan to the search as its start, in place of the greedy plan.
 

@@ -18,7 +18,8 @@ chains of the same kind (the budget is unchanged: same heads removed, and under 
 budget the cost must still fit); under a cost budget also trade one kind for the other
 (give a step back in one chain, then take the cheapest steps of the other kind until the
 budget fits), drop a layer and give steps back (the most important first) while the
-budget still fits, or restore a dropped layer and take the cheapest steps until it fits. First improvement is taken (hill climbing); neighbours are
+budget still fits, or restore a dropped layer and take the cheapest steps until it fits.
+First improvement is taken (hill climbing); neighbours are
 tried in a seeded random order; it stops at a local optimum or after `evaluations`
 measured candidates. Local search rather than an evolutionary one: the greedy start is
 already good, every move keeps the candidate inside the budget, and one evaluation costs a
@@ -80,7 +81,8 @@ def search(
         raise UsageError(f"the search needs at least 1 evaluation (got {evaluations})")
     if constraints.uniform:
         raise UsageError(
-            "search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform"
+            "search does not take --uniform: one head count for every layer leaves nothing per layer "
+            "to search; use select --uniform"
         )
     if rescore_layers:
         space, current, result, seen = _rescored_start(table, loss, budget, constraints, evaluations, on_evaluation)
@@ -121,7 +123,8 @@ def _rescored_start(table, loss, budget: Budget, c, evaluations: int, on_evaluat
 
     if not budget.is_cost:
         raise UsageError(
-            "--rescore-layers needs --target-flops or --target-params: --ratio counts heads, which dropping a layer does not change"
+            "--rescore-layers needs --target-flops or --target-params: --ratio counts heads, "
+            "which dropping a layer does not change"
         )
     if table.cost is None:
         raise UsageError("a --target-params/--target-flops budget needs the cost table in the scores")
@@ -129,7 +132,8 @@ def _rescored_start(table, loss, budget: Budget, c, evaluations: int, on_evaluat
     found = rescored_start(space, loss, evaluations, on_evaluation)
     if found.state is None:
         raise UsageError(
-            f"no plan within the budget was found in {evaluations} evaluations of layers dropped one at a time; raise --evaluations"
+            f"no plan within the budget was found in {evaluations} evaluations of layers dropped one "
+            "at a time; raise --evaluations"
         )
     result = SearchResult(
         selection_of(space, found.state),

@@ -8,7 +8,6 @@ seen. The output is the same plan artifact `select` writes, with the search's re
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -43,9 +42,9 @@ class SearchOptions(ConstraintOptions):
         "--data",
         "-d",
     )
-    ratio: Optional[float] = ratio_option()
-    target_params: Optional[float] = target_params_option()
-    target_flops: Optional[float] = target_flops_option()
+    ratio: float | None = ratio_option()
+    target_params: float | None = target_params_option()
+    target_flops: float | None = target_flops_option()
     evaluations: int = option(
         DEFAULT_EVALUATIONS, "Candidates measured at most (the greedy start included).", ge=1, le=MAX_EVALUATIONS
     )
@@ -57,19 +56,21 @@ class SearchOptions(ConstraintOptions):
     rescore_layers: bool = option(
         False,
         "Start from layers chosen one at a time by measured loss (each drop measured with the ones before it dropped, "
-        "the rest of the budget filled by head scores), instead of from single-pass layer scores; needs --target-flops/--target-params.",
+        "the rest of the budget filled by head scores), instead of from single-pass layer scores; "
+        "needs --target-flops/--target-params.",
     )
     ffn: bool = option(
         False,
-        "Score FFN neurons too, so that a FLOPs/params budget searches FFN widths as well (use --method fisher or taylor).",
+        "Score FFN neurons too, so that a FLOPs/params budget searches FFN widths as "
+        "well (use --method fisher or taylor).",
     )
-    layer_method: Optional[str] = option(None, LAYER_METHOD_HELP)
-    objective: Optional[str] = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
-    samples: Optional[int] = option(None, "Use the first N examples of --data.", ge=1)
+    layer_method: str | None = option(None, LAYER_METHOD_HELP)
+    objective: str | None = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
+    samples: int | None = option(None, "Use the first N examples of --data.", ge=1)
     batch_size: int = option(32, "Examples per forward pass.", ge=1)
     max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
     seed: int = option(0, "Seed of the search order (and of anything stochastic in scoring).")
-    output: Optional[Path] = option(None, "Plan JSON to write (default: stdout).", "-o", "--output")
+    output: Path | None = option(None, "Plan JSON to write (default: stdout).", "-o", "--output")
     force: bool = option(False, "Overwrite OUTPUT if it exists.")
     device: str = device_option()
     dtype: str = dtype_option()
@@ -85,7 +86,8 @@ class SearchOptions(ConstraintOptions):
             raise UsageError("--layer-method needs --layers (it names how whole layers are scored)")
         if self.rescore_layers and self.ratio is not None:
             raise UsageError(
-                "--rescore-layers needs --target-flops or --target-params: --ratio counts heads, which dropping a layer does not change"
+                "--rescore-layers needs --target-flops or --target-params: --ratio counts heads, "
+                "which dropping a layer does not change"
             )
         if self.rescore_layers and self.layers:
             raise UsageError("--rescore-layers measures the layers itself; leave out --layers")
@@ -96,7 +98,8 @@ class SearchOptions(ConstraintOptions):
             )
         if self.uniform:
             raise UsageError(
-                "search does not take --uniform: one head count for every layer leaves nothing per layer to search; use select --uniform"
+                "search does not take --uniform: one head count for every layer leaves nothing per layer "
+                "to search; use select --uniform"
             )
         check_fractions(self.ratio, self.target_params, self.target_flops)
         _check_method(self)
@@ -132,8 +135,10 @@ def run(opts: SearchOptions, ctx: Context) -> Result:
     write_artifact(plan, opts.output)
     ctx.print(
         f"search ({result.evaluations} candidates measured, {result.improvements} improvements): held-out loss "
-        f"{result.start_loss:.5f} ({_start_name(result)}) -> {result.best_loss:.5f}; removes {sum(len(v) for v in result.selection.remove_heads.values())} heads, "
-        f"{sum(len(v) for v in result.selection.remove_ffn.values())} FFN neurons, {len(result.selection.remove_layers)} layers",
+        f"{result.start_loss:.5f} ({_start_name(result)}) -> {result.best_loss:.5f}; "
+        f"removes {sum(len(v) for v in result.selection.remove_heads.values())} heads, "
+        f"{sum(len(v) for v in result.selection.remove_ffn.values())} FFN neurons, "
+        f"{len(result.selection.remove_layers)} layers",
         highlight=False,
     )
     return Result([str(opts.output)] if opts.output is not None else [], value=plan)
@@ -161,7 +166,8 @@ def _split(dataset, holdout: float, path: Path):
     held = round(len(dataset) * holdout)
     if held < MIN_PART or len(dataset) - held < MIN_PART:
         raise DataError(
-            f"{path}: {len(dataset)} examples are too few to split for search (each part needs at least {MIN_PART}; --holdout {holdout:g})"
+            f"{path}: {len(dataset)} examples are too few to split for search (each part needs at least "
+            f"{MIN_PART}; --holdout {holdout:g})"
         )
     cut = len(dataset) - held
     return dataset.select(0, cut), dataset.select(cut, len(dataset))

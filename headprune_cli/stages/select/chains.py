@@ -123,6 +123,7 @@ def _units(table: ScoreTable, layer: int, c: Constraints) -> list[tuple[float, t
     scores = table.heads[layer]
     protected = {h for l, h in c.protect if l == layer}
     group = table.num_heads[layer] // table.num_kv_heads[layer]
+    units: list[tuple[float, tuple[int, ...]]]
     if group == 1:
         units = [(s, (h,)) for h, s in scores.items() if h not in protected]
     elif c.gqa_unit == "group":
@@ -193,6 +194,7 @@ def layers_to_drop(table: ScoreTable, c: Constraints) -> list[int]:
                 f"--drop-layers {c.drop_layers}: only {len(drop)} layers can be dropped (others are protected)"
             )
     else:
+        assert c.layer_threshold is not None  # the early return: no --drop-layers means a threshold
         drop = [layer for s, layer in candidates if s < c.layer_threshold]
     if len(drop) >= len(table.heads):
         raise UsageError("layer removal would drop every layer; at least one must remain")

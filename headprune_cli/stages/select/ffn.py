@@ -243,7 +243,8 @@ def select_ffn(table, strategy: str | None, budget: Budget, c):
     if strategy == "joint" and not loss_scale:
         joint.check_scale(table)
         raise UsageError(
-            "strategy 'joint' with FFN neurons needs scores by `score --ffn --layers` with loo or refit layers, which measure each layer's FFN too"
+            "strategy 'joint' with FFN neurons needs scores by `score --ffn --layers` with loo or refit "
+            "layers, which measure each layer's FFN too"
         )
     scored = on_one_scale(table) if loss_scale else table
     drop = [] if loss_scale else layers_to_drop(table, c)

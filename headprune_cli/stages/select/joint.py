@@ -16,7 +16,8 @@ or parameters, from the cost table) until the predicted cost fits; finishing wit
 single cheapest step that fits is taken instead when it costs less than the greedy path.
 Afterwards head steps made redundant by a later layer drop are given back, most expensive
 first, while the budget still fits, and a dropped layer is kept instead when head steps
-alone meet the budget at a lower loss (a drop can overshoot the budget by a whole layer). Layer scores on other scales (cosine) cannot be
+alone meet the budget at a lower loss (a drop can overshoot the budget by a whole
+layer). Layer scores on other scales (cosine) cannot be
 compared this way: selection.select falls back to heads only (`budget`) for them.
 """
 

@@ -44,7 +44,8 @@ def latency_budget(fraction, ms, others: dict) -> Budget:
     given = [name for name, value in others.items() if value is not None]
     if given:
         raise UsageError(
-            f"--latency prices a latency target; leave out {', '.join(given)} (give --target-latency F or --target-ms X)"
+            "--latency prices a latency target; "
+            f"leave out {', '.join(given)} (give --target-latency F or --target-ms X)"
         )
     if (fraction is None) == (ms is None):
         raise UsageError(
@@ -153,8 +154,8 @@ def _choose(choose, by_ms, strategy, fraction, constraints, target, full):
         return choose(by_ms, strategy, Budget("flops", fraction), constraints)
     except BudgetUnreachable:
         raise BudgetUnreachable(
-            message=f"the latency target {target:.4g} ms ({target / full:.3f} of the profiled {full:.4g} ms) cannot be met "
-            f"within the constraints (--min-heads, --min-ffn, --multiple-of, --protect)"
+            message=f"the latency target {target:.4g} ms ({target / full:.3f} of the profiled {full:.4g} ms) "
+            "cannot be met within the constraints (--min-heads, --min-ffn, --multiple-of, --protect)"
         ) from None
 
 
@@ -167,7 +168,8 @@ def read_latency(path: str, scores, phase: str = "forward") -> tuple[LatencyTabl
     check_belongs(artifact, model_ref(scores).sha256, _scored_shape(scores), str(path))
     if phase not in artifact.phases:
         raise UsageError(
-            f"{path}: the table has no {phase} profile (it has {', '.join(artifact.phases)}); profile with --context for decode"
+            f"{path}: the table has no {phase} profile (it has {', '.join(artifact.phases)}); "
+            "profile with --context for decode"
         )
     return LatencyTable.from_artifact(artifact, phase), sha
 
@@ -189,7 +191,8 @@ def check_belongs(artifact, sha256: str, shape: dict, name: str) -> None:
     model = artifact.model
     if model.sha256 != sha256:
         raise UsageError(
-            f"{name}: the latency table was profiled on another model (sha256 {model.sha256[:12]}, this one is {sha256[:12]}); profile this model"
+            f"{name}: the latency table was profiled on another model (sha256 {model.sha256[:12]}, "
+            f"this one is {sha256[:12]}); profile this model"
         )
     mine = {
         "num_heads": model.num_heads,

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from headprune_cli.artifacts.schema import input_ref, read_artifact, write_artifact
 from headprune_cli.errors import UsageError
@@ -36,14 +35,14 @@ class ConstraintOptions(Options):
 
     min_heads: int = option(1, "Heads every layer keeps at least (drop a whole layer with --drop-layers).", ge=1)
     multiple_of: int = option(1, "Heads kept per layer must be a multiple of this.", ge=1)
-    protect: Optional[str] = option(None, "Heads never removed: LAYER:HEAD,... (original indices).")
+    protect: str | None = option(None, "Heads never removed: LAYER:HEAD,... (original indices).")
     gqa_unit: str = option("group", "GQA layers: remove whole KV 'group's, or query 'head's evenly from every group.")
     uniform: bool = option(
         False,
         "Keep the same number of heads (and KV groups, and FFN width) in every layer, chosen by score: "
         "LLaMA/Mistral/Qwen models then export as plain transformers folders.",
     )
-    min_ffn: Optional[int] = option(
+    min_ffn: int | None = option(
         None,
         "FFN neurons every layer keeps at least, when the scores hold neuron scores (default: --ffn-multiple-of).",
         ge=1,
@@ -69,27 +68,28 @@ class ConstraintOptions(Options):
 class SelectionOptions(ConstraintOptions):
     """How to choose from scores: the amount (one of ratio, threshold, targets) and the constraints."""
 
-    ratio: Optional[float] = ratio_option()
-    strategy: Optional[str] = option(
+    ratio: float | None = ratio_option()
+    strategy: str | None = option(
         None,
-        "global | layer | threshold | budget | joint (default: from the amount given; a --target-* with loss-scale layer scores is joint).",
+        "global | layer | threshold | budget | joint (default: from the amount given; "
+        "a --target-* with loss-scale layer scores is joint).",
     )
     drop_layers: int = option(0, "Also drop the N least important layers (needs layer scores).", ge=0)
-    layer_threshold: Optional[float] = option(None, "Also drop layers scoring below T.")
-    threshold: Optional[str] = option(None, "Remove heads scoring below T, or below the P-th percentile ('25%').")
-    target_params: Optional[float] = target_params_option()
-    target_flops: Optional[float] = target_flops_option()
-    latency: Optional[str] = option(
+    layer_threshold: float | None = option(None, "Also drop layers scoring below T.")
+    threshold: str | None = option(None, "Remove heads scoring below T, or below the P-th percentile ('25%').")
+    target_params: float | None = target_params_option()
+    target_flops: float | None = target_flops_option()
+    latency: str | None = option(
         None,
-        "Latency table from `headprune profile`: price the budget in measured milliseconds (with --target-latency or --target-ms).",
+        "Latency table from `headprune profile`: price the budget in measured milliseconds (with "
+        "--target-latency or --target-ms).",
     )
-    target_latency: Optional[float] = option(None, "With --latency: keep this fraction of the profiled latency.")
-    target_ms: Optional[float] = option(
-        None, "With --latency: keep the predicted latency at most this many milliseconds."
-    )
+    target_latency: float | None = option(None, "With --latency: keep this fraction of the profiled latency.")
+    target_ms: float | None = option(None, "With --latency: keep the predicted latency at most this many milliseconds.")
     latency_phase: str = option(
         "forward",
-        "With --latency: price by the table's 'forward' profile, or its 'decode' one (causal LMs profiled with --context).",
+        "With --latency: price by the table's 'forward' profile, "
+        "or its 'decode' one (causal LMs profiled with --context).",
     )
 
     def budget(self) -> Budget | None:
@@ -117,7 +117,7 @@ class SelectionOptions(ConstraintOptions):
 
 class SelectOptions(SelectionOptions):
     scores: str = option("-", "Scores JSON from `headprune score`; '-' or absent: stdin.", argument=True)
-    output: Optional[Path] = option(None, "Plan JSON to write (default: stdout).", "-o", "--output")
+    output: Path | None = option(None, "Plan JSON to write (default: stdout).", "-o", "--output")
     force: bool = option(False, "Overwrite OUTPUT if it exists.")
 
 
@@ -167,7 +167,8 @@ def _latency_plan(opts: SelectionOptions, scores, source: str, scores_sha: str, 
     }
     if opts.latency is None:
         raise UsageError(
-            "--target-latency/--target-ms price the budget by a latency table: give --latency TABLE from `headprune profile`"
+            "--target-latency/--target-ms price the budget by a latency table: "
+            "give --latency TABLE from `headprune profile`"
         )
     budget = latency_select.latency_budget(opts.target_latency, opts.target_ms, others)
     table, table_sha = latency_select.read_latency(opts.latency, scores, opts.latency_phase)
@@ -213,7 +214,10 @@ def summary(plan: dict) -> str:
     shape = ", the same heads in every layer" if plan["constraints"].get("uniform") else ""
     ffn = f", {neurons} FFN neurons" if neurons else ""
     if plan.get("latency"):
-        cost += f"; latency {plan['latency']['after_ms']:.4g} ms predicted, {plan['latency']['after_fraction']:.1%} of before"
+        cost += (
+            f"; latency {plan['latency']['after_ms']:.4g} ms predicted, "
+            f"{plan['latency']['after_fraction']:.1%} of before"
+        )
     return f"plan ({plan['strategy']}): remove {heads} heads{ffn}, {len(plan['remove_layers'])} layers{shape}{cost}"
 
 

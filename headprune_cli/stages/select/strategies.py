@@ -101,7 +101,7 @@ class Strategy:
 
     amount: str
     prefixes: Callable[..., dict[int, int]] | None = None
-    whole: Callable[..., "Selection"] | None = None
+    whole: Callable[..., Selection] | None = None
 
 
 STRATEGIES: dict[str, Strategy] = {

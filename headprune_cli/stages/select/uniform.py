@@ -30,7 +30,8 @@ def levels(table: ScoreTable, chains: list[Chain]) -> list[Level]:
             f"layer {ch.layer}: {sorted({q for q, _ in o}, reverse=True)}" for ch, o in zip(chains, options)
         )
         raise UsageError(
-            f"--uniform: no head count is allowed in every layer under these constraints (heads each layer may keep: {allowed})"
+            "--uniform: no head count is allowed in every layer under these constraints (heads "
+            f"each layer may keep: {allowed})"
         )
     ordered = sorted(common, key=lambda counts: (-counts[0], -counts[1]))
     return [{ch.layer: o[counts] for ch, o in zip(chains, options)} for counts in ordered]

@@ -48,7 +48,8 @@ def check_routes(routes: list[str], methods: list[str]) -> None:
 def run_budget_sweep(
     model: nn.Module, calib, eval_data, opts, progress: Callable[[str], None] = lambda _: None
 ) -> dict:
-    """The budget sweep's payload: one row per (method, route, target), and per route the smallest FLOPs kept within budget."""
+    """The budget sweep's payload: one row per (method, route, target), and per route the smallest
+    FLOPs kept within budget."""
 
     check_routes(opts.routes, opts.methods)
     objective, task = default_objective(model), info_of(model).task
@@ -177,7 +178,8 @@ def markdown(payload: dict) -> str:
         lines.append(
             f"- **{route}**: "
             + (
-                f"{best['flops_kept']:.0%} of the FLOPs ({best['method']}), {name} {fmt(name, best['main'])}, drop {best['drop']:+.3g} {unit}"
+                f"{best['flops_kept']:.0%} of the FLOPs ({best['method']}), {name} {fmt(name, best['main'])}, "
+                f"drop {best['drop']:+.3g} {unit}"
                 + (f", measured speedup {best['measured_speedup']:.2f}x" if best["measured_speedup"] else "")
                 if best
                 else "none of the targets"
@@ -185,13 +187,15 @@ def markdown(payload: dict) -> str:
         )
     lines += [
         "",
-        f"| method | route | target FLOPs | FLOPs kept | {name} | drop ({unit}) | predicted speedup | measured speedup | within budget |",
+        f"| method | route | target FLOPs | FLOPs kept | {name} | drop ({unit}) | predicted speedup | "
+        "measured speedup | within budget |",
         "|---|---|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for r in budget["rows"]:
         measured = f"{r['measured_speedup']:.2f}x" if r["measured_speedup"] else "–"
         lines.append(
-            f"| {r['method']} | {r['route']} | {r['target_flops']:g} | {r['flops_kept']:.3f} | {fmt(name, r['main'])} | {r['drop']:+.3g} | "
+            f"| {r['method']} | {r['route']} | {r['target_flops']:g} | {r['flops_kept']:.3f} | "
+            f"{fmt(name, r['main'])} | {r['drop']:+.3g} | "
             f"{r['predicted_speedup']:.2f}x | {measured} | {'yes' if r['within_budget'] else 'no'} |"
         )
     return "\n".join(lines) + "\n"

@@ -163,7 +163,8 @@ def markdown(result: dict) -> str:
         lines.append(
             f"- **{method}**: "
             + (
-                f"ratio {best['ratio']:g} ({best['heads_removed']} of {result['total_heads']} heads, {name} {fmt(name, best['main'])}, "
+                f"ratio {best['ratio']:g} ({best['heads_removed']} of {result['total_heads']} heads, "
+                f"{name} {fmt(name, best['main'])}, "
                 f"drop {best['drop']:+.3g} {main['unit']}, predicted speedup {best['predicted_speedup']:.2f}x)"
                 if best
                 else "none of the ratios"
@@ -171,19 +172,21 @@ def markdown(result: dict) -> str:
         )
     lines += [
         "",
-        f"| method | ratio | heads removed | {main['name']} | drop ({main['unit']}) | predicted speedup | within budget |",
+        f"| method | ratio | heads removed | {main['name']} | drop ({main['unit']}) | "
+        "predicted speedup | within budget |",
         "|---|---:|---:|---:|---:|---:|:---:|",
     ]
     for r in result["rows"]:
         lines.append(
-            f"| {r['method']} | {r['ratio']:g} | {r['heads_removed']} | {fmt(name, r['main'])} | {r['drop']:+.3g} | {r['predicted_speedup']:.2f}x | {'yes' if r['within_budget'] else 'no'} |"
+            f"| {r['method']} | {r['ratio']:g} | {r['heads_removed']} | {fmt(name, r['main'])} | "
+            f"{r['drop']:+.3g} | {r['predicted_speedup']:.2f}x | {'yes' if r['within_budget'] else 'no'} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def curves(result: dict) -> dict[str, list[tuple[float, float]]]:
     start = result["main_metric"]["baseline"]
-    out = {}
+    out: dict[str, list[tuple[float, float]]] = {}
     for r in result["rows"]:
         out.setdefault(r["method"], [(0.0, start)]).append((r["fraction_removed"], r["main"]))
     return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from headprune_cli.artifacts.schema import KINDS, envelope, input_ref, write_artifact
 from headprune_cli.data.readers import read_data
@@ -35,9 +34,10 @@ class SweepOptions(Options):
     eval_data: Path = option(..., "Evaluation data for the quality curve.")
     methods: str = option("taylor,gradient,random", "Comma-separated importance methods, e.g. taylor,gradient,random.")
     ratios: str = option(",".join(f"{r:g}" for r in DEFAULT_RATIOS), "Comma-separated fractions of heads to remove.")
-    target_flops: Optional[str] = option(
+    target_flops: str | None = option(
         None,
-        "Comma-separated fractions of the FLOPs to keep (e.g. 0.8,0.6,0.5): sweep FLOPs budgets per --routes instead of head ratios.",
+        "Comma-separated fractions of the FLOPs to keep (e.g. 0.8,0.6,0.5): "
+        "sweep FLOPs budgets per --routes instead of head ratios.",
     )
     routes: str = option(
         ",".join(ROUTES),
@@ -48,9 +48,9 @@ class SweepOptions(Options):
     max_drop: float = option(1.0, "Budget: largest allowed drop of the main metric (points, or perplexity).", ge=0)
     batch_size: int = option(16, "", ge=1)
     max_length: int = option(128, "Tokens per example (also the FLOPs sequence length).", ge=1)
-    samples: Optional[int] = option(None, "Use the first N calibration examples.", ge=1)
+    samples: int | None = option(None, "Use the first N calibration examples.", ge=1)
     seed: int = option(0, "")
-    output: Optional[Path] = option(
+    output: Path | None = option(
         None, "Folder for sweep.json, sweep.md and curve.png (else JSON on stdout).", "-o", "--output"
     )
     force: bool = option(False, "Overwrite existing output files.")
@@ -68,7 +68,7 @@ class SweepOptions(Options):
             max_length=self.max_length,
             samples=self.samples,
             seed=self.seed,
-            targets=comma_list(self.target_flops, float, "--target-flops") if budget else [],
+            targets=comma_list(self.target_flops, float, "--target-flops") if self.target_flops is not None else [],
             routes=comma_list(self.routes, str, "--routes") if budget else [],
             repeats=self.repeats if budget else 0,
         )

@@ -145,7 +145,8 @@ from headprune_cli.stages.finetune import train
 # wrong scale (AdamW normalises it away, clipping caps it) shows in the weights.
 train.torch.optim.AdamW = lambda params, lr, weight_decay: torch.optim.SGD(params, lr=lr)
 model, data = load(sys.argv[1]), load_file(sys.argv[2])
-result = train.finetune(model, data, train.FinetuneConfig(steps=3, lr=0.5, warmup=0, max_grad_norm=0, batch_size=8, grad_accum=2, seed=1))
+config = train.FinetuneConfig(steps=3, lr=0.5, warmup=0, max_grad_norm=0, batch_size=8, grad_accum=2, seed=1)
+result = train.finetune(model, data, config)
 if train.distributed.setup().main:
     save_file({k: v.contiguous() for k, v in result.model.state_dict().items()}, sys.argv[3])
 """

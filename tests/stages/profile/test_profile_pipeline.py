@@ -100,7 +100,8 @@ def test_select_with_a_latency_table_does_not_import_torch(tmp_path):
     table = write_latency(tmp_path / "latency.json", model, path)
     probe = (
         f"from headprune_cli.cli.app import main\n"
-        f"main(['select', {str(scores)!r}, '--latency', {str(table)!r}, '--target-latency', '0.9', '-o', {str(tmp_path / 'plan.json')!r}])\n"
+        f"main(['select', {str(scores)!r}, '--latency', {str(table)!r}, '--target-latency', '0.9', '-o', "
+        f"{str(tmp_path / 'plan.json')!r}])\n"
         "import sys\nprint([m for m in ('torch', 'transformers') if m in sys.modules])"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)

@@ -215,9 +215,9 @@ def test_score_select_prune_pipe(tmp_path):
     tensors["labels"] = labels
     save_file(tensors, str(data))
     score = f"{exe} score m.safetensors --method taylor --data calib.safetensors"
-    for tail, name in [
-        (f"{exe} select --ratio 0.3 | {exe} prune -o a.safetensors", "a"),
-        (f"{exe} prune --ratio 0.3 --min-heads 1 -o b.safetensors", "b"),
+    for tail in [
+        f"{exe} select --ratio 0.3 | {exe} prune -o a.safetensors",
+        f"{exe} prune --ratio 0.3 --min-heads 1 -o b.safetensors",
     ]:
         run = subprocess.run(f"{score} | {tail}", shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr

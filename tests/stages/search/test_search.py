@@ -62,7 +62,7 @@ def test_every_candidate_keeps_the_budget_and_the_constraints():
     assert len(seen) == result.evaluations > 1
     for candidate in seen:
         assert sum(len(v) for v in candidate.values()) == removed
-        for layer, heads in candidate.items():
+        for heads in candidate.values():
             kept = 6 - len(heads)
             assert kept >= 2 and kept % 2 == 0
         assert 0 not in candidate.get(1, [])  # protected

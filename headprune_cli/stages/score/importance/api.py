@@ -68,7 +68,8 @@ def score_model(
         check_ffn(method)
         if method == "gradient" and normalize:
             raise UsageError(
-                "--ffn with gradient needs --no-normalize: per-layer normalisation would put heads and neurons on different scales"
+                "--ffn with gradient needs --no-normalize: per-layer normalisation would put heads "
+                "and neurons on different scales"
             )
     layer_entry = layer_method(layers) if layers else None
     torch.manual_seed(seed)

@@ -9,7 +9,7 @@ the order of float64 additions.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -95,7 +95,7 @@ class ScoreContext:
 
 
 @contextmanager
-def trainable_only(model: nn.Module, keep: list[nn.Parameter] = ()) -> Iterator[None]:
+def trainable_only(model: nn.Module, keep: Sequence[nn.Parameter] = ()) -> Iterator[None]:
     """Turn off gradients of every parameter but `keep`: scoring needs gate gradients, not weight gradients."""
     saved = [(p, p.requires_grad) for p in model.parameters()]
     keep_ids = {id(p) for p in keep}

@@ -164,7 +164,7 @@ class LayerRefit:
 
     def _held_loss(self, ctx: ScoreContext, model, held, reference):
         """Mean loss over the held-out half, and the per-batch outputs (the reference)."""
-        total, outs = torch.zeros(1, dtype=torch.float64, device=ctx.device), []
+        total, outs = torch.zeros(1, dtype=torch.float64, device=ctx.device), list[torch.Tensor]()
         sub = ScoreContext(model, held, ctx.objective, ctx.batch_size, ctx.seed)
         model.eval()
         with torch.no_grad():

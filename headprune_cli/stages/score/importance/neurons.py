@@ -64,6 +64,7 @@ class NeuronTaps:
         def hook(module, args):
             x = args[0]
             if self.squares:
+                assert self.mask is not None  # attached() sets it before it registers this hook
                 real = self.mask[..., None].to(x.dtype) if x.dim() == 3 else 1.0
                 self.sums["x2"][pos] += (x.double() ** 2 * real).sum(dim=tuple(range(x.dim() - 1))).to(self.ctx.device)
             if x.requires_grad:

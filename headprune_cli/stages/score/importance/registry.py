@@ -41,7 +41,8 @@ _HEADS = [
         "masked:LeaveOneOut",
         "heads",
         True,
-        ffn="loo would run one forward pass per neuron (thousands per layer); score neurons with fisher or taylor, and layers with --layers --layer-method loo",
+        ffn="loo would run one forward pass per neuron (thousands per layer); score neurons with fisher or taylor, "
+        "and layers with --layers --layer-method loo",
     ),
     Method(
         "entropy",

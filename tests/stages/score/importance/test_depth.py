@@ -60,7 +60,7 @@ def test_attention_is_the_loss_change_of_removing_all_of_a_layers_heads(setup):
     model, data = setup
     result = score_model(model, data, "taylor", layers="loo", batch_size=5)
     base, _ = _loss(model, data)
-    for pos, n in enumerate((4, 3, 4)):
+    for pos in range(3):
         gates = [torch.zeros(k) if i == pos else torch.ones(k) for i, k in enumerate((4, 3, 4))]
         with HeadGates(model, gates):
             removed, _ = _loss(model, data)

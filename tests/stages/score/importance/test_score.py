@@ -1,4 +1,5 @@
-"""headprune score: each method computes what it claims (checked against an independent computation) and the CLI contract."""
+"""headprune score: each method computes what it claims (checked against an independent computation)
+and the CLI contract."""
 
 from __future__ import annotations
 
