@@ -1,4 +1,7 @@
-"""`headprune prune`: checkpoint + plan (or scores + amount) -> a smaller checkpoint (the stage: stages/prune/stage.py)."""
+"""`headprune prune`: checkpoint + plan (or scores + amount) -> a smaller checkpoint.
+
+The stage: stages/prune/stage.py.
+"""
 
 from __future__ import annotations
 

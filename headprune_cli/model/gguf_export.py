@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,7 +135,7 @@ def _check_rope(config: dict) -> None:
 class _Tensor:
     name: str  # GGUF name
     shape: tuple[int, ...]  # as torch has it: (rows, columns)
-    produce: object  # () -> torch.Tensor
+    produce: Callable[[], torch.Tensor]
     ggml: str  # the ggml type written: f32, f16, bf16 or a quantized type
 
 

@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> None:
             log(
                 f"  {kind:5s} {row['bytes'] / 1e6:6.1f} MB  llama.cpp ppl {got['perplexity']:8.2f} "
                 f"(headprune {ppl:8.2f}, {got['perplexity'] / ppl - 1:+.3%})  tokenizer mismatches "
-                f"{got['tokenizer_mismatches']}  prefill {row['prefill_median']:8.0f} tok/s  decode {row['decode_median']:6.0f} tok/s"
+                f"{got['tokenizer_mismatches']}  prefill {row['prefill_median']:8.0f} tok/s  "
+                f"decode {row['decode_median']:6.0f} tok/s"
             )
     if args.json:
         args.json.write_text(

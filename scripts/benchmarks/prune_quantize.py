@@ -152,7 +152,8 @@ def table(result: dict) -> str:
     b1, bn = result["speed"]["batch 1"], result["speed"][f"batch {result['setting']['batch']}"]
     ref = q["values"]["fp32 PyTorch"]
     lines = [
-        f"| variant | {q['metric']} | drop (points) | batch 1 ms | speedup | batch {result['setting']['batch']} ms | speedup | file MB |",
+        f"| variant | {q['metric']} | drop (points) | batch 1 ms | speedup "
+        f"| batch {result['setting']['batch']} ms | speedup | file MB |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, value in q["values"].items():

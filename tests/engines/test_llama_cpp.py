@@ -145,7 +145,8 @@ def test_llama_cpp_tokenizes_and_computes_as_headprune(engine, checkpoints, cli,
     rms = max(np.linalg.norm(got - want) / np.linalg.norm(want) for got, want in pairs)
     top1 = np.mean(np.concatenate([got.argmax(-1) == want.argmax(-1) for got, want in pairs]))
     print(
-        f"{cut} {kind}: max |llama.cpp - headprune| / max |logit| = {worst:.2e}, relative RMS {rms:.2e}, top-1 {top1:.3f}"
+        f"{cut} {kind}: max |llama.cpp - headprune| / max |logit| = {worst:.2e}, "
+        f"relative RMS {rms:.2e}, top-1 {top1:.3f}"
     )
     assert top1 >= (1.0 if kind == "f32" else 0.9), top1
     assert worst < BOUNDS[kind], worst

@@ -136,72 +136,71 @@ def _times(value: float) -> Callable[[dict], None]:
     return lambda phase: phase["outside"].update(median_ms=value, q1_ms=value, q3_ms=value)
 
 
-SELECT_BY = lambda f, table="edited.json": [
-    "select",
-    f / "scores.json",
-    "--latency",
-    f / table,
-    "--target-latency",
-    "0.8",
-]
-REPORT_BY = lambda f: [
-    *["report", "--model", f / M, "--baseline", f / M, "--data", f / DATA, "--repeats", "0"],
-    *["--latency", f / "edited.json"],
-]
+def _select_by(f: Path, table: str = "edited.json") -> list:
+    return ["select", f / "scores.json", "--latency", f / table, "--target-latency", "0.8"]
+
+
+def _report_by(f: Path) -> list:
+    return [
+        *["report", "--model", f / M, "--baseline", f / M, "--data", f / DATA, "--repeats", "0"],
+        *["--latency", f / "edited.json"],
+    ]
+
+
 LATENCY_CASES = [
     Case(
         "curve longer than profile writes",
-        SELECT_BY,
+        _select_by,
         1,
         "at most 64 points",
         _latency(edit=_edit_forward(_longer_curve)),
     ),
     Case(
         "curves end apart in select",
-        SELECT_BY,
+        _select_by,
         1,
         "both end at the whole block",
         _latency(edit=_edit_forward(_ends_apart)),
     ),
     Case(
         "curves end apart in report",
-        REPORT_BY,
+        _report_by,
         1,
         "both end at the whole block",
         _latency(edit=_edit_forward(_ends_apart)),
     ),
     Case(
         "times of 1e308 ms",
-        SELECT_BY,
+        _select_by,
         1,
         "edited.json: invalid latency: phases.forward.outside: times of 1e+308",
         _latency(edit=_edit_forward(_times(1e308))),
     ),
     Case(
         "times of 1e308 ms in report",
-        REPORT_BY,
+        _report_by,
         1,
         "beyond any measurement",
         _latency(edit=_edit_forward(_times(1e308))),
     ),
-    Case("times of 1e-12 ms", SELECT_BY, 1, "beyond any measurement", _latency(edit=_edit_forward(_times(1e-12)))),
+    Case("times of 1e-12 ms", _select_by, 1, "beyond any measurement", _latency(edit=_edit_forward(_times(1e-12)))),
     Case(
         "1025 layers",
-        SELECT_BY,
+        _select_by,
         1,
         "at most 1024 layers",
         _latency(edit=lambda d: d["model"].update(num_heads=[4] * 1025)),
     ),
     Case(
         "a phase of 1025 layers",
-        SELECT_BY,
+        _select_by,
         1,
         "phases.forward.layers: 1025 entries",
         _latency(edit=_edit_forward(lambda p: p.update(layers={str(i): p["layers"]["0"] for i in range(1025)}))),
     ),
     Case(
         "table over the latency size cap",
-        SELECT_BY,
+        _select_by,
         1,
         "too large to be a headprune latency artifact",
         lambda f: os.truncate(_touch(f / "edited.json"), MAX_TABLE_BYTES + 1),  # sparse: refused on its size
@@ -280,7 +279,7 @@ def test_an_unreadable_table_says_so_in_one_line(workspace: Path, tmp_path: Path
     _latency()(folder)
     (folder / "t.json").chmod(0)
     done = subprocess.run(  # noqa: PLW1510 (the exit code is the assertion)
-        [sys.executable, "-m", "headprune_cli", *map(str, SELECT_BY(folder, "t.json"))],
+        [sys.executable, "-m", "headprune_cli", *map(str, _select_by(folder, "t.json"))],
         capture_output=True,
         text=True,
         env=env(),
@@ -303,18 +302,23 @@ def _config(*stages: dict) -> Callable[[Path], None]:
 
 SCORE = {"command": "score", "method": "random"}
 PROFILE = {"command": "profile", "points": 2, "rounds": 1, "warmup": 0, "min_time": 0.0}
-RUN = lambda f: ["run", f / "run.yaml", "--out", f / "out"]
+
+
+def _run_argv(f: Path) -> list:
+    return ["run", f / "run.yaml", "--out", f / "out"]
+
+
 RUN_CASES = [
     Case(
         "run latency file missing",
-        RUN,
+        _run_argv,
         2,
         "latency: 'nope.json': no such file",
         _config(SCORE, {"command": "select", "latency": "nope.json", "target_latency": 0.8}),
     ),
     Case(
         "run latency file a FIFO",
-        RUN,
+        _run_argv,
         2,
         "not a regular file",
         lambda f: (
@@ -324,42 +328,42 @@ RUN_CASES = [
     ),
     Case(
         "run target_latency 1.5",
-        RUN,
+        _run_argv,
         2,
         "--target-latency 1.5 is outside (0, 1]",
         _config(PROFILE, SCORE, {"command": "select", "target_latency": 1.5}),
     ),
     Case(
         "run target_ms without a table",
-        RUN,
+        _run_argv,
         2,
         "give --latency TABLE",
         _config(SCORE, {"command": "select", "target_ms": 3}),
     ),
     Case(
         "run search method bogus",
-        RUN,
+        _run_argv,
         2,
         "unknown method 'bogus'",
         _config(PROFILE, {"command": "search", "method": "bogus", "ratio": 0.5}),
     ),
     Case(
         "run search target_flops 7.5",
-        RUN,
+        _run_argv,
         2,
         "target 7.5 is outside (0, 1]",
         _config({"command": "search", "target_flops": 7.5}),
     ),
     Case(
         "run prune compensate bogus",
-        RUN,
+        _run_argv,
         2,
         "unknown compensation 'bogus'",
         _config(SCORE, {"command": "prune", "ratio": 0.5, "compensate": "bogus"}),
     ),
     Case(
         "run select scores a FIFO",
-        RUN,
+        _run_argv,
         2,
         "not a regular file",
         lambda f: (
@@ -369,21 +373,21 @@ RUN_CASES = [
     ),
     Case(
         "run finetune learn_gates without a target",
-        RUN,
+        _run_argv,
         2,
         "--learn-gates needs a target",
         _config(SCORE, {"command": "finetune", "learn_gates": True, "steps": 1}),
     ),
     Case(
         "run report min_speedup without timing",
-        RUN,
+        _run_argv,
         2,
         "--min-speedup needs latency measurements",
         _config(SCORE, {"command": "report", "min_speedup": 1.1, "repeats": 0}),
     ),
     Case(
         "run sweep ratios not numbers",
-        RUN,
+        _run_argv,
         2,
         "comma-separated list of float",
         _config({"command": "sweep", "ratios": "half,most"}),

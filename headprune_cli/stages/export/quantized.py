@@ -33,7 +33,8 @@ def export_quantized_onnx(opts, ctx: Context) -> Result:
     )
     rows = f", calibrated on {result.calibration_rows} rows" if result.calibration_rows else ""
     ctx.print(
-        f"wrote {opts.onnx} ({result.quantization}{rows}; {result.bytes / 1e6:.1f} MB, fp32 {result.fp32_bytes / 1e6:.1f} MB; "
+        f"wrote {opts.onnx} ({result.quantization}{rows}; {result.bytes / 1e6:.1f} MB, "
+        f"fp32 {result.fp32_bytes / 1e6:.1f} MB; "
         f"inputs {', '.join(result.inputs)} -> {result.outputs[0]}, opset {opts.opset}; "
         f"onnxruntime vs PyTorch fp32: max |diff| {result.max_abs_diff:.2g}, lowest cosine {result.min_cosine:.4f})",
         soft_wrap=True,

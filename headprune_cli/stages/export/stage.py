@@ -157,7 +157,9 @@ STAGE = Stage(
     refused={
         "onnx": "the export stage writes an HF folder; `with_onnx: true` adds onnx/model.onnx to it",
         "gguf": "the export stage writes an HF folder; run `headprune export --gguf FILE` on the run's checkpoint",
-        "quantize": "int8 ONNX goes with --onnx FILE: run `headprune export CKPT --onnx FILE --quantize ...` after the run",
+        "quantize": (
+            "int8 ONNX goes with --onnx FILE: run `headprune export CKPT --onnx FILE --quantize ...` after the run"
+        ),
         "calib_data": "it goes with --quantize int8-static, which the export stage does not take",
     },
 )

@@ -98,7 +98,10 @@ def resolve_targets(model: nn.Module, targets: tuple[str, ...] | None) -> dict[s
 
 def _width(module: nn.Module) -> tuple[int, int]:
     """(inputs, outputs) of a Linear or a GPT-2 Conv1D (whose weight is stored transposed)."""
-    rows, cols = module.weight.shape
+    weight = module.weight
+    if not isinstance(weight, torch.Tensor):  # a submodule named `weight`: no projection to adapt
+        raise UsageError(f"--lora adapts linear projections; this one is a {type(module).__name__}")
+    rows, cols = weight.shape
     return (rows, cols) if is_conv1d(module) else (cols, rows)
 
 
@@ -113,7 +116,8 @@ def check(model: nn.Module, spec: LoraSpec) -> dict[str, nn.Module]:
     width = min(_width(narrowest))
     if not 1 <= spec.rank <= width:
         raise UsageError(
-            f"--lora-rank {spec.rank} is outside 1..{width} (the narrowest targeted projection, {narrowest_name}, is {width} wide)"
+            f"--lora-rank {spec.rank} is outside 1..{width} "
+            f"(the narrowest targeted projection, {narrowest_name}, is {width} wide)"
         )
     return targets
 
@@ -131,7 +135,8 @@ def attach(model: nn.Module, spec: LoraSpec, seed: int):
     targets = check(model, spec)
     config = LoraConfig(
         r=spec.rank,
-        lora_alpha=spec.scale_alpha,
+        # peft annotates lora_alpha as int but only divides by it (scaling = alpha / r): --lora-alpha may be fractional
+        lora_alpha=spec.scale_alpha,  # type: ignore[arg-type]
         lora_dropout=spec.dropout,
         target_modules=list(targets),
         fan_in_fan_out=any(is_conv1d(m) for m in targets.values()),  # GPT-2's Conv1D stores W transposed

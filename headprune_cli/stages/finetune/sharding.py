@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,7 @@ from headprune_cli.errors import HeadpruneError, UsageError, shorten
 from headprune_cli.files.io import atomic_write_bytes, os_error_in
 from headprune_cli.files.outputs import make_folder
 from headprune_cli.model.arch import adapter_for
+from headprune_cli.model.layout import info_of
 
 LATEST = "latest.json"
 
@@ -82,7 +84,10 @@ def gathered(model: nn.Module, ctx) -> nn.Module | None:
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not ctx.main:
         return None
-    plain = read_layout_only(model.headprune.loaded_from[0])
+    loaded_from = info_of(model).loaded_from
+    if loaded_from is None:  # fsdp models are always read from a checkpoint file; say so rather than crash
+        raise HeadpruneError("--fsdp: the model was not loaded from a checkpoint file, so it cannot be gathered")
+    plain = read_layout_only(loaded_from[0])
     missing, unexpected = plain.load_state_dict(full, strict=False, assign=True)
     buffers = dict(model.named_buffers())
     if unexpected or [k for k in missing if k not in buffers]:
@@ -145,7 +150,8 @@ def read_state(folder: Path, layout: dict) -> tuple[Path, dict]:
         saved = state["plan"]
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise UsageError(
-            f"--resume: training state in {folder} is unreadable or not a sharded (--fsdp) state ({shorten(str(exc), 160)})"
+            f"--resume: training state in {folder} is unreadable or not a sharded (--fsdp) state "
+            f"({shorten(str(exc), 160)})"
         ) from None
     if saved != layout:
         raise UsageError(
@@ -161,7 +167,7 @@ def load_state(target: Path, state: dict, model, optimizer, ctx, best_like: dict
     from safetensors.torch import load_file  # noqa: PLC0415 (looked up when called: tests replace it)
 
     weights, moments = get_state_dict(model, optimizer)
-    loaded = {"model": weights, "optimizer": moments}
+    loaded: dict[str, Any] = {"model": weights, "optimizer": moments}  # dcp.load fills it in place
     if state.get("has_best"):
         loaded["best"] = best_like
     try:

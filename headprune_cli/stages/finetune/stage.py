@@ -95,14 +95,16 @@ class FinetuneOptions(Options):
 
     lora: bool = option(
         False,
-        "Train low-rank adapters (peft) on the attention and FFN projections instead of every weight; they are merged into the output.",
+        "Train low-rank adapters (peft) on the attention and FFN projections instead of every weight; "
+        "they are merged into the output.",
     )
     lora_rank: int = option(8, "--lora: adapter rank r (at most the narrowest targeted projection's width).")
     lora_alpha: float | None = option(None, "--lora: scaling alpha (the update is scaled by alpha / r; default 2 r).")
     lora_dropout: float = option(0.0, "--lora: dropout on the adapters' input, in [0, 1).")
     lora_targets: str | None = option(
         None,
-        "--lora: projections to adapt, NAME[,NAME] matched as a module-name suffix (default: every block's attention and FFN projections, e.g. q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj).",
+        "--lora: projections to adapt, NAME[,NAME] matched as a module-name suffix (default: every block's "
+        "attention and FFN projections, e.g. q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj).",
     )
     keep_adapter: Path | None = option(
         None,
@@ -111,18 +113,22 @@ class FinetuneOptions(Options):
     )
     recompute: bool | None = option(
         None,
-        "Recompute each block's activations in the backward instead of keeping them (less memory, one more forward per micro-batch, the same gradients). Default: on from 400 M parameters.",
+        "Recompute each block's activations in the backward instead of keeping them (less memory, "
+        "one more forward per micro-batch, the same gradients). Default: on from 400 M parameters.",
         negative="--no-recompute",
     )
 
     autocast: bool | None = option(
         None,
-        "Run the forward passes under bf16 autocast (weights, gradients and AdamW state keep their dtype). Default: on where the device computes bf16 natively (CUDA), off on CPU.",
+        "Run the forward passes under bf16 autocast (weights, gradients and AdamW state keep their dtype). "
+        "Default: on where the device computes bf16 natively (CUDA), off on CPU.",
         negative="--no-autocast",
     )
     fsdp: bool = option(
         False,
-        "Under torchrun: shard weights, gradients, AdamW state and the teacher over the processes (FSDP2, one unit per block) instead of a full copy in each; the state is saved sharded and resumes with the same process count.",
+        "Under torchrun: shard weights, gradients, AdamW state and the teacher over the processes "
+        "(FSDP2, one unit per block) instead of a full copy in each; the state is saved sharded and resumes "
+        "with the same process count.",
     )
 
     def lora_spec(self):
@@ -447,6 +453,9 @@ STAGE = Stage(
     needs=("checkpoint", "data"),
     optional_outputs={"gates_out": "{stem}.gates.json"},
     refused={
-        "keep_adapter": "the pipeline keeps the merged checkpoint; run `headprune finetune --lora --keep-adapter DIR` for peft's adapter folder"
+        "keep_adapter": (
+            "the pipeline keeps the merged checkpoint; "
+            "run `headprune finetune --lora --keep-adapter DIR` for peft's adapter folder"
+        )
     },
 )

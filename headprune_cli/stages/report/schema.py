@@ -6,10 +6,10 @@ validates it like scores and plans. Everything measured with a clock is under
 
 Versioning: fields are only ever added, as optional fields with a null default, and
 schema_version stays 1 while that holds. `kv_cache`, `cost.decode` and `measured.decode`
-(causal-LM serving, report.serving), and `shipped` (`report --onnx`, report.shipped) came that way: reports written before them still
-read. A reader older than a field refuses a report that has it (every model forbids
-unknown fields), naming the field, instead of silently dropping it. A change that
-renames, removes or retypes a field bumps schema_version.
+(causal-LM serving, report.serving), and `shipped` (`report --onnx`, report.shipped) came
+that way: reports written before them still read. A reader older than a field refuses a
+report that has it (every model forbids unknown fields), naming the field, instead of
+silently dropping it. A change that renames, removes or retypes a field bumps schema_version.
 """
 
 from __future__ import annotations

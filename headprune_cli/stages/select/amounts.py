@@ -37,7 +37,8 @@ def check_latency_options(opts) -> None:
         raise UsageError(f"--latency-phase {opts.latency_phase!r}: expected forward or decode")
     if opts.latency is None:
         raise UsageError(
-            "--target-latency/--target-ms price the budget by a latency table: give --latency TABLE from `headprune profile`"
+            "--target-latency/--target-ms price the budget by a latency table: "
+            "give --latency TABLE from `headprune profile`"
         )
     others = {
         "--ratio": opts.ratio,
