@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from scripts.benchmarks.large import ROOT, make_model, measure
+from scripts.benchmarks.shape import add_llama_shape
 
 VARIANTS = {
     "full AdamW": ["--no-recompute"],
@@ -46,13 +47,7 @@ def _tensor_set(path: Path, vocab: int, rows: int, seq: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench_ft"))
-    parser.add_argument("--layers", type=int, default=22)
-    parser.add_argument("--hidden", type=int, default=2048)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--kv-heads", type=int, default=4)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--intermediate", type=int, default=5632)
-    parser.add_argument("--vocab", type=int, default=32000)
+    add_llama_shape(parser)
     parser.add_argument("--rows", type=int, default=2, help="rows in the one training batch")
     parser.add_argument("--seq", type=int, default=64, help="tokens per row")
     parser.add_argument(

@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from scripts.benchmarks.shape import add_llama_shape
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -128,13 +130,7 @@ def render(summary: dict, command: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench_large"))
-    parser.add_argument("--layers", type=int, default=22)
-    parser.add_argument("--hidden", type=int, default=2048)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--kv-heads", type=int, default=4)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--intermediate", type=int, default=5632)
-    parser.add_argument("--vocab", type=int, default=32000)
+    add_llama_shape(parser)
     parser.add_argument(
         "--score-method",
         default="taylor",
