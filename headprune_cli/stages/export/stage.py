@@ -51,20 +51,24 @@ class ExportOptions(Options):
     calib_samples: int = option(128, "--quantize int8-static: calibration rows read from --calib-data.", ge=1)
     force: bool = option(False, "Overwrite an existing output (a folder only if headprune wrote it).")
 
+    def check(self) -> None:
+        """Which output, and the options that go with it: refused before anything is read."""
+        if sum(out is not None for out in (self.onnx, self.hf, self.gguf)) != 1:
+            raise UsageError("give exactly one of --onnx FILE, --hf DIR or --gguf FILE")
+        if self.with_onnx is not None and self.hf is None:
+            raise UsageError("--with-onnx/--no-onnx go with --hf DIR (--onnx FILE writes only the ONNX file)")
+
 
 def run(opts: ExportOptions, ctx: Context) -> Result:
     from headprune_cli.model.export import check_folder_output  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.onnx_quantize import check_quantization  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.tensorfile import parse_size  # noqa: PLC0415 (keeps numpy, torch out of this module's import)
 
-    if sum(out is not None for out in (opts.onnx, opts.hf, opts.gguf)) != 1:
-        raise UsageError("give exactly one of --onnx FILE, --hf DIR or --gguf FILE")
+    opts.check()
     if opts.gguf is not None:
         from headprune_cli.stages.export.gguf import export_gguf_file  # noqa: PLC0415 (keeps torch out of this module's import)
 
         return export_gguf_file(opts.checkpoint, opts.gguf, opts.gguf_type, opts.force, ctx)
-    if opts.with_onnx is not None and opts.hf is None:
-        raise UsageError("--with-onnx/--no-onnx go with --hf DIR (--onnx FILE writes only the ONNX file)")
     check_quantization(opts.quantize, opts.onnx, opts.calib_data)
     if opts.onnx is not None:
         check_output(opts.onnx, opts.force, inputs=[opts.checkpoint, opts.calib_data])
