@@ -300,4 +300,3 @@ def test_an_iterate_stage_takes_ffn_and_a_flops_schedule(workdir):
     cfg["stages"][0]["target_flops"] = "0.7,0.9"  # rising: refused before any stage runs
     with pytest.raises(ConfigError, match=r"stages.0 \(iterate\).target_flops: the flops fractions to keep must fall"):
         prepare(cfg)
-
