@@ -97,18 +97,6 @@ class Budget:
         return Budget(self.kind, value)
 
 
-def heads(ratio: float) -> Budget:
-    return checked(Budget("heads", ratio))
-
-
-def params(fraction: float) -> Budget:
-    return checked(Budget("params", fraction))
-
-
-def flops(fraction: float) -> Budget:
-    return checked(Budget("flops", fraction))
-
-
 def checked(budget: Budget) -> Budget:
     """`budget`, or a UsageError saying why its value is out of range."""
     value = budget.value
@@ -142,8 +130,3 @@ def one_of(**options: float | None) -> Budget | None:
     if len(found) > 1:
         raise UsageError(f"give exactly one of {', '.join(KINDS[OPTION_FIELDS[name]][0] for name in options)}")
     return checked(found[0]) if found else None
-
-
-def schedule(values: list[float], kind: str) -> list[Budget]:
-    """A schedule: budgets of one kind, in order."""
-    return [Budget(kind, value) for value in values]
