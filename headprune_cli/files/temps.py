@@ -173,6 +173,18 @@ def publish(tmp: str | os.PathLike, target: str | os.PathLike) -> None:
     release_claim(target)
 
 
+def publish_folder(tmp: Path, out: Path) -> None:
+    """Publish a finished temporary folder: a new one without replacing (as `publish`), an
+    existing one (headprune's, replaced under --force) swapped out and then removed."""
+    if is_claimed(out) or not os.path.lexists(out):
+        publish(tmp, out)
+        return
+    old = out.with_name(f".{out.name}.old-{secrets.token_hex(4)}")
+    os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def rename_noreplace(source: str | os.PathLike, target: str | os.PathLike) -> None:
     """Rename that fails with FileExistsError when `target` exists (file or folder)."""
     renameat2 = _renameat2()

@@ -15,15 +15,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
 from pathlib import Path
 
 from torch import nn
 
 from headprune_cli.errors import HeadpruneError, UsageError
 from headprune_cli.files.io import remember_sha256
-from headprune_cli.files.outputs import check_folder, check_parent, is_claimed
-from headprune_cli.files.temps import make_temp_folder, publish
+from headprune_cli.files.outputs import check_folder, check_parent
+from headprune_cli.files.temps import make_temp_folder, publish_folder
 from headprune_cli.model.checkpoint import FOLDER_FORMAT, FOLDER_INFO, FORMAT_VERSION, model_specs
 from headprune_cli.model.hf_config import folder_config
 from headprune_cli.model.layout import ModelInfo, info_of
@@ -60,7 +59,7 @@ def export_hf(
     try:
         weights = _write_folder(model, tmp, model_specs(model) if specs is None else specs, max_bytes)
         _write_serving_files(model, tmp, with_onnx)
-        _replace_folder(tmp, out)
+        publish_folder(tmp, out)
         for name, digest in weights.items():  # hashed as written: not read back by `run`'s bookkeeping
             remember_sha256(out / name, digest)
     except OSError as exc:
@@ -137,13 +136,3 @@ def _folder_info(info: ModelInfo) -> dict:
 
 def _write_json(path: Path, value: dict) -> None:
     path.write_text(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-
-
-def _replace_folder(tmp: Path, out: Path) -> None:
-    if is_claimed(out) or not os.path.lexists(out):
-        publish(tmp, out)  # a new folder: never over one another process made meanwhile
-        return
-    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-    os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)

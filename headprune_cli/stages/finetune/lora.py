@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from headprune_cli.errors import HeadpruneError, UsageError
-from headprune_cli.files.outputs import MARKER, check_folder, check_parent, is_claimed
-from headprune_cli.files.temps import make_temp_folder, publish
+from headprune_cli.files.outputs import MARKER, check_folder, check_parent
+from headprune_cli.files.temps import make_temp_folder, publish_folder
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.arch.base import is_conv1d
 
@@ -172,7 +172,7 @@ def save_adapter(peft_model, folder: Path) -> None:
     try:
         peft_model.save_pretrained(str(tmp), safe_serialization=True)
         (tmp / MARKER).write_text("headprune made this folder; headprune may replace or delete it.\n")
-        _publish_folder(tmp, folder)
+        publish_folder(tmp, folder)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise HeadpruneError(f"could not write {folder}: {exc.strerror or exc}") from exc
@@ -181,15 +181,3 @@ def save_adapter(peft_model, folder: Path) -> None:
         raise
     finally:
         os.close(lock)
-
-
-def _publish_folder(tmp: Path, out: Path) -> None:
-    """A new folder is published without replacing; a --force one is swapped for the old."""
-
-    if is_claimed(out) or not os.path.lexists(out):
-        publish(tmp, out)
-        return
-    old = out.with_name(f".{out.name}.old-{os.urandom(4).hex()}")
-    os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)

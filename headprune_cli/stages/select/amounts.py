@@ -10,7 +10,7 @@ the ones the selection itself gives (strategies.py, latency.py).
 from __future__ import annotations
 
 from headprune_cli.errors import UsageError
-from headprune_cli.stages.budget import checked, given
+from headprune_cli.stages.budget import Budget, checked, given
 from headprune_cli.stages.select.latency import latency_budget
 
 LATENCY_PHASES = ("forward", "decode")
@@ -22,9 +22,10 @@ def check_fractions(ratio: float | None, target_params: float | None, target_flo
         checked(budget)
 
 
-def check_latency_options(opts) -> None:
-    """A latency budget needs a table and exactly one of --target-latency / --target-ms, in
-    range, and no other amount (a SelectionOptions)."""
+def check_latency_options(opts) -> Budget | None:
+    """The latency budget the options ask for (None: they ask for none), after checking it has a
+    table and exactly one of --target-latency / --target-ms, in range, and no other amount (a
+    SelectionOptions)."""
     asked = (
         opts.latency is not None
         or opts.target_latency is not None
@@ -32,7 +33,7 @@ def check_latency_options(opts) -> None:
         or opts.latency_phase != "forward"
     )
     if not asked:
-        return
+        return None
     if opts.latency_phase not in LATENCY_PHASES:
         raise UsageError(f"--latency-phase {opts.latency_phase!r}: expected forward or decode")
     if opts.latency is None:
@@ -46,4 +47,4 @@ def check_latency_options(opts) -> None:
         "--target-params": opts.target_params,
         "--target-flops": opts.target_flops,
     }
-    latency_budget(opts.target_latency, opts.target_ms, others)
+    return latency_budget(opts.target_latency, opts.target_ms, others)

@@ -126,13 +126,9 @@ def plan_from_scores(opts: SelectionOptions, source: str, scores=None, scores_sh
     if scores is None:
         scores, scores_sha = read_artifact(source, ("scores",))
     constraints = opts.constraints()
-    if (
-        opts.latency is not None
-        or opts.target_latency is not None
-        or opts.target_ms is not None
-        or opts.latency_phase != "forward"
-    ):
-        return _latency_plan(opts, scores, str(source), scores_sha, constraints)
+    latency = check_latency_options(opts)
+    if latency is not None:
+        return _latency_plan(opts, latency, scores, str(source), scores_sha, constraints)
     selection = choose(
         ScoreTable.from_scores(scores),
         opts.strategy,
@@ -157,22 +153,10 @@ def _config(opts: SelectionOptions, selection, constraints, scores, **latency) -
     }
 
 
-def _latency_plan(opts: SelectionOptions, scores, source: str, scores_sha: str, constraints) -> dict:
-    """A plan under a latency budget (latency.py)."""
-    others = {
-        "--ratio": opts.ratio,
-        "--threshold": opts.threshold,
-        "--target-params": opts.target_params,
-        "--target-flops": opts.target_flops,
-    }
-    if opts.latency is None:
-        raise UsageError(
-            "--target-latency/--target-ms price the budget by a latency table: "
-            "give --latency TABLE from `headprune profile`"
-        )
-    budget = latency_select.latency_budget(opts.target_latency, opts.target_ms, others)
+def _latency_plan(opts: SelectionOptions, latency: Budget, scores, source: str, scores_sha: str, constraints) -> dict:
+    """A plan under a latency budget (latency.py), checked by check_latency_options."""
     table, table_sha = latency_select.read_latency(opts.latency, scores, opts.latency_phase)
-    budget = latency_select.LatencyBudget(table, budget)
+    budget = latency_select.LatencyBudget(table, latency)
     pick = lambda t, strategy, flops, c: choose(t, strategy, budget=flops, constraints=c)  # noqa: E731
     selection, record = latency_select.select_by_latency(
         ScoreTable.from_scores(scores), opts.strategy, budget, constraints, pick
