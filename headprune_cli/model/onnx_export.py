@@ -122,7 +122,7 @@ def export_onnx(
             raise NumericalError(
                 f"ONNX output differs from PyTorch by {result.max_abs_diff:.3g} (> {ONNX_ATOL}); not written"
             )
-        _move_into_place(graph, out, tmp / data.name if external else None, data)
+        move_into_place(graph, out, tmp / data.name if external else None, data)
     except OSError as exc:
         raise HeadpruneError(f"could not write {out}: {exc.strerror or exc}") from exc
     finally:
@@ -258,13 +258,14 @@ def _ort_diff(path: Path, spec: _Spec, inputs: tuple) -> float:
     return max(float((torch.from_numpy(g) - w.float()).abs().max()) if w.numel() else 0.0 for g, w in zip(got, want))
 
 
-def _move_into_place(graph: Path, out: Path, data_tmp: Path | None, data: Path) -> None:
+def move_into_place(graph: Path, out: Path, data_tmp: Path | None = None, data: Path | None = None) -> None:
+    """Sync the finished graph (and its external data) and publish them, the data first."""
     for path in (graph, data_tmp):
         if path is not None:
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
             os.chmod(path, 0o644)
-    if data_tmp is not None:  # the data first: a graph never points at a missing file
+    if data_tmp is not None and data is not None:  # the data first: a graph never points at a missing file
         publish(data_tmp, data)
     publish(graph, out)  # never over a new output another process made meanwhile
 

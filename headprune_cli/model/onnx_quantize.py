@@ -37,9 +37,9 @@ from torch import nn
 
 from headprune_cli.data.readers import batches
 from headprune_cli.errors import DataError, HeadpruneError, NumericalError, UsageError, first_line
-from headprune_cli.files.temps import make_temp_folder, publish
+from headprune_cli.files.temps import make_temp_folder
 from headprune_cli.model.layout import info_of
-from headprune_cli.model.onnx_export import example_inputs, export_onnx, require_onnx
+from headprune_cli.model.onnx_export import example_inputs, export_onnx, move_into_place, require_onnx
 from headprune_cli.names import did_you_mean
 
 QUANTIZATIONS = ("int8-dynamic", "int8-static")
@@ -116,20 +116,13 @@ def export_quantized(
             str(out), kind, plain.inputs, plain.outputs, opset, diff, cosine, fp32.stat().st_size, 0, rows
         )
         result.bytes = graph.stat().st_size
-        _publish(graph, out)
+        move_into_place(graph, out)
     except OSError as exc:
         raise HeadpruneError(f"could not write {out}: {exc.strerror or exc}") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         os.close(lock)
     return result
-
-
-def _publish(graph: Path, out: Path) -> None:
-    with open(graph, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.chmod(graph, 0o644)
-    publish(graph, out)  # never over a new output another process made meanwhile
 
 
 def _quantize(fp32: Path, graph: Path, kind: str, names: list[str], calibration) -> int:
