@@ -31,6 +31,7 @@ from headprune_cli.stages.report.render import metric_value as fmt
 from headprune_cli.stages.score.importance.api import score_model
 from headprune_cli.stages.score.importance.registry import check_ffn
 from headprune_cli.stages.select.strategies import select
+from headprune_cli.stages.sweep.ratios import payload_head
 
 ROUTES = {"heads": {}, "heads+ffn": {"ffn": True}, "heads+ffn+layers": {"ffn": True, "layers": "loo"}}
 
@@ -102,19 +103,9 @@ def run_budget_sweep(
                         "within_budget": main.drop <= opts.max_drop,
                     }
                 )
-    main = main_metric(task, base_metrics, base_metrics)
+    total_heads = sum(len(h) for h in info_of(model).layout.heads)
     return {
-        "task": task,
-        "objective": objective,
-        "main_metric": {
-            "name": main.name,
-            "higher_is_better": main.higher_is_better,
-            "baseline": main.baseline,
-            "unit": main.unit,
-        },
-        "baseline_metrics": base_metrics,
-        "total_heads": sum(len(h) for h in info_of(model).layout.heads),
-        "max_drop": opts.max_drop,
+        **payload_head(task, objective, base_metrics, total_heads, opts.max_drop),
         "rows": [],
         "best": {},  # the head-ratio sweep's fields, empty in a budget sweep
         "budget": {"routes": list(opts.routes), "rows": rows, "best": _best(rows, opts)},

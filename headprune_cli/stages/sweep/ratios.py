@@ -104,6 +104,15 @@ def run_sweep(
                     "within_budget": main.drop <= opts.max_drop,
                 }
             )
+    return {
+        **payload_head(task, objective, base_metrics, total_heads, opts.max_drop),
+        "rows": rows,
+        "best": knees(rows, opts.methods),
+    }
+
+
+def payload_head(task: str, objective: str, base_metrics: list[dict], total_heads: int, max_drop: float) -> dict:
+    """The fields every sweep artifact opens with (a ratio sweep's and a budget sweep's alike)."""
     main = main_metric(task, base_metrics, base_metrics)
     return {
         "task": task,
@@ -116,9 +125,7 @@ def run_sweep(
         },
         "baseline_metrics": base_metrics,
         "total_heads": total_heads,
-        "max_drop": opts.max_drop,
-        "rows": rows,
-        "best": knees(rows, opts.methods),
+        "max_drop": max_drop,
     }
 
 
