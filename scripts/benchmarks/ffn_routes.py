@@ -3,10 +3,14 @@ lost against the measured speedup, route by route.
 
 Routes (each scored once per model, on calibration data only, then selected at every
 target with `select --target-flops F`):
+  heads/taylor         score --method taylor          (heads only: reaches ~0.69 of the FLOPs)
+  heads/fisher         score --method fisher
   heads+layers         score --method taylor --layers --layer-method loo   (no --ffn)
   heads+ffn/fisher     score --method fisher --ffn
   heads+ffn/taylor     score --method taylor --ffn
   heads+ffn+layers     score --method fisher --ffn --layers --layer-method loo
+  heads+ffn+layers/taylor   score --method taylor --ffn --layers --layer-method loo
+  heads+ffn+layers/refit    score --method fisher --ffn --layers --layer-method refit
 each pruned with `--compensate none` and `--compensate lstsq` (calibration data), then
 `report --baseline MODEL --data EVAL --batch-size 8 --repeats R` (latency of baseline
 and pruned interleaved, medians).
@@ -49,10 +53,14 @@ ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("HEADPRUNE_CACHE", Path.home() / ".cache" / "headprune")) / "debian-sections"
 
 ROUTES = {
+    "heads/taylor": dict(method="taylor", ffn=False, layers=False, layer_method=None),
+    "heads/fisher": dict(method="fisher", ffn=False, layers=False, layer_method=None),
     "heads+layers": dict(method="taylor", ffn=False, layers=True, layer_method="loo"),
     "heads+ffn/fisher": dict(method="fisher", ffn=True, layers=False, layer_method=None),
     "heads+ffn/taylor": dict(method="taylor", ffn=True, layers=False, layer_method=None),
     "heads+ffn+layers": dict(method="fisher", ffn=True, layers=True, layer_method="loo"),
+    "heads+ffn+layers/taylor": dict(method="taylor", ffn=True, layers=True, layer_method="loo"),
+    "heads+ffn+layers/refit": dict(method="fisher", ffn=True, layers=True, layer_method="refit"),
 }
 
 

@@ -77,8 +77,12 @@ class PruneOptions(SelectionOptions):
     output: Path = option(..., "Pruned checkpoint to write (.safetensors).", "-o", "--output")
     plan: str | None = option(None, "Plan JSON from `headprune select` ('-': stdin).")
     scores: str | None = option(None, "Scores JSON; select in place with --ratio etc.")
-    compensation: str = option("none", "none | bias | lstsq (needs --data).", "--compensate")
-    data: Path | None = option(None, "Calibration data for --compensate (a few hundred examples).")
+    compensation: str | None = option(
+        None,
+        "none | bias | lstsq (bias and lstsq need --data). Default: lstsq when --data is given, else none.",
+        "--compensate",
+    )
+    data: Path | None = option(None, "Calibration data for compensation (a few hundred examples).")
     samples: int = option(256, "Calibration examples to read from --data.")
     max_length: int = option(128, "Tokens per calibration example.")
     batch_size: int = option(16, "Calibration batch size.")
@@ -98,6 +102,13 @@ class PruneOptions(SelectionOptions):
         _check(self)
         super().check()
 
+    def chosen_compensation(self) -> str:
+        """What the user asked for; unasked, the refit whenever calibration data is given: it
+        beat no compensation in most of the measured cuts (BENCHMARKS.md §14 and §20)."""
+        if self.compensation is not None:
+            return self.compensation
+        return "lstsq" if self.data is not None else "none"
+
 
 def run(opts: PruneOptions, ctx: Context) -> Result:
 
@@ -115,7 +126,7 @@ def run(opts: PruneOptions, ctx: Context) -> Result:
         plan["remove_layers"],
         remove_ffn={int(k): v for k, v in (plan.get("remove_ffn") or {}).items()},
     )
-    if opts.compensation == "none":
+    if opts.chosen_compensation() == "none":
         digest = _streamed(artifact, path, opts.output, selection, plan_sha)
     else:
         digest = _compensated(artifact, path, opts, selection, plan_sha, ctx)
@@ -129,10 +140,11 @@ def run(opts: PruneOptions, ctx: Context) -> Result:
 
 
 def _check(opts: PruneOptions) -> None:
-    if opts.compensation not in COMPENSATIONS:
-        raise UsageError(f"unknown compensation {opts.compensation!r}{did_you_mean(opts.compensation, COMPENSATIONS)}")
-    if opts.compensation != "none" and opts.data is None:
-        raise UsageError(f"--compensate {opts.compensation} needs calibration data: --data FILE")
+    compensation = opts.chosen_compensation()
+    if compensation not in COMPENSATIONS:
+        raise UsageError(f"unknown compensation {compensation!r}{did_you_mean(compensation, COMPENSATIONS)}")
+    if compensation != "none" and opts.data is None:
+        raise UsageError(f"--compensate {compensation} needs calibration data: --data FILE")
     if opts.plan is not None and opts.scores is not None:
         raise UsageError("give --plan or --scores, not both")
 
@@ -184,7 +196,7 @@ def _compensated(artifact, path: Path, opts: PruneOptions, selection: Selection,
     check_model(artifact, path)
     model = load(path)
     dataset = read_data(opts.data, model, max_length=opts.max_length, samples=opts.samples, need_labels=False)
-    compensation = Compensation(opts.compensation, list(batches(dataset, opts.batch_size)), opts.ridge)
+    compensation = Compensation(opts.chosen_compensation(), list(batches(dataset, opts.batch_size)), opts.ridge)
     result = cut(model, selection, compensation, device=opts.device, dtype=opts.dtype)
     _tell(result, ctx)
     return save(model, opts.output, plan_sha=plan_sha, overwrite=opts.force)

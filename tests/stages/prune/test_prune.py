@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from headprune_cli import load
 from headprune_cli.model.layout import info_of
@@ -200,6 +201,13 @@ def test_prune_compensate_from_the_command_line(tmp_path, cli):
     ref = model_output(model, inputs)
     err = lambda p: float(((model_output(load(p), inputs) - ref) ** 2).mean())  # noqa: E731
     assert err(tmp_path / "comp.safetensors") < err(tmp_path / "plain.safetensors")
+    # Calibration data without --compensate means the refit; --compensate none still opts out.
+    assert cli("prune", *common, "--data", data, "-o", tmp_path / "data-only.safetensors").code == 0
+    assert cli("prune", *common, "--compensate", "none", "--data", data, "-o", tmp_path / "none.safetensors").code == 0
+    tensors = lambda name: load_file(str(tmp_path / name))  # noqa: E731 (the in-place plan records the options given)
+    for implicit, explicit in (("data-only", "comp"), ("none", "plain")):
+        a, b = tensors(f"{implicit}.safetensors"), tensors(f"{explicit}.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 # --- the pipe, end to end, as a shell runs it --------------------------------------------
