@@ -11,7 +11,7 @@ from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, schedule_of
-from headprune_cli.stages.score.importance.registry import check_ffn
+from headprune_cli.stages.score.importance.registry import METHOD_DEFAULT_HELP, check_ffn, default_method
 from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, option
 
 
@@ -37,7 +37,7 @@ class IterateOptions(Options):
         "Also score FFN neurons every round and cut them with the heads under "
         "the --target-flops/--target-params budget.",
     )
-    method: str = option("taylor", "Scoring method used every round.")
+    method: str | None = option(None, f"Scoring method used every round. {METHOD_DEFAULT_HELP}")
     score_data: Path | None = option(None, "Data for scoring (default: --data).")
     floor: float | None = option(None, "Stop before the dev metric crosses this value.")
     max_drop: float | None = option(
@@ -58,6 +58,9 @@ class IterateOptions(Options):
     def check(self) -> None:
         self.schedule_budgets()
 
+    def chosen_method(self) -> str:
+        return self.method or default_method(self.ffn)
+
     def schedule_budgets(self) -> list[Budget]:
         """The schedule: head fractions removed, or FLOPs or params fractions kept."""
 
@@ -77,7 +80,7 @@ class IterateOptions(Options):
                 "--ffn needs --target-flops or --target-params: a head fraction says nothing about FFN neurons"
             )
         if self.ffn:
-            check_ffn(self.method)
+            check_ffn(self.chosen_method())
         default = ",".join(map(str, DEFAULT_SCHEDULE))
         budget, text = targets[0] if targets else (None, default if self.schedule is None else self.schedule)
         return schedule_of(comma_list(text, float, f"--target-{budget}" if budget else "--schedule"), budget or "heads")
@@ -115,7 +118,7 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
         train,
         dev,
         schedule=schedule,
-        method=opts.method,
+        method=opts.chosen_method(),
         score_data=calib,
         objective=objective,
         floor=opts.floor,

@@ -16,7 +16,9 @@ from headprune_cli.stages.score.importance import init_distributed, score_model,
 from headprune_cli.stages.score.importance.registry import (
     DEFAULT_LAYER_METHOD,
     HEAD_METHODS,
+    METHOD_DEFAULT_HELP,
     check_ffn,
+    default_method,
     head_method,
     layer_method,
 )
@@ -35,7 +37,9 @@ class ScoreOptions(Options):
     data: Path = option(
         ..., "JSONL/CSV (text[, text_pair][, label]), plain text, or a tokenized .safetensors set.", "--data", "-d"
     )
-    method: str = option("taylor", f"Importance method: {', '.join(HEAD_METHODS)}.", "--method", "-m")
+    method: str | None = option(
+        None, f"Importance method: {', '.join(HEAD_METHODS)}. {METHOD_DEFAULT_HELP}", "--method", "-m"
+    )
     objective: str | None = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
     samples: int | None = option(None, "Use the first N examples.", ge=1)
     batch_size: int = option(32, "Examples per forward pass.", ge=1)
@@ -63,15 +67,18 @@ class ScoreOptions(Options):
 
     def check(self) -> None:
         """Refusals that need neither the model nor the data."""
-        entry = head_method(self.method)
+        entry = head_method(self.chosen_method())
         if self.weights and "weights" not in entry.options:
             raise UsageError("--weights only applies to --method combined")
         if self.ffn:
-            check_ffn(self.method)
+            check_ffn(self.chosen_method())
         if self.layer_method is not None:
             if not self.layers:
                 raise UsageError("--layer-method needs --layers (it names how whole layers are scored)")
             layer_method(self.layer_method)
+
+    def chosen_method(self) -> str:
+        return self.method or default_method(self.ffn)
 
     def chosen_layer_method(self) -> str | None:
         return (self.layer_method or DEFAULT_LAYER_METHOD) if self.layers else None
@@ -106,7 +113,7 @@ def run(opts: ScoreOptions, ctx: Context) -> Result:
         result = score_model(
             model,
             dataset,
-            opts.method,
+            opts.chosen_method(),
             objective,
             batch_size=opts.batch_size,
             seed=opts.seed,

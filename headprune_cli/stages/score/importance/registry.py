@@ -76,6 +76,16 @@ _LAYERS = [
 HEAD_METHODS: dict[str, Method] = {m.name: m for m in _HEADS}
 LAYER_METHODS: dict[str, Method] = {m.name: m for m in _LAYERS}
 DEFAULT_LAYER_METHOD = "refit"  # on the real task it chose the layers recovery wins back (BENCHMARKS.md §10)
+# The default scores, per unit, are the measured winners (BENCHMARKS.md §20): with FFN neurons
+# fisher beat taylor in every comparison; heads alone split between the two, taylor ahead on average.
+DEFAULT_HEAD_METHOD = "taylor"
+DEFAULT_FFN_METHOD = "fisher"
+METHOD_DEFAULT_HELP = f"Default: {DEFAULT_FFN_METHOD} with --ffn, else {DEFAULT_HEAD_METHOD} (the measured winners)."
+
+
+def default_method(ffn: bool) -> str:
+    """The importance method a user who names none gets."""
+    return DEFAULT_FFN_METHOD if ffn else DEFAULT_HEAD_METHOD
 
 
 def head_method(name: str) -> Method:

@@ -191,6 +191,17 @@ def test_cli_json_on_stdout_deterministic(files, cli):
     assert cli("score", files / "m.safetensors", "--data", files / "d.jsonl", "-o", files / "s.json").code == 2
 
 
+@pytest.mark.parametrize("extra, method", [((), "taylor"), (("--ffn",), "fisher")])
+def test_the_default_method_is_the_measured_winner_per_unit(files, cli, extra, method):
+    """Heads alone: taylor; with FFN neurons: fisher (BENCHMARKS.md §20). The artifact names
+    the method that ran, and equals what naming it gives."""
+    common = ("score", files / "m.safetensors", "--data", files / "d.jsonl", *extra)
+    default, named = cli(*common), cli(*common, "--method", method)
+    assert default.code == 0 and named.code == 0, default.err + named.err
+    assert json.loads(default.out)["method"] == method
+    assert _strip(default.out) == _strip(named.out)
+
+
 def test_cli_unknown_method_did_you_mean(files, cli):
     result = cli("score", files / "m.safetensors", "--data", files / "d.jsonl", "--method", "tailor")
     assert_refused(result, 2, "did you mean 'taylor'")
