@@ -129,7 +129,8 @@ def train(cache: Path, epochs: int, seed: int, lr: float, sections: list[str] = 
     model = import_folder(folder)
     rows = read_data(cache / "train.jsonl", model, max_length=MAX_LENGTH, seed=seed)
     dev = read_data(cache / "dev.jsonl", model, max_length=MAX_LENGTH)
-    cfg = FinetuneConfig(epochs=epochs, lr=lr, batch_size=32, seed=seed, state_dir=cache / ("train.state" + (f"-seed{seed}" if seed else "")))
+    state = cache / ("train.state" + (f"-seed{seed}" if seed else ""))
+    cfg = FinetuneConfig(epochs=epochs, lr=lr, batch_size=32, seed=seed, state_dir=state)
     start = time.time()
     result = finetune(model, rows, cfg, lambda m: {x.name: x.value for x in evaluate(m, dev, "classification")})
     seconds = time.time() - start

@@ -10,6 +10,7 @@ compared across two unrelated models says nothing about serving one backbone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from headprune_cli.errors import CheckpointError
 from headprune_cli.model.checkpoint import read_info, weights_sha
@@ -30,10 +31,19 @@ def base_of(path) -> Base:
     return Base(weights_sha(path), "itself")
 
 
-def check_shared_base(tasks: list[TaskSpec]) -> Base:
-    """The one base every task's model names, and one layout; else a one-line refusal."""
+def check_shared_base(tasks: list[TaskSpec], base: Path | None = None) -> Base:
+    """The one base every task's model names (the `base` checkpoint's, when given), and one
+    layout; else a one-line refusal."""
     bases = {t.name: base_of(t.model) for t in tasks}
     first = tasks[0]
+    if base is not None:
+        expected = base_of(base)
+        for task in tasks:
+            if bases[task.name].sha256 != expected.sha256:
+                raise CheckpointError(
+                    f"task {task.name} does not come from the base {base}: {task.model} comes from "
+                    f"{_named(bases[task.name])}, the base is {_named(expected)}"
+                )
     for task in tasks[1:]:
         if bases[task.name].sha256 != bases[first.name].sha256:
             raise CheckpointError(

@@ -45,9 +45,7 @@ def ffn_scores(table: ScoreTable) -> dict[Unit, float]:
 def kept_by(table: ScoreTable, selection: Selection) -> Kept:
     """The units a selection keeps, of those the table scores."""
     dropped = set(selection.remove_layers)
-    heads = {
-        u for u in head_scores(table) if u[0] not in dropped and u[1] not in selection.remove_heads.get(u[0], [])
-    }
+    heads = {u for u in head_scores(table) if u[0] not in dropped and u[1] not in selection.remove_heads.get(u[0], [])}
     ffn = {u for u in ffn_scores(table) if u[0] not in dropped and u[1] not in selection.remove_ffn.get(u[0], [])}
     return Kept(frozenset(heads), frozenset(ffn))
 

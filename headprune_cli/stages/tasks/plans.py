@@ -47,7 +47,9 @@ def shared_selection(tables: list[ScoreTable], opts: SelectionOptions, budget: B
 def priced_for(table: ScoreTable, shared: Selection) -> Selection:
     """The shared selection with this task's own cost prediction."""
     if table.cost is None:
-        return Selection(shared.strategy, shared.remove_heads, shared.remove_layers, shared.predicted, shared.remove_ffn)
+        return Selection(
+            shared.strategy, shared.remove_heads, shared.remove_layers, shared.predicted, shared.remove_ffn
+        )
     before = predict(table.cost, table.kept())
     after = predict(table.cost, table.kept(), shared.remove_heads, shared.remove_layers, shared.remove_ffn)
     return Selection(

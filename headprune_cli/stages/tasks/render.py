@@ -37,7 +37,11 @@ def markdown(art: dict) -> str:
             f"| {_num(sh['jaccard_heads_with_own'])} | {_num(sh['jaccard_ffn_with_own'])} |"
         )
     lines.append(f"| shared | – | {art['shared']['heads_kept']} | {art['shared']['ffn_kept']} | | | | | | |")
-    lines += ["", "| pair | Spearman heads | Spearman FFN | Jaccard kept heads | Jaccard kept FFN |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| pair | Spearman heads | Spearman FFN | Jaccard kept heads | Jaccard kept FFN |",
+        "|---|---|---|---|---|",
+    ]
     for p in art["pairs"]:
         lines.append(
             f"| {p['a']} / {p['b']} | {_num(p['spearman_heads'])} | {_num(p['spearman_ffn'])} "
@@ -94,17 +98,24 @@ def png(art: dict, path: str | Path) -> None:
     for ax, (title, kept) in zip(axes, views, strict=False):
         grid = np.array([[1.0 if h in kept[layer] else 0.0 for h in range(width)] for layer in layers])
         ax.imshow(grid, cmap="Greys", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
-        ax.set_title(f"{title}: {int(grid.sum())} heads", fontsize=9)
+        ax.set_title(f"{title}: {int(grid.sum())} heads kept (black)", fontsize=9)
         ax.set_xlabel("head")
+        ax.set_xticks(range(width))
+        ax.tick_params(axis="x", labelsize=6)
         ax.set_ylabel("layer")
         ax.set_yticks(range(len(layers)), layers)
     count = np.array([[sum(h in t["own"]["heads"][layer] for t in tasks) for h in range(width)] for layer in layers])
     image = axes[-2].imshow(count, cmap="viridis", vmin=0, vmax=len(tasks), aspect="auto", interpolation="nearest")
     axes[-2].set_title("tasks keeping the head", fontsize=9)
     axes[-2].set_yticks(range(len(layers)), layers)
-    figure.colorbar(image, ax=axes[-2])
+    axes[-2].set_xticks(range(width))
+    axes[-2].tick_params(axis="x", labelsize=6)
+    axes[-2].set_xlabel("head")
+    figure.colorbar(image, ax=axes[-2], ticks=range(len(tasks) + 1))
     step = 0.8 / (len(tasks) + 1)
-    for i, (title, ffn) in enumerate([(t["name"], t["own"]["ffn_per_layer"]) for t in tasks] + [("shared", art["shared"]["ffn_per_layer"])]):
+    for i, (title, ffn) in enumerate(
+        [(t["name"], t["own"]["ffn_per_layer"]) for t in tasks] + [("shared", art["shared"]["ffn_per_layer"])]
+    ):
         axes[-1].bar(np.arange(len(layers)) + i * step, [ffn[layer] for layer in layers], step, label=title)
     axes[-1].set_xticks(np.arange(len(layers)) + 0.4 - step / 2, layers)
     axes[-1].set_title("FFN neurons kept", fontsize=9)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from headprune_cli.artifacts.schema import KINDS, dumps, read_artifact
+from headprune_cli.artifacts.schema import Scores, dumps, read_artifact
 from headprune_cli.files.io import sha256_bytes
 from headprune_cli.stages.select.plan import check_model
 from headprune_cli.stages.tasks.spec import TaskSpec
@@ -13,7 +13,7 @@ from headprune_cli.stages.tasks.spec import TaskSpec
 @dataclass
 class TaskScores:
     spec: TaskSpec
-    artifact: object  # schema.Scores
+    artifact: Scores
     sha256: str
     text: str | None  # the JSON to write beside the plans, when scored here
     path: str  # where the scores are (or will be) on disk
@@ -34,11 +34,12 @@ class ScoreSettings:
 def task_scores(spec: TaskSpec, settings: ScoreSettings, out_path: str) -> TaskScores:
     if spec.scores is not None:
         artifact, sha = read_artifact(spec.scores, ("scores",))
+        assert isinstance(artifact, Scores)  # read_artifact gives the kind asked for
         check_model(artifact, spec.model)  # the scores must be of this task's model
         return TaskScores(spec, artifact, sha, None, str(spec.scores))
     data = score_here(spec, settings)
     text = dumps(data)
-    return TaskScores(spec, KINDS["scores"].model_validate(data), sha256_bytes(text.encode()), text, out_path)
+    return TaskScores(spec, Scores.model_validate(data), sha256_bytes(text.encode()), text, out_path)
 
 
 def score_here(spec: TaskSpec, s: ScoreSettings) -> dict:
@@ -49,6 +50,7 @@ def score_here(spec: TaskSpec, s: ScoreSettings) -> dict:
     from headprune_cli.stages.objectives import check_objective, needs_labels  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.stages.score.importance import score_model, scores_artifact  # noqa: PLC0415 (keeps torch out of this module's import)
 
+    assert spec.data is not None  # parse_task: a task without scores= has data=
     model = load(spec.model)
     place(model, s.device, s.dtype)
     objective = check_objective(spec.objective, model)
@@ -58,5 +60,10 @@ def score_here(spec: TaskSpec, s: ScoreSettings) -> dict:
     )
     result = score_model(model, dataset, s.method, objective, batch_size=s.batch_size, seed=s.seed, ffn=s.ffn)
     return scores_artifact(
-        model, result, model_path=spec.model, data_path=spec.data, max_length=max_length, extra_config={"samples": s.samples}
+        model,
+        result,
+        model_path=spec.model,
+        data_path=spec.data,
+        max_length=max_length,
+        extra_config={"samples": s.samples},
     )

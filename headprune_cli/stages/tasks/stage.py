@@ -18,7 +18,7 @@ from headprune_cli.files.outputs import check_folder, check_output, make_folder
 from headprune_cli.stages.score.importance.registry import check_ffn, head_method
 from headprune_cli.stages.select.stage import SelectionOptions
 from headprune_cli.stages.tasks import schema as _schema  # noqa: F401  (registers the `tasks` kind)
-from headprune_cli.stages.tasks.spec import TaskSpec, input_paths, parse_tasks
+from headprune_cli.stages.tasks.spec import TaskSpec, input_paths, parse_tasks, spelled
 from headprune_cli.stages.unit import Context, Result, Stage, device_option, dtype_option, option
 
 TASK_HELP = (
@@ -29,20 +29,27 @@ TASK_HELP = (
 
 class TasksOptions(SelectionOptions):
     task: list[str] | None = option(None, TASK_HELP, "--task")
+    base: Path | None = option(
+        None,
+        "The pre-trained base: every task's model must come from it; a task without model= is the base itself "
+        "(the label-free fidelity task). `headprune run` passes its `model:` here.",
+    )
     method: str = option("fisher", "Importance method for the tasks scored here (score --method).", "--method", "-m")
     ffn: bool = option(True, "Score FFN neurons too, and cut them under the budget.", negative="--no-ffn")
     samples: int | None = option(None, "Score on the first N examples of each task's data.", ge=1)
     batch_size: int = option(32, "Examples per forward pass.", ge=1)
     max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
     seed: int = option(0, "Seed for anything stochastic in scoring.")
-    output: Path = option(..., "Folder for tasks.json, tasks.md, tasks.png, and every task's scores and plans.", "-o")
+    output: Path = option(
+        ..., "Folder for tasks.json, tasks.md, tasks.png, and every task's scores and plans.", "-o", "--output"
+    )
     force: bool = option(False, "Replace an earlier run's files in OUTPUT.")
     device: str = device_option()
     dtype: str = dtype_option()
 
     def check(self) -> None:
         super().check()
-        parse_tasks(self.task)
+        parse_tasks(self.task, self.base)
         if self.budget() is None:
             raise UsageError("give the one budget every plan meets: --target-flops, --target-params or --ratio")
         head_method(self.method)
@@ -61,8 +68,8 @@ def file_names(tasks: list[TaskSpec]) -> dict[str, str]:
     return names
 
 
-def _outputs(folder: Path, force: bool, tasks: list[TaskSpec]) -> dict[str, Path]:
-    inputs = input_paths(tasks)
+def _outputs(folder: Path, force: bool, tasks: list[TaskSpec], base: Path | None) -> dict[str, Path]:
+    inputs = [*input_paths(tasks), *([base] if base is not None else [])]
     check_folder(folder, inputs, "-o folder", force)
     paths = {role: folder / name for role, name in file_names(tasks).items()}
     if folder.is_dir():
@@ -80,19 +87,19 @@ def run(opts: TasksOptions, ctx: Context) -> Result:
     from headprune_cli.stages.tasks.scoring import ScoreSettings, task_scores  # noqa: PLC0415 (keeps torch out of `tasks --help`)
 
     opts.check()
-    tasks = parse_tasks(opts.task)
+    tasks = parse_tasks(opts.task, opts.base)
     budget = opts.budget()
     assert budget is not None  # check() refuses a missing budget
     check_device(opts.device, opts.dtype)
-    paths = _outputs(opts.output, opts.force, tasks)
-    base = check_shared_base(tasks)  # before any model is built or any data read
+    paths = _outputs(opts.output, opts.force, tasks, opts.base)
+    base = check_shared_base(tasks, opts.base)  # before any model is built or any data read
     settings = ScoreSettings(
         opts.method, opts.ffn, opts.samples, opts.batch_size, opts.max_length, opts.seed, opts.device, opts.dtype
     )
-    scored = []
-    for t in tasks:
-        ctx.print(f"[dim]{t.name}: {'reading scores' if t.scores else 'scoring'}[/]", highlight=False)
-        scored.append(task_scores(t, settings, str(paths.get(f"scores:{t.name}", ""))))
+    # Scores given as artifacts are read and checked first: a wrong one is refused before
+    # any task is scored (and no line but the refusal reaches stderr).
+    given = {t.name: task_scores(t, settings, "") for t in tasks if t.scores is not None}
+    scored = [given.get(t.name) or task_scores(t, settings, str(paths[f"scores:{t.name}"])) for t in tasks]
     from headprune_cli.stages.score.table import ScoreTable  # noqa: PLC0415 (keeps the cost table out of `tasks --help`)
 
     check_same_units({s.spec.name: ScoreTable.from_scores(s.artifact) for s in scored})
@@ -117,8 +124,9 @@ def _input_refs(scored) -> list[dict]:
 
 
 def _config(opts: TasksOptions) -> dict:
-    skip = {"task", "output", "force", "device", "dtype"}
-    return {k: v for k, v in opts.model_dump().items() if k not in skip} | {"tasks": list(opts.task or [])}
+    skip = {"task", "base", "output", "force", "device", "dtype"}
+    resolved = spelled(parse_tasks(opts.task, opts.base))
+    return {k: v for k, v in opts.model_dump().items() if k not in skip} | {"tasks": resolved}
 
 
 def _write(folder: Path, paths: dict[str, Path], scored, plans, artifact: dict) -> None:
@@ -147,6 +155,7 @@ STAGE = Stage(
     TasksOptions,
     run,
     stem="tasks",
+    inputs={"base": ("model",)},
     outputs={"output": "{stem}"},
     makes={"tasks": "output"},
 )

@@ -121,3 +121,42 @@ def test_same_inputs_give_byte_identical_files(shared_base: Path, cli, monkeypat
 def test_bad_task_options_are_usage_errors(args, message, tmp_path: Path, cli):
     assert_refused(cli("tasks", *args, "-o", tmp_path / "out"), 2, message)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_task_without_model_is_the_base_and_base_mismatch_is_refused(shared_base: Path, cli):
+    data = shared_base / "data.safetensors"
+    tasks = ["--task", f"name=a,model={shared_base / 'a.safetensors'},data={data}"]
+    tasks += ["--task", f"name=fid,data={data},objective=fidelity"]
+    out = shared_base / "out"
+    assert cli("tasks", *tasks, "--base", shared_base / "base.safetensors", *BUDGET, "-o", out).code == 0
+    art = json.loads((out / "tasks.json").read_text())
+    assert art["tasks"][1]["model"] == str(shared_base / "base.safetensors")
+    before = snapshot(shared_base)
+    result = cli("tasks", *tasks, "--base", shared_base / "other.safetensors", *BUDGET, "-o", shared_base / "o2")
+    assert_refused(result, 1, "does not come from the base")
+    assert snapshot(shared_base) == before
+
+
+def test_run_config_drives_the_tasks_stage_from_its_model(shared_base: Path, cli, monkeypatch):
+    monkeypatch.chdir(shared_base)
+    config = {
+        "model": "base.safetensors",
+        "out": "run",
+        "stages": [
+            {
+                "command": "tasks",
+                "task": [
+                    "name=a,model=a.safetensors,data=data.safetensors",
+                    "name=b,model=b.safetensors,data=data.safetensors",
+                    "name=fid,data=data.safetensors,objective=fidelity",
+                ],
+                "target_flops": 0.6,
+                "ffn_multiple_of": 1,
+            }
+        ],
+    }
+    (shared_base / "tasks.yaml").write_text(json.dumps(config))  # JSON is YAML
+    result = cli("run", "tasks.yaml")
+    assert result.code == 0, result
+    art = json.loads((shared_base / "run" / "tasks" / "tasks.json").read_text())
+    assert [t["name"] for t in art["tasks"]] == ["a", "b", "fid"] and art["budget"]["value"] == 0.6
