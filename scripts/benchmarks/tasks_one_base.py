@@ -19,6 +19,8 @@ Usage (from the repository root):
   OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.tasks_one_base --work /tmp/tasks-bench \
       --targets 0.6 0.5 --json /tmp/tasks-bench/rows.json
   python -m scripts.benchmarks.tasks_one_base --tables-from /tmp/tasks-bench/rows.json
+(--targets and --tasks split the work over processes sharing --work: give each its own --json,
+then --tables-from all of them.)
 """
 
 from __future__ import annotations
@@ -125,12 +127,12 @@ def timed(fn, *args) -> tuple[object, float]:
     return value, time.perf_counter() - start
 
 
-def run(work: Path, targets: list[float], sink) -> list[dict]:
+def run(work: Path, targets: list[float], sink, only: list[str] | None = None) -> list[dict]:
     rows = []
     for target in targets:
         folder = work / f"flops-{target}"
         art = cross_task(folder, target)
-        for entry in art["tasks"]:
+        for entry in [e for e in art["tasks"] if not only or e["name"] in only]:
             name, t = entry["name"], tasks()[entry["name"]]
             for which, plan in (("own", folder / f"plan-{name}.json"), ("shared", folder / f"plan-shared-{name}.json")):
                 cut = prune(t, plan, folder / f"{name}-{which}.lstsq.safetensors")
@@ -195,12 +197,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("/tmp/tasks-bench"))
     parser.add_argument("--targets", type=float, nargs="+", default=[0.6, 0.5])
+    parser.add_argument("--tasks", nargs="+", help="Only these tasks (several processes can share --work).")
     parser.add_argument("--json", type=Path, help="Write the rows (and baselines) here as they come.")
-    parser.add_argument("--tables-from", type=Path, help="Only print the tables from an earlier --json.")
+    parser.add_argument("--tables-from", type=Path, nargs="+", help="Only print the tables from earlier --json files.")
     args = parser.parse_args()
     if args.tables_from:
-        saved = json.loads(args.tables_from.read_text())
-        print(markdown(saved["rows"], saved["baselines"], args.tables_from.parent))
+        saved = [json.loads(p.read_text()) for p in args.tables_from]
+        rows = [r for s in saved for r in s["rows"]]
+        print(markdown(rows, saved[0]["baselines"], args.tables_from[0].parent))
         return
     args.work.mkdir(parents=True, exist_ok=True)
     base = baselines()
@@ -212,7 +216,7 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps({"baselines": base, "rows": rows}, indent=1) + "\n")
 
-    run(args.work, args.targets, sink)
+    run(args.work, args.targets, sink, args.tasks)
     print(markdown(rows, base, args.work))
 
 
