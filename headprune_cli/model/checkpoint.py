@@ -111,12 +111,12 @@ def _provenance(info: ModelInfo, out: Path, plan_sha: str | None) -> dict:
 def _base(provenance: dict, parent_path: str, out: Path) -> dict:
     """The pre-trained model a fine-tuned checkpoint came from (`base`, its sha256), carried
     down every chain unchanged: tasks fine-tuned from one base keep naming it when pruned."""
-    if not provenance.get("base"):
+    if not isinstance(provenance.get("base"), str) or not provenance["base"]:
         return {}
     path = provenance.get("base_path")
     return {
         "base": provenance["base"],
-        "base_path": _relative(Path(parent_path).parent / path, out) if path is not None else None,
+        "base_path": _relative(Path(parent_path).parent / path, out) if isinstance(path, str) else None,
     }
 
 
