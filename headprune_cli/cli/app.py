@@ -45,6 +45,7 @@ COMMANDS = {
     "iterate": ("iterate_cmd", "iterate"),
     "report": ("report_cmd", "report"),
     "sweep": ("sweep_cmd", "sweep"),
+    "tasks": ("tasks_cmd", "tasks"),
     "export": ("export_cmd", "export"),
     "run": ("run_cmd", "run"),
 }

@@ -12,7 +12,8 @@ Metadata keys (all strings, JSON where structured):
   headprune.tokenizer     tokenizer.json text (absent for tokenizer-less models)
   headprune.tokenizer_config  special tokens and limits (JSON)
   headprune.pooling       sentence-transformers pooling (JSON)
-  headprune.provenance    sha256 (and relative path) of parent, plan and root (JSON)
+  headprune.provenance    sha256 (and relative path) of parent, plan and root, and of the
+                          pre-trained base a fine-tuned model came from when recorded (JSON)
 
 Loading builds the unpruned architecture on the meta device (no memory, no random
 initialisation; see materialize.py), cuts it to the stored layout with the same code that
@@ -103,6 +104,19 @@ def _provenance(info: ModelInfo, out: Path, plan_sha: str | None) -> dict:
         "plan": plan_sha,
         "root": root_sha,
         "root_path": root_path,
+        **_base(info.provenance, parent_path, out),
+    }
+
+
+def _base(provenance: dict, parent_path: str, out: Path) -> dict:
+    """The pre-trained model a fine-tuned checkpoint came from (`base`, its sha256), carried
+    down every chain unchanged: tasks fine-tuned from one base keep naming it when pruned."""
+    if not isinstance(provenance.get("base"), str) or not provenance["base"]:
+        return {}
+    path = provenance.get("base_path")
+    return {
+        "base": provenance["base"],
+        "base_path": _relative(Path(parent_path).parent / path, out) if isinstance(path, str) else None,
     }
 
 

@@ -138,7 +138,20 @@ class Stage:
 # The stages, in pipeline order. Stage NAME is defined by the module
 # headprune_cli.stages.NAME.stage (a Python keyword gets a trailing underscore: import_),
 # imported only when asked for.
-NAMES = ("import", "profile", "score", "select", "search", "prune", "finetune", "iterate", "report", "sweep", "export")
+NAMES = (
+    "import",
+    "profile",
+    "score",
+    "select",
+    "search",
+    "prune",
+    "finetune",
+    "iterate",
+    "report",
+    "sweep",
+    "tasks",
+    "export",
+)
 
 
 def module_of(name: str) -> str:

