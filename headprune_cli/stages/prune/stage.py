@@ -104,7 +104,7 @@ class PruneOptions(SelectionOptions):
 
     def chosen_compensation(self) -> str:
         """What the user asked for; unasked, the refit whenever calibration data is given: it
-        beat no compensation in most of the measured cuts (BENCHMARKS.md §14 and §20)."""
+        beat no compensation in most of the measured cuts (BENCHMARKS.md §14 and §26)."""
         if self.compensation is not None:
             return self.compensation
         return "lstsq" if self.data is not None else "none"

@@ -76,7 +76,7 @@ _LAYERS = [
 HEAD_METHODS: dict[str, Method] = {m.name: m for m in _HEADS}
 LAYER_METHODS: dict[str, Method] = {m.name: m for m in _LAYERS}
 DEFAULT_LAYER_METHOD = "refit"  # on the real task it chose the layers recovery wins back (BENCHMARKS.md §10)
-# The default scores, per unit, are the measured winners (BENCHMARKS.md §20): with FFN neurons
+# The default scores, per unit, are the measured winners (BENCHMARKS.md §26): with FFN neurons
 # fisher beat taylor in every comparison; heads alone split between the two, taylor ahead on average.
 DEFAULT_HEAD_METHOD = "taylor"
 DEFAULT_FFN_METHOD = "fisher"
