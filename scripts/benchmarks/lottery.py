@@ -49,11 +49,27 @@ def task(seed: int, demo: bool) -> dict:
     if demo:
         d = ROOT / "examples" / "demo"
         model = d / "model.safetensors"
-        return dict(name=f"demo-s{seed}", model=model, base=model, calib=d / "calib.jsonl", dev=d / "dev.jsonl",
-                    train=d / "train.jsonl", seed=seed, length=32)  # fmt: skip
+        return dict(
+            name=f"demo-s{seed}",
+            model=model,
+            base=model,
+            calib=d / "calib.jsonl",
+            dev=d / "dev.jsonl",
+            train=d / "train.jsonl",
+            seed=seed,
+            length=32,
+        )
     model = CACHE / ("model.safetensors" if seed == 0 else f"model-seed{seed}.safetensors")
-    return dict(name=f"debian-s{seed}", model=model, base=CACHE / f"init-seed{seed}", calib=CACHE / "calib.jsonl",
-                dev=CACHE / "dev.jsonl", train=CACHE / "train.jsonl", seed=seed, length=32)  # fmt: skip
+    return dict(
+        name=f"debian-s{seed}",
+        model=model,
+        base=CACHE / f"init-seed{seed}",
+        calib=CACHE / "calib.jsonl",
+        dev=CACHE / "dev.jsonl",
+        train=CACHE / "train.jsonl",
+        seed=seed,
+        length=32,
+    )
 
 
 def accuracy_of(model, t: dict) -> float:
@@ -77,11 +93,15 @@ def scores(t: dict, folder: Path) -> Path:
     if not out.is_file():
         stage.run(
             stage.ScoreOptions(
-                checkpoint=t["model"], data=t["calib"], method="fisher", max_length=t["length"], seed=t["seed"],
+                checkpoint=t["model"],
+                data=t["calib"],
+                method="fisher",
+                max_length=t["length"],
+                seed=t["seed"],
                 output=out,
             ),
             _ctx(),
-        )  # fmt: skip
+        )
     return out
 
 
@@ -132,11 +152,19 @@ def finetune(t: dict, source: Path, out: Path, arm: str) -> dict:
         begin = time.perf_counter()
         stage.run(
             stage.FinetuneOptions(
-                checkpoint=source, data=t["train"], output=out, teacher="auto", epochs=EPOCHS, batch_size=BATCH,
-                lr=LR, max_length=t["length"], seed=t["seed"], **reset(arm, t),
+                checkpoint=source,
+                data=t["train"],
+                output=out,
+                teacher="auto",
+                epochs=EPOCHS,
+                batch_size=BATCH,
+                lr=LR,
+                max_length=t["length"],
+                seed=t["seed"],
+                **reset(arm, t),
             ),
             _ctx(),
-        )  # fmt: skip
+        )
         record.write_text(json.dumps({"wall_s": time.perf_counter() - begin, "load": os.getloadavg()[0]}))
     return json.loads(record.read_text())
 
@@ -154,20 +182,38 @@ def rows_for(t: dict, work: Path) -> list[dict]:
             acc = accuracy(out, t)
             baseline = BASELINE.get(t["seed"]) if t["name"].startswith("debian") else accuracy(t["model"], t)
             removed = sum(len(v) for v in json.loads(plan_path.read_text())["remove_heads"].values())
-            rows.append(dict(model=t["name"], ratio=ratio, arm=arm, heads_removed=removed,
-                             start=start_accuracy(arm, pruned, t), accuracy=acc, drop=acc - baseline,
-                             wall_s=timing["wall_s"], load=timing["load"]))  # fmt: skip
+            rows.append(
+                dict(
+                    model=t["name"],
+                    ratio=ratio,
+                    arm=arm,
+                    heads_removed=removed,
+                    start=start_accuracy(arm, pruned, t),
+                    accuracy=acc,
+                    drop=acc - baseline,
+                    wall_s=timing["wall_s"],
+                    load=timing["load"],
+                )
+            )
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
 def tables(rows: list[dict]) -> str:
-    names = {"kd": "(a) pruned + KD", "rewind": "(b) rewound to base + KD", "reinit": "(c) re-initialised + KD",
-             "random": "(d) random heads, rewound + KD"}  # fmt: skip
+    names = {
+        "kd": "(a) pruned + KD",
+        "rewind": "(b) rewound to base + KD",
+        "reinit": "(c) re-initialised + KD",
+        "random": "(d) random heads, rewound + KD",
+    }
     out = []
     for model in sorted({r["model"] for r in rows}):
-        out += [f"\n{model}\n", "| arm | heads removed | dev acc before training | dev acc after 1 epoch | "
-                "drop vs baseline (pts) | train wall s (load) |", "|---|---|---|---|---|---|"]  # fmt: skip
+        out += [
+            f"\n{model}\n",
+            "| arm | heads removed | dev acc before training | dev acc after 1 epoch | "
+            "drop vs baseline (pts) | train wall s (load) |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in (r for r in rows if r["model"] == model):
             out.append(
                 f"| {names[r['arm']]} @ {r['ratio']} | {r['heads_removed']} | {r['start']:.2f} | {r['accuracy']:.2f}"

@@ -41,7 +41,8 @@ class FinetuneOptions(Options):
         "base), by original index; tensors it lacks keep CKPT's values.",
     )
     reinit: int | None = option(
-        None, "Lottery-ticket control: before training, re-initialise the kept structure (the model's own init) with this seed."
+        None,
+        "Lottery-ticket control: before training, re-initialise the kept structure (the model's own init), seeded.",
     )
     epochs: int | None = option(None, "Passes over the training data (default 1 unless --steps).")
     steps: int | None = option(None, "Optimizer steps (instead of --epochs).")
