@@ -35,7 +35,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("HEADPRUNE_CACHE", Path.home() / ".cache" / "headprune")) / "debian-sections"
 RATIOS = (0.5, 0.75)
 ARMS = ("kd", "rewind", "reinit", "random")
-BASELINE = {0: 81.53, 1: 82.80}  # dev accuracy of the unpruned classifiers (task.json)
 LR, BATCH, EPOCHS = 1e-4, 16, 1
 
 
@@ -70,6 +69,13 @@ def task(seed: int, demo: bool) -> dict:
         seed=seed,
         length=32,
     )
+
+
+def baseline(name: str) -> float:
+    """Dev accuracy of an unpruned Debian classifier, as make_debian_task recorded it."""
+    seed = int(name.rsplit("-s", 1)[1])
+    record = CACHE / ("task.json" if seed == 0 else f"task-seed{seed}.json")
+    return 100 * json.loads(record.read_text())["dev_accuracy"]
 
 
 def accuracy_of(model, t: dict) -> float:
@@ -180,7 +186,7 @@ def rows_for(t: dict, work: Path) -> list[dict]:
             out = folder / f"{arm}-{ratio}.safetensors"
             timing = finetune(t, pruned, out, arm)
             acc = accuracy(out, t)
-            baseline = BASELINE.get(t["seed"]) if t["name"].startswith("debian") else accuracy(t["model"], t)
+            unpruned = baseline(t["name"]) if t["name"].startswith("debian") else accuracy(t["model"], t)
             removed = sum(len(v) for v in json.loads(plan_path.read_text())["remove_heads"].values())
             rows.append(
                 dict(
@@ -190,7 +196,7 @@ def rows_for(t: dict, work: Path) -> list[dict]:
                     heads_removed=removed,
                     start=start_accuracy(arm, pruned, t),
                     accuracy=acc,
-                    drop=acc - baseline,
+                    drop=acc - unpruned,
                     wall_s=timing["wall_s"],
                     load=timing["load"],
                 )
@@ -208,16 +214,18 @@ def tables(rows: list[dict]) -> str:
     }
     out = []
     for model in sorted({r["model"] for r in rows}):
+        unpruned = baseline(model) if model.startswith("debian") else None
         out += [
-            f"\n{model}\n",
+            f"\n{model} (unpruned: {unpruned:.2f})\n" if unpruned is not None else f"\n{model}\n",
             "| arm | heads removed | dev acc before training | dev acc after 1 epoch | "
             "drop vs baseline (pts) | train wall s (load) |",
             "|---|---|---|---|---|---|",
         ]
         for r in (r for r in rows if r["model"] == model):
+            drop = r["accuracy"] - unpruned if unpruned is not None else r["drop"]
             out.append(
                 f"| {names[r['arm']]} @ {r['ratio']} | {r['heads_removed']} | {r['start']:.2f} | {r['accuracy']:.2f}"
-                f" | {r['drop']:+.2f} | {r['wall_s']:.0f} ({r['load']:.1f}) |"
+                f" | {drop:+.2f} | {r['wall_s']:.0f} ({r['load']:.1f}) |"
             )
     return "\n".join(out)
 

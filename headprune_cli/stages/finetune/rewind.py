@@ -25,6 +25,7 @@ from torch import nn
 from headprune_cli.errors import CheckpointError, UsageError
 from headprune_cli.files.io import sha256_bytes, sha256_file
 from headprune_cli.model.arch import adapter_for, adapter_for_model_type
+from headprune_cli.model.arch.base import HFModule
 from headprune_cli.model.checkpoint import is_export_folder, load, read_info, weights_sha
 from headprune_cli.model.layout import Layout, info_of
 from headprune_cli.model.surgery import apply_plan
@@ -88,7 +89,7 @@ def rewind(model: nn.Module, source_path: str | Path) -> Rewound:
     return Rewound(str(path), _source_sha(path), copied, kept)
 
 
-def reinit(model: nn.Module, seed: int) -> None:
+def reinit(model: HFModule, seed: int) -> None:
     """Re-initialise every weight of `model` (its kept structure) with the model's own
     initialisation under `seed`; the global random state is left as it was."""
     with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -99,8 +100,9 @@ def reinit(model: nn.Module, seed: int) -> None:
             _clear_initialized_flags(model)
         else:
             for module in model.modules():
-                if callable(getattr(module, "reset_parameters", None)):
-                    module.reset_parameters()
+                reset = getattr(module, "reset_parameters", None)
+                if callable(reset):
+                    reset()
 
 
 def _clear_initialized_flags(model: nn.Module) -> None:
