@@ -35,5 +35,11 @@ def finetune_command(opts: stage.FinetuneOptions):
       headprune finetune model.safetensors --data train.jsonl --learn-gates --ratio 0.5 --teacher auto --gates-out gates.json -o small.safetensors
 
       headprune finetune model.safetensors --data train.jsonl --head-dropout 0.2 -o robust.safetensors
+
+    Lottery tickets: --rewind-to CKPT gives the kept heads, FFN neurons and layers the weights they have in CKPT (a headprune checkpoint or a Hugging Face folder of the same family and shape, typically the pre-trained base the model was fine-tuned from), by the original indices the pruned checkpoint records; tensors CKPT lacks (a classifier, when CKPT is the bare encoder) keep their values and are named. --reinit SEED re-initialises the kept structure with the model's own init instead. Then it trains as usual. The random-heads control: `headprune select --strategy random --seed S`.
+
+      headprune finetune pruned.safetensors --data train.jsonl --teacher auto --rewind-to init-folder/ -o ticket.safetensors
+
+      headprune finetune pruned.safetensors --data train.jsonl --teacher auto --reinit 0 -o reinit.safetensors
     """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
     return stage.run(opts, context())

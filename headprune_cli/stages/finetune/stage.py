@@ -34,6 +34,16 @@ class FinetuneOptions(Options):
     output: Path = option(..., "Where to write the recovered checkpoint.", "-o", "--output")
     eval_data: Path | None = option(None, "Dev set: evaluated every epoch; the best epoch is kept.")
     teacher: str | None = option(None, "Distil from this checkpoint, or `auto` = the root model in CKPT's provenance.")
+    rewind_to: Path | None = option(
+        None,
+        "Lottery ticket: before training, give the kept heads, FFN neurons and layers the weights they have in this "
+        "checkpoint (a headprune checkpoint or a Hugging Face folder of the same architecture, e.g. the pre-trained "
+        "base), by original index; tensors it lacks keep CKPT's values.",
+    )
+    reinit: int | None = option(
+        None,
+        "Lottery-ticket control: before training, re-initialise the kept structure (the model's own init), seeded.",
+    )
     epochs: int | None = option(None, "Passes over the training data (default 1 unless --steps).")
     steps: int | None = option(None, "Optimizer steps (instead of --epochs).")
     lr: float | None = option(
@@ -167,6 +177,8 @@ class FinetuneOptions(Options):
             self.learn_gates, self.targets(), self.head_dropout, self.resume, self.constraints_given() + gates_out
         )
         _check_lora_options(self)
+        if self.rewind_to is not None and self.reinit is not None:
+            raise UsageError("--rewind-to and --reinit both reset the weights; give one of them")
 
 
 def run(opts: FinetuneOptions, ctx: Context) -> Result:
@@ -187,6 +199,7 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
         opts.data,
         opts.eval_data,
         opts.teacher,
+        opts.rewind_to,
     ]  # `auto` reaches the root through the checkpoint's provenance
     check_output(opts.output, opts.force, inputs)
     if opts.gates_out is not None:
@@ -203,6 +216,7 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
         [opts.output, state_dir, *([opts.gates_out] if opts.gates_out else []), *filter(None, [opts.keep_adapter])]
     )  # the state folder is deleted at the end
     model = load(opts.checkpoint)
+    reset = _reset_weights(opts, model, ctx)
     adapted = _attach_lora(opts, model)
     teacher = _teacher(opts.teacher, opts.checkpoint, model, root_teaches_itself=opts.learn_gates)
     train = read_data(opts.data, model, max_length=opts.max_length, seed=opts.seed)
@@ -236,6 +250,8 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
         "steps": opts.steps,
         "dtype": dtype_name(opts.dtype),
     }  # a saved state resumes only in the dtype it was trained in
+    if reset is not None:
+        fingerprint["reset"] = reset  # a state saved after one reset never resumes another
     if opts.head_dropout:
         fingerprint["head_dropout"] = opts.head_dropout
     if opts.lora:
@@ -277,6 +293,21 @@ def _check_lora_options(opts: FinetuneOptions) -> None:
     ]
     if given and not opts.lora:
         raise UsageError(f"{', '.join('--' + f.replace('_', '-') for f in given)}: LoRA settings need --lora")
+
+
+def _reset_weights(opts: FinetuneOptions, model, ctx: Context) -> str | None:
+    """--rewind-to / --reinit (lottery tickets), before anything trains; what was done, for the fingerprint."""
+    if opts.rewind_to is None and opts.reinit is None:
+        return None
+    from headprune_cli.stages.finetune.rewind import reinit, rewind  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+
+    if opts.reinit is not None:
+        reinit(model, opts.reinit)
+        ctx.print(f"re-initialised every kept weight (the model's own init, seed {opts.reinit})")
+        return f"reinit {opts.reinit}"
+    done = rewind(model, opts.rewind_to)
+    ctx.print(done.summary(model.headprune.provenance.get("root")), soft_wrap=True, markup=False)
+    return f"rewind {done.sha256}"
 
 
 def _attach_lora(opts: FinetuneOptions, model):

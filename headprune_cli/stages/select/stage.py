@@ -71,9 +71,10 @@ class SelectionOptions(ConstraintOptions):
     ratio: float | None = ratio_option()
     strategy: str | None = option(
         None,
-        "global | layer | threshold | budget | joint (default: from the amount given; "
-        "a --target-* with loss-scale layer scores is joint).",
+        "global | layer | threshold | budget | joint | random (default: from the amount given; "
+        "a --target-* with loss-scale layer scores is joint; random: a seeded control, --ratio only).",
     )
+    seed: int | None = option(None, "--strategy random: seed of the draw (default 0; other strategies ignore it).")
     drop_layers: int = option(0, "Also drop the N least important layers (needs layer scores).", ge=0)
     layer_threshold: float | None = option(None, "Also drop layers scoring below T.")
     threshold: str | None = option(None, "Remove heads scoring below T, or below the P-th percentile ('25%').")
@@ -135,6 +136,7 @@ def plan_from_scores(opts: SelectionOptions, source: str, scores=None, scores_sh
         budget=opts.budget(),
         threshold=opts.threshold,
         constraints=constraints,
+        seed=opts.seed,
     )
     return make_plan(
         selection, constraints, scores, str(source), scores_sha, _config(opts, selection, constraints, scores)
@@ -150,6 +152,7 @@ def _config(opts: SelectionOptions, selection, constraints, scores, **latency) -
         "target_flops": opts.target_flops,
         **latency,
         **constraints.to_dict(ffn=getattr(scores, "ffn", None) is not None),
+        **({"seed": 0 if opts.seed is None else opts.seed} if selection.strategy == "random" else {}),
     }
 
 

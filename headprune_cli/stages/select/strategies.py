@@ -9,8 +9,10 @@ ffn.py, heads and layers together on the loss scale by joint.py.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -92,16 +94,28 @@ def _greedy(chains: list[Chain], done: Callable[[int, dict[int, int]], bool], li
     return prefixes()
 
 
+def shuffled(table: ScoreTable, seed: int) -> ScoreTable:
+    """The table with every head (and layer) score replaced by a seeded uniform draw: the
+    random-heads control, chosen under the same constraints as a scored plan. Python's own
+    generator, so a seed gives the same plan on every machine."""
+    rng = random.Random(seed)
+    heads = {layer: {head: rng.random() for head in sorted(kept)} for layer, kept in sorted(table.heads.items())}
+    layers = {layer: rng.random() for layer in sorted(table.layers)} if table.layers else table.layers
+    return dataclasses.replace(table, heads=heads, layers=layers, method="random", layer_method=None, attention=None)
+
+
 @dataclass(frozen=True)
 class Strategy:
     """A selection strategy as the registry declares it: the amount it takes (`ratio`,
     `threshold` or a cost `target`), and how it chooses: `prefixes(chains, ...)` picks a
     prefix of every layer's chain, or `whole(table, targets, constraints)` makes the whole
-    selection itself (heads and layers together)."""
+    selection itself (heads and layers together). `rescore(table, seed)` replaces the
+    scores first (a seeded strategy)."""
 
     amount: str
     prefixes: Callable[..., dict[int, int]] | None = None
     whole: Callable[..., Selection] | None = None
+    rescore: Callable[[ScoreTable, int], ScoreTable] | None = None
 
 
 STRATEGIES: dict[str, Strategy] = {
@@ -110,6 +124,7 @@ STRATEGIES: dict[str, Strategy] = {
     "threshold": Strategy("threshold", _threshold),
     "budget": Strategy("target", _budget),
     "joint": Strategy("target", whole=lambda table, budget, c: select_joint(table, budget, c)),  # joint.py
+    "random": Strategy("ratio", _global, rescore=shuffled),  # the control: heads drawn at random, seeded
 }
 AMOUNT = {name: s.amount for name, s in STRATEGIES.items()}
 
@@ -129,15 +144,19 @@ def select(
     budget: Budget | None = None,
     threshold: str | float | None = None,
     constraints: Constraints = Constraints(),
+    seed: int | None = None,
 ) -> Selection:
     """Choose heads/layers to remove under `budget` (stages/budget.py), or below a
-    `threshold` (a number or a percentile like '25%')."""
+    `threshold` (a number or a percentile like '25%'); `seed` for a seeded strategy (random; the others ignore it, as
+    `headprune run` passes its seed to every stage)."""
     chosen = strategy or default_strategy(budget, threshold)
     if chosen not in STRATEGIES:
         raise UsageError(f"unknown strategy {chosen!r}{did_you_mean(chosen, STRATEGIES)}")
     _check_amount(chosen, budget, threshold)
     check_table(table, constraints)
     entry = STRATEGIES[chosen]
+    if entry.rescore is not None:
+        table = entry.rescore(table, 0 if seed is None else seed)
     if table.ffn and entry.amount == "target":  # a cost budget over heads, FFN neurons and layers
         return select_ffn(table, strategy, budget, constraints)
     if strategy is None and entry.amount == "target" and _joint_by_default(table, constraints):

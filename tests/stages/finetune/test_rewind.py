@@ -1,0 +1,195 @@
+"""Lottery tickets: `finetune --rewind-to` places the source's values at the original indices
+the pruned model keeps; `--reinit` is the model's own init, deterministic per seed."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import transformers as T
+from safetensors.torch import save_file
+
+from headprune_cli import load, save
+from headprune_cli.model.surgery import apply_plan
+from headprune_cli.stages.finetune.rewind import reinit, rewind
+from tests.support import TINY
+
+HEAD_DIM = 8  # tiny bert: hidden 32, 4 heads
+KEPT_HEADS = [0, 2]  # layer 0 after removing heads 1 and 3
+KEPT_NEURONS = [n for n in range(48) if n % 3 != 1]  # layer 1's FFN after the cut
+
+
+def _rows(heads: list[int]) -> list[int]:
+    return [h * HEAD_DIM + i for h in heads for i in range(HEAD_DIM)]
+
+
+@pytest.fixture
+def ticket(tmp_path: Path) -> dict:
+    """base (the 'pre-trained' weights), tuned (base moved away: the 'fine-tuned' root) and
+    pruned (tuned without heads 1 and 3 of layer 0, a third of layer 1's FFN, and layer 2)."""
+    base = TINY["bert"]()
+    tuned = copy.deepcopy(base)
+    with torch.no_grad():
+        for param in tuned.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    save(base, tmp_path / "base.safetensors")
+    base.save_pretrained(str(tmp_path / "base-hf"))
+    save(tuned, tmp_path / "tuned.safetensors")
+    pruned = load(tmp_path / "tuned.safetensors")
+    remove_ffn = {1: [n for n in range(48) if n not in KEPT_NEURONS]}
+    apply_plan(pruned, {0: [1, 3]}, [2], remove_ffn)
+    save(pruned, tmp_path / "pruned.safetensors")
+    return {"base": base, "tuned": tuned, "folder": tmp_path}
+
+
+def _check_rewound(model, base, tuned, tolerance: float = 0.0) -> None:
+    """Layer 0's heads 0 and 2 and layer 1's kept FFN neurons hold base's values, not tuned's
+    (exactly, or within `tolerance`)."""
+
+    def same(x, y) -> bool:
+        return torch.equal(x, y) if tolerance == 0 else torch.allclose(x, y, rtol=0, atol=tolerance)
+
+    attn, src = model.bert.encoder.layer[0].attention, base.bert.encoder.layer[0].attention
+    rows = _rows(KEPT_HEADS)
+    for name in ("query", "key", "value"):
+        mine, theirs = getattr(attn.self, name), getattr(src.self, name)
+        assert mine.weight.shape[0] == 2 * HEAD_DIM
+        assert same(mine.weight, theirs.weight[rows]) and same(mine.bias, theirs.bias[rows])
+    # head 2 sits at position 1 now: O's columns 8..15 are base's columns 16..23
+    assert same(attn.output.dense.weight[:, HEAD_DIM:], src.output.dense.weight[:, 2 * HEAD_DIM : 3 * HEAD_DIM])
+    tuned_o = tuned.bert.encoder.layer[0].attention.output.dense.weight
+    assert not torch.equal(attn.output.dense.weight[:, HEAD_DIM:], tuned_o[:, 2 * HEAD_DIM : 3 * HEAD_DIM])
+    layer, src_layer = model.bert.encoder.layer[1], base.bert.encoder.layer[1]
+    assert same(layer.intermediate.dense.weight, src_layer.intermediate.dense.weight[KEPT_NEURONS])
+    assert same(layer.intermediate.dense.bias, src_layer.intermediate.dense.bias[KEPT_NEURONS])
+    assert same(layer.output.dense.weight, src_layer.output.dense.weight[:, KEPT_NEURONS])
+    assert len(model.bert.encoder.layer) == 2
+    assert same(model.bert.embeddings.word_embeddings.weight, base.bert.embeddings.word_embeddings.weight)
+
+
+@pytest.mark.parametrize("source", ["base.safetensors", "base-hf"])
+def test_rewind_places_the_source_values_at_the_original_indices(ticket, source):
+    folder = ticket["folder"]
+    model = load(folder / "pruned.safetensors")
+    done = rewind(model, folder / source)
+    _check_rewound(model, ticket["base"], ticket["tuned"])
+    assert torch.equal(model.classifier.weight, ticket["base"].classifier.weight)  # the same class: the head too
+    assert done.kept == [] and done.copied == len(model.state_dict())
+    assert done.sha256 in {
+        __import__("hashlib").sha256(p.read_bytes()).hexdigest()
+        for p in [folder / "base.safetensors", *(folder / "base-hf").glob("*.safetensors")]
+    }
+
+
+def test_a_bare_encoder_source_keeps_the_task_head(ticket):
+    """Rewinding a classifier to its base model (no classifier) keeps the pruned model's head."""
+    folder = ticket["folder"]
+    ticket["base"].bert.save_pretrained(str(folder / "encoder-hf"))
+    model = load(folder / "pruned.safetensors")
+    tuned_head = model.classifier.weight.clone()
+    done = rewind(model, folder / "encoder-hf")
+    _check_rewound(model, ticket["base"], ticket["tuned"])
+    assert torch.equal(model.classifier.weight, tuned_head)
+    assert done.kept == ["classifier.bias", "classifier.weight"]
+    assert "classifier.bias, classifier.weight" in done.summary("ab" * 32)
+
+
+def test_rewound_model_runs_like_the_source_gated(ticket):
+    """The rewound pruned model equals the source with the same heads gated off (its logits)."""
+    from headprune_cli.model.surgery import apply_plan as cut
+
+    folder = ticket["folder"]
+    model = load(folder / "pruned.safetensors")
+    rewind(model, folder / "base.safetensors")
+    reference = load(folder / "base.safetensors")
+    cut(reference, {0: [1, 3]}, [2], {1: [n for n in range(48) if n not in KEPT_NEURONS]})
+    ids = torch.randint(2, 60, (3, 7), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(model(input_ids=ids).logits, reference(input_ids=ids).logits)
+
+
+def test_finetune_rewinds_before_it_trains(ticket, cli):
+    """`finetune --rewind-to` with a learning rate too small to move a weight: the output is
+    the rewound model, and the summary names the source's sha256."""
+    folder = ticket["folder"]
+    ids = torch.randint(2, 60, (8, 6), generator=torch.Generator().manual_seed(2))
+    data = folder / "train.safetensors"
+    save_file({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids[:, 0] % 3}, str(data))
+    out = folder / "ft.safetensors"
+    res = cli(
+        "finetune",
+        folder / "pruned.safetensors",
+        "--data",
+        data,
+        "--steps",
+        "1",
+        "--lr",
+        "1e-30",
+        "--rewind-to",
+        folder / "base.safetensors",
+        "-o",
+        out,
+    )
+    assert res.code == 0, res.err
+    sha = __import__("hashlib").sha256((folder / "base.safetensors").read_bytes()).hexdigest()
+    assert f"weights sha256 {sha[:12]}" in res.err
+    _check_rewound(load(out), ticket["base"], ticket["tuned"], tolerance=1e-25)  # one Adam step of 1e-30
+
+
+def test_reinit_is_the_models_init_and_deterministic_per_seed(ticket):
+    folder = ticket["folder"]
+    first, again, other = (load(folder / "pruned.safetensors") for _ in range(3))
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    reinit(first, 7)
+    assert torch.equal(torch.rand(3), expected_next)  # the global random state is untouched
+    reinit(again, 7)
+    reinit(other, 8)
+    a, b, c = first.state_dict(), again.state_dict(), other.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    weight = "bert.encoder.layer[0].attention.self.query.weight".replace("[0]", ".0")
+    assert not torch.equal(a[weight], c[weight])
+    assert a[weight].shape == (2 * HEAD_DIM, 32)  # the kept structure
+    assert abs(a[weight].std().item() - 0.02) < 0.01  # BERT's init: normal(0, initializer_range)
+    norm = "bert.encoder.layer.0.attention.output.LayerNorm.weight"
+    assert torch.equal(a[norm], torch.ones_like(a[norm]))
+    assert not torch.equal(a[weight], ticket["tuned"].state_dict()[weight][_rows(KEPT_HEADS)])
+
+
+def test_reinit_of_the_reference_encoder_uses_torch_init():
+    model = TINY["reference"]()
+    apply_plan(model, {0: [1, 3]}, [])
+    twin = copy.deepcopy(model)
+    reinit(model, 3)
+    reinit(twin, 3)
+    assert all(torch.equal(x, y) for x, y in zip(model.state_dict().values(), twin.state_dict().values()))
+    before = TINY["reference"]().layers[0].attention.q_proj.weight  # heads 0 and 2 of 4, head_dim 8
+    assert not torch.equal(model.layers[0].attention.q_proj.weight, before[[*range(8), *range(16, 24)]])
+
+
+def test_rewind_to_a_gqa_model_slices_kv_groups(tmp_path):
+    """LLaMA with grouped-query attention: a removed KV group takes its query heads along,
+    and the kept group's K/V rows come from the source."""
+    config = T.LlamaConfig(
+        vocab_size=60,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    torch.manual_seed(0)
+    base = T.LlamaForCausalLM(config).eval()
+    tuned = copy.deepcopy(base)
+    with torch.no_grad():
+        for param in tuned.parameters():
+            param.add_(0.1)
+    save(base, tmp_path / "base.safetensors")
+    apply_plan(tuned, {1: [0, 1]}, [])  # layer 1 loses KV group 0 (query heads 0 and 1)
+    rewind(tuned, tmp_path / "base.safetensors")
+    attn, src = tuned.model.layers[1].self_attn, base.model.layers[1].self_attn
+    assert torch.equal(attn.k_proj.weight, src.k_proj.weight[8:16])  # head_dim 8: KV head 1
+    assert torch.equal(attn.q_proj.weight, src.q_proj.weight[16:32])  # query heads 2 and 3
+    assert torch.equal(attn.o_proj.weight, src.o_proj.weight[:, 16:32])
