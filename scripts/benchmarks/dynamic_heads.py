@@ -132,17 +132,17 @@ class Setup:
         return dg.encoder_of(self.load(path).eval())
 
 
-def gate_models(setup: Setup, keep: int, epochs: int) -> tuple[dg.Gates, dg.Gates, list[float]]:
+def gate_models(setup: Setup, keep: int, epochs: int, lr: float) -> tuple[dg.Gates, dg.Gates, list[float]]:
     dg.check_budget(keep, setup.heads)
     before = dg.Gates(setup.scores, setup.full.layers[0].qkv.shape[-1])
     trained = dg.Gates(setup.scores, setup.full.layers[0].qkv.shape[-1])
-    path = setup.folder / f"gates-{keep}-e{epochs}.pt"
+    path = setup.folder / f"gates-{keep}-e{epochs}-lr{lr}.pt"
     if path.is_file():
         trained.load_state_dict(torch.load(path, weights_only=True))
         history = json.loads(path.with_suffix(".json").read_text())
     else:
         history = dg.train_gates(
-            setup.full, trained, setup.comp, setup.train, setup.teacher, keep, epochs, 1e-3, setup.t["seed"]
+            setup.full, trained, setup.comp, setup.train, setup.teacher, keep, epochs, lr, setup.t["seed"]
         )
         torch.save(trained.state_dict(), path)
         path.with_suffix(".json").write_text(json.dumps(history))
@@ -204,11 +204,11 @@ class Widths:
         return preds.gather(1, pick[:, None]).squeeze(1), pick
 
 
-def quality_rows(setup: Setup, widths: Widths, share: float, epochs: int) -> tuple[list[dict], dict]:
+def quality_rows(setup: Setup, widths: Widths, share: float, epochs: int, lr: float) -> tuple[list[dict], dict]:
     keep = round(share * setup.heads)
     total = setup.heads * setup.layers
     static, uniform = (setup.encoder(static_cut(setup.t, setup.folder, share, u)) for u in (False, True))
-    before, trained, history = gate_models(setup, keep, epochs)
+    before, trained, history = gate_models(setup, keep, epochs, lr)
     widths.budget(share * total)
     dev_picks = torch.cat([widths.picks(b) for b in setup.dev])
     with torch.no_grad():
@@ -293,7 +293,7 @@ def run(args) -> list[dict]:
         setup = Setup(t, folder)
         widths = Widths(setup)
         for share in args.shares:
-            quality, extra = quality_rows(setup, widths, share, args.epochs)
+            quality, extra = quality_rows(setup, widths, share, args.epochs, args.lr)
             one = single_rows(setup.dev)[: args.single]
             load = os.getloadavg()[0]
             b1 = latency(extra["timed"], one, args.repeats)
@@ -346,7 +346,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--shares", type=float, nargs="+", default=[0.5], help="average kept share of heads per input")
     p.add_argument("--heads", type=int, default=12, help="heads per layer of the models (the budget's bound)")
-    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--lr", type=float, default=5e-3, help="the gates' Adam learning rate")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--single", type=int, default=96, help="dev inputs timed at batch 1")
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
