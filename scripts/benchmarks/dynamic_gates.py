@@ -69,9 +69,7 @@ def encoder_of(model: nn.Module) -> Encoder:
                 norm2=block.output.LayerNorm,
             )
         )
-    return Encoder(
-        model.bert.embeddings, layers, model.bert.pooler.dense, model.classifier, head_dim, nn.GELU()
-    )
+    return Encoder(model.bert.embeddings, layers, model.bert.pooler.dense, model.classifier, head_dim, nn.GELU())
 
 
 def pooled(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -183,9 +181,7 @@ def compensation_vectors(enc: Encoder, data: list[dict]) -> list[torch.Tensor]:
     return [torch.einsum("hd,hdw->hw", s / count, layer.out) for s, layer in zip(sums, enc.layers, strict=True)]
 
 
-def gated_soft(
-    enc: Encoder, gates: Gates, comp: list[torch.Tensor], batch: dict, keep: int
-) -> torch.Tensor:
+def gated_soft(enc: Encoder, gates: Gates, comp: list[torch.Tensor], batch: dict, keep: int) -> torch.Tensor:
     """Training forward: every head computed, multiplied by a straight-through top-k mask (the hard
     top-k forward, the sigmoid's gradient backward); a skipped head adds its mean output instead."""
     x = embed(enc, batch)
@@ -270,7 +266,9 @@ def train_gates(
         total = 0.0
         for i in torch.randperm(len(data)).tolist():
             logits = gated_soft(enc, gates, comp, data[i], keep)
-            loss = F.kl_div(F.log_softmax(logits, -1), F.log_softmax(teacher[i], -1), log_target=True, reduction="batchmean")
+            loss = F.kl_div(
+                F.log_softmax(logits, -1), F.log_softmax(teacher[i], -1), log_target=True, reduction="batchmean"
+            )
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -53,7 +53,9 @@ def _ctx():
 
 def task(seed: int) -> dict:
     model = CACHE / ("model.safetensors" if seed == 0 else f"model-seed{seed}.safetensors")
-    return dict(name=f"debian-s{seed}", model=model, seed=seed, **{s: CACHE / f"{s}.jsonl" for s in ("train", "dev", "calib")})
+    return dict(
+        name=f"debian-s{seed}", model=model, seed=seed, **{s: CACHE / f"{s}.jsonl" for s in ("train", "dev", "calib")}
+    )
 
 
 def scores(t: dict, folder: Path) -> Path:
@@ -154,7 +156,10 @@ class Widths:
 
     def __init__(self, setup: Setup):
         plans = [static_cut(setup.t, setup.folder, w, False) for w in WIDTHS[:-1]]
-        kept = [kept_heads(p.parent / f"plan-static-{w}.json", setup.heads, setup.layers) for p, w in zip(plans, WIDTHS, strict=False)]
+        kept = [
+            kept_heads(p.parent / f"plan-static-{w}.json", setup.heads, setup.layers)
+            for p, w in zip(plans, WIDTHS, strict=False)
+        ]
         kept.append([list(range(setup.heads))] * setup.layers)
         orders = dg.nested_orders(kept, setup.heads)
         assert orders is not None, "the fisher cuts at the widths' shares are not nested"
@@ -227,7 +232,14 @@ def quality_rows(setup: Setup, widths: Widths, share: float, epochs: int, lr: fl
     }
     with torch.no_grad():  # skipping reproduces masking (the same heads, the same compensation)
         for b in setup.dev[:3]:
-            gap = (dg.gated_skip(setup.full, trained, setup.comp, b, keep) - dg.gated_masked(setup.full, trained, setup.comp, b, keep)).abs().max()
+            gap = (
+                (
+                    dg.gated_skip(setup.full, trained, setup.comp, b, keep)
+                    - dg.gated_masked(setup.full, trained, setup.comp, b, keep)
+                )
+                .abs()
+                .max()
+            )
             assert float(gap) < 1e-4, f"skipping departs from masking by {float(gap)}"
     rows = [
         dict(model=setup.t["name"], share=share, variant=name, heads=heads, accuracy=accuracy(forward, setup.dev))
@@ -235,7 +247,10 @@ def quality_rows(setup: Setup, widths: Widths, share: float, epochs: int, lr: fl
     ]
     rows.append(
         dict(
-            model=setup.t["name"], share=share, variant="oracle", heads=statistics.fmean(oracle_cost),
+            model=setup.t["name"],
+            share=share,
+            variant="oracle",
+            heads=statistics.fmean(oracle_cost),
             accuracy=100 * oracle_right / sum(len(b["labels"]) for b in setup.dev),
         )
     )
@@ -302,19 +317,30 @@ def run(args) -> list[dict]:
             for row in quality:
                 row.update(ms_b1=b1.get(row["variant"]), ms_b16=b16.get(row["variant"]))
             quality.append(
-                dict(model=t["name"], share=share, variant="gates-mask", heads=quality[4]["heads"],
-                     accuracy=quality[4]["accuracy"], ms_b1=b1["gates-mask"], ms_b16=b16["gates-mask"])
+                dict(
+                    model=t["name"],
+                    share=share,
+                    variant="gates-mask",
+                    heads=quality[4]["heads"],
+                    accuracy=quality[4]["accuracy"],
+                    ms_b1=b1["gates-mask"],
+                    ms_b16=b16["gates-mask"],
+                )
             )
             for row in quality:
-                row.update(load=load, threads=args.threads, **({"extra": extra["extra"]} if row["variant"] == "routed" else {}))
+                row.update(
+                    load=load, threads=args.threads, **({"extra": extra["extra"]} if row["variant"] == "routed" else {})
+                )
             rows += quality
             print(tables(quality), file=sys.stderr)
+            if args.json:  # after every share, so a long run that is stopped keeps what it measured
+                args.json.write_text(json.dumps(rows, indent=1))
     return rows
 
 
 def tables(rows: list[dict]) -> str:
     out = []
-    for (model, share) in dict.fromkeys((r["model"], r["share"]) for r in rows):
+    for model, share in dict.fromkeys((r["model"], r["share"]) for r in rows):
         part = [r for r in rows if r["model"] == model and r["share"] == share]
         static = next(r for r in part if r["variant"] == "static")
         out.append(
@@ -368,10 +394,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.tables_from:
         print(tables(json.loads(args.tables_from.read_text())))
         return
-    rows = run(args)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
-    print(tables(rows))
+    print(tables(run(args)))
 
 
 if __name__ == "__main__":

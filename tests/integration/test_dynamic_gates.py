@@ -19,7 +19,11 @@ HEADS, LAYERS = 4, 3
 def tiny() -> T.BertForSequenceClassification:
     torch.manual_seed(0)
     config = T.BertConfig(
-        vocab_size=50, hidden_size=32, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=48,
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=48,
         num_labels=3,
     )
     model = T.BertForSequenceClassification(config).eval()
