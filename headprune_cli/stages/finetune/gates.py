@@ -54,6 +54,13 @@ from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.score.importance.l0 import hard_concrete, open_probability
 from headprune_cli.stages.score.table import ScoreTable
 
+# log alpha stays in this range. Above it a gate is open with probability 1 - 5e-4 and its
+# hard-concrete samples are all clamped to 1, so neither the task nor the Lagrangian moves it any
+# more: on the Debian classifiers 12 heads went to log alpha > 20 early, the Lagrangian's push
+# grew for 40 steps without moving them, and the expected share stalled one head short of the
+# target (BENCHMARKS.md section 21). Below it a gate is closed with probability 1 - 2e-3.
+LOG_ALPHA_RANGE = (-8.0, 6.0)
+
 
 def _generator(seed: int, step: int, micro: int, stream: int) -> torch.Generator:
     return torch.Generator().manual_seed(((seed * 1_000_003 + step) * 1009 + micro) * 8 + stream)
@@ -114,6 +121,7 @@ class LearnedGates:
         layout = info_of(model).layout
         self.budget, self.close, self.seed, self.warmup, self.closed_share = budget, close, seed, warmup, closed_share
         self.tolerance, self.extra_steps = tolerance, extra_steps
+        self.goal = budget.removed  # the share the gates aim at; make_gates sets the closing's own for heads
         self.closes_at: int | None = None  # the step the gates close at; set by the first step, moved by extend()
         self.at_close: float | None = None  # the expected share removed when the gates closed
         self.extended = 0  # gate-phase steps added because the expected share was still far from the target
@@ -177,7 +185,7 @@ class LearnedGates:
     def target_at(self, step: int, total: int) -> float:
         """The target share: rises linearly over the first `warmup` share of the gate phase, then held."""
         ramp = max(1, round(self.warmup * self.closing_from(total)))
-        return self.budget.removed * min(1.0, (step + 1) / ramp)
+        return self.goal * min(1.0, (step + 1) / ramp)
 
     def closing_from(self, total: int) -> int:
         """The first step of the final phase, in which the gates are closed and the cut model trains."""
@@ -192,7 +200,7 @@ class LearnedGates:
         if self.frozen is not None or step != self.closing_from(total):
             return 0
         expected = float(self.expected_sparsity().detach())
-        if abs(expected - self.budget.removed) <= self.tolerance:
+        if abs(expected - self.goal) <= self.tolerance:
             self.at_close = expected
             return 0
         if self.extended < self.extra_steps:
@@ -207,14 +215,14 @@ class LearnedGates:
         if self.frozen is not None:
             return
         expected = float(self.expected_sparsity().detach())
-        if abs(expected - self.budget.removed) > self.tolerance:
+        if abs(expected - self.goal) > self.tolerance:
             self.refuse(expected)
         self.at_close = expected
 
     def refuse(self, expected: float):
         raise FarFromTarget(
             f"learned gates: the expected share removed is {expected:.3f} at closing, "
-            f"{abs(expected - self.budget.removed):.3f} from the {self.budget.removed:.3f} target "
+            f"{abs(expected - self.goal):.3f} from the {self.goal:.3f} target "
             f"(--gate-tolerance {self.tolerance:g}) after {self.extended} extra steps; "
             "nothing was written: train longer (--epochs/--steps), raise --gate-extra-steps or --gate-lr, "
             "or loosen --gate-tolerance"
@@ -227,7 +235,8 @@ class LearnedGates:
         closed = [all((layer, h) in gone for h in hs) for layer, hs in self.units]
         return {
             "budget": self.budget.kind,
-            "target": round(self.budget.removed, 6),
+            "target": round(self.goal, 6),
+            "budget_removed": round(self.budget.removed, 6),
             "expected_at_close": round(self.at_close, 6) if self.at_close is not None else None,
             "closed": round(float(self.weights[torch.tensor(closed, dtype=torch.bool)].sum()), 6),
             "closed_at_step": self.closes_at,
@@ -271,6 +280,8 @@ class LearnedGates:
     def step(self) -> None:
         self.gate_optimizer.step()
         self.lambda_optimizer.step()
+        with torch.no_grad():  # a saturated gate gets no gradient from the penalty: keep it where it can move
+            self.log_alpha.clamp_(*LOG_ALPHA_RANGE)
 
     def evaluating(self, model: nn.Module):
         """Evaluation sees the model as it would be cut now: the closed gates of `close`."""

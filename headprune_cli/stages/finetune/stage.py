@@ -402,7 +402,10 @@ def gate_table(report: dict, rows: int = 10):
     picks = sorted({round(i * (len(trace) - 1) / max(1, rows - 1)) for i in range(rows)}) if trace else []
     for r in (trace[i] for i in picks):
         table.add_row(
-            str(r["step"]), f"{r['expected_sparsity']:.3f}", f"{r['target']:.3f}", f"{r['lambda1']:.3f}",
+            str(r["step"]),
+            f"{r['expected_sparsity']:.3f}",
+            f"{r['target']:.3f}",
+            f"{r['lambda1']:.3f}",
             f"{r['lambda2']:.3f}",
         )
     return table

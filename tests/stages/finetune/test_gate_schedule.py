@@ -158,7 +158,11 @@ def test_bad_gate_options_are_refused_and_nothing_is_written(cli, tmp_path):
         "--gate-warmup": ["--learn-gates", "--ratio", "0.5", "--gate-warmup", "-0.1"],
         "--gate-extra-steps": ["--learn-gates", "--ratio", "0.5", "--gate-extra-steps", "-1"],
         "--hidden-weight > 0 needs a teacher": ["--hidden-weight", "1"],
-        "--ratio: the gates would have to remove 1.000 of the heads, but the closing": ["--learn-gates", "--ratio", "1.0"],  # a gate budget above the heads that can go
+        "--ratio: the gates would have to remove 1.000 of the heads, but the closing": [
+            "--learn-gates",
+            "--ratio",
+            "1.0",
+        ],  # a gate budget above the heads that can go
     }
     for message, extra in cases.items():
         assert_refused(cli("finetune", ckpt, "--data", data, "--steps", "2", "-o", out, *extra), 2, message)

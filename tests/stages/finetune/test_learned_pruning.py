@@ -227,6 +227,8 @@ def test_the_closing_keeps_the_constraints_select_keeps(cli, tmp_path):
         out,
         "--gates-out",
         gates,
+        "--gate-tolerance",
+        "1",  # 6 steps cannot reach the target; this test is about the constraints
         *flags,
     )
     assert res.code == 0, res.err
