@@ -23,14 +23,25 @@ computed from the gates' open probabilities P(z != 0): for a head ratio the expe
 fraction of heads removed; for a params/FLOPs target the expected fraction of the cost
 removed, from the cost table (cost is linear in query heads and KV heads per layer, so
 E[cost] = cost now - sum over units of (price of its query heads + its KV head) *
-P(closed)). The target t rises linearly from 0 to the final target over the first
-`warmup` share of the steps, so the model adapts while heads fade out. The gates and the
-multipliers have their own Adam optimizers at constant rates (the multipliers' a third
-of the gates'). For the last `closed_share` of the steps the gates are closed: `table()`
-gives the open probabilities as scores, the caller's `close` (select with the run's
-amount and constraints) chooses the heads, and the model trains with exactly those heads,
-0 or 1, no noise, so it recovers from the closing before it is cut; the budget is met
-exactly as `select` meets it. Protected heads' units are never gated.
+P(closed)). For a head ratio t is the share the closing will remove (61 of 72 heads at
+--ratio 0.85: 0.847), so that the gates aim at a whole number of heads.
+
+The run has a gate phase (the first 1 - `closed_share` of the steps) and a closed phase.
+In the gate phase t rises linearly from 0 over the first `warmup` share of it, then is held
+at the target (CoFi's warmup, then hold), so the expected share reaches the target before
+the gates close. The gates and the multipliers have their own Adam optimizers at the same
+constant rate, the gates' with a short memory (beta1 0.5), the multipliers' with none: with
+momentum the multipliers wind up while the gates lag and the share overshoots or stalls.
+log alpha is kept in LOG_ALPHA_RANGE, where the Lagrangian can still move a gate. At the
+closing step `extend` checks the expected share: further than `tolerance` from t, the gate
+phase goes on one step at a time (the run grows by a step) for up to `extra_steps`; still
+far, FarFromTarget, so the run ends without cutting heads the model still uses. Then the
+gates are closed: `table()` gives the open probabilities as scores, the caller's `close`
+(select with the run's amount and constraints) chooses the heads, and the model trains with
+exactly those heads, 0 or 1, no noise, so it recovers from the closing before it is cut;
+the budget is met exactly as `select` meets it. Protected heads' units are never gated.
+`trace` records expected share, target and multipliers per gate-phase step and `report`
+sums up expected against closed share.
 
 Gate noise and dropout masks come from generators seeded by (seed, step, micro-batch),
 so runs are deterministic and independent of the global RNG.

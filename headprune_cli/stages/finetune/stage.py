@@ -260,6 +260,8 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
     }  # a saved state resumes only in the dtype it was trained in
     if opts.head_dropout:
         fingerprint["head_dropout"] = opts.head_dropout
+    if cfg.hidden_weight:
+        fingerprint["hidden_weight"] = cfg.hidden_weight  # a resumed run must distil the layers as it began
     if opts.lora:
         fingerprint["lora"] = opts.lora_spec().fingerprint()
     if opts.fsdp:
