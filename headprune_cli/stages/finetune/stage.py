@@ -78,9 +78,7 @@ class FinetuneOptions(Options):
     gates_out: Path | None = option(
         None, "--learn-gates: also write the final gate open probabilities as a scores JSON (method `learned`)."
     )
-    gate_lr: float = option(
-        0.3, "--learn-gates: Adam rate of the gate logits and of the Lagrange multipliers.", ge=0.0
-    )
+    gate_lr: float = option(0.3, "--learn-gates: Adam rate of the gate logits and of the Lagrange multipliers.", ge=0.0)
     # BENCHMARKS.md section 21: a target that rises over the first half of the gate phase and is
     # held for the second half, with 60% of the steps for the gates, reaches the target before
     # the gates close (section 15: a 20% rise and a 20% hold reached 0.73 of an 0.85 target).
