@@ -34,7 +34,7 @@ def finetune_command(opts: stage.FinetuneOptions):
 
       headprune finetune model.safetensors --data train.jsonl --learn-gates --ratio 0.5 --teacher auto --gates-out gates.json -o small.safetensors
 
-      headprune finetune model.safetensors --data train.jsonl --learn-gates --ratio 0.85 --teacher auto --gate-warmup 0.5 --gate-tolerance 0.02 --gate-extra-steps 50 -o small.safetensors
+      headprune finetune model.safetensors --data train.jsonl --learn-gates --ratio 0.85 --teacher auto --gate-warmup 0.5 --gate-tolerance 0.01 --gate-extra-steps 50 -o small.safetensors
 
       headprune finetune model.safetensors --data train.jsonl --head-dropout 0.2 -o robust.safetensors
     """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line

@@ -123,7 +123,7 @@ class LearnedGates:
         init: float = 3.0,
         warmup: float = 0.5,
         closed_share: float = 0.4,
-        tolerance: float = 0.02,
+        tolerance: float = 0.01,
         extra_steps: int = 0,
         protect: tuple[tuple[int, int], ...] = (),
     ):

@@ -95,8 +95,10 @@ class FinetuneOptions(Options):
         ge=0.0,
         le=1.0,
     )
+    # BENCHMARKS.md section 21: 0.01 (one more head's worth of gate steps at 72 heads) lost 0.4-0.6 points
+    # less than 0.02 on both Debian classifiers at --ratio 0.85.
     gate_tolerance: float = option(
-        0.02,
+        0.01,
         "--learn-gates: how far (as a share of the budget) the expected share removed may be from the target "
         "when the gates close; further, the gate phase goes on (--gate-extra-steps), then the run refuses.",
         ge=0.0,
