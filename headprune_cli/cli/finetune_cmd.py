@@ -28,11 +28,13 @@ def finetune_command(opts: stage.FinetuneOptions):
 
       torchrun --nproc-per-node 8 -m headprune_cli finetune llama-pruned.safetensors --data train.txt --teacher auto --fsdp -o llama-kd.safetensors
 
-    Learned pruning (--learn-gates with --ratio, --target-params or --target-flops): hard-concrete gates on the heads (whole KV groups for GQA models) train with the model; a Lagrangian drives the expected share removed to the target (rising from 0 over --target-warmup of the steps); the gates then close as `headprune select` would choose from their open probabilities (with --min-heads, --multiple-of, --protect, --uniform), the last --closed-share of the steps trains the model with them closed, and the output is the physically cut model. --gates-out writes the open probabilities as scores (method `learned`). --teacher auto on an unpruned model distils from the model itself. Not resumable, one process.
+    Learned pruning (--learn-gates with --ratio, --target-params or --target-flops): hard-concrete gates on the heads (whole KV groups for GQA models) train with the model; a Lagrangian (CoFi) drives the expected share removed to the target, which rises from 0 over --gate-warmup of the gate phase (the first 1 - --closed-share of the steps) and is then held. At the closing step, an expected share further than --gate-tolerance from the target trains up to --gate-extra-steps more gate steps, then refuses (nothing written). The gates then close as `headprune select` would choose from their open probabilities (with --min-heads, --multiple-of, --protect, --uniform), the last --closed-share of the steps trains the model with them closed, and the output is the physically cut model. With a teacher, --hidden-weight (default 1 here) adds layer distillation: each block's output against the teacher's. --gates-out writes the open probabilities as scores (method `learned`) with the gates' report (expected vs target vs lambdas per step, expected vs closed share) under config.gates. --teacher auto on an unpruned model distils from the model itself. Heads only (no FFN or layer gates). Not resumable, one process.
 
     --head-dropout P zeroes each head's output with probability P per example while training (not rescaled: the condition a pruned model runs in), so the model becomes robust to removal.
 
       headprune finetune model.safetensors --data train.jsonl --learn-gates --ratio 0.5 --teacher auto --gates-out gates.json -o small.safetensors
+
+      headprune finetune model.safetensors --data train.jsonl --learn-gates --ratio 0.85 --teacher auto --gate-warmup 0.5 --gate-tolerance 0.01 --gate-extra-steps 50 -o small.safetensors
 
       headprune finetune model.safetensors --data train.jsonl --head-dropout 0.2 -o robust.safetensors
 

@@ -1,4 +1,4 @@
-"""Bad input across every command: 124 cases (CASES, then HOSTILE: files built to hurt).
+"""Bad input across every command: 126 cases (CASES, then HOSTILE: files built to hurt).
 
 Each case runs one `headprune` command in a fresh copy of a small workspace (the bundled
 example model, its data, a scores and a plan artifact) and checks the bad-input
@@ -430,6 +430,44 @@ CASES = [
         ],
         2,
         "needs a target",
+    ),
+    Case(
+        "learn-gates tolerance out of range",
+        lambda f: [
+            "finetune",
+            f / M,
+            "--data",
+            f / "data.jsonl",
+            "--learn-gates",
+            "--ratio",
+            "0.5",
+            "--gate-tolerance",
+            "1.5",
+            "--steps",
+            "1",
+            "-o",
+            f / "o.safetensors",
+        ],
+        2,
+        "--gate-tolerance",
+    ),
+    Case(
+        "learn-gates target above what the closing can remove",
+        lambda f: [
+            "finetune",
+            f / M,
+            "--data",
+            f / "data.jsonl",
+            "--learn-gates",
+            "--ratio",
+            "1.0",
+            "--steps",
+            "1",
+            "-o",
+            f / "o.safetensors",
+        ],
+        2,
+        "can remove at most",
     ),
     Case(
         "negative gate",

@@ -69,6 +69,8 @@ def make_gates(
     lr: float,
     warmup: float,
     closed_share: float,
+    tolerance: float = 0.01,
+    extra_steps: int = 0,
 ):
     """The LearnedGates for `model`, after checking that the gates can be closed within the
     constraints (select on the untrained gates), so that a bad budget fails before training."""
@@ -83,9 +85,22 @@ def make_gates(
         lr=lr,
         warmup=warmup,
         closed_share=closed_share,
+        tolerance=tolerance,
+        extra_steps=extra_steps,
         protect=constraints.protect,
     )
-    gates.close(gates.table())
+    reachable = gates.report(closer(budget, constraints)(gates.table()).remove_heads)["closed"]
+    # Rounding to whole units costs up to half a unit; a constraint (--min-heads) that caps the cut, more.
+    slack = max(tolerance, 0.5 * float(gates.weights.max()))
+    if reachable < budget.removed - slack - 1e-9:
+        raise UsageError(
+            f"{budget.option}: the gates would have to remove {budget.removed:.3f} of the "
+            f"{'heads' if budget.kind == 'heads' else budget.kind}, but the closing (select with "
+            f"--min-heads {constraints.min_heads} and the other constraints) can remove at most {reachable:.3f}; "
+            "lower the target"
+        )
+    if budget.kind == "heads":  # aim at the share the closing removes (61 of 72 heads at --ratio 0.85: 0.847)
+        gates.goal = reachable
     return gates
 
 
@@ -95,6 +110,7 @@ class Closed:
     selection: Selection
     scores: dict  # the scores artifact (method `learned`)
     plan: dict  # the plan artifact of the cut (its sha256 goes into the checkpoint's provenance)
+    report: dict | None = None  # LearnedGates.report: expected vs closed share, the per-step trace
 
 
 def close_gates(

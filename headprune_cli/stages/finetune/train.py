@@ -34,6 +34,7 @@ from headprune_cli.runtime.device import cast_parameters, resolve_device, resolv
 from headprune_cli.stages.finetune import sharding
 from headprune_cli.stages.finetune import state as train_state
 from headprune_cli.stages.finetune.distill import kd_logits
+from headprune_cli.stages.finetune.hidden import captured, hidden_loss, pairs
 from headprune_cli.stages.finetune.losses import as_tensors, check_labels, fidelity_loss, predict, task_loss, trim
 from headprune_cli.stages.finetune.precision import autocast_dtype, autocasting
 from headprune_cli.stages.objectives import higher_is_better as metric_higher_is_better
@@ -69,6 +70,7 @@ class FinetuneConfig:
     max_grad_norm: float = 1.0
     kd_weight: float | None = None  # None: 0.5 with a teacher, 0 without (fidelity: 1)
     kd_temperature: float = 2.0
+    hidden_weight: float = 0.0  # weight of the layer distillation term (hidden.py); needs a teacher
     seed: int = 0
     state_dir: Path | None = None
     save_every: int = 50
@@ -99,6 +101,7 @@ class FinetuneResult:
     best_epoch: int | None
     completed: bool  # False when stopped by stop_after
     first_loss: float | None
+    gates: dict | None = None  # --learn-gates: LearnedGates.report (set by the stage after closing)
 
 
 class Plan:
@@ -219,6 +222,10 @@ def validate(model: nn.Module, train, cfg: FinetuneConfig, teacher: nn.Module | 
         raise UsageError(
             "an embedding model is recovered by matching a teacher's embeddings; pass --teacher auto or a checkpoint"
         )
+    if cfg.hidden_weight > 0 and teacher is None:
+        raise UsageError("--hidden-weight > 0 needs a teacher (--teacher auto or a checkpoint)")
+    if not (math.isfinite(cfg.hidden_weight) and cfg.hidden_weight >= 0):
+        raise UsageError(f"--hidden-weight must be a finite number >= 0 (got {cfg.hidden_weight})")
     if kd > 0 and teacher is None:
         raise UsageError("--kd-weight > 0 needs a teacher (--teacher auto or a checkpoint)")
     if not 0.0 <= kd <= 1.0:
@@ -236,6 +243,7 @@ class _Loop:
         self.model, self.train, self.plan, self.optimizer, self.ctx = model, train, plan, optimizer, ctx
         self.teacher, self.kd, self.cfg, self.eval_fn, self.higher = teacher, kd, cfg, eval_fn, higher
         self.gating = gating
+        self.paired = pairs(model, teacher) if teacher is not None and cfg.hidden_weight > 0 else []
         self.recompute = wants_recompute(model, cfg.recompute)
         self.autocast = autocast_dtype(ctx.device, cfg.autocast)
         self.wrapped = model if cfg.fsdp else _wrap(model, ctx)
@@ -245,7 +253,10 @@ class _Loop:
     # --- the loop ------------------------------------------------------------------
     def run(self, start: int, fingerprint: dict, on_step, on_epoch) -> bool:
         self.model.train()
-        for step in range(start, self.plan.total):
+        step = start
+        while step < self.plan.total:
+            if self.gating is not None:  # learned gates far from their target train a step longer
+                self.plan.total += self.gating.extend(step, self.plan.total)
             loss = self.train_step(step)
             self.step = step + 1
             self.epoch_losses.append(loss)
@@ -258,6 +269,7 @@ class _Loop:
                 self.save(fingerprint)
             if stop:
                 return False
+            step += 1
         self.model.eval()
         return True
 
@@ -313,19 +325,28 @@ class _Loop:
         gated = HeadGates(self.model, [g.to(self.ctx.device, dtype) for g in gates]) if gates else nullcontext()
         # Gates stay on through the backward: a recomputed block must see the same hooks.
         with gated, recomputed_blocks(self.model, self.recompute):
-            with autocasting(self.ctx.device, self.autocast):
+            with autocasting(self.ctx.device, self.autocast), self._hidden(self.model) as student_states:
                 pred = predict(self.wrapped, rows, task, self.model)
             loss_sum = torch.zeros((), device=self.ctx.device)
             if self.kd < 1.0 and task != "embedding":
                 loss_sum = loss_sum + (1.0 - self.kd) * task_loss(pred, rows, task)[0]
-            if self.kd > 0.0 or task == "embedding":
-                with torch.no_grad(), autocasting(self.ctx.device, self.autocast):
+            if self.kd > 0.0 or task == "embedding" or self.paired:
+                with torch.no_grad(), autocasting(self.ctx.device, self.autocast), self._hidden(self.teacher) as states:
                     ref = predict(self.teacher, rows, task, self.teacher)
+            if self.kd > 0.0 or task == "embedding":
                 loss_sum = loss_sum + (1.0 if task == "embedding" else self.kd) * self._kd(pred, ref, rows, task)
+            if self.paired:
+                per_row = task != "causal-lm"  # a row's tokens share one row's weight, as the row losses do
+                hidden = hidden_loss(student_states, states, self.paired, rows["attention_mask"], per_row)[0]
+                loss_sum = loss_sum + self.cfg.hidden_weight * hidden
             loss_sum = loss_sum * weight
             # DDP averages gradients over processes, hence the factor world.
             (loss_sum * self.ctx.world / grand).backward()
         return float(self.ctx.sum(loss_sum.detach()).item()) / grand
+
+    def _hidden(self, model):
+        """Capture the block outputs of `model` while layer distillation is on (--hidden-weight)."""
+        return captured(model) if self.paired else nullcontext([])
 
     def _kd(self, pred, ref, rows, task):
         if task == "embedding":
