@@ -98,7 +98,7 @@ def test_stage_defaults_agree_with_the_library_dataclasses():
 
     finetune_pairs = _shared_defaults(finetune_stage.FinetuneOptions, FinetuneConfig)
     report_pairs = _shared_defaults(report_stage.ReportStageOptions, ReportOptions)
-    assert len(finetune_pairs) == 17 and len(report_pairs) == len(dataclasses.fields(ReportOptions)) == 15
+    assert len(finetune_pairs) == 18 and len(report_pairs) == len(dataclasses.fields(ReportOptions)) == 15
     assert {k: v for k, v in {**finetune_pairs, **report_pairs}.items() if v[0] != v[1]} == {}
     # A table profiled with the defaults compares with a report run with the defaults.
     from headprune_cli.stages.profile.build import DEFAULT_SEQ_LEN as PROFILE_SEQ
