@@ -140,22 +140,19 @@ def test_the_plan_records_the_search_and_is_byte_identical_for_a_seed(cli, tmp_p
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
     out = tmp_path / "plan.json"
     args = ["search", DEMO / "model.safetensors", "--data", DEMO / "calib.jsonl", "--ratio", "0.5"]
-    result = cli(*args, "--evaluations", "25", "-o", out)
+    result = cli(*args, "--evaluations", "12", "-o", out)
     assert result.code == 0, result.err
     assert "judged after --compensate lstsq" in result.err and "restarts" in result.err
     plan = json.loads(out.read_text())
     record = plan["search"]
     assert record["compensation"] == "lstsq" and record["judge"] == "accuracy"
     assert plan["config"]["compensation"] == "lstsq" and plan["config"]["judge"] == "metric"
-    assert len(record["path"]) == record["evaluations"] == 25 and record["stopped"] == "evaluations"
+    assert len(record["path"]) == record["evaluations"] == 12 and record["stopped"] == "evaluations"
     assert record["path"] == sorted(record["path"]) and record["path"][-1] == record["best_accuracy"]
     assert record["best_accuracy"] >= record["start_accuracy"] and record["restarts"] >= 0
     again = tmp_path / "again.json"
-    assert cli(*args, "--evaluations", "25", "-o", again).code == 0
+    assert cli(*args, "--evaluations", "12", "-o", again).code == 0
     assert again.read_bytes() == out.read_bytes()
-    other_seed = tmp_path / "seed.json"
-    assert cli(*args, "--evaluations", "25", "--seed", "5", "-o", other_seed).code == 0
-    assert json.loads(other_seed.read_text())["search"]["evaluations"] <= 25
     assert (
         cli(
             "prune",
