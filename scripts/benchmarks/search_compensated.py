@@ -63,7 +63,8 @@ def search_plan(
 ) -> tuple[Path, dict]:
     from headprune_cli.stages.search import stage
 
-    out = folder / f"plan-search-fisher-{compensation}-{kind}-{value}-e{evaluations}.json"
+    by = f"-{judge}" if judge else ""
+    out = folder / f"plan-search-fisher-{compensation}{by}-{kind}-{value}-e{evaluations}.json"
     record = folder / (out.stem + ".time.json")
     if not out.is_file():
         extra = dict(layers=True, ffn=True) if kind != "ratio" else {}
@@ -77,6 +78,7 @@ def search_plan(
                 seed=t["seed"],
                 evaluations=evaluations,
                 compensation=compensation,
+                judge=judge,
                 output=out,
                 **{kind: value},
                 **extra,
@@ -120,6 +122,7 @@ def main() -> None:
     p.add_argument("--budgets", type=int, nargs="+", default=[100], help="search --evaluations, one row each")
     p.add_argument("--no-greedy", action="store_true")
     p.add_argument("--judge-compensation", default="lstsq", choices=["none", "bias", "lstsq"])
+    p.add_argument("--judge", choices=["metric", "loss"], help="search --judge (default: its own)")
     p.add_argument("--json", type=Path)
     p.add_argument("--tables-from", type=Path, nargs="+")
     a = p.parse_args()
@@ -147,8 +150,9 @@ def main() -> None:
                 path = greedy_plan(t, folder, kind, value)
                 sink(plan_row(t, "greedy (fisher)", kind, value, path, {}, folder, baseline, "lstsq"))
             for budget in a.budgets:
-                path, timing = search_plan(t, folder, kind, value, budget, a.judge_compensation)
-                route = f"search (fisher, judged after {a.judge_compensation}, {budget} evaluations)"
+                path, timing = search_plan(t, folder, kind, value, budget, a.judge_compensation, a.judge)
+                by = f", --judge {a.judge}" if a.judge else ""
+                route = f"search (fisher, judged after {a.judge_compensation}{by}, {budget} evaluations)"
                 sink(plan_row(t, route, kind, value, path, timing, folder, baseline, "lstsq"))
     print(markdown(rows))
 
