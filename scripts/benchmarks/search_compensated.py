@@ -59,7 +59,7 @@ def greedy_plan(t: dict, folder: Path, kind: str, value: float) -> Path:
 
 
 def search_plan(
-    t: dict, folder: Path, kind: str, value: float, evaluations: int, compensation: str
+    t: dict, folder: Path, kind: str, value: float, evaluations: int, compensation: str, judge: str | None = None
 ) -> tuple[Path, dict]:
     from headprune_cli.stages.search import stage
 
