@@ -1,5 +1,5 @@
 """Bad input on the newer surfaces (issue #41), part of the bad-input matrix (its contract,
-workspace and runner: test_bad_input_matrix.py): 101 cases.
+workspace and runner: test_bad_input_matrix.py): 102 cases.
 
 - 75 special-file outputs: `--force` never replaces a device node, a FIFO, a socket, or a
   symlink into /dev or /proc (as `/dev/stdout` is), whatever the command. The nodes are made
@@ -9,7 +9,7 @@ workspace and runner: test_bad_input_matrix.py): 101 cases.
   1e-12 ms, a table over the latency size cap, one at the artifact size cap (peak memory
   measured), an unreadable table. (That no prediction is zero or less:
   tests/model/test_latency_table.py.)
-- 11 `headprune run` cases refused before the first stage runs, exit 2.
+- 12 `headprune run` cases refused before the first stage runs, exit 2.
 - 4 more: FFN scores wider than the scored model, a checkpoint that is a FIFO.
 """
 
@@ -353,6 +353,13 @@ RUN_CASES = [
         2,
         "target 7.5 is outside (0, 1]",
         _config({"command": "search", "target_flops": 7.5}),
+    ),
+    Case(
+        "run search seconds 0",
+        _run_argv,
+        2,
+        "--seconds must be above 0",
+        _config({"command": "search", "ratio": 0.5, "seconds": 0}),
     ),
     Case(
         "run prune compensate bogus",

@@ -24,35 +24,35 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from headprune_cli.stages.budget import Budget, BudgetUnreachable
+from headprune_cli.stages.search.judged import WORST, Judged, as_judged
 from headprune_cli.stages.search.space import search_space, take_until_fits
-
-INFINITE = float("inf")
 
 
 @dataclass
 class Rescored:
     state: object | None  # the best plan's state in the search space (None: no plan fits)
-    loss: float
+    loss: Judged  # the best plan's judgement
     order: list[int]  # the layers dropped, in the order they were chosen
     evaluations: int = 0
-    history: list[float] = field(default_factory=list)  # best loss after each evaluation
+    history: list[float | None] = field(default_factory=list)  # best judged metric after each evaluation
     seen: set = field(default_factory=set)
 
 
-def rescored_start(space, loss: Callable, evaluations: int, on_evaluation: Callable[[int, float], None]) -> Rescored:
-    """Forward selection of layers to drop by measured loss, within `evaluations` measurements."""
+def rescored_start(space, loss: Callable, evaluations: int, on_evaluation: Callable[[int, Judged], None]) -> Rescored:
+    """Forward selection of layers to drop by measured loss (or any judgement `loss` returns,
+    judged.py), within `evaluations` measurements."""
     zero = tuple(0 for _ in space.chains)
-    out = Rescored(None, INFINITE, [])
+    out = Rescored(None, WORST, [])
 
-    best = [INFINITE]  # the lowest loss of a plan within the budget measured so far
+    best = [WORST]  # the best judgement of a plan within the budget measured so far
 
-    def measure(state) -> float:
-        value = loss(*space.removal(state))
+    def measure(state) -> Judged:
+        value = as_judged(loss(*space.removal(state)))
         out.seen.add(state)
         out.evaluations += 1
         if space.fits(state):
             best[0] = min(best[0], value)
-        out.history.append(best[0])
+        out.history.append(best[0].metric)
         on_evaluation(out.evaluations, best[0])
         return value
 

@@ -3,7 +3,7 @@ layers skipped, on held-out data (gating equals removal exactly, so no copy is c
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -35,16 +35,32 @@ class MaskedLoss:
         remove_ffn: dict[int, list[int]] | None = None,
     ) -> float:
 
-        total = 0.0
+        return self.measure(remove_heads, remove_layers, remove_ffn)[0]
+
+    def measure(
+        self,
+        remove_heads: dict[int, list[int]],
+        remove_layers: list[int],
+        remove_ffn: dict[int, list[int]] | None = None,
+        weights: AbstractContextManager | None = None,
+    ) -> tuple[float, float | None]:
+        """(mean loss, accuracy: None unless the objective is classification); `weights` puts
+        the candidate's compensated weights in place for the measurement (refit.py)."""
+        total, correct = 0.0, 0
         neurons = NeuronGates(self.model, removal_ffn_gates(self.model, remove_ffn)) if remove_ffn else nullcontext()
         with (
             torch.no_grad(),
+            weights or nullcontext(),
             HeadGates(self.model, removal_gates(self.model, remove_heads)),
             neurons,
             skip_layers(self.model, remove_layers),
         ):
             for number, (batch, reference) in enumerate(zip(self.batches, self.references)):
-                losses = per_example_loss(embed(self.model, batch), batch, self.objective, reference).double()
+                out = embed(self.model, batch)
+                losses = per_example_loss(out, batch, self.objective, reference).double()
                 check_finite(losses, f"held-out batch {number}")
                 total += float(losses.sum())
-        return total / self.count
+                if self.objective == "classification":
+                    correct += int((out.argmax(-1) == batch["labels"]).sum())
+        accuracy = correct / self.count if self.objective == "classification" else None
+        return total / self.count, accuracy

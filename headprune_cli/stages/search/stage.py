@@ -1,8 +1,10 @@
 """The `search` stage: checkpoint + calibration data -> a plan found by measured loss (stages/search.py).
 
 The calibration data is split in two: the first part scores the heads (and layers) for
-the greedy start, the held-out rest measures every candidate. Evaluation data is never
-seen. The output is the same plan artifact `select` writes, with the search's record.
+the greedy start and gives the compensation its statistics (refit.py), the held-out rest
+judges every candidate, after that compensation, so every judgement is out of sample, as
+the evaluation data will be. Evaluation data is never seen. The output is the same plan
+artifact `select` writes, with the search's record (judged.py, local.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from headprune_cli.stages.score.importance import score_model
 from headprune_cli.stages.score.importance.registry import DEFAULT_LAYER_METHOD, HEAD_METHODS, head_method, layer_method
 from headprune_cli.stages.score.stage import LAYER_METHOD_HELP
 from headprune_cli.stages.score.table import ScoreTable
+from headprune_cli.stages.search.judged import JUDGES
 from headprune_cli.stages.search.layer_rescore import check_reachable
 from headprune_cli.stages.search.local import search
 from headprune_cli.stages.select.amounts import check_fractions
@@ -32,6 +35,12 @@ from headprune_cli.stages.unit import Context, Result, Stage, device_option, dty
 DEFAULT_EVALUATIONS = 100  # about a minute on all-MiniLM-L6-v2 with 64 held-out texts (BENCHMARKS.md)
 MAX_EVALUATIONS = 100_000
 MIN_PART = 2  # examples each part of the split needs at least
+COMPENSATIONS = ("none", "bias", "lstsq")  # prune/compensation.py METHODS (not imported: it brings torch)
+# Search always has data, and the cut that ships from it is `prune --compensate lstsq` (README,
+# BENCHMARKS.md section 15: lstsq adds 13-23 points to greedy plans), so candidates are judged
+# after lstsq unless told otherwise.
+DEFAULT_COMPENSATION = "lstsq"
+DEFAULT_RIDGE = 0.1  # prune/compensation.py DEFAULT_RIDGE (a test keeps the two equal)
 
 
 class SearchOptions(ConstraintOptions):
@@ -45,8 +54,27 @@ class SearchOptions(ConstraintOptions):
     ratio: float | None = ratio_option()
     target_params: float | None = target_params_option()
     target_flops: float | None = target_flops_option()
-    evaluations: int = option(
-        DEFAULT_EVALUATIONS, "Candidates measured at most (the greedy start included).", ge=1, le=MAX_EVALUATIONS
+    evaluations: int | None = option(
+        None,
+        f"Candidates judged at most, the start included (default {DEFAULT_EVALUATIONS} unless --seconds is given).",
+        ge=1,
+        le=MAX_EVALUATIONS,
+    )
+    seconds: float | None = option(
+        None,
+        "Stop searching after this many seconds (with --evaluations: whichever comes first); "
+        "a time budget is not byte-deterministic.",
+    )
+    compensation: str = option(
+        DEFAULT_COMPENSATION,
+        "Judge every candidate after this compensation, as `prune --compensate` will cut it: none | bias | lstsq.",
+        "--compensate",
+    )
+    ridge: float = option(DEFAULT_RIDGE, "lstsq: the ridge `prune --ridge` will use.", ge=0.0)
+    judge: str | None = option(
+        None,
+        "metric: held-out accuracy, loss as the tie-breaker (classification only); loss: the mean held-out "
+        "loss (default: metric for classification, else loss).",
     )
     holdout: float = option(0.5, "Fraction of --data held out to judge candidates.", ge=0.05, le=0.95)
     method: str = option(
@@ -79,7 +107,18 @@ class SearchOptions(ConstraintOptions):
         """The one head or cost budget the search spends (None when none was given)."""
         return one_of(ratio=self.ratio, target_params=self.target_params, target_flops=self.target_flops)
 
+    def evaluation_limit(self) -> int:
+        if self.evaluations is not None:
+            return self.evaluations
+        return MAX_EVALUATIONS if self.seconds is not None else DEFAULT_EVALUATIONS
+
     def check(self) -> None:
+        if self.seconds is not None and not self.seconds > 0:
+            raise UsageError(f"--seconds must be above 0 (got {self.seconds:g})")
+        if self.compensation not in COMPENSATIONS:
+            raise UsageError(f"--compensate must be one of {', '.join(COMPENSATIONS)} (got {self.compensation!r})")
+        if self.judge is not None and self.judge not in JUDGES:
+            raise UsageError(f"--judge must be one of {', '.join(JUDGES)} (got {self.judge!r})")
         if self.budget() is None:
             raise UsageError("give exactly one of --ratio, --target-params, --target-flops")
         if self.layer_method is not None and not self.layers:
@@ -117,6 +156,7 @@ def run(opts: SearchOptions, ctx: Context) -> Result:
     model = load(opts.checkpoint)
     place(model, opts.device, opts.dtype)
     objective = check_objective(opts.objective, model)
+    judge = _judge_by(opts, objective)
     max_length = min(opts.max_length, position_limit(model) or opts.max_length)
     dataset = read_data(
         opts.data,
@@ -130,18 +170,24 @@ def run(opts: SearchOptions, ctx: Context) -> Result:
     if opts.rescore_layers or (not opts.layers and not opts.ffn):
         _check_reachable(model, opts, max_length)
     table = _score(model, scoring, objective, opts, max_length)
-    result = _search(model, table, held_out, objective, opts, ctx)
-    plan = _plan(model, opts, result, max_length)
+    result = _search(model, table, scoring, held_out, objective, judge, opts, ctx)
+    plan = _plan(model, opts, result, max_length, judge)
     write_artifact(plan, opts.output)
     ctx.print(
-        f"search ({result.evaluations} candidates measured, {result.improvements} improvements): held-out loss "
-        f"{result.start_loss:.5f} ({_start_name(result)}) -> {result.best_loss:.5f}; "
+        f"search ({result.evaluations} candidates judged after --compensate {opts.compensation}, "
+        f"{result.improvements} improvements, {result.restarts} restarts, stopped: {result.stopped}): held-out "
+        f"{result.start.describe()} ({_start_name(result)}) -> {result.best.describe()}; "
         f"removes {sum(len(v) for v in result.selection.remove_heads.values())} heads, "
         f"{sum(len(v) for v in result.selection.remove_ffn.values())} FFN neurons, "
         f"{len(result.selection.remove_layers)} layers",
         highlight=False,
     )
     return Result([str(opts.output)] if opts.output is not None else [], value=plan)
+
+
+def _judged_name(judge: str, result) -> str:
+    """What the search ranked by: accuracy (loss breaking ties) or loss."""
+    return "accuracy" if judge == "metric" and len(result.best.key) > 1 else "loss"
 
 
 def _start_name(result) -> str:
@@ -152,6 +198,18 @@ def _start_name(result) -> str:
         if result.rescored_layers
         else "layers rescored: none dropped"
     )
+
+
+def _judge_by(opts: SearchOptions, objective: str) -> str:
+    """metric (accuracy) where the objective has class labels, loss otherwise."""
+    if opts.judge is None:
+        return "metric" if objective == "classification" else "loss"
+    if opts.judge == "metric" and objective != "classification":
+        raise UsageError(
+            f"--judge metric needs class labels (a classification objective); {objective} is judged by its loss: "
+            "--judge loss"
+        )
+    return opts.judge
 
 
 def _check_method(opts: SearchOptions) -> None:
@@ -210,11 +268,13 @@ def _score(model, scoring, objective: str, opts: SearchOptions, max_length: int)
     )
 
 
-def _search(model, table, held_out, objective: str, opts: SearchOptions, ctx: Context):
+def _search(model, table, scoring, held_out, objective: str, by: str, opts: SearchOptions, ctx: Context):
 
+    from headprune_cli.stages.search.judged import HeldOutJudge  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.stages.search.masked_loss import MaskedLoss  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
-    loss = MaskedLoss(model, held_out, objective, opts.batch_size)
+    refit = _refit(model, scoring, opts) if opts.compensation != "none" else None
+    loss = HeldOutJudge(MaskedLoss(model, held_out, objective, opts.batch_size), by, refit)
     bar = Progress(
         TextColumn("search"),
         BarColumn(),
@@ -226,20 +286,30 @@ def _search(model, table, held_out, objective: str, opts: SearchOptions, ctx: Co
         disable=not ctx.progress,
     )
     with bar:
-        task = bar.add_task("search", total=opts.evaluations, best="")
+        task = bar.add_task("search", total=opts.evaluation_limit(), best="")
         return search(
             table,
             loss,
             budget=opts.budget(),
             constraints=opts.constraints(),
-            evaluations=opts.evaluations,
+            evaluations=opts.evaluation_limit(),
+            seconds=opts.seconds,
             seed=opts.seed,
             rescore_layers=opts.rescore_layers,
-            on_evaluation=lambda n, best: bar.update(task, completed=n, best=f"best loss {best:.5f}"),
+            on_evaluation=lambda n, best: bar.update(task, completed=n, best=f"best {best.describe()}"),
         )
 
 
-def _plan(model, opts: SearchOptions, result, max_length: int) -> dict:
+def _refit(model, scoring, opts: SearchOptions):
+    """The compensation's statistics, collected once over the scoring rows (refit.py)."""
+    from headprune_cli.data.readers import batches  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.stages.search.refit import Refit  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+
+    cuts_ffn = opts.ffn and opts.budget().is_cost  # --ratio searches heads only
+    return Refit(model, list(batches(scoring, opts.batch_size)), opts.compensation, opts.ridge, ffn=cuts_ffn)
+
+
+def _plan(model, opts: SearchOptions, result, max_length: int, judge: str) -> dict:
     from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     info = info_of(model)
@@ -252,7 +322,11 @@ def _plan(model, opts: SearchOptions, result, max_length: int) -> dict:
         "method": opts.method,
         "layers": opts.layers,
         "layer_method": opts.layer_method,
-        "evaluations": opts.evaluations,
+        "evaluations": opts.evaluation_limit(),
+        **({"seconds": opts.seconds} if opts.seconds is not None else {}),
+        "compensation": opts.compensation,
+        **({"ridge": opts.ridge} if opts.compensation == "lstsq" else {}),
+        "judge": judge,
         **({"rescore_layers": True} if opts.rescore_layers else {}),
         "holdout": opts.holdout,
         "samples": opts.samples,
@@ -269,7 +343,7 @@ def _plan(model, opts: SearchOptions, result, max_length: int) -> dict:
         list(info.layout.num_heads),
         config,
         num_ffn=num_ffn,
-        search=result.summary(),
+        search={**result.summary(), "compensation": opts.compensation, "judge": _judged_name(judge, result)},
     )
 
 

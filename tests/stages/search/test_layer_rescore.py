@@ -51,12 +51,14 @@ def test_rescoring_avoids_the_pair_that_single_pass_layer_scores_pick():
     assert (
         result.evaluations == len(calls) <= 30 and ({}, []) not in calls
     )  # heads alone cannot fit: the unpruned model is not measured
-    assert result.history == sorted(result.history, reverse=True)  # the best plan within the budget so far
+    fitted = [h for h in result.history if h is not None]  # null until a plan within the budget is measured
+    assert fitted == sorted(fitted, reverse=True) and fitted == result.history[len(result.history) - len(fitted) :]
     greedy_calls: list = []
     greedy = search(table, _paired_loss(greedy_calls), budget=Budget("flops", 0.55), evaluations=30)
-    assert (
-        greedy.start_loss > 5.0 and greedy.best_loss > result.best_loss
-    )  # the climb alone does not swap a layer for a layer
+    # the climb alone does not swap a layer for a layer: only a perturbation at its local optimum gets there
+    assert greedy.start_loss > 5.0 and greedy.best_loss >= result.best_loss
+    first_optimum = greedy.history.index(min(greedy.history))
+    assert greedy.restarts >= 1 and first_optimum > 1
 
 
 def test_every_rescored_plan_keeps_the_budget_and_the_constraints():
@@ -118,6 +120,10 @@ def test_rescored_search_on_the_demo_classifier_writes_a_plan_that_prunes(cli, t
         "--rescore-layers",
         "--evaluations",
         "12",
+        "--compensate",
+        "none",
+        "--judge",
+        "loss",
         "-o",
         out,
     )

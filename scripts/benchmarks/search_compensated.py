@@ -1,0 +1,161 @@
+"""Greedy + lstsq against `search` judged after lstsq (issue #40), on the Debian-sections classifiers.
+
+Rows, per model (seed 0 and seed 1; calib.jsonl (233 rows) scores, searches and compensates,
+dev.jsonl (471 rows) only evaluates; 32 tokens), fisher scores throughout:
+  greedy  score --method fisher [--ffn --layers]  ->  select --ratio R | --target-flops F
+  search  search --method fisher [--ffn --layers] --ratio R | --target-flops F --compensate lstsq --evaluations N
+each cut by `prune --compensate lstsq --data calib.jsonl`, no training: --ratio 0.7 and 0.85 (heads),
+--target-flops 0.5 over heads + FFN neurons + layers. Every output is evaluated on dev.jsonl.
+search_learned.py has the shared pieces (the tasks, prune, evaluation, the table).
+
+Usage (from the repository root; BENCHMARKS.md section 20 has the run it records):
+  OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.search_compensated --work /tmp/search_comp \
+      --seeds 0 1 --cuts ratio=0.85 ratio=0.7 target_flops=0.5 --json /tmp/search_comp/rows.json
+  OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.search_compensated --work /tmp/search_comp \
+      --seeds 0 --cuts ratio=0.85 --budgets 50 200 --json /tmp/search_comp/budget.json   # result vs budget
+  python -m scripts.benchmarks.search_compensated --tables-from /tmp/search_comp/rows.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from scripts.benchmarks.search_learned import _ctx, accuracy, plan_row, task
+
+
+def scores(t: dict, folder: Path, deep: bool) -> Path:
+    from headprune_cli.stages.score import stage
+
+    out = folder / ("scores-fisher-ffn-layers.json" if deep else "scores-fisher.json")
+    if not out.is_file():
+        extra = dict(layers=True, ffn=True) if deep else {}
+        stage.run(
+            stage.ScoreOptions(
+                checkpoint=t["model"],
+                data=t["calib"],
+                method="fisher",
+                max_length=t["length"],
+                seed=t["seed"],
+                output=out,
+                **extra,
+            ),
+            _ctx(),
+        )
+    return out
+
+
+def greedy_plan(t: dict, folder: Path, kind: str, value: float) -> Path:
+    from headprune_cli.stages.select import stage
+
+    out = folder / f"plan-greedy-fisher-{kind}-{value}.json"
+    if not out.is_file():
+        source = scores(t, folder, deep=kind != "ratio")
+        stage.run(stage.SelectOptions(scores=str(source), output=out, **{kind: value}), _ctx())
+    return out
+
+
+def search_plan(
+    t: dict, folder: Path, kind: str, value: float, evaluations: int, compensation: str, judge: str | None = None
+) -> tuple[Path, dict]:
+    from headprune_cli.stages.search import stage
+
+    by = f"-{judge}" if judge else ""
+    out = folder / f"plan-search-fisher-{compensation}{by}-{kind}-{value}-e{evaluations}.json"
+    record = folder / (out.stem + ".time.json")
+    if not out.is_file():
+        extra = dict(layers=True, ffn=True) if kind != "ratio" else {}
+        start = time.perf_counter()
+        stage.run(
+            stage.SearchOptions(
+                checkpoint=t["model"],
+                data=t["calib"],
+                method="fisher",
+                max_length=t["length"],
+                seed=t["seed"],
+                evaluations=evaluations,
+                compensation=compensation,
+                judge=judge,
+                output=out,
+                **{kind: value},
+                **extra,
+            ),
+            _ctx(),
+        )
+        record.write_text(json.dumps({"wall_s": time.perf_counter() - start, "load": os.getloadavg()[0]}))
+    return out, json.loads(record.read_text())
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| model | route | cut | heads removed | layers dropped | FLOPs | dev accuracy | drop (points) | "
+        "search: evaluations, restarts, held-out accuracy start -> best | search wall s (load) |",
+        "|---|---|---|---:|---|---:|---:|---:|---|---:|",
+    ]
+    for r in rows:
+        s = r.get("search")
+        searched = ""
+        if s:
+            judged = (
+                f"{100 * s['start_accuracy']:.2f} -> {100 * s['best_accuracy']:.2f}"
+                if "best_accuracy" in s
+                else f"loss {s['start_loss']:.4f} -> {s['best_loss']:.4f}"
+            )
+            searched = f"{s['evaluations']}, {s.get('restarts', 0)}, {judged}"
+        wall = f"{r['wall_s']:.0f} ({r['load']:.1f})" if r.get("wall_s") else ""
+        flops = f"{r['flops']:.3f}" if "flops" in r else ""
+        lines.append(
+            f"| {r['model']} | {r['route']} | {r['cut']} | {r.get('heads', '')} | {r.get('layers', '')} | {flops} | "
+            f"{r['accuracy']:.2f} | {r['drop']:+.2f} | {searched} | {wall} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--work", type=Path, default=Path("/tmp/search_comp"))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--cuts", nargs="+", default=["ratio=0.85", "ratio=0.7", "target_flops=0.5"])
+    p.add_argument("--budgets", type=int, nargs="+", default=[100], help="search --evaluations, one row each")
+    p.add_argument("--no-greedy", action="store_true")
+    p.add_argument("--judge-compensation", default="lstsq", choices=["none", "bias", "lstsq"])
+    p.add_argument("--judge", choices=["metric", "loss"], help="search --judge (default: its own)")
+    p.add_argument("--json", type=Path)
+    p.add_argument("--tables-from", type=Path, nargs="+")
+    a = p.parse_args()
+    if a.tables_from:
+        print(markdown([r for f in a.tables_from for r in json.loads(f.read_text())]))
+        return
+    rows: list[dict] = []
+
+    def sink(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if a.json:
+            a.json.parent.mkdir(parents=True, exist_ok=True)
+            a.json.write_text(json.dumps(rows, indent=1))
+
+    for seed in a.seeds:
+        t = task(seed, demo=False)
+        folder = a.work / t["name"]
+        folder.mkdir(parents=True, exist_ok=True)
+        baseline = accuracy(t["model"], t)
+        sink(dict(model=t["name"], route="baseline", cut="-", accuracy=baseline, drop=0.0))
+        for cut in a.cuts:
+            kind, value = cut.split("=")[0], float(cut.split("=")[1])
+            if not a.no_greedy:
+                path = greedy_plan(t, folder, kind, value)
+                sink(plan_row(t, "greedy (fisher)", kind, value, path, {}, folder, baseline, "lstsq"))
+            for budget in a.budgets:
+                path, timing = search_plan(t, folder, kind, value, budget, a.judge_compensation, a.judge)
+                by = f", --judge {a.judge}" if a.judge else ""
+                route = f"search (fisher, judged after {a.judge_compensation}{by}, {budget} evaluations)"
+                sink(plan_row(t, route, kind, value, path, timing, folder, baseline, "lstsq"))
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
