@@ -109,3 +109,27 @@ def test_refuses_what_nemotron_nas_cannot_state(tmp_path, cli, make, message):
     before = snapshot(tmp_path)
     assert_refused(cli("export", source, "--vllm", tmp_path / "out"), 1, message)
     assert snapshot(tmp_path) == before
+
+
+def test_inspect_and_export_say_which_engines_load_a_checkpoint(nas, tmp_path, cli):
+    result = cli("inspect", nas, "--json")
+    engines = json.loads(result.out)["engines"]
+    assert {name: way["export"] for name, way in engines.items()} == {
+        "transformers": "",
+        "vllm": "--vllm",
+        "llama.cpp": "--gguf",
+        "onnxruntime": "--onnx",
+    }
+    assert "different head counts" in engines["transformers"]["why"]
+    uneven = write_checkpoint(tmp_path / "u.safetensors", UNEVEN_QUERY, tiny_llama32())
+    engines = json.loads(cli("inspect", uneven, "--json").out)["engines"]
+    assert not engines["vllm"]["loads"] and "layer 1 keeps 8 query heads" in engines["vllm"]["why"]
+    assert engines["llama.cpp"]["loads"]
+    plain = write_checkpoint(tmp_path / "p.safetensors", None, tiny_llama32())
+    engines = json.loads(cli("inspect", plain, "--json").out)["engines"]
+    assert engines["transformers"]["export"] == engines["vllm"]["export"] == "--hf"  # a plain folder serves both
+    result = cli("export", uneven, "--hf", tmp_path / "folder")
+    assert result.code == 0, result
+    assert "serves in: llama.cpp (export --gguf), onnxruntime (export --onnx); not in transformers, vllm" in (
+        result.out + result.err
+    )
