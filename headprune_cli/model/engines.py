@@ -36,7 +36,9 @@ def serving(info: ModelInfo) -> list[Serving]:
     """transformers, vllm, llama.cpp and onnxruntime, in that order."""
     plain = folder_config(info)
     vllm = _refusal(lambda: nas_plan(info))
-    gguf = _refusal(lambda: (gguf_plan(info), gguf_vocab(info.tokenizer, info.tokenizer_config, info.config["vocab_size"])))
+    gguf = _refusal(
+        lambda: (gguf_plan(info), gguf_vocab(info.tokenizer, info.tokenizer_config, info.config["vocab_size"]))
+    )
     if plain.plain and info.task == "causal-lm":  # the plain folder: vLLM's own class for the family
         vllm_way = Serving("vllm", "--hf")
     else:

@@ -55,7 +55,8 @@ def test_the_config_class_the_folder_ships_reads_the_blocks_as_vllm_does(nas, tm
     out = tmp_path / "served"
     assert cli("export", nas, "--vllm", out).code == 0
     namespace: dict = {}
-    exec(compile((out / "configuration_headprune_nas.py").read_text(), "configuration_headprune_nas.py", "exec"), namespace)  # noqa: S102 (our own file, just written)
+    source = (out / "configuration_headprune_nas.py").read_text()
+    exec(compile(source, "configuration_headprune_nas.py", "exec"), namespace)  # our own file, just written
     config = namespace["HeadpruneNasConfig"].from_dict(json.loads((out / "config.json").read_text()))
     assert [config.num_attention_heads // b.attention.n_heads_in_group for b in config.block_configs] == [2, 4, 2]
     assert [b.ffn.intermediate_size for b in config.block_configs] == [256, 128, 173]

@@ -61,7 +61,9 @@ def test_the_cli_records_the_runtime_and_applies_its_rule(scored, cli):
     save(model, tmp_path / "m.safetensors")
     scores = tmp_path / "s.json"
     data = tmp_path / "d.txt"
-    assert cli("score", tmp_path / "m.safetensors", "--data", data, "--method", "taylor", "--ffn", "-o", scores).code == 0
+    assert (
+        cli("score", tmp_path / "m.safetensors", "--data", data, "--method", "taylor", "--ffn", "-o", scores).code == 0
+    )
     for runtime, uniform in (("transformers", True), ("vllm", False), ("llama.cpp", False)):
         out = tmp_path / f"{runtime}.json"
         assert cli("select", scores, "--target-flops", "0.6", "--runtime", runtime, "-o", out).code == 0
