@@ -156,7 +156,7 @@ def _export_folder(opts: ExportOptions, ctx: Context) -> Result:
             soft_wrap=True,
             markup=False,
         )
-    ctx.print(serving_line(info), soft_wrap=True, markup=False)  # and the other engines' exports
+    ctx.print(serving_line(info_of(model)), soft_wrap=True, markup=False)  # and the other engines' exports
     return Result([str(hf)])
 
 

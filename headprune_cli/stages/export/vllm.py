@@ -1,7 +1,8 @@
 """`export --vllm DIR`: the export stage's vLLM branch (the config is model/vllm_export.py).
 
-The folder is checked and the plan judged (one query-head count, whole groups) before a byte is
-written; the weights then stream from the checkpoint tensor by tensor, as `export --hf` does.
+The folder is checked and the plan judged (one query-head count, whole groups) on the meta model
+before a byte is written; the weights then stream from the checkpoint tensor by tensor, as for
+`export --hf`.
 """
 
 from __future__ import annotations
@@ -12,17 +13,18 @@ from headprune_cli.stages.unit import Context, Result
 
 
 def export_vllm_folder(checkpoint: Path, out: Path, force: bool, max_shard_size: str, ctx: Context) -> Result:
-    from headprune_cli.model.checkpoint import read_info  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.export import check_folder_output, export_hf  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.tensorfile import parse_size  # noqa: PLC0415 (keeps numpy, torch out of this module's import)
     from headprune_cli.model.vllm_export import CONFIG_FILE, CONFIG_MODULE, nas_folder_config, nas_plan  # noqa: PLC0415 (keeps transformers out of this module's import)
 
     check_folder_output(out, force, inputs=[checkpoint])
     parse_size(max_shard_size)
-    plan = nas_plan(read_info(checkpoint))  # refuses before the model is built
-    model, specs = export_specs(checkpoint)
-    layout = nas_folder_config(read_info(checkpoint))
+    model, specs = export_specs(checkpoint)  # on the meta device: shapes and layout, no weight read yet
+    info = info_of(model)
+    plan = nas_plan(info)  # refuses before a byte is written
+    layout = nas_folder_config(info)
     export_hf(
         model,
         out,
