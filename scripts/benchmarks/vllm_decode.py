@@ -89,7 +89,7 @@ def export(work: Path, name: str, flag: str) -> tuple[Path, int, list[str]]:
     apply_plan(m, heads, [], ffn)
     params = count_params(m)
     checkpoint = work / f"{name}.safetensors"
-    headprune_cli.save(m, checkpoint)
+    headprune_cli.save(m, checkpoint, overwrite=True)
     folder = work / f"{name}{flag.replace('--', '-')}"
     command = [sys.executable, "-m", "headprune_cli", "export", str(checkpoint), flag, str(folder), "--force"]
     subprocess.run(command, check=True, capture_output=True)

