@@ -27,6 +27,10 @@ def export(opts: stage.ExportOptions):
     there with wrong shapes and serve through DIR/onnx/model.onnx (--with-onnx).
     Sentence-transformers models get modules.json, pooling and onnx/model.onnx.
 
+    --vllm DIR writes a folder vLLM serves (`vllm serve DIR --trust-remote-code`)
+    for LLaMA/Mistral/Qwen2 cuts with one query-head count and per-layer KV heads
+    and FFN widths (`select --runtime vllm`); --gguf FILE one llama.cpp loads.
+
     Examples:
 
       headprune export small.safetensors --onnx small.onnx
@@ -36,5 +40,7 @@ def export(opts: stage.ExportOptions):
       headprune export small.safetensors --hf small-model/
 
       headprune export small-minilm.safetensors --hf small-minilm/   # + onnx/model.onnx
+
+      headprune export small-llama.safetensors --vllm small-llama-vllm/   # nemotron-nas folder for vLLM
     """
     return stage.run(opts, context())

@@ -11,6 +11,8 @@ from rich.table import Table
 from headprune_cli.cli.common import console, print_json
 from headprune_cli.model.checkpoint import read_layout_only
 from headprune_cli.model.describe import describe
+from headprune_cli.model.engines import serving, serving_line
+from headprune_cli.model.layout import info_of
 
 
 def inspect(
@@ -18,7 +20,8 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object on stdout instead of a table.")] = False,
     seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Sequence length for FLOPs per token.")] = 128,
 ) -> None:
-    """Show a checkpoint: family, layers, heads kept (original indices), params, FLOPs, KV cache, provenance.
+    """Show a checkpoint: family, layers, heads kept (original indices), params, FLOPs, KV cache, provenance,
+    and the serving engines that load it (transformers, vllm, llama.cpp, onnxruntime) through which export.
 
     Examples:
 
@@ -27,7 +30,9 @@ def inspect(
       headprune inspect small.safetensors --json | jq .heads
     """
     # Header and metadata only: the model is built on the meta device, no weight is read.
-    facts = describe(read_layout_only(checkpoint), seq_len)
+    model = read_layout_only(checkpoint)
+    facts = describe(model, seq_len)
+    facts["engines"] = {s.engine: {"loads": s.loads, "export": s.export, "why": s.why} for s in serving(info_of(model))}
     if as_json:
         print_json(facts)
         return
@@ -54,6 +59,7 @@ def inspect(
         if kv
         else "KV cache: n/a (an encoder keeps no KV cache)"
     )
+    console.print(serving_line(info_of(model)), soft_wrap=True, markup=False)
     root = facts["provenance"].get("root")
     console.print(f"root: {root[:12] if root else '(this is a root model)'}")
 

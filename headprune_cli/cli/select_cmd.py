@@ -25,6 +25,8 @@ def select(opts: stage.SelectOptions):
 
       headprune select scores.json --ratio 0.5 --uniform -o plan.json
 
+      headprune select scores.json --target-flops 0.6 --runtime vllm -o plan.json   # only plans vLLM loads
+
       headprune score m.safetensors --method taylor --data d.jsonl | headprune select --ratio 0.3 | headprune prune -o small.safetensors
     """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
     return stage.run(opts, context())

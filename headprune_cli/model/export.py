@@ -24,7 +24,7 @@ from headprune_cli.files.io import remember_sha256
 from headprune_cli.files.outputs import check_folder, check_parent
 from headprune_cli.files.temps import make_temp_folder, publish_folder
 from headprune_cli.model.checkpoint import FOLDER_FORMAT, FOLDER_INFO, FORMAT_VERSION, model_specs
-from headprune_cli.model.hf_config import folder_config
+from headprune_cli.model.hf_config import FolderConfig, folder_config
 from headprune_cli.model.layout import ModelInfo, info_of
 from headprune_cli.model.onnx_export import OnnxExport, example_inputs, export_onnx, require_onnx  # noqa: F401 (re-exported)
 from headprune_cli.model.st_export import is_sentence_transformer, write_sentence_transformer
@@ -40,13 +40,16 @@ def export_hf(
     max_shard_size: str = DEFAULT_MAX_SHARD,
     specs: list[Spec] | None = None,
     with_onnx: bool | None = None,
+    layout: FolderConfig | None = None,
+    extra_files: dict[str, str] | None = None,
 ) -> Path:
     """Write `model` as an HF-style folder atomically (built beside it, then renamed).
 
     `specs` gives the weights when they do not live in `model` (a streamed export passes
     a model with meta parameters and specs that read the source file tensor by tensor).
     `with_onnx` also writes onnx/model.onnx (default: for sentence-transformers models),
-    which needs the real weights in `model`.
+    which needs the real weights in `model`. `layout` replaces the config transformers would
+    get (vllm_export: a nemotron-nas config) and `extra_files` (name -> text) go beside it.
     """
     out = check_folder_output(folder, force, inputs)
     max_bytes = parse_size(max_shard_size)
@@ -57,7 +60,10 @@ def export_hf(
         require_onnx()  # before the weights are written
     tmp, lock = make_temp_folder(out)
     try:
-        weights = _write_folder(model, tmp, model_specs(model) if specs is None else specs, max_bytes)
+        specs = model_specs(model) if specs is None else specs
+        weights = _write_folder(model, tmp, specs, max_bytes, layout or folder_config(info))
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
         _write_serving_files(model, tmp, with_onnx)
         publish_folder(tmp, out)
         for name, digest in weights.items():  # hashed as written: not read back by `run`'s bookkeeping
@@ -82,10 +88,11 @@ def check_folder_output(folder: str | os.PathLike, force: bool, inputs=()) -> Pa
     return out
 
 
-def _write_folder(model: nn.Module, folder: Path, specs: list[Spec], max_bytes: int) -> dict[str, str]:
+def _write_folder(
+    model: nn.Module, folder: Path, specs: list[Spec], max_bytes: int, layout: FolderConfig
+) -> dict[str, str]:
     """Weights, configs and tokenizer into `folder`; returns the weight files' sha256."""
     info = info_of(model)
-    layout = folder_config(info)
     # Tied weights appear once; the sorted header makes the bytes reproducible. A folder
     # transformers cannot load keeps its weights under a name it never looks for.
     weights = write_folder_weights(

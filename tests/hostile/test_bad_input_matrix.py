@@ -8,6 +8,7 @@ live in tests.support.assert_refused: a crash (exit 70, `Internal error: ...`) n
 case, even when its message happens to contain the case's fragment.
 File safety, in its own block at the end: 22 file-safety cases, where an output would destroy a file.
 int8 ONNX (export --quantize, report --onnx), in a block after it: 9 quantization cases.
+Serving engines (export --vllm, --runtime), in the last block: 6 serving cases.
 """
 
 from __future__ import annotations
@@ -1539,3 +1540,74 @@ def test_quantize_bad_input(case: Case, workspace: Path, tmp_path: Path, cli):
 
 def test_quantize_count_matches_docstring():
     assert f"{len(QUANTIZE_CASES)} quantization cases" in __doc__
+
+
+# --- serving engines (export --vllm, --runtime) ----------------------------------------------
+def _uneven_llama(folder: Path) -> None:
+    """A LLaMA cut whose layers keep different query-head counts: llama.cpp loads it, vLLM cannot."""
+    from tests.support.gguf_models import write_checkpoint
+    from tests.support.vllm_models import UNEVEN_QUERY, tiny_llama32
+
+    write_checkpoint(folder / "uneven.safetensors", UNEVEN_QUERY, tiny_llama32())
+
+
+SERVING_CASES = [
+    Case(
+        "export --vllm of an encoder",
+        lambda f: ["export", f / M, "--vllm", f / "served"],
+        1,
+        "--vllm writes LLaMA-family causal LMs",
+    ),
+    Case(
+        "export --vllm of a cut nemotron-nas cannot state",
+        lambda f: ["export", f / "uneven.safetensors", "--vllm", f / "served"],
+        1,
+        "layer 1 keeps 8 query heads where layer 0 keeps 4",
+        _uneven_llama,
+    ),
+    Case(
+        "export --vllm and --hf together",
+        lambda f: ["export", f / M, "--vllm", f / "served", "--hf", f / "out"],
+        2,
+        "give exactly one of",
+    ),
+    Case(
+        "export --vllm onto an existing folder",
+        lambda f: ["export", f / "uneven.safetensors", "--vllm", f / "kept"],
+        2,
+        "--force",
+        lambda f: (_uneven_llama(f), (f / "kept").mkdir()),
+    ),
+    Case(
+        "select for an unknown runtime",
+        lambda f: ["select", f / "scores.json", "--ratio", "0.3", "--runtime", "tgi", "-o", f / "p.json"],
+        2,
+        "unknown --runtime 'tgi'",
+    ),
+    Case(
+        "search for a runtime with one head count",
+        lambda f: [
+            "search",
+            f / M,
+            "--data",
+            f / "data.jsonl",
+            "--ratio",
+            "0.5",
+            "--runtime",
+            "vllm",
+            "-o",
+            f / "p.json",
+        ],
+        2,
+        "search does not take --runtime vllm",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", SERVING_CASES, ids=[c.name for c in SERVING_CASES])
+def test_serving_bad_input(case: Case, workspace: Path, tmp_path: Path, cli):
+    test_bad_input(case, workspace, tmp_path, cli)
+
+
+def test_serving_count_matches_docstring():
+    assert f"{len(SERVING_CASES)} serving cases" in __doc__

@@ -23,3 +23,15 @@ def llama_cpp_python() -> str:
             pytest.fail(reason)
         pytest.skip(reason)
     return str(python)
+
+
+def vllm_python() -> str:
+    """The vLLM environment's interpreter, or a skip saying how to build it."""
+    env = Path(os.environ.get("HEADPRUNE_VLLM_ENV", ROOT / ".engines" / "vllm"))
+    python = env / "bin" / "python"
+    if not python.is_file():
+        reason = f"vLLM engine env absent ({env}): build it with `bash scripts/engines/vllm.sh`"
+        if os.environ.get("HEADPRUNE_REQUIRE_ENGINES") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return str(python)

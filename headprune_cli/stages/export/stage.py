@@ -26,6 +26,11 @@ class ExportOptions(Options):
     gguf: Path | None = option(
         None, "Write a GGUF file for llama.cpp (LLaMA-family causal LMs; per-layer shapes use its deci architecture)."
     )
+    vllm: Path | None = option(
+        None,
+        "Write a folder vLLM serves (nemotron-nas: per-layer KV heads and FFN widths, one query-head count; "
+        "LLaMA, Mistral, Qwen2 causal LMs).",
+    )
     gguf_type: str = option(
         "auto", "--gguf: weight type: auto (the checkpoint's), f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0."
     )
@@ -53,8 +58,8 @@ class ExportOptions(Options):
 
     def check(self) -> None:
         """Which output, and the options that go with it: refused before anything is read."""
-        if sum(out is not None for out in (self.onnx, self.hf, self.gguf)) != 1:
-            raise UsageError("give exactly one of --onnx FILE, --hf DIR or --gguf FILE")
+        if sum(out is not None for out in (self.onnx, self.hf, self.gguf, self.vllm)) != 1:
+            raise UsageError("give exactly one of --onnx FILE, --hf DIR, --gguf FILE or --vllm DIR")
         if self.with_onnx is not None and self.hf is None:
             raise UsageError("--with-onnx/--no-onnx go with --hf DIR (--onnx FILE writes only the ONNX file)")
 
@@ -69,6 +74,10 @@ def run(opts: ExportOptions, ctx: Context) -> Result:
         from headprune_cli.stages.export.gguf import export_gguf_file  # noqa: PLC0415 (keeps torch out of this module's import)
 
         return export_gguf_file(opts.checkpoint, opts.gguf, opts.gguf_type, opts.force, ctx)
+    if opts.vllm is not None:
+        from headprune_cli.stages.export.vllm import export_vllm_folder  # noqa: PLC0415 (keeps torch out of this module's import)
+
+        return export_vllm_folder(opts.checkpoint, opts.vllm, opts.force, opts.max_shard_size, ctx)
     check_quantization(opts.quantize, opts.onnx, opts.calib_data)
     if opts.onnx is not None:
         check_output(opts.onnx, opts.force, inputs=[opts.checkpoint, opts.calib_data])
@@ -106,6 +115,7 @@ def _export_onnx(opts: ExportOptions, ctx: Context) -> Result:
 
 def _export_folder(opts: ExportOptions, ctx: Context) -> Result:
     from headprune_cli.model.checkpoint import load, read_info  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.engines import serving_line  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.export import export_hf  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.hf_config import folder_config, remedy  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
@@ -146,6 +156,7 @@ def _export_folder(opts: ExportOptions, ctx: Context) -> Result:
             soft_wrap=True,
             markup=False,
         )
+    ctx.print(serving_line(info_of(model)), soft_wrap=True, markup=False)  # and the other engines' exports
     return Result([str(hf)])
 
 
@@ -161,6 +172,7 @@ STAGE = Stage(
     refused={
         "onnx": "the export stage writes an HF folder; `with_onnx: true` adds onnx/model.onnx to it",
         "gguf": "the export stage writes an HF folder; run `headprune export --gguf FILE` on the run's checkpoint",
+        "vllm": "the export stage writes an HF folder; run `headprune export --vllm DIR` on the run's checkpoint",
         "quantize": (
             "int8 ONNX goes with --onnx FILE: run `headprune export CKPT --onnx FILE --quantize ...` after the run"
         ),

@@ -140,6 +140,11 @@ class SearchOptions(ConstraintOptions):
                 "search does not take --uniform: one head count for every layer leaves nothing per layer "
                 "to search; use select --uniform"
             )
+        if self.runtime in ("transformers", "vllm"):
+            raise UsageError(
+                f"search does not take --runtime {self.runtime}: that engine loads one head count for every "
+                f"layer, which leaves nothing per layer to search; use select --runtime {self.runtime}"
+            )
         check_fractions(self.ratio, self.target_params, self.target_flops)
         _check_method(self)
 

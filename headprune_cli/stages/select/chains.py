@@ -30,6 +30,8 @@ class Constraints:
     uniform: bool = False  # every kept layer keeps the same number of heads and KV groups (and FFN width)
     min_ffn: int | None = None  # FFN neurons every kept layer keeps at least (None: ffn_multiple_of)
     ffn_multiple_of: int = 8  # kept FFN widths are multiples of this (GPU matrix tiles want multiples of 8)
+    uniform_heads: bool = False  # the same heads and KV groups in every kept layer, FFN widths free (vLLM)
+    runtime: str | None = None  # the engine the plan is chosen for (runtime.py), recorded
 
     def to_dict(self, ffn: bool = False) -> dict:
         """As plans record them; the FFN keys only for plans that may cut FFN neurons, so
@@ -38,6 +40,9 @@ class Constraints:
         out["protect"] = [f"{layer}:{head}" for layer, head in self.protect]
         if not ffn:
             del out["min_ffn"], out["ffn_multiple_of"]
+        for key in ("uniform_heads", "runtime"):  # recorded when set: plans without them keep their bytes
+            if not out[key]:
+                del out[key]
         return out
 
 

@@ -29,7 +29,7 @@ from itertools import accumulate
 from headprune_cli.errors import UsageError
 from headprune_cli.model.cost_table import predict
 from headprune_cli.stages.budget import SLACK, Budget, BudgetUnreachable
-from headprune_cli.stages.select import joint
+from headprune_cli.stages.select import joint, runtime
 from headprune_cli.stages.select import uniform as uniform_levels
 from headprune_cli.stages.select.chains import Selection, chain_of, layers_to_drop
 
@@ -260,6 +260,8 @@ def select_ffn(table, strategy: str | None, budget: Budget, c):
     protected = {layer for layer, _ in c.protect}
     if c.uniform:
         state, dropped = choose_uniform(scored, layers, key, limit), []
+    elif c.uniform_heads:  # vLLM: one head level, FFN widths per layer
+        state, dropped = runtime.choose_same_heads(scored, layers, key, limit), []
     else:
         droppable = [l for l in layers if l not in protected] if loss_scale else []
         state, dropped, _ = choose(scored, layers, key, limit * SLACK, droppable)

@@ -14,6 +14,7 @@ from headprune_cli.stages.select import latency as latency_select
 from headprune_cli.stages.select.amounts import check_fractions, check_latency_options
 from headprune_cli.stages.select.chains import Constraints, parse_protect
 from headprune_cli.stages.select.plan import make_plan
+from headprune_cli.stages.select.runtime import check_runtime, shape_rules
 from headprune_cli.stages.select.strategies import select as choose
 from headprune_cli.stages.unit import Context, Options, Result, Stage, option
 
@@ -50,8 +51,14 @@ class ConstraintOptions(Options):
     ffn_multiple_of: int = option(
         8, "FFN widths kept are multiples of this (8: what GPU matrix kernels tile by; 1 on CPUs costs nothing).", ge=1
     )
+    runtime: str | None = option(
+        None,
+        "Choose only plans this engine loads: transformers (one shape for all layers, as --uniform), vllm (one "
+        "head count, FFN widths per layer), llama.cpp or onnxruntime (any per-layer shapes).",
+    )
 
     def constraints(self) -> Constraints:
+        rules = shape_rules(check_runtime(self.runtime))
         return Constraints(
             min_heads=self.min_heads,
             multiple_of=self.multiple_of,
@@ -59,9 +66,11 @@ class ConstraintOptions(Options):
             drop_layers=getattr(self, "drop_layers", 0),
             layer_threshold=getattr(self, "layer_threshold", None),
             gqa_unit=self.gqa_unit,
-            uniform=self.uniform,
+            uniform=self.uniform or rules["uniform"],
             min_ffn=self.min_ffn,
             ffn_multiple_of=self.ffn_multiple_of,
+            uniform_heads=rules["uniform_heads"],
+            runtime=self.runtime,
         )
 
 

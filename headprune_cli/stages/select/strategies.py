@@ -170,7 +170,7 @@ def select(
         kwargs["value"] = threshold_value(table, chains, str(threshold))
     if entry.amount == "target":
         kwargs["fits"] = _budget_check(table, chains, drop, budget)
-    if constraints.uniform:
+    if constraints.uniform or constraints.uniform_heads:  # heads alone: one level for every layer
         prefixes = uniform_levels.choose(entry.amount, table, chains, kwargs)
     else:
         prefixes = entry.prefixes(chains, **kwargs)

@@ -1,0 +1,65 @@
+"""`--runtime`: the serving engine a plan must load in, as constraints on the selection.
+
+What each engine loads of a LLaMA-family cut (what its export writes; docs/serving.md):
+- transformers: one config for all layers, so one query-head count, one KV-head count and one
+  FFN width (`uniform`, the rule of a plain config).
+- vllm: nemotron-nas blocks (model/vllm_export.py): one query-head count for every layer, KV
+  heads and FFN widths per layer (`uniform_heads`). Every layer's KV groups keep one size, so
+  with one query-head count per layer the KV-head count is one too: heads are uniform, FFN
+  widths are chosen per layer (choose_same_heads below).
+- llama.cpp: GGUF `deci`, per-layer query heads, KV heads and FFN widths: any plan.
+- onnxruntime: the ONNX graph states every layer's shapes: any plan.
+"""
+
+from __future__ import annotations
+
+from headprune_cli.errors import UsageError
+from headprune_cli.model.cost_table import predict
+from headprune_cli.stages.budget import SLACK
+from headprune_cli.stages.select import uniform as uniform_levels
+
+RUNTIMES = ("transformers", "vllm", "llama.cpp", "onnxruntime")
+
+
+def check_runtime(name: str | None) -> str | None:
+    if name is not None and name not in RUNTIMES:
+        raise UsageError(f"unknown --runtime {name!r}; available: {', '.join(RUNTIMES)}")
+    return name
+
+
+def shape_rules(runtime: str | None) -> dict[str, bool]:
+    """The Constraints fields a runtime sets: uniform (heads and FFN) or uniform_heads (heads only)."""
+    return {"uniform": runtime == "transformers", "uniform_heads": runtime == "vllm"}
+
+
+def choose_same_heads(table, layers: dict, key: str, limit: float):
+    """One head level for every layer and FFN widths per layer: for each head level the common
+    chains allow, neuron steps are taken greedily (least loss per unit saved) until the predicted
+    cost fits; the level whose fitting state lost the least wins (None when none fits)."""
+    outside = predict(table.cost, table.kept(), {}, list(layers))[key]
+    best = None
+    for level in uniform_levels.levels(table, [lay.heads for lay in layers.values()]):
+        state = {l: [lay.heads.allowed.index(level[l]), 0] for l, lay in layers.items()}
+        if not _fill_ffn(layers, state, lambda s: outside + sum(layers[l].price(*s[l]) for l in s) <= limit * SLACK):
+            continue
+        loss = sum(layers[l].paid(*state[l]) for l in state)
+        if best is None or loss < best[0]:
+            best = (loss, state)
+    return None if best is None else best[1]
+
+
+def _fill_ffn(layers: dict, state: dict, fits) -> bool:
+    """Neuron steps, least loss per unit saved first, until `fits(state)`; False when none is left."""
+    while not fits(state):
+        steps = []
+        for layer, (h, f) in state.items():
+            lay = layers[layer]
+            if lay.neurons is None or f + 1 >= len(lay.neurons.allowed):
+                continue
+            saving = lay.price(h, f) - lay.price(h, f + 1)
+            if saving > 0:
+                steps.append(((lay.neuron_paid[f + 1] - lay.neuron_paid[f]) / saving, layer))
+        if not steps:
+            return False
+        state[min(steps)[1]][1] += 1
+    return True

@@ -1,0 +1,86 @@
+"""`select --runtime`: plans constrained to what the serving engine loads (stages/select/runtime.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from headprune_cli import save
+from headprune_cli.data.readers import read_data
+from headprune_cli.model.layout import info_of
+from headprune_cli.model.surgery import apply_plan
+from headprune_cli.model.vllm_export import nas_plan
+from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.score.importance import score_model
+from headprune_cli.stages.select.chains import Constraints
+from headprune_cli.stages.select.strategies import select
+from tests.support import TINY, assert_refused, give_tokenizer, write_text
+
+
+@pytest.fixture()
+def scored(tmp_path):
+    model = give_tokenizer(TINY["llama-gqa"](), encoder=False)
+    data = read_data(write_text(tmp_path / "d.txt", 10), model)
+    return model, score_model(model, data, "taylor", batch_size=5, ffn=True, seq_len=32), tmp_path
+
+
+def shapes(model) -> tuple[set, set, list[int]]:
+    layout = info_of(model).layout
+    heads = {(len(q), len(kv)) for q, kv in zip(layout.heads, layout.kv_heads)}
+    return heads, {layout.ffn_width(layer) for layer in layout.layers}, [layout.ffn_width(l) for l in layout.layers]
+
+
+def test_vllm_keeps_one_head_count_and_chooses_ffn_widths_per_layer(scored):
+    model, table, _ = scored
+    selection = select(table, budget=Budget("flops", 0.6), constraints=Constraints(uniform_heads=True))
+    after, before = selection.predicted["after"], selection.predicted["before"]
+    assert after["flops_per_token"] <= 0.6 * before["flops_per_token"] * (1 + 1e-12)
+    apply_plan(model, selection.remove_heads, selection.remove_layers, remove_ffn=selection.remove_ffn)
+    heads, widths, per_layer = shapes(model)
+    assert len(heads) == 1  # one (query heads, KV heads) in every layer: nemotron-nas states it
+    assert len(widths) > 1, per_layer  # the FFN widths follow the scores layer by layer
+    assert nas_plan(info_of(model)).ffn == per_layer  # the vLLM export takes it as it is
+
+
+def test_vllm_loses_no_more_score_than_transformers_at_the_same_budget(scored):
+    """The transformers rule (one FFN width) is a special case of vLLM's, so the FFN-free choice
+    never removes more score."""
+    _, table, _ = scored
+
+    def removed(c: Constraints) -> float:
+        sel = select(table, budget=Budget("flops", 0.6), constraints=c)
+        ffn = sum(table.ffn[l][table.ffn_kept[l].index(n)] for l, ns in sel.remove_ffn.items() for n in ns)
+        return ffn + sum(table.heads[l][h] for l, hs in sel.remove_heads.items() for h in hs)
+
+    assert removed(Constraints(uniform_heads=True)) <= removed(Constraints(uniform=True)) + 1e-12
+
+
+def test_the_cli_records_the_runtime_and_applies_its_rule(scored, cli):
+    model, _, tmp_path = scored
+    save(model, tmp_path / "m.safetensors")
+    scores = tmp_path / "s.json"
+    data = tmp_path / "d.txt"
+    assert (
+        cli("score", tmp_path / "m.safetensors", "--data", data, "--method", "taylor", "--ffn", "-o", scores).code == 0
+    )
+    for runtime, uniform in (("transformers", True), ("vllm", False), ("llama.cpp", False)):
+        out = tmp_path / f"{runtime}.json"
+        assert cli("select", scores, "--target-flops", "0.6", "--runtime", runtime, "-o", out).code == 0
+        plan = json.loads(out.read_text())
+        assert plan["constraints"]["runtime"] == runtime
+        assert plan["constraints"]["uniform"] is uniform
+        assert plan["constraints"].get("uniform_heads", False) is (runtime == "vllm")
+    plain = tmp_path / "plain.json"
+    assert cli("select", scores, "--target-flops", "0.6", "-o", plain).code == 0
+    assert "runtime" not in json.loads(plain.read_text())["constraints"]  # plans without it keep their bytes
+
+
+def test_an_unknown_runtime_is_refused_before_anything_is_written(scored, cli):
+    model, _, tmp_path = scored
+    save(model, tmp_path / "m.safetensors")
+    scores = tmp_path / "s.json"
+    assert cli("score", tmp_path / "m.safetensors", "--data", tmp_path / "d.txt", "-o", scores).code == 0
+    result = cli("select", scores, "--ratio", "0.3", "--runtime", "tgi", "-o", tmp_path / "p.json")
+    assert_refused(result, 2, "unknown --runtime 'tgi'")
+    assert not (tmp_path / "p.json").exists()
