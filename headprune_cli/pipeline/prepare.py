@@ -233,7 +233,9 @@ def _wire(pipeline: Pipeline, specs, problems: list[str]) -> None:
                     values["scores"] = roles["scores"]
             elif found is not None:
                 values[key] = found
-        if "seed" in spec.options and "seed" not in values:
+        # prune's --seed is a selection option: it applies only when prune selects from scores
+        prune_applies_a_plan = stage.command == "prune" and not set(SELECT_KEYS) & set(values)
+        if "seed" in spec.options and "seed" not in values and not prune_applies_a_plan:
             values["seed"] = config.seed
         stem = stage.name if stage.name != stage.command else wiring.stem
         produced = {key: str(out / pattern.format(stem=stem)) for key, pattern in wiring.outputs.items()}

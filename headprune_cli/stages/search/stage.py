@@ -20,7 +20,15 @@ from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import place
 from headprune_cli.stages.budget import Budget, one_of
 from headprune_cli.stages.score.importance import score_model
-from headprune_cli.stages.score.importance.registry import DEFAULT_LAYER_METHOD, HEAD_METHODS, head_method, layer_method
+from headprune_cli.stages.score.importance.registry import (
+    DEFAULT_LAYER_METHOD,
+    HEAD_METHODS,
+    METHOD_DEFAULT_HELP,
+    check_ffn,
+    default_method,
+    head_method,
+    layer_method,
+)
 from headprune_cli.stages.score.stage import LAYER_METHOD_HELP
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.search.judged import JUDGES
@@ -77,8 +85,11 @@ class SearchOptions(ConstraintOptions):
         "loss (default: metric for classification, else loss).",
     )
     holdout: float = option(0.5, "Fraction of --data held out to judge candidates.", ge=0.05, le=0.95)
-    method: str = option(
-        "taylor", f"Importance method of the greedy start: {', '.join(HEAD_METHODS)}.", "--method", "-m"
+    method: str | None = option(
+        None,
+        f"Importance method of the greedy start: {', '.join(HEAD_METHODS)}. {METHOD_DEFAULT_HELP}",
+        "--method",
+        "-m",
     )
     layers: bool = option(False, "Score layers too, so that a FLOPs/params budget may drop layers.")
     rescore_layers: bool = option(
@@ -90,7 +101,7 @@ class SearchOptions(ConstraintOptions):
     ffn: bool = option(
         False,
         "Score FFN neurons too, so that a FLOPs/params budget searches FFN widths as "
-        "well (use --method fisher or taylor).",
+        "well (--method fisher, the default, or taylor).",
     )
     layer_method: str | None = option(None, LAYER_METHOD_HELP)
     objective: str | None = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
@@ -102,6 +113,9 @@ class SearchOptions(ConstraintOptions):
     force: bool = option(False, "Overwrite OUTPUT if it exists.")
     device: str = device_option()
     dtype: str = dtype_option()
+
+    def chosen_method(self) -> str:
+        return self.method or default_method(self.ffn)
 
     def budget(self) -> Budget | None:
         """The one head or cost budget the search spends (None when none was given)."""
@@ -219,7 +233,9 @@ def _judge_by(opts: SearchOptions, objective: str) -> str:
 
 def _check_method(opts: SearchOptions) -> None:
 
-    head_method(opts.method)
+    head_method(opts.chosen_method())
+    if opts.ffn:
+        check_ffn(opts.chosen_method())
     if opts.layer_method is not None:
         layer_method(opts.layer_method)
 
@@ -262,7 +278,7 @@ def _score(model, scoring, objective: str, opts: SearchOptions, max_length: int)
     return score_model(
         model,
         scoring,
-        opts.method,
+        opts.chosen_method(),
         objective,
         batch_size=opts.batch_size,
         seed=opts.seed,
@@ -324,7 +340,7 @@ def _plan(model, opts: SearchOptions, result, max_length: int, judge: str) -> di
         "ratio": opts.ratio,
         "target_params": opts.target_params,
         "target_flops": opts.target_flops,
-        "method": opts.method,
+        "method": opts.chosen_method(),
         "layers": opts.layers,
         "layer_method": opts.layer_method,
         "evaluations": opts.evaluation_limit(),
