@@ -31,7 +31,7 @@ def header(r: dict) -> list[str]:
         "Current results only. Sections 1-7 and 11 are written by `scripts/benchmarks/suite.py` in one run; "
         "every figure there is a ratio of two things measured side by side in that run "
         "(interleaved, medians of repeated runs); a "
-        "section refreshed alone (`--only`) states its own command, date and load. Sections 8-10 and 12-19 come from "
+        "section refreshed alone (`--only`) states its own command, date and load. Sections 8-10 and 12-26 come from "
         "the scripts they name, each with its own command and date; a suite run carries them over unchanged. `$WORK` "
         "in a command is any scratch folder. Superseded measurements (dated lab notes) are in "
         "[docs/experiments/](docs/experiments/).",

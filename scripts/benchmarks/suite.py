@@ -314,7 +314,7 @@ def run(
     return result
 
 
-# Sections 8-10 and 12-16 start at this marker (section 8 is scripts/benchmarks/large.py's): each is
+# Sections 8-10 and 12-26 start at this marker (section 8 is scripts/benchmarks/large.py's): each is
 # measured by the script it names, in a run of its own, so the suite carries them over as they are.
 OTHER_SECTIONS = "<!-- scripts/benchmarks/large.py -->"
 
