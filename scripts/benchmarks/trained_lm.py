@@ -24,6 +24,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -82,16 +83,22 @@ class Bench:
         text = shlex.join(["headprune", *args])
         return text.replace(str(self.model_path), "$M").replace(str(self.calib), "$CALIB").replace(str(self.work), "$W")
 
-    def headprune(self, *args: str) -> str:
-        """Run one CLI command (outputs replaced with --force where it takes one); stdout."""
-        command = [sys.executable, "-m", "headprune_cli", *args]
+    def headprune(self, *args: str, launcher: list[str] | None = None) -> int:
+        """Run one CLI command (outputs replaced with --force where it takes one), by default as
+        `python -m headprune_cli`; its peak resident memory in bytes (for a launcher such as
+        torchrun: the largest of its processes, as wait4 reports it)."""
+        command = [*(launcher or [sys.executable, "-m", "headprune_cli"]), *args]
         env = os.environ | {"OMP_NUM_THREADS": str(self.threads), "PYTHONPATH": str(ROOT)}
         start = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
-        if done.returncode != 0:
-            raise RuntimeError(f"{self.shown(list(args))} failed: {done.stderr.strip()[-800:]}")
+        with tempfile.TemporaryFile(mode="w+") as errors:
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors, env=env, cwd=ROOT)
+            _, status, usage = os.wait4(process.pid, 0)  # reaped here, so that its rusage is ours to read
+            process.returncode = os.waitstatus_to_exitcode(status)
+            if process.returncode != 0:
+                errors.seek(0)
+                raise RuntimeError(f"{self.shown(list(args))} failed: {errors.read().strip()[-800:]}")
         log(f"  {time.perf_counter() - start:5.1f}s {self.shown(list(args))}")
-        return done.stdout
+        return usage.ru_maxrss * 1024  # Linux reports kilobytes
 
     def perplexity(self, path: Path) -> tuple[float, int]:
         import headprune_cli
@@ -233,34 +240,47 @@ def peer_rows(bench: Bench, python: str, keeps=("0.80", "0.50")) -> None:
         log(f"peer    keep {keep}: removed {bench.removed(info['parameters']):.1%} ppl {ppl:.2f} ({info['config']})")
 
 
-def finetune_rows(bench: Bench, docs: int, keep: str = "0.50") -> None:
-    """One epoch of distillation from the unpruned model, after each 50% cut that ran."""
+def finetune_rows(bench: Bench, docs: int, keep: str = "0.50", routes: tuple[str, ...] = ("full",)) -> None:
+    """One epoch of distillation from the unpruned model after the best retraining-free cut at
+    `keep`, each route on the same documents: full (every weight, AdamW), lora (the default
+    rate), lora-xN (N x full training's default rate), fsdp (torchrun, 2 processes, gloo)."""
     train = bench.work / "finetune-train.txt"
     lines = Path(bench.summary["train"]).read_text(encoding="utf-8").splitlines()[:docs]
     train.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     cuts = [r for r in bench.rows if r.section in ("ffn", "both", "joint") and f"keep {keep} per-layer" in r.label]
     for row in sorted(cuts, key=lambda r: r.perplexity)[:1]:  # the best retraining-free cut at `keep`
         source = Path(row.extra["checkpoint"])
-        out = source.with_name(source.stem + "-ft.safetensors")
-        args = [
-            "finetune",
-            str(source),
-            "--data",
-            str(train),
-            "--teacher",
-            "auto",
-            "--epochs",
-            "1",
-            "-o",
-            str(out),
-            "--force",
-        ]
-        bench.headprune(*args)
-        ppl, params = bench.perplexity(out)
-        bench.rows.append(
-            Row("finetune", row.label, row.commands + [bench.shown(args)], params, ppl, {"before": row.perplexity})
-        )
-        log(f"finetune {row.label}: {row.perplexity:.2f} -> {ppl:.2f}")
+        for route in routes:
+            out = source.with_name(source.stem + ("-ft" if route == "full" else f"-ft-{route}") + ".safetensors")
+            args = ["finetune", str(source), "--data", str(train), "--teacher", "auto", "--epochs", "1"]
+            args += [*_route_options(route, source), "-o", str(out), "--force"]
+            torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "headprune_cli"]
+            launcher = torchrun if route == "fsdp" else None
+            started = time.perf_counter()
+            peak = bench.headprune(*args, launcher=launcher)
+            seconds = round(time.perf_counter() - started, 1)
+            ppl, params = bench.perplexity(out)
+            extra = {"before": row.perplexity, "route": route, "peak_rss_bytes": peak, "seconds": seconds}
+            label = row.label if route == "full" else f"{row.label}, {route}"
+            shown = bench.shown(args).replace("headprune ", "torchrun --nproc-per-node 2 -m headprune_cli ", 1)
+            command = shown if route == "fsdp" else bench.shown(args)
+            bench.rows.append(Row("finetune", label, row.commands + [command], params, ppl, extra))
+            log(f"finetune {label}: {row.perplexity:.2f} -> {ppl:.2f} ({seconds} s, peak {peak / 2**30:.2f} GiB)")
+
+
+def _route_options(route: str, source: Path) -> list[str]:
+    if route == "full":
+        return []
+    if route == "fsdp":
+        return ["--fsdp"]
+    if route == "lora":
+        return ["--lora"]
+    if route.startswith("lora-x"):
+        import headprune_cli
+        from headprune_cli.stages.finetune.train import default_lr
+
+        return ["--lora", "--lr", f"{default_lr(headprune_cli.load(source)) * float(route[len('lora-x') :]):g}"]
+    raise SystemExit(f"unknown finetune route {route!r} (full, lora, lora-xN, fsdp)")
 
 
 def decode_rows(bench: Bench, repeats: int, context: int = 512) -> list[dict]:
@@ -317,6 +337,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--eval-docs", type=int, default=1000)
     parser.add_argument("--finetune-docs", type=int, default=2000)
+    parser.add_argument(
+        "--finetune-routes", default="full", help="full, lora, lora-xN (N x the default rate), fsdp; comma-separated"
+    )
     parser.add_argument("--decode-repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
@@ -343,7 +366,8 @@ def main(argv: list[str] | None = None) -> None:
     if "peer" in chosen and args.peer_python:
         peer_rows(bench, args.peer_python, ("0.80",) if quick else keeps)
     if "finetune" in chosen:
-        finetune_rows(bench, args.finetune_docs, "0.80" if quick else keeps[-1])
+        routes = tuple(args.finetune_routes.split(","))
+        finetune_rows(bench, args.finetune_docs, "0.80" if quick else keeps[-1], routes)
     decode = decode_rows(bench, args.decode_repeats, 64 if quick else 512) if "decode" in chosen else []
     result = {
         "model": summary,
