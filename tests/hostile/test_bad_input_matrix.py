@@ -136,6 +136,22 @@ def _corrupt_truncate(folder: Path) -> None:
     (folder / "bad.safetensors").write_bytes(raw[: len(raw) - 1000])
 
 
+def _learn_gates(*target: str) -> Callable[[Path], list]:
+    """`finetune MODEL --data data.jsonl --learn-gates TARGET... --steps 1 -o o.safetensors`."""
+    return lambda f: [
+        "finetune",
+        f / M,
+        "--data",
+        f / "data.jsonl",
+        "--learn-gates",
+        *target,
+        "--steps",
+        "1",
+        "-o",
+        f / "o.safetensors",
+    ]
+
+
 M = "model.safetensors"
 CASES = [
     # --- checkpoints -----------------------------------------------------------------------
@@ -416,57 +432,16 @@ CASES = [
         1,
         "too few to split",
     ),
-    Case(
-        "learn-gates without a target",
-        lambda f: [
-            "finetune",
-            f / M,
-            "--data",
-            f / "data.jsonl",
-            "--learn-gates",
-            "--steps",
-            "1",
-            "-o",
-            f / "o.safetensors",
-        ],
-        2,
-        "needs a target",
-    ),
+    Case("learn-gates without a target", _learn_gates(), 2, "needs a target"),
     Case(
         "learn-gates tolerance out of range",
-        lambda f: [
-            "finetune",
-            f / M,
-            "--data",
-            f / "data.jsonl",
-            "--learn-gates",
-            "--ratio",
-            "0.5",
-            "--gate-tolerance",
-            "1.5",
-            "--steps",
-            "1",
-            "-o",
-            f / "o.safetensors",
-        ],
+        _learn_gates("--ratio", "0.5", "--gate-tolerance", "1.5"),
         2,
         "--gate-tolerance",
     ),
     Case(
         "learn-gates target above what the closing can remove",
-        lambda f: [
-            "finetune",
-            f / M,
-            "--data",
-            f / "data.jsonl",
-            "--learn-gates",
-            "--ratio",
-            "1.0",
-            "--steps",
-            "1",
-            "-o",
-            f / "o.safetensors",
-        ],
+        _learn_gates("--ratio", "1.0"),
         2,
         "can remove at most",
     ),
