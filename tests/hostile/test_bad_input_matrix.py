@@ -136,6 +136,11 @@ def _corrupt_truncate(folder: Path) -> None:
     (folder / "bad.safetensors").write_bytes(raw[: len(raw) - 1000])
 
 
+def _search(*options: str) -> Callable[[Path], list]:
+    """`search MODEL --data data.jsonl OPTIONS... -o p.json`."""
+    return lambda f: ["search", f / M, "--data", f / "data.jsonl", *options, "-o", f / "p.json"]
+
+
 def _learn_gates(*target: str) -> Callable[[Path], list]:
     """`finetune MODEL --data data.jsonl --learn-gates TARGET... --steps 1 -o o.safetensors`."""
     return lambda f: [
@@ -339,96 +344,43 @@ CASES = [
     ),
     Case(
         "search with zero evaluations",
-        lambda f: [
-            "search",
-            f / M,
-            "--data",
-            f / "data.jsonl",
-            "--ratio",
-            "0.5",
-            "--evaluations",
-            "0",
-            "-o",
-            f / "p.json",
-        ],
+        _search("--ratio", "0.5", "--evaluations", "0"),
         2,
         "--evaluations",
     ),
     Case(
         "search with 10**9 evaluations",
-        lambda f: [
-            "search",
-            f / M,
-            "--data",
-            f / "data.jsonl",
-            "--ratio",
-            "0.5",
-            "--evaluations",
-            "1000000000",
-            "-o",
-            f / "p.json",
-        ],
+        _search("--ratio", "0.5", "--evaluations", "1000000000"),
         2,
         "--evaluations",
     ),
     Case(
         "search for a budget heads cannot reach",
-        lambda f: ["search", f / M, "--data", f / "data.jsonl", "--target-flops", "0.01", "-o", f / "p.json"],
+        _search("--target-flops", "0.01"),
         2,
         "cannot be met",
     ),
     Case(
         "rescored search for a budget layers cannot reach",
-        lambda f: [
-            "search",
-            f / M,
-            "--data",
-            f / "data.jsonl",
-            "--target-flops",
-            "0.01",
-            "--rescore-layers",
-            "-o",
-            f / "p.json",
-        ],
+        _search("--target-flops", "0.01", "--rescore-layers"),
         2,
         "cannot be met",
     ),
     Case(
         "rescored search with FFN neurons",
-        lambda f: [
-            "search",
-            f / M,
-            "--data",
-            f / "data.jsonl",
-            "--target-flops",
-            "0.5",
-            "--rescore-layers",
-            "--ffn",
-            "-o",
-            f / "p.json",
-        ],
+        _search("--target-flops", "0.5", "--rescore-layers", "--ffn"),
         2,
         "heads only",
     ),
     Case(
         "rescored search by head ratio",
-        lambda f: [
-            "search",
-            f / M,
-            "--data",
-            f / "data.jsonl",
-            "--ratio",
-            "0.5",
-            "--rescore-layers",
-            "-o",
-            f / "p.json",
-        ],
+        _search("--ratio", "0.5", "--rescore-layers"),
         2,
         "--rescore-layers needs",
     ),
     Case(
         "search data too small to split",
-        lambda f: ["search", f / M, "--data", f / "data.jsonl", "--ratio", "0.5", "--samples", "3", "-o", f / "p.json"],
+        _search("--ratio", "0.5", "--samples", "3"),
         1,
         "too few to split",
     ),
@@ -1561,18 +1513,7 @@ SERVING_CASES = [
     ),
     Case(
         "search for a runtime with one head count",
-        lambda f: [
-            "search",
-            f / M,
-            "--data",
-            f / "data.jsonl",
-            "--ratio",
-            "0.5",
-            "--runtime",
-            "vllm",
-            "-o",
-            f / "p.json",
-        ],
+        _search("--ratio", "0.5", "--runtime", "vllm"),
         2,
         "search does not take --runtime vllm",
     ),
