@@ -70,23 +70,19 @@ def checkpoint_accuracy(path: Path, t: dict) -> float:
     return dev_accuracy(load(path), t)
 
 
+def _on_calibration(t: dict, out: Path, method: str) -> dict:
+    """What score and search share: the task's model scored by `method` on calib.jsonl at its length and seed."""
+    return dict(
+        checkpoint=t["model"], data=t["calib"], method=method, max_length=t["length"], seed=t["seed"], output=out
+    )
+
+
 def run_score(t: dict, out: Path, method: str, **options) -> Path:
     """`score MODEL --data calib.jsonl --method METHOD` at the task's length and seed, into `out`."""
     from headprune_cli.stages.score import stage
 
     if not out.is_file():
-        stage.run(
-            stage.ScoreOptions(
-                checkpoint=t["model"],
-                data=t["calib"],
-                method=method,
-                max_length=t["length"],
-                seed=t["seed"],
-                output=out,
-                **options,
-            ),
-            quiet_context(),
-        )
+        stage.run(stage.ScoreOptions(**_on_calibration(t, out, method), **options), quiet_context())
     return out
 
 
@@ -95,18 +91,7 @@ def run_search(t: dict, out: Path, method: str, **options) -> Path:
     from headprune_cli.stages.search import stage
 
     if not out.is_file():
-        stage.run(
-            stage.SearchOptions(
-                checkpoint=t["model"],
-                data=t["calib"],
-                method=method,
-                max_length=t["length"],
-                seed=t["seed"],
-                output=out,
-                **options,
-            ),
-            quiet_context(),
-        )
+        stage.run(stage.SearchOptions(**_on_calibration(t, out, method), **options), quiet_context())
     return out
 
 
