@@ -7,6 +7,7 @@ predicted speedup), quality (3. fidelity per method), recovery (4.), suite itsel
 (5. pipeline wall time), peer (6. Torch-Pruning, 7. onnxruntime latency), large (8. large
 models), startup (9. start-up time), depth (10. quality at depth), decode (11. serving a
 causal LM). compensation and hostile measure what their docstrings say, outside that
-document's run. common: the models and text every benchmark shares; render: BENCHMARKS.md
-from one suite run.
+document's run. common: the models and text every benchmark shares; debian_task: the
+Debian-sections classifiers and the stage runs the benchmarks on them share; render:
+BENCHMARKS.md from one suite run.
 """

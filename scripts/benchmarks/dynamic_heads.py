@@ -39,53 +39,22 @@ from pathlib import Path
 import torch
 
 from scripts.benchmarks import dynamic_gates as dg
+from scripts.benchmarks.debian_task import LENGTH, debian_task, run_prune_lstsq, run_score, run_select
 
-CACHE = Path(os.environ.get("HEADPRUNE_CACHE", Path.home() / ".cache" / "headprune")) / "debian-sections"
 WIDTHS = (0.25, 0.5, 0.75, 1.0)
-LENGTH = 32
-
-
-def _ctx():
-    from headprune_cli.stages.unit import Context  # noqa: PLC0415 (headprune loads after argument checks)
-
-    return Context(progress=False)
-
-
-def task(seed: int) -> dict:
-    model = CACHE / ("model.safetensors" if seed == 0 else f"model-seed{seed}.safetensors")
-    return dict(
-        name=f"debian-s{seed}", model=model, seed=seed, **{s: CACHE / f"{s}.jsonl" for s in ("train", "dev", "calib")}
-    )
 
 
 def scores(t: dict, folder: Path) -> Path:
-    from headprune_cli.stages.score import stage  # noqa: PLC0415 (headprune loads after argument checks)
-
-    out = folder / "scores-fisher.json"
-    if not out.is_file():
-        options = stage.ScoreOptions(
-            checkpoint=t["model"], data=t["calib"], method="fisher", max_length=LENGTH, seed=t["seed"], output=out
-        )
-        stage.run(options, _ctx())
-    return out
+    return run_score(t, folder / "scores-fisher.json", "fisher")
 
 
 def static_cut(t: dict, folder: Path, share: float, uniform: bool) -> Path:
-    """select --ratio 1-share (fisher) -> prune --compensate lstsq --data calib.jsonl."""
-    from headprune_cli.stages.prune import stage as prune  # noqa: PLC0415 (headprune loads after argument checks)
-    from headprune_cli.stages.select import stage as select  # noqa: PLC0415 (headprune loads after argument checks)
-
+    """select --ratio 1-share (fisher) [--uniform] -> prune --compensate lstsq --data calib.jsonl."""
     name = f"{'uniform' if uniform else 'static'}-{share}"
     plan, out = folder / f"plan-{name}.json", folder / f"{name}.safetensors"
     if not plan.is_file():
-        options = select.SelectOptions(scores=str(scores(t, folder)), output=plan, ratio=round(1 - share, 6))
-        select.run(options.model_copy(update={"uniform": True}) if uniform else options, _ctx())
-    if not out.is_file():
-        prune.run(
-            prune.PruneOptions(plan=str(plan), output=out, compensation="lstsq", data=t["calib"], max_length=LENGTH),
-            _ctx(),
-        )
-    return out
+        run_select(scores(t, folder), plan, ratio=round(1 - share, 6), **({"uniform": True} if uniform else {}))
+    return run_prune_lstsq(t, plan, out)
 
 
 def batches_of(path: Path, model, size: int) -> list[dict]:
@@ -302,7 +271,7 @@ def run(args) -> list[dict]:
     torch.set_num_threads(args.threads)
     rows: list[dict] = []
     for seed in args.seeds:
-        t = task(seed)
+        t = debian_task(seed)
         folder = args.work / t["name"]
         folder.mkdir(parents=True, exist_ok=True)
         setup = Setup(t, folder)

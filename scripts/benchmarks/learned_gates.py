@@ -25,99 +25,41 @@ import os
 import time
 from pathlib import Path
 
-from scripts.benchmarks.search_learned import accuracy, task
-
-
-def _ctx():
-    from headprune_cli.stages.unit import Context
-
-    return Context(progress=False)
+from scripts.benchmarks.debian_task import (
+    checkpoint_accuracy,
+    debian_task,
+    run_finetune,
+    run_prune_lstsq,
+    run_score,
+    run_select,
+)
 
 
 def greedy_kd(t: dict, folder: Path, kind: str, value: float) -> Path:
-    from headprune_cli.stages.finetune.stage import FinetuneOptions
-    from headprune_cli.stages.finetune.stage import run as finetune
-    from headprune_cli.stages.prune.stage import PruneOptions
-    from headprune_cli.stages.prune.stage import run as prune
-    from headprune_cli.stages.score.stage import ScoreOptions
-    from headprune_cli.stages.score.stage import run as score
-    from headprune_cli.stages.select.stage import SelectOptions
-    from headprune_cli.stages.select.stage import run as select
-
-    scores, plan = folder / "scores-fisher.json", folder / f"plan-greedy-{kind}-{value}.json"
-    cut, tuned = (
-        folder / f"greedy-{kind}-{value}.lstsq.safetensors",
-        folder / f"greedy-{kind}-{value}.lstsq.kd1.safetensors",
-    )
-    if not scores.is_file():
-        score(
-            ScoreOptions(
-                checkpoint=t["model"],
-                data=t["calib"],
-                method="fisher",
-                max_length=t["length"],
-                seed=t["seed"],
-                output=scores,
-            ),
-            _ctx(),
-        )
-    if not plan.is_file():
-        select(SelectOptions(scores=str(scores), output=plan, **{kind: value}), _ctx())
-    if not cut.is_file():
-        prune(
-            PruneOptions(plan=str(plan), output=cut, compensation="lstsq", data=t["calib"], max_length=t["length"]),
-            _ctx(),
-        )
-    if not tuned.is_file():
-        finetune(
-            FinetuneOptions(
-                checkpoint=cut,
-                data=t["train"],
-                output=tuned,
-                teacher="auto",
-                epochs=1,
-                max_length=t["length"],
-                seed=t["seed"],
-            ),
-            _ctx(),
-        )
-    return tuned
+    """score --method fisher -> select CUT -> prune --compensate lstsq -> finetune --teacher auto --epochs 1."""
+    scores = run_score(t, folder / "scores-fisher.json", "fisher")
+    plan = run_select(scores, folder / f"plan-greedy-{kind}-{value}.json", **{kind: value})
+    cut = run_prune_lstsq(t, plan, folder / f"greedy-{kind}-{value}.lstsq.safetensors")
+    return run_finetune(t, cut, folder / f"greedy-{kind}-{value}.lstsq.kd1.safetensors")
 
 
 def learned(t: dict, folder: Path, kind: str, value: float, overrides: dict, tag: str) -> tuple[Path, dict]:
-    from headprune_cli.stages.finetune.stage import FinetuneOptions
-    from headprune_cli.stages.finetune.stage import run as finetune
-
     out = folder / f"learned{tag}-{kind}-{value}.safetensors"
     gates = out.with_suffix(".gates.json")
-    if not out.is_file():
-        opts = FinetuneOptions(
-            checkpoint=t["model"],
-            data=t["train"],
-            output=out,
-            teacher="auto",
-            epochs=1,
-            max_length=t["length"],
-            seed=t["seed"],
-            learn_gates=True,
-            gates_out=gates,
-            **{kind: value},
-            **overrides,
-        )
-        finetune(opts, _ctx())
+    run_finetune(t, t["model"], out, learn_gates=True, gates_out=gates, **{kind: value}, **overrides)
     return out, json.loads(gates.read_text())["config"]["gates"]
 
 
 def run_model(t: dict, work: Path, cuts, overrides: dict, tag: str, greedy: bool, sink) -> None:
     folder = work / t["name"]
     folder.mkdir(parents=True, exist_ok=True)
-    baseline = accuracy(t["model"], t)
+    baseline = checkpoint_accuracy(t["model"], t)
     sink(dict(model=t["name"], route="baseline", cut="-", accuracy=baseline, drop=0.0))
     for kind, value in cuts:
         cut = f"--{kind.replace('_', '-')} {value}"
         if greedy:
             start = time.perf_counter()
-            acc = accuracy(greedy_kd(t, folder, kind, value), t)
+            acc = checkpoint_accuracy(greedy_kd(t, folder, kind, value), t)
             sink(
                 dict(
                     model=t["name"],
@@ -131,7 +73,7 @@ def run_model(t: dict, work: Path, cuts, overrides: dict, tag: str, greedy: bool
             )
         start = time.perf_counter()
         out, report = learned(t, folder, kind, value, overrides, tag)
-        acc = accuracy(out, t)
+        acc = checkpoint_accuracy(out, t)
         sink(
             dict(
                 model=t["name"],
@@ -229,7 +171,7 @@ def main() -> None:
             a.json.write_text(json.dumps(rows, indent=1))
 
     for seed in a.seeds:
-        run_model(task(seed, False), a.work, cuts, overrides, a.tag, not a.no_greedy, sink)
+        run_model(debian_task(seed, False), a.work, cuts, overrides, a.tag, not a.no_greedy, sink)
     print(markdown(rows) + "\n\n" + trace(rows))
 
 

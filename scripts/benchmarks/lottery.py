@@ -27,105 +27,43 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("HEADPRUNE_CACHE", Path.home() / ".cache" / "headprune")) / "debian-sections"
+from scripts.benchmarks.debian_task import (
+    DEBIAN_SECTIONS,
+    checkpoint_accuracy,
+    debian_task,
+    dev_accuracy,
+    run_finetune,
+    run_prune,
+    run_score,
+    run_select,
+    run_timed,
+)
+
 RATIOS = (0.5, 0.75)
 ARMS = ("kd", "rewind", "reinit", "random")
-LR, BATCH, EPOCHS = 1e-4, 16, 1
-
-
-def _ctx():
-    from headprune_cli.stages.unit import Context
-
-    return Context(progress=False)
+LR, BATCH = 1e-4, 16  # and 1 epoch: run_finetune's
 
 
 def task(seed: int, demo: bool) -> dict:
-    if demo:
-        d = ROOT / "examples" / "demo"
-        model = d / "model.safetensors"
-        return dict(
-            name=f"demo-s{seed}",
-            model=model,
-            base=model,
-            calib=d / "calib.jsonl",
-            dev=d / "dev.jsonl",
-            train=d / "train.jsonl",
-            seed=seed,
-            length=32,
-        )
-    model = CACHE / ("model.safetensors" if seed == 0 else f"model-seed{seed}.safetensors")
-    return dict(
-        name=f"debian-s{seed}",
-        model=model,
-        base=CACHE / f"init-seed{seed}",
-        calib=CACHE / "calib.jsonl",
-        dev=CACHE / "dev.jsonl",
-        train=CACHE / "train.jsonl",
-        seed=seed,
-        length=32,
-    )
+    """debian_task's paths, and `base`: the pre-trained model the classifier was fine-tuned from."""
+    t = debian_task(seed, demo)
+    return {**t, "base": t["model"] if demo else DEBIAN_SECTIONS / f"init-seed{seed}"}
 
 
 def baseline(name: str) -> float:
     """Dev accuracy of an unpruned Debian classifier, as make_debian_task recorded it."""
     seed = int(name.rsplit("-s", 1)[1])
-    record = CACHE / ("task.json" if seed == 0 else f"task-seed{seed}.json")
+    record = DEBIAN_SECTIONS / ("task.json" if seed == 0 else f"task-seed{seed}.json")
     return 100 * json.loads(record.read_text())["dev_accuracy"]
 
 
-def accuracy_of(model, t: dict) -> float:
-    from headprune_cli.data.readers import read_data
-    from headprune_cli.stages.objectives import evaluate
-
-    dev = read_data(t["dev"], model, max_length=t["length"])
-    return 100 * next(m.value for m in evaluate(model, dev, "classification") if m.name == "accuracy")
-
-
-def accuracy(path: Path, t: dict) -> float:
-    from headprune_cli import load
-
-    return accuracy_of(load(path), t)
-
-
-def scores(t: dict, folder: Path) -> Path:
-    from headprune_cli.stages.score import stage
-
-    out = folder / "scores-fisher.json"
-    if not out.is_file():
-        stage.run(
-            stage.ScoreOptions(
-                checkpoint=t["model"],
-                data=t["calib"],
-                method="fisher",
-                max_length=t["length"],
-                seed=t["seed"],
-                output=out,
-            ),
-            _ctx(),
-        )
-    return out
-
-
 def plan(t: dict, folder: Path, ratio: float, random: bool) -> Path:
-    from headprune_cli.stages.select import stage
-
     out = folder / f"plan-{'random' if random else 'fisher'}-{ratio}.json"
     if not out.is_file():
         extra = dict(strategy="random", seed=t["seed"]) if random else {}
-        stage.run(stage.SelectOptions(scores=str(scores(t, folder)), output=out, ratio=ratio, **extra), _ctx())
-    return out
-
-
-def prune(plan_path: Path, out: Path) -> Path:
-    from headprune_cli.stages.prune import stage
-
-    if not out.is_file():
-        stage.run(stage.PruneOptions(plan=str(plan_path), output=out), _ctx())
+        run_select(run_score(t, folder / "scores-fisher.json", "fisher"), out, ratio=ratio, **extra)
     return out
 
 
@@ -147,32 +85,11 @@ def start_accuracy(arm: str, pruned: Path, t: dict) -> float:
         rewind(model, options["rewind_to"])
     if "reinit" in options:
         reinit(model, options["reinit"])
-    return accuracy_of(model, t)
+    return dev_accuracy(model, t)
 
 
 def finetune(t: dict, source: Path, out: Path, arm: str) -> dict:
-    from headprune_cli.stages.finetune import stage
-
-    record = out.with_suffix(".time.json")
-    if not out.is_file():
-        begin = time.perf_counter()
-        stage.run(
-            stage.FinetuneOptions(
-                checkpoint=source,
-                data=t["train"],
-                output=out,
-                teacher="auto",
-                epochs=EPOCHS,
-                batch_size=BATCH,
-                lr=LR,
-                max_length=t["length"],
-                seed=t["seed"],
-                **reset(arm, t),
-            ),
-            _ctx(),
-        )
-        record.write_text(json.dumps({"wall_s": time.perf_counter() - begin, "load": os.getloadavg()[0]}))
-    return json.loads(record.read_text())
+    return run_timed(out, lambda: run_finetune(t, source, out, batch_size=BATCH, lr=LR, **reset(arm, t)))
 
 
 def rows_for(t: dict, work: Path) -> list[dict]:
@@ -182,11 +99,11 @@ def rows_for(t: dict, work: Path) -> list[dict]:
     for ratio in RATIOS:
         for arm in ARMS:
             plan_path = plan(t, folder, ratio, random=arm == "random")
-            pruned = prune(plan_path, folder / f"pruned-{plan_path.stem[5:]}.safetensors")
+            pruned = run_prune(plan_path, folder / f"pruned-{plan_path.stem[5:]}.safetensors")
             out = folder / f"{arm}-{ratio}.safetensors"
             timing = finetune(t, pruned, out, arm)
-            acc = accuracy(out, t)
-            unpruned = baseline(t["name"]) if t["name"].startswith("debian") else accuracy(t["model"], t)
+            acc = checkpoint_accuracy(out, t)
+            unpruned = baseline(t["name"]) if t["name"].startswith("debian") else checkpoint_accuracy(t["model"], t)
             removed = sum(len(v) for v in json.loads(plan_path.read_text())["remove_heads"].values())
             rows.append(
                 dict(

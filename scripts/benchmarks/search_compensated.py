@@ -6,7 +6,7 @@ dev.jsonl (471 rows) only evaluates; 32 tokens), fisher scores throughout:
   search  search --method fisher [--ffn --layers] --ratio R | --target-flops F --compensate lstsq --evaluations N
 each cut by `prune --compensate lstsq --data calib.jsonl`, no training: --ratio 0.7 and 0.85 (heads),
 --target-flops 0.5 over heads + FFN neurons + layers. Every output is evaluated on dev.jsonl.
-search_learned.py has the shared pieces (the tasks, prune, evaluation, the table).
+debian_task.py has the task and the stage runs; search_learned.py the prune-and-evaluate row.
 
 Usage (from the repository root; BENCHMARKS.md section 20 has the run it records):
   OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.search_compensated --work /tmp/search_comp \
@@ -20,73 +20,40 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import time
 from pathlib import Path
 
-from scripts.benchmarks.search_learned import _ctx, accuracy, plan_row, task
+from scripts.benchmarks.debian_task import (
+    checkpoint_accuracy,
+    debian_task,
+    run_score,
+    run_search,
+    run_select,
+    run_timed,
+)
+from scripts.benchmarks.search_learned import plan_row
 
 
 def scores(t: dict, folder: Path, deep: bool) -> Path:
-    from headprune_cli.stages.score import stage
-
-    out = folder / ("scores-fisher-ffn-layers.json" if deep else "scores-fisher.json")
-    if not out.is_file():
-        extra = dict(layers=True, ffn=True) if deep else {}
-        stage.run(
-            stage.ScoreOptions(
-                checkpoint=t["model"],
-                data=t["calib"],
-                method="fisher",
-                max_length=t["length"],
-                seed=t["seed"],
-                output=out,
-                **extra,
-            ),
-            _ctx(),
-        )
-    return out
+    if deep:
+        return run_score(t, folder / "scores-fisher-ffn-layers.json", "fisher", layers=True, ffn=True)
+    return run_score(t, folder / "scores-fisher.json", "fisher")
 
 
 def greedy_plan(t: dict, folder: Path, kind: str, value: float) -> Path:
-    from headprune_cli.stages.select import stage
-
     out = folder / f"plan-greedy-fisher-{kind}-{value}.json"
     if not out.is_file():
-        source = scores(t, folder, deep=kind != "ratio")
-        stage.run(stage.SelectOptions(scores=str(source), output=out, **{kind: value}), _ctx())
+        run_select(scores(t, folder, deep=kind != "ratio"), out, **{kind: value})
     return out
 
 
 def search_plan(
     t: dict, folder: Path, kind: str, value: float, evaluations: int, compensation: str, judge: str | None = None
 ) -> tuple[Path, dict]:
-    from headprune_cli.stages.search import stage
-
     by = f"-{judge}" if judge else ""
     out = folder / f"plan-search-fisher-{compensation}{by}-{kind}-{value}-e{evaluations}.json"
-    record = folder / (out.stem + ".time.json")
-    if not out.is_file():
-        extra = dict(layers=True, ffn=True) if kind != "ratio" else {}
-        start = time.perf_counter()
-        stage.run(
-            stage.SearchOptions(
-                checkpoint=t["model"],
-                data=t["calib"],
-                method="fisher",
-                max_length=t["length"],
-                seed=t["seed"],
-                evaluations=evaluations,
-                compensation=compensation,
-                judge=judge,
-                output=out,
-                **{kind: value},
-                **extra,
-            ),
-            _ctx(),
-        )
-        record.write_text(json.dumps({"wall_s": time.perf_counter() - start, "load": os.getloadavg()[0]}))
-    return out, json.loads(record.read_text())
+    extra = dict(layers=True, ffn=True) if kind != "ratio" else {}
+    options = dict(evaluations=evaluations, compensation=compensation, judge=judge, **{kind: value}, **extra)
+    return out, run_timed(out, lambda: run_search(t, out, "fisher", **options))
 
 
 def markdown(rows: list[dict]) -> str:
@@ -139,10 +106,10 @@ def main() -> None:
             a.json.write_text(json.dumps(rows, indent=1))
 
     for seed in a.seeds:
-        t = task(seed, demo=False)
+        t = debian_task(seed, demo=False)
         folder = a.work / t["name"]
         folder.mkdir(parents=True, exist_ok=True)
-        baseline = accuracy(t["model"], t)
+        baseline = checkpoint_accuracy(t["model"], t)
         sink(dict(model=t["name"], route="baseline", cut="-", accuracy=baseline, drop=0.0))
         for cut in a.cuts:
             kind, value = cut.split("=")[0], float(cut.split("=")[1])

@@ -34,150 +34,52 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("HEADPRUNE_CACHE", Path.home() / ".cache" / "headprune")) / "debian-sections"
+from scripts.benchmarks.debian_task import (
+    checkpoint_accuracy,
+    debian_task,
+    run_finetune,
+    run_prune,
+    run_score,
+    run_search,
+    run_select,
+    run_timed,
+)
+
 CUTS = (("ratio", 0.7), ("ratio", 0.85), ("target_flops", 0.5))
 LEARN_RATIO = 0.85
 
 
-def _ctx():
-    from headprune_cli.stages.unit import Context
-
-    return Context(progress=False)
-
-
-def task(seed: int, demo: bool) -> dict:
-    if demo:
-        d = ROOT / "examples" / "demo"
-        return dict(
-            name=f"demo-s{seed}",
-            model=d / "model.safetensors",
-            calib=d / "calib.jsonl",
-            dev=d / "dev.jsonl",
-            train=d / "train.jsonl",
-            seed=seed,
-            length=32,
-        )
-    model = CACHE / ("model.safetensors" if seed == 0 else f"model-seed{seed}.safetensors")
-    return dict(
-        name=f"debian-s{seed}",
-        model=model,
-        calib=CACHE / "calib.jsonl",
-        dev=CACHE / "dev.jsonl",
-        train=CACHE / "train.jsonl",
-        seed=seed,
-        length=32,
-    )
-
-
-def accuracy(path: Path, t: dict) -> float:
-    from headprune_cli import load
-    from headprune_cli.data.readers import read_data
-    from headprune_cli.stages.objectives import evaluate
-
-    model = load(path)
-    dev = read_data(t["dev"], model, max_length=t["length"])
-    return 100 * next(m.value for m in evaluate(model, dev, "classification") if m.name == "accuracy")
-
-
 def scores(t: dict, folder: Path, layers: bool) -> Path:
-    from headprune_cli.stages.score import stage
-
-    out = folder / ("scores-taylor-loo.json" if layers else "scores-taylor.json")
-    if not out.is_file():
-        extra = dict(layers=True, layer_method="loo") if layers else {}
-        stage.run(
-            stage.ScoreOptions(
-                checkpoint=t["model"],
-                data=t["calib"],
-                method="taylor",
-                max_length=t["length"],
-                seed=t["seed"],
-                output=out,
-                **extra,
-            ),
-            _ctx(),
-        )
-    return out
+    if layers:
+        return run_score(t, folder / "scores-taylor-loo.json", "taylor", layers=True, layer_method="loo")
+    return run_score(t, folder / "scores-taylor.json", "taylor")
 
 
 def greedy_plan(t: dict, folder: Path, kind: str, value: float) -> tuple[Path, dict]:
-    from headprune_cli.stages.select import stage
-
     out = folder / f"plan-greedy-{kind}-{value}.json"
     if not out.is_file():
-        source = scores(t, folder, layers=kind != "ratio")
-        stage.run(stage.SelectOptions(scores=str(source), output=out, **{kind: value}), _ctx())
+        run_select(scores(t, folder, layers=kind != "ratio"), out, **{kind: value})
     return out, {}
 
 
 def search_plan(t: dict, folder: Path, kind: str, value: float, evaluations: int, rescore: bool) -> tuple[Path, dict]:
-    from headprune_cli.stages.search import stage
-
     out = folder / f"plan-search{'-rescore' if rescore else ''}-{kind}-{value}.json"
-    record = folder / (out.stem + ".time.json")
-    if not out.is_file():
-        extra = (
-            {"rescore_layers": True}
-            if rescore
-            else ({"layers": True, "layer_method": "loo"} if kind != "ratio" else {})
-        )
-        start = time.perf_counter()
-        stage.run(
-            stage.SearchOptions(
-                checkpoint=t["model"],
-                data=t["calib"],
-                method="taylor",
-                max_length=t["length"],
-                seed=t["seed"],
-                evaluations=evaluations,
-                output=out,
-                **{kind: value},
-                **extra,
-            ),
-            _ctx(),
-        )
-        record.write_text(json.dumps({"wall_s": time.perf_counter() - start, "load": os.getloadavg()[0]}))
-    return out, json.loads(record.read_text())
+    extra = (
+        {"rescore_layers": True} if rescore else ({"layers": True, "layer_method": "loo"} if kind != "ratio" else {})
+    )
+    return out, run_timed(out, lambda: run_search(t, out, "taylor", evaluations=evaluations, **{kind: value}, **extra))
 
 
 def prune(t: dict, plan: Path, out: Path, compensation: str) -> Path:
-    from headprune_cli.stages.prune import stage
-
-    if not out.is_file():
-        data = t["calib"] if compensation != "none" else None
-        stage.run(
-            stage.PruneOptions(
-                plan=str(plan), output=out, compensation=compensation, data=data, max_length=t["length"]
-            ),
-            _ctx(),
-        )
-    return out
+    data = t["calib"] if compensation != "none" else None
+    return run_prune(plan, out, compensation=compensation, data=data, max_length=t["length"])
 
 
 def finetune(t: dict, source: Path, out: Path, learn: bool) -> Path:
-    from headprune_cli.stages.finetune import stage
-
-    if not out.is_file():
-        extra = dict(learn_gates=True, ratio=LEARN_RATIO, gates_out=out.with_suffix(".gates.json")) if learn else {}
-        stage.run(
-            stage.FinetuneOptions(
-                checkpoint=source,
-                data=t["train"],
-                output=out,
-                teacher="auto",
-                epochs=1,
-                max_length=t["length"],
-                seed=t["seed"],
-                **extra,
-            ),
-            _ctx(),
-        )
-    return out
+    extra = dict(learn_gates=True, ratio=LEARN_RATIO, gates_out=out.with_suffix(".gates.json")) if learn else {}
+    return run_finetune(t, source, out, **extra)
 
 
 def plan_row(
@@ -188,7 +90,7 @@ def plan_row(
         t, plan_path, folder / (plan_path.stem.replace("plan-", "") + f".{compensation}.safetensors"), compensation
     )
     predicted = plan["predicted"]
-    acc = accuracy(pruned, t)
+    acc = checkpoint_accuracy(pruned, t)
     return dict(
         model=t["name"],
         route=name,
@@ -211,7 +113,7 @@ def run_model(
 ) -> None:
     folder = work / t["name"]
     folder.mkdir(parents=True, exist_ok=True)
-    baseline = accuracy(t["model"], t)
+    baseline = checkpoint_accuracy(t["model"], t)
     sink(dict(model=t["name"], route="baseline", cut="-", accuracy=baseline, drop=0.0))
     for kind, value in cuts:
         path, timing = greedy_plan(t, folder, kind, value)
@@ -224,7 +126,7 @@ def run_model(
     if learn:
         greedy_cut = folder / f"greedy-ratio-{LEARN_RATIO}.lstsq.safetensors"
         tuned = finetune(t, greedy_cut, folder / f"greedy-ratio-{LEARN_RATIO}.lstsq.kd1.safetensors", learn=False)
-        acc = accuracy(tuned, t)
+        acc = checkpoint_accuracy(tuned, t)
         sink(
             dict(
                 model=t["name"],
@@ -235,7 +137,7 @@ def run_model(
             )
         )
         learned = finetune(t, t["model"], folder / f"learned-ratio-{LEARN_RATIO}.safetensors", learn=True)
-        acc = accuracy(learned, t)
+        acc = checkpoint_accuracy(learned, t)
         sink(
             dict(
                 model=t["name"],
@@ -263,7 +165,7 @@ def masked(rows: list[dict], work: Path, demo: bool) -> str:
         "|---|---|---|---:|---:|---:|",
     ]
     for name in dict.fromkeys(r["model"] for r in rows if "checkpoint" in r):
-        t = task(int(name.rsplit("-s", 1)[1]), demo)
+        t = debian_task(int(name.rsplit("-s", 1)[1]), demo)
         model = load(t["model"])
         dev, calib = (
             read_data(t["dev"], model, max_length=t["length"]),
@@ -343,7 +245,9 @@ def main() -> None:
 
     for seed in a.seeds:
         cuts = [(c.split("=")[0], float(c.split("=")[1])) for c in a.cuts] if a.cuts else CUTS
-        run_model(task(seed, a.demo), a.work, a.evaluations, not a.no_learn, a.rescore, sink, cuts, a.compensation)
+        run_model(
+            debian_task(seed, a.demo), a.work, a.evaluations, not a.no_learn, a.rescore, sink, cuts, a.compensation
+        )
     print(markdown(rows))
 
 

@@ -31,13 +31,20 @@ import os
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("HEADPRUNE_CACHE", Path.home() / ".cache" / "headprune"))
-LENGTH = 32
+from scripts.benchmarks.debian_task import (
+    DEBIAN_SECTIONS,
+    HEADPRUNE_CACHE,
+    LENGTH,
+    ROOT,
+    quiet_context,
+    run_finetune,
+    run_prune_lstsq,
+)
 
 
 def tasks() -> dict[str, dict]:
-    sections, kinds = CACHE / "debian-sections", CACHE / "debian-kinds"
+    sections, kinds = DEBIAN_SECTIONS, HEADPRUNE_CACHE / "debian-kinds"
+    common = dict(seed=0, length=LENGTH)  # finetune's seed; the length of every stage
     return {
         "sections": dict(
             model=sections / "model-on-base.safetensors",
@@ -45,6 +52,7 @@ def tasks() -> dict[str, dict]:
             dev=sections / "dev.jsonl",
             train=sections / "train.jsonl",
             objective="classification",
+            **common,
         ),
         "kinds": dict(
             model=kinds / "model.safetensors",
@@ -52,21 +60,17 @@ def tasks() -> dict[str, dict]:
             dev=kinds / "dev.jsonl",
             train=kinds / "train.jsonl",
             objective="classification",
+            **common,
         ),
         "fidelity": dict(
-            model=CACHE / "minilm" / "model.safetensors",
+            model=HEADPRUNE_CACHE / "minilm" / "model.safetensors",
             calib=ROOT / "examples" / "minilm_calib.txt",
             dev=ROOT / "examples" / "minilm_heldout.txt",
             train=ROOT / "examples" / "minilm_calib.txt",
             objective="fidelity",
+            **common,
         ),
     }
-
-
-def _ctx():
-    from headprune_cli.stages.unit import Context
-
-    return Context(progress=False)
 
 
 def quality(path: Path, t: dict) -> float:
@@ -92,33 +96,9 @@ def cross_task(folder: Path, target: float) -> dict:
         ]
         stage.run(
             stage.TasksOptions(task=specs, target_flops=target, method="fisher", max_length=LENGTH, output=folder),
-            _ctx(),
+            quiet_context(),
         )
     return json.loads((folder / "tasks.json").read_text())
-
-
-def prune(t: dict, plan: Path, out: Path) -> Path:
-    from headprune_cli.stages.prune import stage
-
-    if not out.is_file():
-        stage.run(
-            stage.PruneOptions(plan=str(plan), output=out, compensation="lstsq", data=t["calib"], max_length=LENGTH),
-            _ctx(),
-        )
-    return out
-
-
-def finetune(t: dict, source: Path, out: Path) -> Path:
-    from headprune_cli.stages.finetune import stage
-
-    if not out.is_file():
-        stage.run(
-            stage.FinetuneOptions(
-                checkpoint=source, data=t["train"], output=out, teacher="auto", epochs=1, max_length=LENGTH, seed=0
-            ),
-            _ctx(),
-        )
-    return out
 
 
 def timed(fn, *args) -> tuple[object, float]:
@@ -135,8 +115,8 @@ def run(work: Path, targets: list[float], sink, only: list[str] | None = None) -
         for entry in [e for e in art["tasks"] if not only or e["name"] in only]:
             name, t = entry["name"], tasks()[entry["name"]]
             for which, plan in (("own", folder / f"plan-{name}.json"), ("shared", folder / f"plan-shared-{name}.json")):
-                cut = prune(t, plan, folder / f"{name}-{which}.lstsq.safetensors")
-                tuned, seconds = timed(finetune, t, cut, folder / f"{name}-{which}.lstsq.kd1.safetensors")
+                cut = run_prune_lstsq(t, plan, folder / f"{name}-{which}.lstsq.safetensors")
+                tuned, seconds = timed(run_finetune, t, cut, folder / f"{name}-{which}.lstsq.kd1.safetensors")
                 row = {
                     "target": target,
                     "task": name,

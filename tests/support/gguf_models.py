@@ -51,9 +51,11 @@ def bpe_tokenizer():
     return tokenizer
 
 
-def tiny_llama(cls=T.LlamaForCausalLM, config_cls=T.LlamaConfig, **extra) -> torch.nn.Module:
+def tiny_llama(cls=T.LlamaForCausalLM, config_cls=T.LlamaConfig, **config) -> torch.nn.Module:
+    """4 layers, 8 query heads in 4 KV groups of head_dim 16, FFN 128, weights of a trained scale and
+    the BPE tokenizer; `config` adds to the config's fields or replaces them (vllm_models' widths)."""
     torch.manual_seed(0)
-    config = config_cls(
+    shape = dict(
         vocab_size=VOCAB,
         hidden_size=64,
         num_hidden_layers=4,
@@ -67,9 +69,8 @@ def tiny_llama(cls=T.LlamaForCausalLM, config_cls=T.LlamaConfig, **extra) -> tor
         eos_token_id=2,
         pad_token_id=0,
         tie_word_embeddings=False,
-        **extra,
     )
-    model = cls(config).eval()
+    model = cls(config_cls(**(shape | config))).eval()
     with torch.no_grad():  # weights of a trained scale, so logits differ visibly between tokens
         for name, p in model.named_parameters():
             if p.dim() == 2:

@@ -1,7 +1,8 @@
 """Tiny LLaMA-family checkpoints for the vLLM export tests (`export --vllm`).
 
 vLLM's CPU attention takes head sizes from 32 up, so these models have head_dim 32 (the GGUF
-tests' models have 16); the tokenizer is theirs (byte-level BPE from tests/support/gguf_models.py).
+tests' models have 16); otherwise they are those (tests/support/gguf_models.py's tiny_llama:
+its layers, weights and byte-level BPE tokenizer).
 """
 
 from __future__ import annotations
@@ -9,8 +10,7 @@ from __future__ import annotations
 import torch
 import transformers as T
 
-from headprune_cli.model.layout import info_of
-from tests.support.gguf_models import VOCAB, bpe_tokenizer
+from tests.support.gguf_models import tiny_llama
 
 # vLLM's nemotron-nas shape: every kept layer 4 query heads; layer 0 keeps KV groups 0 and 1
 # (2 KV heads, 256 FFN neurons), layer 1 is dropped, layer 2 keeps one query head of each of its
@@ -25,32 +25,6 @@ NAS = (
 UNEVEN_QUERY = ({0: [4, 5, 6, 7]}, [], {})
 
 
-def tiny_llama32(cls=T.LlamaForCausalLM, config_cls=T.LlamaConfig, **extra) -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = config_cls(
-        vocab_size=VOCAB,
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=32,
-        intermediate_size=256,
-        max_position_embeddings=256,
-        rope_theta=10000.0,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-        **extra,
-    )
-    model = cls(config).eval()
-    with torch.no_grad():  # weights of a trained scale, so logits differ visibly between tokens
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.08)
-            elif name.endswith("bias"):
-                p.normal_(0, 0.05)
-    info = info_of(model)
-    info.tokenizer = bpe_tokenizer().to_str()
-    info.tokenizer_config = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
-    return model
+def tiny_llama32(cls=T.LlamaForCausalLM, config_cls=T.LlamaConfig, **config) -> torch.nn.Module:
+    """The GGUF tests' tiny LLaMA at head_dim 32 (hidden 128, FFN 256)."""
+    return tiny_llama(cls, config_cls, hidden_size=128, head_dim=32, intermediate_size=256, **config)

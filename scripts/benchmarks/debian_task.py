@@ -1,0 +1,151 @@
+"""The Debian-sections classifiers several benchmarks prune, and the stage runs they share.
+
+scripts/tools/make_debian_task.py writes the task under $HEADPRUNE_CACHE (or
+~/.cache/headprune), folder debian-sections/: train.jsonl (1696 rows), dev.jsonl (471 rows,
+only evaluates), calib.jsonl (233 rows, scores and compensates), model.safetensors (the
+seed-0 fine-tuned MiniLM) and model-seed{N}.safetensors (the other seeds); 32 tokens.
+`--demo` runs use the bundled toy classifier in examples/demo/ instead.
+
+The benchmarks drive each stage's options model and `run` in one process, so the start-up
+of each command is paid once. The run_* helpers run a stage quietly and only when its output
+file is missing: the work folders are caches keyed by file name, so a rerun fills in what is
+missing. headprune itself loads on the first call, not at import (a script checks its
+arguments first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HEADPRUNE_CACHE = Path(os.environ.get("HEADPRUNE_CACHE", Path.home() / ".cache" / "headprune"))
+DEBIAN_SECTIONS = HEADPRUNE_CACHE / "debian-sections"
+DEMO = ROOT / "examples" / "demo"
+LENGTH = 32  # one-line descriptions: they fit 32 word pieces
+
+
+def quiet_context():
+    """A stage context without progress bars."""
+    from headprune_cli.stages.unit import Context
+
+    return Context(progress=False)
+
+
+def debian_checkpoint(seed: int) -> Path:
+    """The fine-tuned Debian-sections classifier of `seed`."""
+    return DEBIAN_SECTIONS / ("model.safetensors" if seed == 0 else f"model-seed{seed}.safetensors")
+
+
+def debian_task(seed: int, demo: bool = False) -> dict:
+    """Paths and settings of one classifier: name, model, calib, dev, train, seed, length."""
+    folder, model = (DEMO, DEMO / "model.safetensors") if demo else (DEBIAN_SECTIONS, debian_checkpoint(seed))
+    return dict(
+        name=f"{'demo' if demo else 'debian'}-s{seed}",
+        model=model,
+        calib=folder / "calib.jsonl",
+        dev=folder / "dev.jsonl",
+        train=folder / "train.jsonl",
+        seed=seed,
+        length=LENGTH,
+    )
+
+
+def dev_accuracy(model, t: dict) -> float:
+    """Dev accuracy (%) of a loaded classifier on the task's dev.jsonl."""
+    from headprune_cli.data.readers import read_data
+    from headprune_cli.stages.objectives import evaluate
+
+    dev = read_data(t["dev"], model, max_length=t["length"])
+    return 100 * next(m.value for m in evaluate(model, dev, "classification") if m.name == "accuracy")
+
+
+def checkpoint_accuracy(path: Path, t: dict) -> float:
+    """Dev accuracy (%) of the checkpoint at `path`."""
+    from headprune_cli import load
+
+    return dev_accuracy(load(path), t)
+
+
+def _on_calibration(t: dict, out: Path, method: str) -> dict:
+    """What score and search share: the task's model scored by `method` on calib.jsonl at its length and seed."""
+    return dict(
+        checkpoint=t["model"], data=t["calib"], method=method, max_length=t["length"], seed=t["seed"], output=out
+    )
+
+
+def run_score(t: dict, out: Path, method: str, **options) -> Path:
+    """`score MODEL --data calib.jsonl --method METHOD` at the task's length and seed, into `out`."""
+    from headprune_cli.stages.score import stage
+
+    if not out.is_file():
+        stage.run(stage.ScoreOptions(**_on_calibration(t, out, method), **options), quiet_context())
+    return out
+
+
+def run_search(t: dict, out: Path, method: str, **options) -> Path:
+    """`search MODEL --data calib.jsonl --method METHOD` at the task's length and seed, into the plan `out`."""
+    from headprune_cli.stages.search import stage
+
+    if not out.is_file():
+        stage.run(stage.SearchOptions(**_on_calibration(t, out, method), **options), quiet_context())
+    return out
+
+
+def run_select(scores: Path, out: Path, **options) -> Path:
+    """`select SCORES [options]` into the plan `out`."""
+    from headprune_cli.stages.select import stage
+
+    if not out.is_file():
+        stage.run(stage.SelectOptions(scores=str(scores), output=out, **options), quiet_context())
+    return out
+
+
+def run_prune(plan: Path, out: Path, **options) -> Path:
+    """`prune --plan PLAN [options]` into the checkpoint `out`."""
+    from headprune_cli.stages.prune import stage
+
+    if not out.is_file():
+        stage.run(stage.PruneOptions(plan=str(plan), output=out, **options), quiet_context())
+    return out
+
+
+def run_prune_lstsq(t: dict, plan: Path, out: Path) -> Path:
+    """`prune --plan PLAN --compensate lstsq --data calib.jsonl` at the task's length."""
+    return run_prune(plan, out, compensation="lstsq", data=t["calib"], max_length=t["length"])
+
+
+def run_finetune(t: dict, source: Path, out: Path, **options) -> Path:
+    """`finetune SOURCE --data train.jsonl --teacher auto --epochs 1 [options]` at the task's
+    length and seed, into `out`."""
+    from headprune_cli.stages.finetune import stage
+
+    if not out.is_file():
+        stage.run(
+            stage.FinetuneOptions(
+                checkpoint=source,
+                data=t["train"],
+                output=out,
+                teacher="auto",
+                epochs=1,
+                max_length=t["length"],
+                seed=t["seed"],
+                **options,
+            ),
+            quiet_context(),
+        )
+    return out
+
+
+def run_timed(out: Path, make: Callable[[], object]) -> dict:
+    """Calls `make` (which writes `out`) unless `out` is there; returns the wall seconds and the
+    load average of the call that wrote it, kept beside it in OUT.time.json."""
+    record = out.with_suffix(".time.json")
+    if not out.is_file():
+        start = time.perf_counter()
+        make()
+        record.write_text(json.dumps({"wall_s": time.perf_counter() - start, "load": os.getloadavg()[0]}))
+    return json.loads(record.read_text())
