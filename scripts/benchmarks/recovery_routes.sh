@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Usage: [OUT=/tmp/recovery_routes] [SEEDS="0 1"] [ROUTES="full lora lora-x10 fsdp"] bash scripts/benchmarks/recovery_routes.sh
+# Usage: [OUT=/tmp/recovery_routes] [SEEDS="0 1"] [ROUTES="full lora-x1 lora-x10 lora-x30 fsdp"] bash scripts/benchmarks/recovery_routes.sh
 #   (after scripts/tools/make_debian_task.py --seed 0 and --seed 1)
 # Full KD against LoRA KD against FSDP KD on the same cut: heads + FFN at 0.5 of the FLOPs
 # (fisher on calib.jsonl, lstsq compensation), then one epoch of `finetune --teacher auto`
 # on train.jsonl (1696 rows, batch 16, the model's seed) four ways:
 #   full       every weight, AdamW, one process
-#   lora       --lora (rank 8, the default learning rate)
+#   lora       --lora (rank 8, its default rate: 10 x full training's since BENCHMARKS.md §27)
 #   lora-xN    --lora --lr N x full training's default rate (e.g. lora-x10, lora-x30)
 #   fsdp       --fsdp under torchrun --nproc-per-node 2 (gloo), the same global batch
 # Dev accuracy from `report --repeats 0` (no timing); peak RSS of each finetune from
@@ -24,7 +24,7 @@ for seed in ${SEEDS:-0 1}; do
   headprune prune "$M" --plan $W/plan.json --compensate lstsq --data $T/calib.jsonl --max-length 32 -o $W/cut.safetensors --force
   LR=$(python -c "from headprune_cli import load; from headprune_cli.stages.finetune.train import default_lr; print(default_lr(load('$W/cut.safetensors')))")
   COMMON=(--data $T/train.jsonl --teacher auto --epochs 1 --max-length 32 --seed "$seed" --force)
-  for route in ${ROUTES:-full lora lora-x10 fsdp}; do
+  for route in ${ROUTES:-full lora-x1 lora-x10 lora-x30 fsdp}; do
     case $route in
       full) CMD=(headprune finetune $W/cut.safetensors "${COMMON[@]}") ;;
       lora) CMD=(headprune finetune $W/cut.safetensors "${COMMON[@]}" --lora) ;;

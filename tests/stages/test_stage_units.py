@@ -198,7 +198,7 @@ def test_import_run_copies_a_checkpoint_and_refuses_a_missing_source(pruned, tmp
 
 def test_export_run_writes_a_folder_that_imports_back(pruned, tmp_path):
     ctx, text = _context()
-    with pytest.raises(UsageError, match="exactly one of --onnx FILE, --hf DIR or --gguf FILE"):
+    with pytest.raises(UsageError, match="exactly one of --onnx FILE, --hf DIR, --gguf FILE or --vllm DIR"):
         export_stage.run(export_stage.ExportOptions(checkpoint=pruned), ctx)
     with pytest.raises(UsageError, match="go with --hf DIR"):
         export_stage.run(export_stage.ExportOptions(checkpoint=pruned, onnx=tmp_path / "m.onnx", with_onnx=True), ctx)

@@ -48,6 +48,11 @@ class LoraSpec:
         return {"rank": self.rank, "alpha": self.scale_alpha, "dropout": self.dropout, "targets": self.targets}
 
 
+# LoRA's default rate, as a multiple of full training's default (train.default_lr): of 1x, 10x and
+# 30x, 10x recovered the most on both Debian classifiers after the same cut (BENCHMARKS.md §27).
+LORA_LR_FACTOR = 10.0
+
+
 def projections(model: nn.Module) -> dict[str, nn.Module]:
     """Every block's attention and FFN projections by their full module names, in model order."""
     adapter = adapter_for(model)

@@ -47,7 +47,9 @@ class FinetuneOptions(Options):
     epochs: int | None = option(None, "Passes over the training data (default 1 unless --steps).")
     steps: int | None = option(None, "Optimizer steps (instead of --epochs).")
     lr: float | None = option(
-        None, "Peak learning rate (default: about a tenth of the usual fine-tuning rate for the model's size)."
+        None,
+        "Peak learning rate (default: about a tenth of the usual fine-tuning rate for the model's size; "
+        "with --lora, 10x that).",
     )
     batch_size: int = option(16, "Rows per micro-batch, over all processes.", ge=1)
     grad_accum: int = option(1, "Micro-batches per optimizer step.", ge=1)
@@ -238,6 +240,7 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
     )  # the state folder is deleted at the end
     model = load(opts.checkpoint)
     reset = _reset_weights(opts, model, ctx)
+    lr = chosen_lr(opts, model)  # before the adapters join the model's parameters
     adapted = _attach_lora(opts, model)
     teacher = _teacher(opts.teacher, opts.checkpoint, model, root_teaches_itself=opts.learn_gates)
     train = read_data(opts.data, model, max_length=opts.max_length, seed=opts.seed)
@@ -247,7 +250,7 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
     cfg = FinetuneConfig(
         epochs=opts.epochs,
         steps=opts.steps,
-        lr=opts.lr,
+        lr=lr,
         batch_size=opts.batch_size,
         grad_accum=opts.grad_accum,
         warmup=opts.warmup,
@@ -333,6 +336,17 @@ def _reset_weights(opts: FinetuneOptions, model, ctx: Context) -> str | None:
     done = rewind(model, opts.rewind_to)
     ctx.print(done.summary(model.headprune.provenance.get("root")), soft_wrap=True, markup=False)
     return f"rewind {done.sha256}"
+
+
+def chosen_lr(opts: FinetuneOptions, model) -> float | None:
+    """--lr; else with --lora, LORA_LR_FACTOR x full training's default (adapters start at zero
+    and move a few parameters, so they take larger steps); else None: train.py's default_lr."""
+    if opts.lr is not None or not opts.lora:
+        return opts.lr
+    from headprune_cli.stages.finetune.lora import LORA_LR_FACTOR  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.stages.finetune.train import default_lr  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+
+    return LORA_LR_FACTOR * default_lr(model)
 
 
 def _attach_lora(opts: FinetuneOptions, model):

@@ -165,3 +165,14 @@ def test_recompute_changes_no_gradient(lora):
     assert any(not torch.equal(results[0][k], fresh[k]) for k in fresh)  # it trained
     for name, value in results[0].items():
         torch.testing.assert_close(results[1][name], value, rtol=1e-6, atol=1e-7)
+
+
+def test_lora_defaults_to_ten_times_full_trainings_rate_and_an_explicit_lr_wins(tmp_path):
+    from headprune_cli.stages.finetune.stage import FinetuneOptions, chosen_lr
+    from headprune_cli.stages.finetune.train import default_lr
+
+    model = _pruned("llama-gqa")
+    common = {"checkpoint": tmp_path / "m.safetensors", "data": tmp_path / "d.jsonl", "output": tmp_path / "o"}
+    assert chosen_lr(FinetuneOptions(**common, lora=True), model) == pytest.approx(10 * default_lr(model))
+    assert chosen_lr(FinetuneOptions(**common, lora=True, lr=3e-4), model) == 3e-4
+    assert chosen_lr(FinetuneOptions(**common), model) is None  # full training: train.py's default_lr
