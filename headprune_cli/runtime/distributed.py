@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from headprune_cli.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -47,6 +49,7 @@ def setup() -> Dist:
         return Dist()
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
+    _check_one_gpu_per_process(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     cuda = torch.cuda.is_available() and torch.cuda.device_count() > local
     device = torch.device(f"cuda:{local}") if cuda else torch.device("cpu")
     if not dist.is_initialized():
@@ -54,6 +57,17 @@ def setup() -> Dist:
             torch.cuda.set_device(device)
         dist.init_process_group(backend="nccl" if cuda else "gloo")
     return Dist(rank=rank, world=world, device=device)
+
+
+def _check_one_gpu_per_process(local_world: int) -> None:
+    """On a GPU node every process needs a GPU of its own: nccl cannot share one, and a process
+    left on the CPU would join with gloo while the others use nccl, and the group would hang."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if 0 < gpus < local_world:
+        raise UsageError(
+            f"torchrun started {local_world} processes on this node, which has {gpus} GPU(s); nccl needs one "
+            f"GPU per process: use --nproc-per-node {gpus} (or CUDA_VISIBLE_DEVICES= for gloo on the CPU)"
+        )
 
 
 def shard(batch: dict[str, torch.Tensor], ctx: Dist) -> dict[str, torch.Tensor]:
