@@ -21,6 +21,13 @@ rm -rf "$ENV_DIR"
 "$PYTHON" -m venv "$ENV_DIR"
 "$ENV_DIR/bin/python" -m pip install -q --upgrade pip >&2
 export CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DGGML_OPENMP=ON ${HEADPRUNE_LLAMA_CPP_CMAKE_ARGS:-}"
+# Why no AMX: a native build on a CPU with AMX (Sapphire Rapids and later) routes q8_0/q4_0
+# products through ggml's AMX kernels, which segfaulted on the first eval of our GGUF files
+# (llama.cpp issue #20824, closed unfixed); -mno-amx-* before -march=native keep them out.
+if [ "$(uname -m)" = x86_64 ]; then
+  export CFLAGS="${CFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  export CXXFLAGS="${CXXFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+fi
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 nice "$ENV_DIR/bin/python" -m pip install -q --no-cache-dir --no-binary llama-cpp-python "llama-cpp-python==$VERSION" >&2
 "$ENV_DIR/bin/python" -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)" >&2
