@@ -168,6 +168,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--engine-python", default=str(DEFAULT_ENGINE))
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="NAME=CHECKPOINT",
+        help="another checkpoint to serve beside the three (e.g. a cut after `finetune`); repeatable",
+    )
+    parser.add_argument("--only", help="comma-separated model names to run (default: all)")
     args = parser.parse_args(argv)
     import torch
 
@@ -175,6 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     summary = json.loads(args.summary.read_text())
     args.work.mkdir(parents=True, exist_ok=True)
     models = cuts(summary, args.work, args.keep, args.threads)
+    models |= {name: Path(path) for name, path in (item.split("=", 1) for item in args.also)}
+    if args.only:
+        models = {name: models[name] for name in args.only.split(",")}
     rows, dataset = eval_rows(summary, args.work, args.eval_docs)
     results = []
     for name, path in models.items():
