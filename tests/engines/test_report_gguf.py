@@ -15,9 +15,12 @@ import json
 import os
 
 import pytest
+import torch
 
+import headprune_cli
 from tests.support.engines import llama_cpp_python
 from tests.support.gguf_models import NON_UNIFORM, TEXT, tiny_llama, write_checkpoint
+from tests.support.refusals import assert_refused
 
 pytestmark = pytest.mark.engines
 
@@ -80,3 +83,33 @@ def test_report_gguf_gives_llama_cpp_perplexity(cli, workspace, monkeypatch):
     print(f"checkpoint perplexity {own:.6f}; llama.cpp {found}; relative gaps {gaps}")
     assert gaps["f32"] < 1e-4, gaps
     assert gaps["q8_0"] < Q8_BOUND, gaps
+
+
+def test_a_gguf_of_another_model_is_refused(cli, workspace, tmp_path, monkeypatch):
+    """Another shape (the uncut base: llama, 4 blocks) and the same shape with other weights."""
+    monkeypatch.setenv("HEADPRUNE_LLAMA_CPP_ENV", os.path.dirname(os.path.dirname(llama_cpp_python())))
+    other = headprune_cli.load(workspace / "pruned.safetensors")
+    with torch.no_grad():
+        for p in other.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.08)
+    headprune_cli.save(other, tmp_path / "other.safetensors")
+    for source, message in (("base.safetensors", "4 blocks"), (tmp_path / "other.safetensors", "probe row")):
+        gguf = tmp_path / "shipped.gguf"
+        assert cli("export", workspace / source, "--gguf", gguf, "--force").code == 0
+        res = cli(
+            "report",
+            "--model",
+            workspace / "pruned.safetensors",
+            "--baseline",
+            workspace / "base.safetensors",
+            "--data",
+            workspace / "eval.txt",
+            *FAST,
+            "--gguf",
+            gguf,
+            "--json",
+            tmp_path / "r.json",
+        )
+        assert_refused(res, 1, message)
+        assert "not an export of --model" in res.err and not (tmp_path / "r.json").exists()
