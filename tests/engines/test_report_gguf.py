@@ -79,6 +79,8 @@ def test_report_gguf_gives_llama_cpp_perplexity(cli, workspace, monkeypatch):
         assert set(report["measured"]["latency_ms"]) == {"baseline", "pruned"}
         assert report["config"]["gguf"] == str(gguf) and "engine_python" not in report["config"]
         found[kind] = _perplexity(report["metrics"]["pruned"])
+        medians = {side: lat["median_ms"] for side, lat in report["measured"]["latency_ms"].items()}
+        print(f"{kind}: forward ms (PyTorch baseline, llama.cpp file) {medians}")
     gaps = {kind: abs(ppl - own) / own for kind, ppl in found.items()}
     print(f"checkpoint perplexity {own:.6f}; llama.cpp {found}; relative gaps {gaps}")
     assert gaps["f32"] < 1e-4, gaps
