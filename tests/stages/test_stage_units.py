@@ -98,7 +98,7 @@ def test_stage_defaults_agree_with_the_library_dataclasses():
 
     finetune_pairs = _shared_defaults(finetune_stage.FinetuneOptions, FinetuneConfig)
     report_pairs = _shared_defaults(report_stage.ReportStageOptions, ReportOptions)
-    assert len(finetune_pairs) == 18 and len(report_pairs) == len(dataclasses.fields(ReportOptions)) == 15
+    assert len(finetune_pairs) == 18 and len(report_pairs) == len(dataclasses.fields(ReportOptions)) == 17
     # --hidden-weight's default depends on the mode (1 for --learn-gates with a teacher, else the
     # library's 0), so the stage resolves it before the config sees it.
     mode_dependent = {"hidden_weight": (None, 0.0)}

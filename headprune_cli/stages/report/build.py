@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (
 from headprune_cli.stages.report import serving
 from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs
 from headprune_cli.stages.report.latency_cost import latency_section, read_table
+from headprune_cli.stages.report.llama_cpp import check_task, engine_python, load_gguf
 from headprune_cli.stages.report.shipped import checkpoint_metrics, load_shipped
 
 # The metric a gate reads, per task, and whether its drop is stated in points (x100).
@@ -309,10 +311,17 @@ class ReportOptions:
     decode_batch: int = serving.DEFAULT_BATCH
     latency: str | None = None  # the baseline's latency table (`profile`): cost.latency
     onnx: str | None = None  # the shipped ONNX file: evaluated and timed in onnxruntime for the pruned side
+    gguf: str | None = None  # the shipped GGUF file: evaluated and timed in llama.cpp for the pruned side
+    engine_python: str | None = None  # llama.cpp's environment (llama_cpp.engine_python); not in the report
 
 
 def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptions, warn=lambda message: None) -> dict:
     """Load, compare, measure and gate; returns the report artifact (a plain dict)."""
+    with ExitStack() as cleanup:
+        return _build(pruned_path, baseline_arg, data, scores_path, opts, warn, cleanup)
+
+
+def _build(pruned_path, baseline_arg, data, scores_path, opts: ReportOptions, warn, cleanup: ExitStack) -> dict:
 
     baseline_path = resolve_baseline(pruned_path, baseline_arg)
     base_info, new_info = read_info(baseline_path), read_info(pruned_path)
@@ -322,6 +331,10 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
         scores, _ = read_artifact(scores_path, ("scores",))
         check_scores(scores, new_info, str(scores_path))
     check_device(opts.device, opts.dtype)
+    python = None
+    if opts.gguf is not None:  # refuse before the slow parts
+        check_task(new_info)
+        python = engine_python(None if opts.engine_python is None else Path(opts.engine_python))
     baseline, pruned = load(baseline_path), load(pruned_path)
     gen = serving.generation(
         baseline, opts.decode_batch, opts.decode_prompt, opts.decode_tokens
@@ -329,9 +342,14 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     for model in (baseline, pruned):
         place(model, opts.device, opts.dtype)
     base_sha, new_sha = info_of(baseline).loaded_from[1], info_of(pruned).loaded_from[1]
-    served, shipped = pruned, None  # `report --onnx`: the shipped file stands in for the pruned model
+    seq_len = opts.seq_len or min(DEFAULT_SEQ_LEN, max_sequence(baseline) or DEFAULT_SEQ_LEN)
+    # `report --onnx` / `--gguf`: the shipped file stands in for the pruned model
+    served, shipped = pruned, None
     if opts.onnx is not None:
         served, shipped = load_shipped(Path(opts.onnx), pruned, opts.threads)
+    if opts.gguf is not None and python is not None:
+        served, shipped = load_gguf(Path(opts.gguf), pruned, python, opts.threads, seq_len)
+        cleanup.callback(served.close)  # llama.cpp's child process and its folder go, whatever happens
     table = None
     if opts.latency is not None:
         table = read_table(opts.latency, baseline, base_sha)
@@ -343,7 +361,6 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
             "the comparison is not a pruning comparison"
         )
         warn(warnings[-1])
-    seq_len = opts.seq_len or min(DEFAULT_SEQ_LEN, max_sequence(baseline) or DEFAULT_SEQ_LEN)
     base_metrics, new_metrics = evaluate_both(baseline, served, data, opts.batch_size, seq_len)
     if shipped is not None:
         shipped["checkpoint_metrics"] = checkpoint_metrics(baseline, pruned, data, opts.batch_size, seq_len)
@@ -379,11 +396,13 @@ def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptio
     if table is not None:
         inputs.append(input_ref("latency", opts.latency, table[1]))  # hashed once, by read_table
     if shipped is not None:
-        inputs.append(input_ref("shipped", opts.onnx, shipped["sha256"]))
+        inputs.append(input_ref("shipped", opts.onnx or opts.gguf, shipped["sha256"]))
     config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()}
     config["baseline"] = str(baseline_arg)
-    if config["onnx"] is None:  # reports without --onnx keep the bytes they had before the option
-        del config["onnx"]
+    for key in ("onnx", "gguf"):  # reports without them keep the bytes they had before the options
+        if config[key] is None:
+            del config[key]
+    del config["engine_python"]  # where this machine keeps llama.cpp, not what was compared
     return {
         **envelope("report", inputs, config),
         "task": new_info.task,

@@ -168,16 +168,21 @@ class Gate(Strict):
 
 
 class Shipped(Strict):
-    """`report --onnx FILE`: the file that ran for the pruned side (metrics, latency, gates)."""
+    """`report --onnx FILE` / `--gguf FILE`: the file that ran for the pruned side (metrics, latency, gates)."""
 
     path: str
     sha256: str
-    engine: str  # onnxruntime
+    engine: str  # onnxruntime or llama.cpp
     engine_version: str
     quantization: str | None  # from the file's metadata (export --quantize); None: not quantized by headprune
     source_checked: bool  # the file names the --model checkpoint's sha256 (export --quantize writes it)
     bytes: int  # the file (and its external data)
     checkpoint_metrics: list[Metric]  # the --model checkpoint in PyTorch on the same data: the cut alone
+    # `report --gguf` only: llama.cpp's architecture, its KV cache type, and how closely its logits
+    # on a probe row follow --model's (a GGUF file names no checkpoint; this stands in).
+    architecture: str | None = None
+    kv_cache: str | None = None
+    probe_correlation: float | None = None
 
 
 class Report(Envelope):

@@ -138,6 +138,8 @@ def _check_output_matches(model: OnnxModel, checkpoint: nn.Module, path: Path) -
 def shipped_line(shipped: dict) -> str:
     """One sentence for the terminal and Markdown: what ran in the engine."""
     quant = shipped["quantization"] or "not quantized by headprune (fp32)"
+    if shipped.get("kv_cache"):  # llama.cpp: the file's type and the KV cache's
+        quant = f"{quant}, {shipped['kv_cache']} KV cache"
     return (
         f"Shipped model: {shipped['path']} in {shipped['engine']} {shipped['engine_version']} ({quant}, "
         f"{shipped['bytes'] / 1e6:.1f} MB) stands for the pruned model in quality, latency and gates."

@@ -81,6 +81,16 @@ class ReportStageOptions(Options):
         "The shipped ONNX file exported from --model (`export --onnx`, int8 with --quantize): evaluated, timed and "
         "gated in onnxruntime (CPU) in place of the PyTorch model.",
     )
+    gguf: Path | None = option(
+        None,
+        "The shipped GGUF file exported from --model (`export --gguf`, a causal LM): evaluated, timed and gated "
+        "in llama.cpp (CPU, f32 KV cache) in place of the PyTorch model.",
+    )
+    engine_python: Path | None = option(
+        None,
+        "With --gguf: the python of llama.cpp's engine environment (default: $HEADPRUNE_LLAMA_CPP_ENV/bin/python, "
+        "else the repository's .engines/llama-cpp, built by scripts/engines/llama_cpp.sh).",
+    )
 
     def check(self) -> None:
         if self.min_speedup is not None and self.repeats == 0:
@@ -97,17 +107,23 @@ def run(opts: ReportStageOptions, ctx: Context) -> Result:
         opts.baseline,
         opts.latency,
         opts.onnx,
+        opts.gguf,
     ]  # `auto` reaches the root through the model's provenance
     outputs = _check_outputs(opts, inputs)
     opts.check()
+    from headprune_cli.stages.report.llama_cpp import check_gguf_options  # noqa: PLC0415 (torch: only once the options are read)
     from headprune_cli.stages.report.shipped import check_onnx_options  # noqa: PLC0415 (torch: only once the options are read)
 
+    check_gguf_options(opts.gguf, opts.onnx, opts.device, opts.dtype)
     check_onnx_options(opts.onnx, opts.device, opts.dtype)
     check_device(opts.device, opts.dtype)
     # The report's `config` holds these, in ReportOptions' order.
     settings = ReportOptions(**{f.name: getattr(opts, f.name) for f in fields(ReportOptions)})
     if opts.onnx is not None:  # the baseline runs where onnxruntime does, for a fair comparison
         settings.device, settings.onnx = "cpu", str(opts.onnx)
+    if opts.gguf is not None:  # likewise where llama.cpp runs
+        settings.device, settings.gguf = "cpu", str(opts.gguf)
+        settings.engine_python = None if opts.engine_python is None else str(opts.engine_python)
     report = build_report(opts.model, opts.baseline, opts.data, opts.scores, settings)
     _portable_model_paths(report, outputs.get("json") or outputs.get("markdown"))
     if opts.json_out is not None:
