@@ -15,22 +15,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def llama_cpp_python() -> str:
     """The llama.cpp environment's interpreter, or a skip saying how to build it."""
-    env = Path(os.environ.get("HEADPRUNE_LLAMA_CPP_ENV", ROOT / ".engines" / "llama-cpp"))
-    python = env / "bin" / "python"
-    if not python.is_file():
-        reason = f"llama.cpp engine env absent ({env}): build it with `bash scripts/engines/llama_cpp.sh`"
-        if os.environ.get("HEADPRUNE_REQUIRE_ENGINES") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return str(python)
+    return _engine_python("llama.cpp", "HEADPRUNE_LLAMA_CPP_ENV", "llama-cpp", "llama_cpp.sh")
 
 
 def vllm_python() -> str:
     """The vLLM environment's interpreter, or a skip saying how to build it."""
-    env = Path(os.environ.get("HEADPRUNE_VLLM_ENV", ROOT / ".engines" / "vllm"))
+    return _engine_python("vLLM", "HEADPRUNE_VLLM_ENV", "vllm", "vllm.sh")
+
+
+def _engine_python(engine: str, variable: str, folder: str, script: str) -> str:
+    env = Path(os.environ.get(variable, ROOT / ".engines" / folder))
     python = env / "bin" / "python"
     if not python.is_file():
-        reason = f"vLLM engine env absent ({env}): build it with `bash scripts/engines/vllm.sh`"
+        reason = f"{engine} engine env absent ({env}): build it with `bash scripts/engines/{script}`"
         if os.environ.get("HEADPRUNE_REQUIRE_ENGINES") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
