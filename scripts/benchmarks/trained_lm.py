@@ -12,6 +12,7 @@ Usage (from the repo root, after make_trained_lm has built the model; the peer i
 optional and lives in its own venv, see trained_lm_peer.py):
   nice -n 10 python -m scripts.benchmarks.trained_lm --apt-lists DIR [--peer-python /tmp/venv-tp/bin/python]
       [--work /tmp/trained-lm-bench] [--json out.json] [--sections kv,layers,joint,peer,finetune,decode]
+      [--finetune-routes full,lora-x1,lora,lora-x30,fsdp]   (the recovery routes of BENCHMARKS §27)
 Prints the markdown for BENCHMARKS.md on stdout; progress on stderr.
 """
 
