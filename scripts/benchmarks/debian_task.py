@@ -149,3 +149,18 @@ def run_timed(out: Path, make: Callable[[], object]) -> dict:
         make()
         record.write_text(json.dumps({"wall_s": time.perf_counter() - start, "load": os.getloadavg()[0]}))
     return json.loads(record.read_text())
+
+
+def row_sink(path: Path | None, shown: Callable[[dict], dict] = lambda row: row):
+    """(rows, sink): each row sunk is kept, printed as a JSON line (through `shown`) and, with
+    `path`, the whole list rewritten there, so a run stopped midway keeps what it measured."""
+    rows: list[dict] = []
+
+    def sink(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(shown(row)), flush=True)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(rows, indent=1))
+
+    return rows, sink

@@ -28,6 +28,7 @@ from pathlib import Path
 from scripts.benchmarks.debian_task import (
     checkpoint_accuracy,
     debian_task,
+    row_sink,
     run_finetune,
     run_prune_lstsq,
     run_score,
@@ -161,14 +162,7 @@ def main() -> None:
         return
     overrides = {k: _value(v) for k, v in (item.split("=", 1) for item in a.set)}
     cuts = [(c.split("=")[0], float(c.split("=")[1])) for c in a.cuts]
-    rows: list[dict] = []
-
-    def sink(row: dict) -> None:
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "gates"}), flush=True)
-        if a.json:
-            a.json.parent.mkdir(parents=True, exist_ok=True)
-            a.json.write_text(json.dumps(rows, indent=1))
+    rows, sink = row_sink(a.json, lambda row: {k: v for k, v in row.items() if k != "gates"})
 
     for seed in a.seeds:
         run_model(debian_task(seed, False), a.work, cuts, overrides, a.tag, not a.no_greedy, sink)

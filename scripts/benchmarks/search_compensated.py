@@ -25,6 +25,7 @@ from pathlib import Path
 from scripts.benchmarks.debian_task import (
     checkpoint_accuracy,
     debian_task,
+    row_sink,
     run_score,
     run_search,
     run_select,
@@ -96,14 +97,7 @@ def main() -> None:
     if a.tables_from:
         print(markdown([r for f in a.tables_from for r in json.loads(f.read_text())]))
         return
-    rows: list[dict] = []
-
-    def sink(row: dict) -> None:
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        if a.json:
-            a.json.parent.mkdir(parents=True, exist_ok=True)
-            a.json.write_text(json.dumps(rows, indent=1))
+    rows, sink = row_sink(a.json)
 
     for seed in a.seeds:
         t = debian_task(seed, demo=False)

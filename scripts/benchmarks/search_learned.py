@@ -39,6 +39,7 @@ from pathlib import Path
 from scripts.benchmarks.debian_task import (
     checkpoint_accuracy,
     debian_task,
+    row_sink,
     run_finetune,
     run_prune,
     run_score,
@@ -234,14 +235,7 @@ def main() -> None:
         rows = [r for f in a.tables_from for r in json.loads(f.read_text())]
         print(masked(rows, a.work, a.demo) if a.masked else markdown(rows))
         return
-    rows: list[dict] = []
-
-    def sink(row: dict) -> None:
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        if a.json:
-            a.json.parent.mkdir(parents=True, exist_ok=True)
-            a.json.write_text(json.dumps(rows, indent=1))
+    rows, sink = row_sink(a.json)
 
     for seed in a.seeds:
         cuts = [(c.split("=")[0], float(c.split("=")[1])) for c in a.cuts] if a.cuts else CUTS
