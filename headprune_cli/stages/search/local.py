@@ -211,10 +211,10 @@ def _perturbed(space: Space, state: State, seen: set, rng: random.Random, streng
     for _ in range(PERTURB_TRIES):
         walk = state
         for _ in range(strength):
-            options = [c for c in neighbours(space, walk, rng) if space.fits(c)]
-            if not options:
+            step = next((c for c in neighbours(space, walk, rng) if space.fits(c)), None)
+            if step is None:
                 break
-            walk = options[0]
+            walk = step
         if walk not in seen:
             return walk
     return None
