@@ -233,9 +233,7 @@ def _wire(pipeline: Pipeline, specs, problems: list[str]) -> None:
                     values["scores"] = roles["scores"]
             elif found is not None:
                 values[key] = found
-        # prune's --seed is a selection option: it applies only when prune selects from scores
-        prune_applies_a_plan = stage.command == "prune" and not set(SELECT_KEYS) & set(values)
-        if "seed" in spec.options and "seed" not in values and not prune_applies_a_plan:
+        if "seed" in spec.options and "seed" not in values and not _unused(stage.command, "seed", values):
             values["seed"] = config.seed
         stem = stage.name if stage.name != stage.command else wiring.stem
         produced = {key: str(out / pattern.format(stem=stem)) for key, pattern in wiring.outputs.items()}
@@ -268,9 +266,12 @@ def _wire(pipeline: Pipeline, specs, problems: list[str]) -> None:
 
 def _unused(command: str, key: str, values: dict) -> bool:
     """Inputs a command reads only in some modes: prune reads data only to compensate, select
-    a latency table only for a latency target."""
+    a latency table only for a latency target, prune a seed only to select from scores (its
+    --seed is a selection option, refused beside a plan)."""
     if key == "latency" and command in ("select", "prune"):
         return not set(LATENCY_KEYS) & set(values)
+    if key == "seed" and command == "prune":
+        return not set(SELECT_KEYS) & set(values)
     return command == "prune" and key == "data" and values.get("compensate") in (None, "none")
 
 

@@ -165,6 +165,13 @@ def test_implicit_wiring(workdir):
     assert "--scores out/scores.json" in " ".join(pipeline.stages[1].argv)
 
 
+def test_the_seed_reaches_prune_only_when_it_selects(workdir):
+    applies = {s.name: s.argv for s in prepare(config(seed=3)).stages}
+    assert "--seed" not in applies["prune"]  # a plan: --seed is a selection option, refused beside it
+    selects = prepare(config(seed=3, stages=[{"command": "score"}, {"command": "prune", "ratio": 0.5}])).stages[1]
+    assert selects.argv[selects.argv.index("--seed") + 1] == "3"
+
+
 def test_env_vars_in_paths(workdir, monkeypatch):
     monkeypatch.setenv("HP_TEST_DIR", str(workdir))
     pipeline = prepare(config(model="${HP_TEST_DIR}/model.safetensors"))

@@ -11,11 +11,11 @@ from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, schedule_of
-from headprune_cli.stages.score.importance.registry import METHOD_DEFAULT_HELP, check_ffn, default_method
+from headprune_cli.stages.score.importance.registry import METHOD_DEFAULT_HELP, ChosenMethod, check_ffn
 from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, option
 
 
-class IterateOptions(Options):
+class IterateOptions(ChosenMethod, Options):
     checkpoint: Path = option(..., "The model to prune (usually unpruned).", argument=True)
     data: Path = option(..., "Training data for recovery (and scoring unless --score-data).")
     eval_data: Path = option(..., "Dev set that decides the quality floor.")
@@ -57,9 +57,6 @@ class IterateOptions(Options):
 
     def check(self) -> None:
         self.schedule_budgets()
-
-    def chosen_method(self) -> str:
-        return self.method or default_method(self.ffn)
 
     def schedule_budgets(self) -> list[Budget]:
         """The schedule: head fractions removed, or FLOPs or params fractions kept."""

@@ -17,8 +17,8 @@ from headprune_cli.stages.score.importance.registry import (
     DEFAULT_LAYER_METHOD,
     HEAD_METHODS,
     METHOD_DEFAULT_HELP,
+    ChosenMethod,
     check_ffn,
-    default_method,
     head_method,
     layer_method,
 )
@@ -32,7 +32,7 @@ LAYER_METHOD_HELP = (
 )
 
 
-class ScoreOptions(Options):
+class ScoreOptions(ChosenMethod, Options):
     checkpoint: Path = option(..., "A headprune checkpoint.", argument=True)
     data: Path = option(
         ..., "JSONL/CSV (text[, text_pair][, label]), plain text, or a tokenized .safetensors set.", "--data", "-d"
@@ -76,9 +76,6 @@ class ScoreOptions(Options):
             if not self.layers:
                 raise UsageError("--layer-method needs --layers (it names how whole layers are scored)")
             layer_method(self.layer_method)
-
-    def chosen_method(self) -> str:
-        return self.method or default_method(self.ffn)
 
     def chosen_layer_method(self) -> str | None:
         return (self.layer_method or DEFAULT_LAYER_METHOD) if self.layers else None

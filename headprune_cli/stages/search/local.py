@@ -148,8 +148,10 @@ def search(
         )
     deadline = None if seconds is None else clock() + seconds
     if rescore_layers:
-        space, tally, order = _rescored_start(table, loss, budget, constraints, evaluations, on_evaluation)
-        tally.deadline, tally.clock = deadline, clock
+        space, found = _rescored_start(table, loss, budget, constraints, evaluations, on_evaluation)
+        tally, order = _Tally(space, loss, evaluations, deadline, clock, on_evaluation), found.order
+        tally.evaluations, tally.path, tally.seen = found.evaluations, found.history, found.seen
+        tally.best, tally.best_state = found.loss, found.state
     else:
         start = select(table, None, budget=budget, constraints=constraints)
         space, order = search_space(table, start, budget, constraints), None
@@ -209,17 +211,17 @@ def _perturbed(space: Space, state: State, seen: set, rng: random.Random, streng
     for _ in range(PERTURB_TRIES):
         walk = state
         for _ in range(strength):
-            options = [c for c in neighbours(space, walk, rng) if space.fits(c)]
-            if not options:
+            step = next((c for c in neighbours(space, walk, rng) if space.fits(c)), None)
+            if step is None:
                 break
-            walk = options[0]
+            walk = step
         if walk not in seen:
             return walk
     return None
 
 
 def _rescored_start(table, loss, budget: Budget, c, evaluations: int, on_evaluation):
-    """(space, tally so far, layers in the order chosen) of a search that starts from layers chosen by rescoring."""
+    """(space, the rescored start: layer_rescore.Rescored) of a search that starts from layers chosen by rescoring."""
 
     if not budget.is_cost:
         raise UsageError(
@@ -235,7 +237,4 @@ def _rescored_start(table, loss, budget: Budget, c, evaluations: int, on_evaluat
             f"no plan within the budget was found in {evaluations} evaluations of layers dropped one "
             "at a time; raise --evaluations"
         )
-    tally = _Tally(space, loss, evaluations, None, time.monotonic, on_evaluation)
-    tally.evaluations, tally.path, tally.seen = found.evaluations, found.history, found.seen
-    tally.best, tally.best_state = found.loss, found.state
-    return space, tally, found.order
+    return space, found

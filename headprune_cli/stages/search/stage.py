@@ -24,8 +24,8 @@ from headprune_cli.stages.score.importance.registry import (
     DEFAULT_LAYER_METHOD,
     HEAD_METHODS,
     METHOD_DEFAULT_HELP,
+    ChosenMethod,
     check_ffn,
-    default_method,
     head_method,
     layer_method,
 )
@@ -51,7 +51,7 @@ DEFAULT_COMPENSATION = "lstsq"
 DEFAULT_RIDGE = 0.1  # prune/compensation.py DEFAULT_RIDGE (a test keeps the two equal)
 
 
-class SearchOptions(ConstraintOptions):
+class SearchOptions(ChosenMethod, ConstraintOptions):
     checkpoint: Path = option(..., "A headprune checkpoint.", argument=True)
     data: Path = option(
         ...,
@@ -113,9 +113,6 @@ class SearchOptions(ConstraintOptions):
     force: bool = option(False, "Overwrite OUTPUT if it exists.")
     device: str = device_option()
     dtype: str = dtype_option()
-
-    def chosen_method(self) -> str:
-        return self.method or default_method(self.ffn)
 
     def budget(self) -> Budget | None:
         """The one head or cost budget the search spends (None when none was given)."""

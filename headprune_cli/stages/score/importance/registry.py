@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Protocol
 
 from headprune_cli.errors import UsageError
 from headprune_cli.names import did_you_mean
@@ -86,6 +87,19 @@ METHOD_DEFAULT_HELP = f"Default: {DEFAULT_FFN_METHOD} with --ffn, else {DEFAULT_
 def default_method(ffn: bool) -> str:
     """The importance method a user who names none gets."""
     return DEFAULT_FFN_METHOD if ffn else DEFAULT_HEAD_METHOD
+
+
+class _MethodOptions(Protocol):
+    method: str | None
+    ffn: bool
+
+
+class ChosenMethod:
+    """Mixin of the options with --method and --ffn (score, search, iterate)."""
+
+    def chosen_method(self: _MethodOptions) -> str:
+        """--method, or the default for the units scored (default_method)."""
+        return self.method or default_method(self.ffn)
 
 
 def head_method(name: str) -> Method:
