@@ -79,9 +79,9 @@ def export_hf(
     return out
 
 
-def check_folder_output(folder: str | os.PathLike, force: bool, inputs=()) -> Path:
+def check_folder_output(folder: str | os.PathLike, force: bool, inputs=(), what: str = "--hf folder") -> Path:
     """Refuse an output folder that overlaps an input, exists without --force, or is not ours to replace."""
-    out = check_folder(folder, inputs, "--hf folder", force)
+    out = check_folder(folder, inputs, what, force)
     if os.path.lexists(out) and not force:
         raise UsageError(f"{out} exists; pass --force to overwrite it")
     check_parent(out)

@@ -19,7 +19,7 @@ def export_vllm_folder(checkpoint: Path, out: Path, force: bool, max_shard_size:
     from headprune_cli.model.tensorfile import parse_size  # noqa: PLC0415 (keeps numpy, torch out of this module's import)
     from headprune_cli.model.vllm_export import CONFIG_FILE, CONFIG_MODULE, nas_folder_config, nas_plan  # noqa: PLC0415 (keeps transformers out of this module's import)
 
-    check_folder_output(out, force, inputs=[checkpoint])
+    check_folder_output(out, force, inputs=[checkpoint], what="--vllm folder")
     parse_size(max_shard_size)
     model, specs = export_specs(checkpoint)  # on the meta device: shapes and layout, no weight read yet
     info = info_of(model)
