@@ -115,7 +115,7 @@ def _export_onnx(opts: ExportOptions, ctx: Context) -> Result:
 
 def _export_folder(opts: ExportOptions, ctx: Context) -> Result:
     from headprune_cli.model.checkpoint import load, read_info  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.model.engines import serving_line  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.engines import serving, serving_line  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.export import export_hf  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.hf_config import folder_config, remedy  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
@@ -156,7 +156,7 @@ def _export_folder(opts: ExportOptions, ctx: Context) -> Result:
             soft_wrap=True,
             markup=False,
         )
-    ctx.print(serving_line(info_of(model)), soft_wrap=True, markup=False)  # and the other engines' exports
+    ctx.print(serving_line(serving(info_of(model))), soft_wrap=True, markup=False)  # and the other engines' exports
     return Result([str(hf)])
 
 
