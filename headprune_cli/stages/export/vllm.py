@@ -24,7 +24,7 @@ def export_vllm_folder(checkpoint: Path, out: Path, force: bool, max_shard_size:
     model, specs = export_specs(checkpoint)  # on the meta device: shapes and layout, no weight read yet
     info = info_of(model)
     plan = nas_plan(info)  # refuses before a byte is written
-    layout = nas_folder_config(info)
+    layout = nas_folder_config(info, plan)
     export_hf(
         model,
         out,
