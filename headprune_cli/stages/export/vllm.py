@@ -13,7 +13,7 @@ from headprune_cli.stages.unit import Context, Result
 
 
 def export_vllm_folder(checkpoint: Path, out: Path, force: bool, max_shard_size: str, ctx: Context) -> Result:
-    from headprune_cli.model.export import check_folder_output, export_hf  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.export import check_folder_output, export_hf, weights_written  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.tensorfile import parse_size  # noqa: PLC0415 (keeps numpy, torch out of this module's import)
@@ -40,7 +40,7 @@ def export_vllm_folder(checkpoint: Path, out: Path, force: bool, max_shard_size:
     ffn = "/".join(str(n) for n in plan.ffn)
     ctx.print(
         f"wrote {out}/ (vLLM nemotron-nas: {len(plan.ffn)} layers, {plan.heads} query heads, KV heads {kv}, "
-        f"FFN widths {ffn}; config.json, {layout.weights}, {CONFIG_MODULE}.py, headprune.json)",
+        f"FFN widths {ffn}; config.json, {weights_written(out, layout.weights)}, {CONFIG_MODULE}.py, headprune.json)",
         soft_wrap=True,
         markup=False,
     )
