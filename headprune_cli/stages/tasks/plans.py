@@ -30,16 +30,6 @@ class TaskPlans:
     shared: dict  # the shared plan, as a plan of this task's model
 
 
-def selection_of(plan: dict) -> Selection:
-    return Selection(
-        strategy=plan["strategy"],
-        remove_heads={int(k): list(v) for k, v in plan["remove_heads"].items()},
-        remove_layers=list(plan["remove_layers"]),
-        predicted=plan.get("predicted"),
-        remove_ffn={int(k): list(v) for k, v in (plan.get("remove_ffn") or {}).items()},
-    )
-
-
 def shared_selection(tables: list[ScoreTable], opts: SelectionOptions, budget: Budget) -> Selection:
     return choose(shared_table(tables), opts.strategy, budget=budget, constraints=opts.constraints())
 
