@@ -32,7 +32,8 @@ def inspect(
     # Header and metadata only: the model is built on the meta device, no weight is read.
     model = read_layout_only(checkpoint)
     facts = describe(model, seq_len)
-    facts["engines"] = {s.engine: {"loads": s.loads, "export": s.export, "why": s.why} for s in serving(info_of(model))}
+    ways = serving(info_of(model))  # runs the exports' checks (and the GGUF vocabulary): once
+    facts["engines"] = {s.engine: {"loads": s.loads, "export": s.export, "why": s.why} for s in ways}
     if as_json:
         print_json(facts)
         return
@@ -59,7 +60,7 @@ def inspect(
         if kv
         else "KV cache: n/a (an encoder keeps no KV cache)"
     )
-    console.print(serving_line(info_of(model)), soft_wrap=True, markup=False)
+    console.print(serving_line(ways), soft_wrap=True, markup=False)
     root = facts["provenance"].get("root")
     console.print(f"root: {root[:12] if root else '(this is a root model)'}")
 

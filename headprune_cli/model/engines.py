@@ -59,9 +59,8 @@ def _refusal(check) -> str:
     return ""
 
 
-def serving_line(info: ModelInfo) -> str:
-    """One line for a person: the engines that load it (and how), then those that do not."""
-    ways = serving(info)
+def serving_line(ways: list[Serving]) -> str:
+    """One line for a person from `serving`'s answer: the engines that load it (and how), then those that do not."""
     loads = ", ".join(f"{s.engine} (export {s.export})" for s in ways if s.loads)
     refused = [s.engine for s in ways if not s.loads]
     return f"serves in: {loads}" + (f"; not in {', '.join(refused)} (`inspect --json` says why)" if refused else "")

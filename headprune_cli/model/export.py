@@ -79,9 +79,16 @@ def export_hf(
     return out
 
 
-def check_folder_output(folder: str | os.PathLike, force: bool, inputs=()) -> Path:
+def weights_written(folder: Path, weights: str) -> str:
+    """How a folder's weights were written, for the `wrote` line: one file, or shards with an index."""
+    if (folder / weights).is_file():
+        return weights
+    return f"{weights.removesuffix('.safetensors')}-*.safetensors shards with an index"
+
+
+def check_folder_output(folder: str | os.PathLike, force: bool, inputs=(), what: str = "--hf folder") -> Path:
     """Refuse an output folder that overlaps an input, exists without --force, or is not ours to replace."""
-    out = check_folder(folder, inputs, "--hf folder", force)
+    out = check_folder(folder, inputs, what, force)
     if os.path.lexists(out) and not force:
         raise UsageError(f"{out} exists; pass --force to overwrite it")
     check_parent(out)

@@ -107,9 +107,8 @@ def _check_attention_kind(config: dict) -> None:
         )
 
 
-def nas_folder_config(info: ModelInfo) -> FolderConfig:
-    """config.json (nemotron-nas) for `info`, as export_hf writes a folder's config."""
-    plan = nas_plan(info)
+def nas_folder_config(info: ModelInfo, plan: NasPlan) -> FolderConfig:
+    """config.json (nemotron-nas) for `info` and its `nas_plan`, as export_hf writes a folder's config."""
     config = info.config
     blocks = [
         {

@@ -8,7 +8,7 @@ live in tests.support.assert_refused: a crash (exit 70, `Internal error: ...`) n
 case, even when its message happens to contain the case's fragment.
 File safety, in its own block at the end: 22 file-safety cases, where an output would destroy a file.
 int8 ONNX (export --quantize, report --onnx), in a block after it: 9 quantization cases.
-Serving engines (export --vllm, --runtime), in the last block: 6 serving cases.
+Serving engines (export --vllm/--gguf, report --gguf, --runtime), in the last block: 19 serving cases.
 """
 
 from __future__ import annotations
@@ -1469,13 +1469,42 @@ def test_quantize_count_matches_docstring():
     assert f"{len(QUANTIZE_CASES)} quantization cases" in __doc__
 
 
-# --- serving engines (export --vllm, --runtime) ----------------------------------------------
+# --- serving engines (export --vllm/--gguf, report --gguf, --runtime) -----------------------
 def _uneven_llama(folder: Path) -> None:
     """A LLaMA cut whose layers keep different query-head counts: llama.cpp loads it, vLLM cannot."""
     from tests.support.gguf_models import write_checkpoint
     from tests.support.vllm_models import UNEVEN_QUERY, tiny_llama32
 
     write_checkpoint(folder / "uneven.safetensors", UNEVEN_QUERY, tiny_llama32())
+
+
+def _llama(folder: Path, name: str = "lm.safetensors") -> None:
+    """A tiny LLaMA causal LM that both --vllm and --gguf write."""
+    from tests.support.gguf_models import write_checkpoint
+
+    write_checkpoint(folder / name)
+
+
+def _llama_and_gguf(folder: Path) -> None:
+    """The LLaMA, and a file that starts like a GGUF file (all the checks before llama.cpp read)."""
+    _llama(folder)
+    (folder / "lm.gguf").write_bytes(b"GGUF" + bytes(60))
+
+
+def _report_gguf(extra: Callable[[Path], list] = lambda f: [], gguf: str = "lm.gguf") -> Callable[[Path], list]:
+    """report --gguf FILE of the LLaMA on text."""
+    return lambda f: [
+        "report",
+        "--model",
+        f / "lm.safetensors",
+        "--baseline",
+        f / "lm.safetensors",
+        "--data",
+        f / "text.txt",
+        *extra(f),
+        "--gguf",
+        f / gguf,
+    ]
 
 
 SERVING_CASES = [
@@ -1504,6 +1533,107 @@ SERVING_CASES = [
         2,
         "--force",
         lambda f: (_uneven_llama(f), (f / "kept").mkdir()),
+    ),
+    Case(
+        "export --vllm onto its own checkpoint",
+        lambda f: ["export", f / "lm.safetensors", "--vllm", f / "lm.safetensors", "--force"],
+        2,
+        "is also an input",
+        _llama,
+    ),
+    Case(
+        "export --vllm into the folder that holds its checkpoint",
+        lambda f: ["export", f / "lm" / "lm.safetensors", "--vllm", f / "lm", "--force"],
+        2,
+        "contains the input",
+        lambda f: (f / "lm").mkdir() or _llama(f, "lm/lm.safetensors"),
+    ),
+    Case(
+        "export --vllm into a user's folder",
+        lambda f: ["export", f / "lm.safetensors", "--vllm", f / "mine", "--force"],
+        2,
+        "--vllm folder",
+        lambda f: (_llama(f), _user_folder(f)),
+    ),
+    Case(
+        "export --gguf onto its own checkpoint",
+        lambda f: ["export", f / "lm.safetensors", "--gguf", f / "lm.safetensors", "--force"],
+        2,
+        "is also an input",
+        _llama,
+    ),
+    Case(
+        "export --gguf onto a user's folder",
+        lambda f: ["export", f / "lm.safetensors", "--gguf", f / "mine", "--force"],
+        2,
+        "is a directory, not a file",
+        lambda f: (_llama(f), _user_folder(f)),
+    ),
+    Case(
+        "export --gguf onto a user's file",
+        lambda f: ["export", f / "lm.safetensors", "--gguf", f / "mine" / "notes.txt"],
+        2,
+        "pass --force",
+        lambda f: (_llama(f), _user_folder(f)),
+    ),
+    Case(
+        "export --gguf of an unknown type",
+        lambda f: ["export", f / "lm.safetensors", "--gguf", f / "x.gguf", "--gguf-type", "q4_k"],
+        2,
+        "supported: auto, f32, f16, bf16, q8_0",
+        _llama,
+    ),
+    Case(
+        "export --gguf of a family llama.cpp has no architecture for",
+        lambda f: ["export", f / "gpt2.safetensors", "--gguf", f / "x.gguf"],
+        1,
+        "LLaMA-family causal LMs (llama, mistral",
+        lambda f: save(TINY["gpt2"](), f / "gpt2.safetensors"),
+    ),
+    Case(
+        "report --gguf with --onnx",
+        _report_gguf(lambda f: ["--onnx", f / "lm.gguf"]),
+        2,
+        "--gguf and --onnx each name the shipped file",
+        _llama_and_gguf,
+    ),
+    Case(
+        "report --gguf on a GPU",
+        _report_gguf(lambda f: ["--device", "cuda"]),
+        2,
+        "--device cuda does not go with it",
+        _llama_and_gguf,
+    ),
+    Case(
+        "report --gguf of a file that is not GGUF",
+        _report_gguf(gguf="text.txt"),
+        1,
+        "not a GGUF file",
+        _llama_and_gguf,
+    ),
+    Case(
+        "report --gguf of an encoder",
+        lambda f: [
+            "report",
+            "--model",
+            f / M,
+            "--baseline",
+            f / M,
+            "--data",
+            f / "data.jsonl",
+            "--gguf",
+            f / "lm.gguf",
+        ],
+        2,
+        "--gguf evaluates causal LMs",
+        _llama_and_gguf,
+    ),
+    Case(
+        "report --gguf without llama.cpp's environment",
+        _report_gguf(lambda f: ["--engine-python", f / "no-env" / "bin" / "python"]),
+        2,
+        "engine environment absent",
+        _llama_and_gguf,
     ),
     Case(
         "select for an unknown runtime",

@@ -79,6 +79,12 @@ def test_same_input_gives_byte_identical_folders(nas, tmp_path, cli):
     assert snapshot(tmp_path / "a") == snapshot(tmp_path / "b")
 
 
+def test_a_sharded_folder_says_so(nas, tmp_path, cli):
+    result = cli("export", nas, "--vllm", tmp_path / "out", "--max-shard-size", "200KB")
+    assert result.code == 0 and "model-*.safetensors shards with an index" in result.err
+    assert (tmp_path / "out" / "model.safetensors.index.json").is_file()
+
+
 def test_qwen2_states_its_qkv_biases(tmp_path, cli):
     source = write_checkpoint(tmp_path / "q.safetensors", NAS, tiny_llama32(T.Qwen2ForCausalLM, T.Qwen2Config))
     assert cli("export", source, "--vllm", tmp_path / "out").code == 0

@@ -115,8 +115,8 @@ def _export_onnx(opts: ExportOptions, ctx: Context) -> Result:
 
 def _export_folder(opts: ExportOptions, ctx: Context) -> Result:
     from headprune_cli.model.checkpoint import load, read_info  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.model.engines import serving_line  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.model.export import export_hf  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.engines import serving, serving_line  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.export import export_hf, weights_written  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.hf_config import folder_config, remedy  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.st_export import is_sentence_transformer  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
@@ -142,12 +142,11 @@ def _export_folder(opts: ExportOptions, ctx: Context) -> Result:
     extras = (", sentence-transformers modules" if is_sentence_transformer(info) else "") + (
         ", onnx/model.onnx" if with_onnx else ""
     )
-    weights = (
-        layout.weights
-        if (hf / layout.weights).is_file()
-        else f"{layout.weights.removesuffix('.safetensors')}-*.safetensors shards with an index"
+    ctx.print(
+        f"wrote {hf}/ (config.json, {weights_written(hf, layout.weights)}, headprune.json{extras})",
+        soft_wrap=True,
+        markup=False,
     )
-    ctx.print(f"wrote {hf}/ (config.json, {weights}, headprune.json{extras})", soft_wrap=True, markup=False)
     if layout.plain:
         ctx.print("transformers loads it as it is (no headprune needed)")
     else:  # one line: why transformers cannot load it, and what serves it instead
@@ -156,7 +155,7 @@ def _export_folder(opts: ExportOptions, ctx: Context) -> Result:
             soft_wrap=True,
             markup=False,
         )
-    ctx.print(serving_line(info_of(model)), soft_wrap=True, markup=False)  # and the other engines' exports
+    ctx.print(serving_line(serving(info_of(model))), soft_wrap=True, markup=False)  # and the other engines' exports
     return Result([str(hf)])
 
 

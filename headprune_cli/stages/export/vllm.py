@@ -13,18 +13,18 @@ from headprune_cli.stages.unit import Context, Result
 
 
 def export_vllm_folder(checkpoint: Path, out: Path, force: bool, max_shard_size: str, ctx: Context) -> Result:
-    from headprune_cli.model.export import check_folder_output, export_hf  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.export import check_folder_output, export_hf, weights_written  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.tensorfile import parse_size  # noqa: PLC0415 (keeps numpy, torch out of this module's import)
     from headprune_cli.model.vllm_export import CONFIG_FILE, CONFIG_MODULE, nas_folder_config, nas_plan  # noqa: PLC0415 (keeps transformers out of this module's import)
 
-    check_folder_output(out, force, inputs=[checkpoint])
+    check_folder_output(out, force, inputs=[checkpoint], what="--vllm folder")
     parse_size(max_shard_size)
     model, specs = export_specs(checkpoint)  # on the meta device: shapes and layout, no weight read yet
     info = info_of(model)
     plan = nas_plan(info)  # refuses before a byte is written
-    layout = nas_folder_config(info)
+    layout = nas_folder_config(info, plan)
     export_hf(
         model,
         out,
@@ -40,7 +40,7 @@ def export_vllm_folder(checkpoint: Path, out: Path, force: bool, max_shard_size:
     ffn = "/".join(str(n) for n in plan.ffn)
     ctx.print(
         f"wrote {out}/ (vLLM nemotron-nas: {len(plan.ffn)} layers, {plan.heads} query heads, KV heads {kv}, "
-        f"FFN widths {ffn}; config.json, {layout.weights}, {CONFIG_MODULE}.py, headprune.json)",
+        f"FFN widths {ffn}; config.json, {weights_written(out, layout.weights)}, {CONFIG_MODULE}.py, headprune.json)",
         soft_wrap=True,
         markup=False,
     )

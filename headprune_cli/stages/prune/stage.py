@@ -23,7 +23,7 @@ from headprune_cli.runtime.device import check as check_device
 from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE, compensate
 from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
 from headprune_cli.stages.select.chains import Selection
-from headprune_cli.stages.select.plan import check_model, find_model
+from headprune_cli.stages.select.plan import check_model, find_model, selection_of
 from headprune_cli.stages.select.stage import SelectionOptions, plan_from_scores
 from headprune_cli.stages.unit import Context, Result, Stage, option
 
@@ -120,12 +120,7 @@ def run(opts: PruneOptions, ctx: Context) -> Result:
     plan, plan_sha = _plan(opts, artifact, source, text)
     path = find_model(artifact, source, opts.checkpoint)
     check_output(opts.output, opts.force, inputs=[path])
-    selection = Selection(
-        plan["strategy"],
-        {int(k): v for k, v in plan["remove_heads"].items()},
-        plan["remove_layers"],
-        remove_ffn={int(k): v for k, v in (plan.get("remove_ffn") or {}).items()},
-    )
+    selection = selection_of(plan)
     if opts.chosen_compensation() == "none":
         digest = _streamed(artifact, path, opts.output, selection, plan_sha)
     else:

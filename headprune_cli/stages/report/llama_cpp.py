@@ -34,6 +34,7 @@ from headprune_cli.errors import ArchitectureError, CheckpointError, UsageError
 from headprune_cli.files.io import sha256_file
 from headprune_cli.model.gguf_export import gguf_plan
 from headprune_cli.model.layout import info_of
+from headprune_cli.stages.report.shipped import check_shipped_file
 
 ENGINE = "llama.cpp"
 ENV_VARIABLE = "HEADPRUNE_LLAMA_CPP_ENV"
@@ -87,12 +88,7 @@ def check_gguf_options(gguf: Path | None, onnx: Path | None, device: str, dtype:
         return
     if onnx is not None:
         raise UsageError("--gguf and --onnx each name the shipped file; pass one of them")
-    if device not in ("auto", "cpu"):
-        raise UsageError(f"--gguf runs the file in llama.cpp on the CPU; --device {device} does not go with it")
-    if dtype not in ("auto", "float32"):
-        raise UsageError(f"--gguf runs the file in its own types; --dtype {dtype} does not go with it")
-    if not gguf.is_file():
-        raise UsageError(f"--gguf {gguf}: no such file")
+    check_shipped_file("--gguf", gguf, ENGINE, device, dtype)
     with open(gguf, "rb") as handle:
         if handle.read(len(MAGIC)) != MAGIC:
             raise CheckpointError(f"--gguf {gguf}: not a GGUF file (it does not start with {MAGIC.decode()})")

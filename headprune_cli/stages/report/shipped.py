@@ -63,14 +63,18 @@ class OnnxModel(nn.Module):
 
 def check_onnx_options(onnx: Path | None, device: str, dtype: str) -> None:
     """Before any work: onnxruntime runs on the CPU in the file's own dtypes."""
-    if onnx is None:
-        return
+    if onnx is not None:
+        check_shipped_file("--onnx", onnx, ENGINE, device, dtype)
+
+
+def check_shipped_file(flag: str, path: Path, engine: str, device: str, dtype: str) -> None:
+    """A shipped file (--onnx, --gguf) runs in its engine on the CPU in its own dtypes, and must exist."""
     if device not in ("auto", "cpu"):
-        raise UsageError(f"--onnx runs the file in onnxruntime on the CPU; --device {device} does not go with it")
+        raise UsageError(f"{flag} runs the file in {engine} on the CPU; --device {device} does not go with it")
     if dtype not in ("auto", "float32"):
-        raise UsageError(f"--onnx runs the file in its own dtypes; --dtype {dtype} does not go with it")
-    if not onnx.is_file():
-        raise UsageError(f"--onnx {onnx}: no such file")
+        raise UsageError(f"{flag} runs the file in its own dtypes; --dtype {dtype} does not go with it")
+    if not path.is_file():
+        raise UsageError(f"{flag} {path}: no such file")
 
 
 def load_shipped(path: Path, checkpoint: nn.Module, threads: int) -> tuple[OnnxModel, dict]:

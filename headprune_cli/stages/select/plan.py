@@ -13,6 +13,17 @@ from headprune_cli.files.io import check_regular, sha256_file
 from headprune_cli.stages.select.chains import Constraints, Selection
 
 
+def selection_of(plan: dict) -> Selection:
+    """A plan artifact (a dict) as the Selection it was made from."""
+    return Selection(
+        strategy=plan["strategy"],
+        remove_heads={int(k): list(v) for k, v in plan["remove_heads"].items()},
+        remove_layers=list(plan["remove_layers"]),
+        predicted=plan.get("predicted"),
+        remove_ffn={int(k): list(v) for k, v in (plan.get("remove_ffn") or {}).items()},
+    )
+
+
 def make_plan(
     selection: Selection,
     constraints: Constraints,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from headprune_cli.errors import CheckpointError
 from headprune_cli.model.checkpoint import read_info, weights_sha
+from headprune_cli.model.layout import Layout, ModelInfo
 from headprune_cli.stages.tasks.spec import TaskSpec
 
 
@@ -23,8 +24,9 @@ class Base:
     how: str  # "base" (recorded), "root" (pruning chain) or "itself"
 
 
-def base_of(path) -> Base:
-    provenance = read_info(path).provenance
+def base_of(path, info: ModelInfo | None = None) -> Base:
+    """`info`: the checkpoint's, when already read."""
+    provenance = (info or read_info(path)).provenance
     for key in ("base", "root"):
         if isinstance(provenance.get(key), str) and provenance[key]:
             return Base(provenance[key], key)
@@ -34,7 +36,8 @@ def base_of(path) -> Base:
 def check_shared_base(tasks: list[TaskSpec], base: Path | None = None) -> Base:
     """The one base every task's model names (the `base` checkpoint's, when given), and one
     layout; else a one-line refusal."""
-    bases = {t.name: base_of(t.model) for t in tasks}
+    infos = {t.name: read_info(t.model) for t in tasks}  # headers only, read once
+    bases = {t.name: base_of(t.model, infos[t.name]) for t in tasks}
     first = tasks[0]
     if base is not None:
         expected = base_of(base)
@@ -51,7 +54,7 @@ def check_shared_base(tasks: list[TaskSpec], base: Path | None = None) -> Base:
                 f"{_named(bases[first.name])}, {task.model} from {_named(bases[task.name])} "
                 "(fine-tune every task model from the same pre-trained checkpoint)"
             )
-    _check_layouts(tasks)
+    _check_layouts(tasks, {name: info.layout for name, info in infos.items()})
     return bases[first.name]
 
 
@@ -60,9 +63,8 @@ def _named(base: Base) -> str:
     return f"{what} {base.sha256[:12]}"
 
 
-def _check_layouts(tasks: list[TaskSpec]) -> None:
+def _check_layouts(tasks: list[TaskSpec], layouts: dict[str, Layout]) -> None:
     """The same kept heads and FFN neurons: one plan must mean the same units in every task."""
-    layouts = {t.name: read_info(t.model).layout for t in tasks}
     first = tasks[0]
     for task in tasks[1:]:
         a, b = layouts[first.name], layouts[task.name]

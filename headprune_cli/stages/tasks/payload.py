@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.select.plan import selection_of
 from headprune_cli.stages.tasks.base import Base
 from headprune_cli.stages.tasks.compare import Kept, Unit, jaccard, kept_by, overlap, pairs, retained
-from headprune_cli.stages.tasks.plans import SHARED_RULE, TaskPlans, selection_of
+from headprune_cli.stages.tasks.plans import SHARED_RULE, TaskPlans
 from headprune_cli.stages.tasks.scoring import TaskScores
 
 

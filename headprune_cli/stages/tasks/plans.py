@@ -17,7 +17,7 @@ from headprune_cli.stages.select.chains import Constraints, Selection
 from headprune_cli.stages.select.plan import make_plan
 from headprune_cli.stages.select.stage import SelectionOptions, plan_from_scores
 from headprune_cli.stages.select.strategies import select as choose
-from headprune_cli.stages.tasks.compare import shared_table
+from headprune_cli.stages.tasks.compare import check_same_units, shared_table
 from headprune_cli.stages.tasks.scoring import TaskScores
 
 SHARED_RULE = "mean of the tasks' importance, each normalised to sum 1 over heads and FFN neurons"
@@ -28,16 +28,6 @@ class TaskPlans:
     table: ScoreTable
     own: dict  # the task's own plan artifact
     shared: dict  # the shared plan, as a plan of this task's model
-
-
-def selection_of(plan: dict) -> Selection:
-    return Selection(
-        strategy=plan["strategy"],
-        remove_heads={int(k): list(v) for k, v in plan["remove_heads"].items()},
-        remove_layers=list(plan["remove_layers"]),
-        predicted=plan.get("predicted"),
-        remove_ffn={int(k): list(v) for k, v in (plan.get("remove_ffn") or {}).items()},
-    )
 
 
 def shared_selection(tables: list[ScoreTable], opts: SelectionOptions, budget: Budget) -> Selection:
@@ -63,6 +53,7 @@ def priced_for(table: ScoreTable, shared: Selection) -> Selection:
 
 def all_plans(scored: list[TaskScores], opts: SelectionOptions, budget: Budget) -> dict[str, TaskPlans]:
     tables = {s.spec.name: ScoreTable.from_scores(s.artifact) for s in scored}
+    check_same_units(tables)  # one plan must name the same units in every task
     own = {s.spec.name: plan_from_scores(opts, s.path, scores=s.artifact, scores_sha=s.sha256) for s in scored}
     shared = shared_selection(list(tables.values()), opts, budget)
     constraints: Constraints = opts.constraints()

@@ -81,7 +81,6 @@ def _outputs(folder: Path, force: bool, tasks: list[TaskSpec], base: Path | None
 def run(opts: TasksOptions, ctx: Context) -> Result:
     from headprune_cli.runtime.device import check as check_device  # noqa: PLC0415 (keeps torch out of `tasks --help`)
     from headprune_cli.stages.tasks.base import check_shared_base  # noqa: PLC0415 (keeps torch out of `tasks --help`)
-    from headprune_cli.stages.tasks.compare import check_same_units  # noqa: PLC0415 (keeps numpy out of `tasks --help`)
     from headprune_cli.stages.tasks.payload import build  # noqa: PLC0415 (keeps numpy out of `tasks --help`)
     from headprune_cli.stages.tasks.plans import all_plans  # noqa: PLC0415 (keeps numpy out of `tasks --help`)
     from headprune_cli.stages.tasks.scoring import ScoreSettings, task_scores  # noqa: PLC0415 (keeps torch out of `tasks --help`)
@@ -100,9 +99,6 @@ def run(opts: TasksOptions, ctx: Context) -> Result:
     # any task is scored (and no line but the refusal reaches stderr).
     given = {t.name: task_scores(t, settings, "") for t in tasks if t.scores is not None}
     scored = [given.get(t.name) or task_scores(t, settings, str(paths[f"scores:{t.name}"])) for t in tasks]
-    from headprune_cli.stages.score.table import ScoreTable  # noqa: PLC0415 (keeps the cost table out of `tasks --help`)
-
-    check_same_units({s.spec.name: ScoreTable.from_scores(s.artifact) for s in scored})
     plans = all_plans(scored, opts, budget)
     payload = build(scored, plans, base, budget, file_names(tasks))
     artifact = {**envelope("tasks", _input_refs(scored), _config(opts)), **payload}
