@@ -64,6 +64,7 @@ from headprune_cli.model.surgery import HeadGates
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.score.importance.l0 import hard_concrete, open_probability
 from headprune_cli.stages.score.table import ScoreTable
+from headprune_cli.stages.select.chains import Selection
 
 # log alpha stays in this range. Above it a gate is open with probability 1 - 5e-4 and its
 # hard-concrete samples are all clamped to 1, so neither the task nor the Lagrangian moves it any
@@ -115,7 +116,7 @@ class LearnedGates:
         self,
         model: nn.Module,
         budget: Budget,
-        close: Callable[[ScoreTable], object],
+        close: Callable[[ScoreTable], Selection],
         seed: int,
         *,
         seq_len: int = 128,
@@ -239,17 +240,22 @@ class LearnedGates:
             "or loosen --gate-tolerance"
         )
 
+    def removed_share(self, removed: dict[int, list[int]]) -> float:
+        """The share of the budget that removing `removed` (layer -> heads) takes away, by whole
+        gated units, rounded to 6 places."""
+        gone = {(layer, h) for layer, heads in removed.items() for h in heads}
+        closed = [all((layer, h) in gone for h in hs) for layer, hs in self.units]
+        return round(float(self.weights[torch.tensor(closed, dtype=torch.bool)].sum()), 6)
+
     def report(self, removed: dict[int, list[int]]) -> dict:
         """What the gates did: the target, the expected share removed when they closed, the share the
         closing removed (`removed`: layer -> heads), the extra steps, and the per-step trace."""
-        gone = {(layer, h) for layer, heads in removed.items() for h in heads}
-        closed = [all((layer, h) in gone for h in hs) for layer, hs in self.units]
         return {
             "budget": self.budget.kind,
             "target": round(self.goal, 6),
             "budget_removed": round(self.budget.removed, 6),
             "expected_at_close": round(self.at_close, 6) if self.at_close is not None else None,
-            "closed": round(float(self.weights[torch.tensor(closed, dtype=torch.bool)].sum()), 6),
+            "closed": self.removed_share(removed),
             "closed_at_step": self.closes_at,
             "extra_steps": self.extended,
             "tolerance": self.tolerance,

@@ -89,7 +89,7 @@ def make_gates(
         extra_steps=extra_steps,
         protect=constraints.protect,
     )
-    reachable = gates.report(closer(budget, constraints)(gates.table()).remove_heads)["closed"]
+    reachable = gates.removed_share(gates.close(gates.table()).remove_heads)
     # Rounding to whole units costs up to half a unit; a constraint (--min-heads) that caps the cut, more.
     slack = max(tolerance, 0.5 * float(gates.weights.max()))
     if reachable < budget.removed - slack - 1e-9:
