@@ -212,21 +212,21 @@ class LearnedGates:
         if self.frozen is not None or step != self.closing_from(total):
             return 0
         expected = float(self.expected_sparsity().detach())
-        if abs(expected - self.goal) <= self.tolerance:
-            self.at_close = expected
-            return 0
-        if self.extended < self.extra_steps:
+        if abs(expected - self.goal) > self.tolerance and self.extended < self.extra_steps:
             self.extended += 1
             self.closes_at = step + 1
             return 1
-        self.refuse(expected)
+        self._settle(expected)
+        return 0
 
     def check_reached(self) -> None:
         """Refuse (FarFromTarget) when the gates were never closed during training (no closed
         phase) and their expected share is further from the target than `tolerance`."""
-        if self.frozen is not None:
-            return
-        expected = float(self.expected_sparsity().detach())
+        if self.frozen is None:
+            self._settle(float(self.expected_sparsity().detach()))
+
+    def _settle(self, expected: float) -> None:
+        """At the closing: refuse an expected share further than `tolerance` from the target, else record it."""
         if abs(expected - self.goal) > self.tolerance:
             self.refuse(expected)
         self.at_close = expected
