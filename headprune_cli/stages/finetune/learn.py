@@ -110,7 +110,7 @@ class Closed:
     selection: Selection
     scores: dict  # the scores artifact (method `learned`)
     plan: dict  # the plan artifact of the cut (its sha256 goes into the checkpoint's provenance)
-    report: dict | None = None  # LearnedGates.report: expected vs closed share, the per-step trace
+    report: dict  # LearnedGates.report: expected vs closed share, the per-step trace (also the scores' config.gates)
 
 
 def close_gates(
@@ -126,12 +126,16 @@ def close_gates(
     samples: int,
     config: dict,
 ) -> Closed:
-    """Close the trained gates: scores and plan artifacts, computed on the model before the cut."""
+    """Close the trained gates: scores and plan artifacts, computed on the model before the cut,
+    and the gates' report."""
     from headprune_cli.stages.score.importance.api import scores_artifact  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     table = gates.table(objective, samples, config)
     selection = gates.close(table)
-    scores = scores_artifact(model, table, model_path=checkpoint, data_path=data, max_length=max_length)
+    report = gates.report(selection.remove_heads)
+    scores = scores_artifact(
+        model, table, model_path=checkpoint, data_path=data, max_length=max_length, extra_config={"gates": report}
+    )
     amount = budget.as_options()
     plan_config = {
         "strategy": selection.strategy,
@@ -143,4 +147,4 @@ def close_gates(
     }
     inputs = [input_ref("model", checkpoint, model.headprune.loaded_from[1]), input_ref("data", data)]
     plan = plan_artifact(selection, constraints, inputs, list(table.num_heads), plan_config)
-    return Closed(table, selection, scores, plan)
+    return Closed(table, selection, scores, plan, report)

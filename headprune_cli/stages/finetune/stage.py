@@ -425,9 +425,7 @@ def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context
         samples=len(train),
         config=config,
     )
-    report = gates.report(closed.selection.remove_heads)
-    closed.scores["config"] = dict(sorted({**closed.scores["config"], "gates": report}.items()))
-    closed.report = report
+    report = closed.report
     ctx.print(gate_table(report))
     removed = sum(len(v) for v in closed.selection.remove_heads.values())
     ctx.print(
