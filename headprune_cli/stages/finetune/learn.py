@@ -127,9 +127,10 @@ def close_gates(
     config: dict,
 ) -> Closed:
     """Close the trained gates: scores and plan artifacts, computed on the model before the cut,
-    and the gates' report."""
+    and the gates' report; FarFromTarget when gates never closed in training are far from the target."""
     from headprune_cli.stages.score.importance.api import scores_artifact  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
+    gates.check_reached()  # without a closed phase, the check the closing step would have made
     table = gates.table(objective, samples, config)
     selection = gates.close(table)
     report = gates.report(selection.remove_heads)
