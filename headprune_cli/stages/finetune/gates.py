@@ -164,7 +164,6 @@ class LearnedGates:
         # it reached the target within the warmup and held it to within 0.005 (section 21).
         self.gate_optimizer = torch.optim.Adam([self.log_alpha], lr=lr, betas=(0.5, 0.999))
         self.lambda_optimizer = torch.optim.Adam([self.lambdas], lr=lr, betas=(0.0, 0.999), maximize=True)
-        self.last: dict[str, float] = {}
 
     def _unit_weights(self) -> torch.Tensor:
         """Each unit's share of the budget: of the heads (ratio), or of the cost now."""
@@ -283,15 +282,16 @@ class LearnedGates:
         gap = self.expected_sparsity() - target
         penalty = self.lambdas[0] * gap + self.lambdas[1] * gap * gap
         penalty.backward()
-        self.last = {
-            "step": step + 1,
-            "expected_sparsity": round(float(gap.detach()) + target, 6),
-            "target": round(target, 6),
-            "lambda1": round(float(self.lambdas[0].detach()), 6),
-            "lambda2": round(float(self.lambdas[1].detach()), 6),
-            "penalty": round(float(penalty.detach()), 6),
-        }
-        self.trace.append(self.last)
+        self.trace.append(
+            {
+                "step": step + 1,
+                "expected_sparsity": round(float(gap.detach()) + target, 6),
+                "target": round(target, 6),
+                "lambda1": round(float(self.lambdas[0].detach()), 6),
+                "lambda2": round(float(self.lambdas[1].detach()), 6),
+                "penalty": round(float(penalty.detach()), 6),
+            }
+        )
         return float(penalty.detach())
 
     def step(self) -> None:
