@@ -29,7 +29,7 @@ _TOKENIZER_KEYS = (
 def import_folder(folder: str | Path) -> nn.Module:
     """Load a Hugging Face folder with transformers itself (safetensors only, no remote code)."""
     folder = Path(folder)
-    config = _read_json(folder / "config.json", required=True)
+    config = read_config(folder)
     model_type = config.get("model_type")
     adapter_for_model_type(str(model_type))  # refuse an unsupported family before loading weights
     weights = sorted(folder.glob("*.safetensors"))
@@ -63,6 +63,11 @@ def _from_pretrained(folder: Path, config: dict) -> nn.Module:
     return model
 
 
+def read_config(folder: Path) -> dict:
+    """A Hugging Face folder's config.json; refused when missing, not JSON or not an object."""
+    return _read_json(folder / "config.json", required=True)
+
+
 def _read_json(path: Path, required: bool = False) -> dict:
     if not path.is_file():
         if required:
@@ -70,7 +75,7 @@ def _read_json(path: Path, required: bool = False) -> dict:
         return {}
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad UTF-8 or JSON
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{path}: expected a JSON object")

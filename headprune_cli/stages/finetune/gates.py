@@ -64,6 +64,7 @@ from headprune_cli.model.surgery import HeadGates
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.score.importance.l0 import hard_concrete, open_probability
 from headprune_cli.stages.score.table import ScoreTable
+from headprune_cli.stages.select.chains import Selection
 
 # log alpha stays in this range. Above it a gate is open with probability 1 - 5e-4 and its
 # hard-concrete samples are all clamped to 1, so neither the task nor the Lagrangian moves it any
@@ -115,7 +116,7 @@ class LearnedGates:
         self,
         model: nn.Module,
         budget: Budget,
-        close: Callable[[ScoreTable], object],
+        close: Callable[[ScoreTable], Selection],
         seed: int,
         *,
         seq_len: int = 128,
@@ -163,7 +164,6 @@ class LearnedGates:
         # it reached the target within the warmup and held it to within 0.005 (section 21).
         self.gate_optimizer = torch.optim.Adam([self.log_alpha], lr=lr, betas=(0.5, 0.999))
         self.lambda_optimizer = torch.optim.Adam([self.lambdas], lr=lr, betas=(0.0, 0.999), maximize=True)
-        self.last: dict[str, float] = {}
 
     def _unit_weights(self) -> torch.Tensor:
         """Each unit's share of the budget: of the heads (ratio), or of the cost now."""
@@ -211,21 +211,21 @@ class LearnedGates:
         if self.frozen is not None or step != self.closing_from(total):
             return 0
         expected = float(self.expected_sparsity().detach())
-        if abs(expected - self.goal) <= self.tolerance:
-            self.at_close = expected
-            return 0
-        if self.extended < self.extra_steps:
+        if abs(expected - self.goal) > self.tolerance and self.extended < self.extra_steps:
             self.extended += 1
             self.closes_at = step + 1
             return 1
-        self.refuse(expected)
+        self._settle(expected)
+        return 0
 
     def check_reached(self) -> None:
         """Refuse (FarFromTarget) when the gates were never closed during training (no closed
         phase) and their expected share is further from the target than `tolerance`."""
-        if self.frozen is not None:
-            return
-        expected = float(self.expected_sparsity().detach())
+        if self.frozen is None:
+            self._settle(float(self.expected_sparsity().detach()))
+
+    def _settle(self, expected: float) -> None:
+        """At the closing: refuse an expected share further than `tolerance` from the target, else record it."""
         if abs(expected - self.goal) > self.tolerance:
             self.refuse(expected)
         self.at_close = expected
@@ -239,17 +239,22 @@ class LearnedGates:
             "or loosen --gate-tolerance"
         )
 
+    def removed_share(self, removed: dict[int, list[int]]) -> float:
+        """The share of the budget that removing `removed` (layer -> heads) takes away, by whole
+        gated units, rounded to 6 places."""
+        gone = {(layer, h) for layer, heads in removed.items() for h in heads}
+        closed = [all((layer, h) in gone for h in hs) for layer, hs in self.units]
+        return round(float(self.weights[torch.tensor(closed, dtype=torch.bool)].sum()), 6)
+
     def report(self, removed: dict[int, list[int]]) -> dict:
         """What the gates did: the target, the expected share removed when they closed, the share the
         closing removed (`removed`: layer -> heads), the extra steps, and the per-step trace."""
-        gone = {(layer, h) for layer, heads in removed.items() for h in heads}
-        closed = [all((layer, h) in gone for h in hs) for layer, hs in self.units]
         return {
             "budget": self.budget.kind,
             "target": round(self.goal, 6),
             "budget_removed": round(self.budget.removed, 6),
             "expected_at_close": round(self.at_close, 6) if self.at_close is not None else None,
-            "closed": round(float(self.weights[torch.tensor(closed, dtype=torch.bool)].sum()), 6),
+            "closed": self.removed_share(removed),
             "closed_at_step": self.closes_at,
             "extra_steps": self.extended,
             "tolerance": self.tolerance,
@@ -277,15 +282,16 @@ class LearnedGates:
         gap = self.expected_sparsity() - target
         penalty = self.lambdas[0] * gap + self.lambdas[1] * gap * gap
         penalty.backward()
-        self.last = {
-            "step": step + 1,
-            "expected_sparsity": round(float(gap.detach()) + target, 6),
-            "target": round(target, 6),
-            "lambda1": round(float(self.lambdas[0].detach()), 6),
-            "lambda2": round(float(self.lambdas[1].detach()), 6),
-            "penalty": round(float(penalty.detach()), 6),
-        }
-        self.trace.append(self.last)
+        self.trace.append(
+            {
+                "step": step + 1,
+                "expected_sparsity": round(float(gap.detach()) + target, 6),
+                "target": round(target, 6),
+                "lambda1": round(float(self.lambdas[0].detach()), 6),
+                "lambda2": round(float(self.lambdas[1].detach()), 6),
+                "penalty": round(float(penalty.detach()), 6),
+            }
+        )
         return float(penalty.detach())
 
     def step(self) -> None:

@@ -89,7 +89,7 @@ def make_gates(
         extra_steps=extra_steps,
         protect=constraints.protect,
     )
-    reachable = gates.report(closer(budget, constraints)(gates.table()).remove_heads)["closed"]
+    reachable = gates.removed_share(gates.close(gates.table()).remove_heads)
     # Rounding to whole units costs up to half a unit; a constraint (--min-heads) that caps the cut, more.
     slack = max(tolerance, 0.5 * float(gates.weights.max()))
     if reachable < budget.removed - slack - 1e-9:
@@ -110,7 +110,7 @@ class Closed:
     selection: Selection
     scores: dict  # the scores artifact (method `learned`)
     plan: dict  # the plan artifact of the cut (its sha256 goes into the checkpoint's provenance)
-    report: dict | None = None  # LearnedGates.report: expected vs closed share, the per-step trace
+    report: dict  # LearnedGates.report: expected vs closed share, the per-step trace (also the scores' config.gates)
 
 
 def close_gates(
@@ -126,12 +126,17 @@ def close_gates(
     samples: int,
     config: dict,
 ) -> Closed:
-    """Close the trained gates: scores and plan artifacts, computed on the model before the cut."""
+    """Close the trained gates: scores and plan artifacts, computed on the model before the cut,
+    and the gates' report; FarFromTarget when gates never closed in training are far from the target."""
     from headprune_cli.stages.score.importance.api import scores_artifact  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
+    gates.check_reached()  # without a closed phase, the check the closing step would have made
     table = gates.table(objective, samples, config)
     selection = gates.close(table)
-    scores = scores_artifact(model, table, model_path=checkpoint, data_path=data, max_length=max_length)
+    report = gates.report(selection.remove_heads)
+    scores = scores_artifact(
+        model, table, model_path=checkpoint, data_path=data, max_length=max_length, extra_config={"gates": report}
+    )
     amount = budget.as_options()
     plan_config = {
         "strategy": selection.strategy,
@@ -143,4 +148,4 @@ def close_gates(
     }
     inputs = [input_ref("model", checkpoint, model.headprune.loaded_from[1]), input_ref("data", data)]
     plan = plan_artifact(selection, constraints, inputs, list(table.num_heads), plan_config)
-    return Closed(table, selection, scores, plan)
+    return Closed(table, selection, scores, plan, report)

@@ -15,7 +15,6 @@ under a seed, without touching the global random state.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from headprune_cli.files.io import sha256_bytes, sha256_file
 from headprune_cli.model.arch import adapter_for, adapter_for_model_type
 from headprune_cli.model.arch.base import HFModule
 from headprune_cli.model.checkpoint import is_export_folder, load, read_info, weights_sha
+from headprune_cli.model.importer import import_folder, read_config
 from headprune_cli.model.layout import Layout, info_of
 from headprune_cli.model.surgery import apply_plan
 
@@ -122,23 +122,16 @@ def _source_family_and_config(path: Path) -> tuple[str, dict]:
     if not _is_hf_folder(path):
         info = read_info(path)  # refuses a missing file, a plain safetensors file, a FIFO
         return info.family, info.config
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise CheckpointError(f"--rewind-to {path}: not a model folder (no config.json)")
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        raise CheckpointError(f"--rewind-to {config_file}: not valid JSON") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"--rewind-to {config_file}: expected a JSON object")
+        config = read_config(path)
+    except CheckpointError as exc:
+        raise CheckpointError(f"--rewind-to {exc}") from None
     return adapter_for_model_type(str(config.get("model_type"))).family, config
 
 
 def _load_source(path: Path) -> nn.Module:
     if not _is_hf_folder(path):
         return load(path)
-    from headprune_cli.model.importer import import_folder  # noqa: PLC0415 (transformers' from_pretrained only for a folder)
-
     return import_folder(path)
 
 

@@ -412,7 +412,6 @@ def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context
         "kd_weight": opts.kd_weight,
         "teacher": opts.teacher,
     }
-    gates.check_reached()  # no closed phase: the check the closing step would have made
     closed = close_gates(
         model,
         gates,
@@ -425,9 +424,7 @@ def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context
         samples=len(train),
         config=config,
     )
-    report = gates.report(closed.selection.remove_heads)
-    closed.scores["config"] = dict(sorted({**closed.scores["config"], "gates": report}.items()))
-    closed.report = report
+    report = closed.report
     ctx.print(gate_table(report))
     removed = sum(len(v) for v in closed.selection.remove_heads.values())
     ctx.print(

@@ -13,7 +13,7 @@ from headprune_cli.model.surgery import HeadGates, removal_gates
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.finetune.gates import FarFromTarget, LearnedGates
 from headprune_cli.stages.finetune.hidden import captured, hidden_loss, pairs
-from headprune_cli.stages.finetune.learn import make_gates
+from headprune_cli.stages.finetune.learn import close_gates, make_gates
 from headprune_cli.stages.select.chains import Constraints
 from tests.support import TINY, assert_refused, model_inputs, saved_root, snapshot
 
@@ -59,6 +59,15 @@ def test_closing_far_from_the_target_extends_the_gate_phase_then_refuses():
     assert gates.extend(closing + 1, total + 1) == 1
     with pytest.raises(FarFromTarget, match=r"is 0.010 at closing, 0.535 from the 0.545 target.*after 2 extra steps"):
         gates.extend(closing + 2, total + 2)
+
+
+def test_gates_that_never_closed_in_training_are_checked_when_closed_after_it():
+    # --closed-share 0: the run ends before the closing step, so close_gates makes the check itself
+    model = TINY["reference"]()
+    gates = gates_for(model, ratio=0.5, closed_share=0.0, tolerance=0.05)
+    with pytest.raises(FarFromTarget, match=r"is 0.010 at closing, 0.535 from the 0.545 target.*after 0 extra steps"):
+        close_gates(model, gates, Constraints(), Budget("heads", 0.5), checkpoint=None, data=None, max_length=16,
+                    objective="classification", samples=0, config={})  # fmt: skip
 
 
 def test_closing_near_the_target_closes_and_reports_expected_against_closed():
