@@ -102,6 +102,42 @@ class NeuronGates:
         return hook
 
 
+class LayerGates:
+    """Scales each block's change to the hidden states by a gate: out = in + z * (block(in) - in).
+
+    `gates` has one entry per kept layer in block order, shape [layers] or [batch, layers]
+    (per example). A gate of 0 makes the block an identity, exactly as dropping the layer
+    (skip_layers) does; 1 leaves it as it is.
+    """
+
+    def __init__(self, model: nn.Module, gates: torch.Tensor):
+        self.model, self.gates = model, gates
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def __enter__(self) -> LayerGates:
+        for pos, block in enumerate(adapter_for(self.model).layer_list(self.model)):
+            self._handles.append(block.register_forward_hook(self._hook(pos), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _hook(self, pos: int):
+        def hook(module, args, kwargs, output):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            out = output[0] if isinstance(output, tuple) else output
+            gate = self.gates[..., pos].to(out.device, out.dtype)
+            gate = gate.view(-1, *([1] * (out.dim() - 1))) if gate.dim() == 1 else gate
+            # lerp is exact at both ends (its kernel switches formula at 0.5): a gate of 0 gives the
+            # input bit for bit, as a dropped layer does, and 1 the block's own output.
+            mixed = torch.lerp(hidden.to(out.dtype), out, gate)
+            return (mixed, *output[1:]) if isinstance(output, tuple) else mixed
+
+        return hook
+
+
 def removal_gates(model: nn.Module, remove_heads: Mapping[int, list[int]]) -> list[torch.Tensor]:
     """Gates of 1 for kept heads and 0 for the heads a plan removes."""
     layout = info_of(model).layout

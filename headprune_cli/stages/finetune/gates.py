@@ -1,8 +1,9 @@
-"""Gates on attention heads while the model trains: head dropout, and learned pruning.
+"""Gates on heads, FFN neurons and layers while the model trains: head dropout, and learned pruning.
 
-Both give the training loop per-example gates for each micro-batch (HeadGates multiplies
-each head's output by them); the loop calls `sample`, then once per optimizer step
-`penalty_backward` and `step`.
+Both give the training loop per-example gates for each micro-batch, by hook (`applied`:
+HeadGates multiplies each head's output by them, NeuronGates each FFN neuron's, LayerGates
+each block's change to the hidden states); the loop calls `sample`, then once per
+optimizer step `penalty_backward` and `step`.
 
 Head dropout (`HeadDropout`): each head's output is zeroed with probability p,
 independently per example, and NOT rescaled by 1/(1 - p). Pruning removes a head and
@@ -10,21 +11,21 @@ leaves the others at their full scale, so training under unscaled dropout is tra
 under the condition the pruned model runs in (LayerDrop does the same for layers).
 
 Learned pruning (`LearnedGates`): a hard-concrete gate per unit (Louizos et al. 2018;
-a head, or for grouped-query layers a whole KV group with its query heads), trained
-jointly with the model weights. The sparsity is driven to the target by a Lagrangian, as
-in CoFi (Xia et al. 2022), rather than by a fixed penalty weight or a schedule of
-weights: a fixed weight reaches a different sparsity on every model and data set, while
+a head, or for grouped-query layers a whole KV group with its query heads; with `ffn`
+every FFN neuron, with `layers` every whole block: gate_space.py), trained jointly with
+the model weights. The sparsity is driven to the target by a Lagrangian, as in CoFi (Xia
+et al. 2022), rather than by a fixed penalty weight or a schedule of weights: a fixed
+weight reaches a different sparsity on every model and data set, while
 
     penalty = lambda1 * (s - t) + lambda2 * (s - t)^2
 
 with lambda1, lambda2 trained by gradient ascent (they grow until the constraint s = t
 holds) reaches the target without tuning. s is the expected share of the budget removed,
-computed from the gates' open probabilities P(z != 0): for a head ratio the expected
-fraction of heads removed; for a params/FLOPs target the expected fraction of the cost
-removed, from the cost table (cost is linear in query heads and KV heads per layer, so
-E[cost] = cost now - sum over units of (price of its query heads + its KV head) *
-P(closed)). For a head ratio t is the share the closing will remove (61 of 72 heads at
---ratio 0.85: 0.847), so that the gates aim at a whole number of heads.
+computed from the gates' open probabilities P(z != 0) (GateSpace.expected_removed): for a
+head ratio the expected fraction of heads removed; for a params/FLOPs target the expected
+fraction of the cost removed, from the cost table, with heads, neurons and layers priced on
+one scale as `select` prices them. For a head ratio t is the share the closing will remove
+(61 of 72 heads at --ratio 0.85: 0.847), so that the gates aim at a whole number of heads.
 
 The run has a gate phase (the first 1 - `closed_share` of the steps) and a closed phase.
 In the gate phase t rises linearly from 0 over the first `warmup` share of it, then is held
@@ -35,13 +36,14 @@ momentum the multipliers wind up while the gates lag and the share overshoots or
 log alpha is kept in LOG_ALPHA_RANGE, where the Lagrangian can still move a gate. At the
 closing step `extend` checks the expected share: further than `tolerance` from t, the gate
 phase goes on one step at a time (the run grows by a step) for up to `extra_steps`; still
-far, FarFromTarget, so the run ends without cutting heads the model still uses. Then the
+far, FarFromTarget, so the run ends without cutting units the model still uses. Then the
 gates are closed: `table()` gives the open probabilities as scores, the caller's `close`
-(select with the run's amount and constraints) chooses the heads, and the model trains with
-exactly those heads, 0 or 1, no noise, so it recovers from the closing before it is cut;
-the budget is met exactly as `select` meets it. Protected heads' units are never gated.
-`trace` records expected share, target and multipliers per gate-phase step and `report`
-sums up expected against closed share.
+(select with the run's amount and constraints; layers whose gate is open with probability
+below 0.5 are dropped) chooses the units, and the model trains with exactly those, 0 or 1,
+no noise, so it recovers from the closing before it is cut; the budget is met exactly as
+`select` meets it. Protected heads' units (and their layers) are never gated. `trace`
+records expected share, target and multipliers per gate-phase step and `report` sums up
+expected against closed share, overall and per kind of unit.
 
 Gate noise and dropout masks come from generators seeded by (seed, step, micro-batch),
 so runs are deterministic and independent of the global RNG.
@@ -49,19 +51,17 @@ so runs are deterministic and independent of the global RNG.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 
 import torch
 from torch import nn
 
 from headprune_cli.errors import HeadpruneError
-from headprune_cli.model.cost import cost_table
-from headprune_cli.model.cost_table import predict
 from headprune_cli.model.layout import info_of
-from headprune_cli.model.surgery import HeadGates
+from headprune_cli.model.surgery import HeadGates, LayerGates, NeuronGates
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.finetune.gate_space import GateSpace
 from headprune_cli.stages.score.importance.l0 import hard_concrete, open_probability
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select.chains import Selection
@@ -78,6 +78,27 @@ def _generator(seed: int, step: int, micro: int, stream: int) -> torch.Generator
     return torch.Generator().manual_seed(((seed * 1_000_003 + step) * 1009 + micro) * 8 + stream)
 
 
+def applied(model: nn.Module, gates: dict[str, torch.Tensor], device=None) -> ExitStack:
+    """The hooks that apply `gates` (GateSpace.split's names: `head.POS`, `ffn.POS`, `layer`) to
+    `model`, on `device` (default: where its parameters are)."""
+    dtype = next(model.parameters()).dtype
+    device = device if device is not None else next(model.parameters()).device
+    stack = ExitStack()
+    by_kind = {kind: [gates[name] for name in _positions(gates, kind)] for kind in ("head", "ffn")}
+    if by_kind["head"]:
+        stack.enter_context(HeadGates(model, [g.to(device, dtype) for g in by_kind["head"]]))
+    if by_kind["ffn"]:
+        stack.enter_context(NeuronGates(model, [g.to(device, dtype) for g in by_kind["ffn"]]))
+    if "layer" in gates:
+        stack.enter_context(LayerGates(model, gates["layer"].to(device, dtype)))
+    return stack
+
+
+def _positions(gates: dict[str, torch.Tensor], kind: str) -> list[str]:
+    """The names `KIND.POS` in `gates`, in block order."""
+    return sorted((name for name in gates if name.startswith(kind + ".")), key=lambda name: int(name.split(".")[1]))
+
+
 class HeadDropout:
     """Per-example, unscaled dropout of whole heads during training (see the module docstring)."""
 
@@ -87,9 +108,9 @@ class HeadDropout:
         self.counts = [len(heads) for heads in info_of(model).layout.heads]
         self.p, self.seed = p, seed
 
-    def sample(self, step: int, micro: int, rows: int, total: int) -> list[torch.Tensor]:
+    def sample(self, step: int, micro: int, rows: int, total: int) -> dict[str, torch.Tensor]:
         u = torch.rand(rows, sum(self.counts), generator=_generator(self.seed, step, micro, 1))
-        return list((u >= self.p).float().split(self.counts, dim=1))
+        return {f"head.{pos}": g for pos, g in enumerate((u >= self.p).float().split(self.counts, dim=1))}
 
     def zero_grad(self) -> None:
         pass
@@ -108,7 +129,8 @@ class HeadDropout:
 
 
 class LearnedGates:
-    """Hard-concrete gates on heads (KV groups for GQA layers) and their Lagrangian."""
+    """Hard-concrete gates on heads (KV groups for GQA layers), and with `ffn`/`layers` on FFN
+    neurons and whole layers, under one budget; and their Lagrangian."""
 
     restores_best = False  # the weights and gates of an earlier epoch belong together; keep the last
 
@@ -127,35 +149,23 @@ class LearnedGates:
         tolerance: float = 0.01,
         extra_steps: int = 0,
         protect: tuple[tuple[int, int], ...] = (),
+        ffn: bool = False,
+        layers: bool = False,
     ):
         """`close(table) -> Selection` closes the gates: `select` with the run's amount and constraints."""
 
-        layout = info_of(model).layout
+        self.space = GateSpace(model, budget, seq_len, ffn=ffn, layers=layers, protect=protect)
         self.budget, self.close, self.seed, self.warmup, self.closed_share = budget, close, seed, warmup, closed_share
         self.tolerance, self.extra_steps = tolerance, extra_steps
         self.goal = budget.removed  # the share the gates aim at; make_gates sets the closing's own for heads
         self.closes_at: int | None = None  # the step the gates close at; set by the first step, moved by extend()
         self.at_close: float | None = None  # the expected share removed when the gates closed
+        self.expected_units: dict[str, float] | None = None  # expected closed units per kind when they closed
         self.extended = 0  # gate-phase steps added because the expected share was still far from the target
         self.trace: list[dict[str, float]] = []  # per optimizer step of the gate phase: step, expected, target, lambdas
-        self.frozen: list[torch.Tensor] | None = None  # the closed 0/1 gates of the final phase
-        self.cost = cost_table(model, seq_len)  # FLOPs priced at this sequence length
-        self.layers, self.heads = list(layout.layers), [list(h) for h in layout.heads]
-        self.num_heads, self.num_kv_heads = list(layout.num_heads), list(layout.num_kv_heads)
-        # units: (layer, [original heads]); unit_of: per layer, head position -> unit
-        units: list[tuple[int, list[int]]] = []
-        self.unit_of: list[torch.Tensor] = []
-        for layer, kept in zip(self.layers, self.heads):
-            group = layout.num_heads[layer] // layout.num_kv_heads[layer]
-            first = len(units)
-            groups = sorted({h // group for h in kept})
-            units += [(layer, [h for h in kept if h // group == g]) for g in groups]
-            self.unit_of.append(torch.tensor([first + groups.index(h // group) for h in kept]))
-        self.units = units
-        protected = set(protect)
-        self.protected = torch.tensor([any((layer, h) in protected for h in hs) for layer, hs in units])
-        self.weights = self._unit_weights()
-        self.log_alpha = torch.full((len(units),), float(init), requires_grad=True)
+        self.frozen: dict[str, torch.Tensor] | None = None  # the closed 0/1 gates of the final phase
+        self.cost = self.space.cost
+        self.log_alpha = torch.full((self.space.size,), float(init), requires_grad=True)
         self.lambdas = torch.zeros(2, requires_grad=True)
         # Adam with a short memory (beta1 0.5) on the gates and none (beta1 0) on the multipliers, at
         # the same rate: with the usual beta1 0.9 momentum on both, the multipliers wound up while the
@@ -165,33 +175,14 @@ class LearnedGates:
         self.gate_optimizer = torch.optim.Adam([self.log_alpha], lr=lr, betas=(0.5, 0.999))
         self.lambda_optimizer = torch.optim.Adam([self.lambdas], lr=lr, betas=(0.0, 0.999), maximize=True)
 
-    def _unit_weights(self) -> torch.Tensor:
-        """Each unit's share of the budget: of the heads (ratio), or of the cost now."""
-        if self.budget.kind == "heads":
-            total = sum(len(hs) for _, hs in self.units)
-            return torch.tensor([len(hs) / total for _, hs in self.units], dtype=torch.float64)
-
-        table = self.cost
-        key = self.budget.cost_key
-        now = predict(table, dict(zip(self.layers, self.heads)))[key]
-        price = {c.layer: c for c in table.layers}
-        part = "params" if key == "params" else "flops"
-        return torch.tensor(
-            [
-                (getattr(price[layer], f"q_head_{part}") * len(hs) + getattr(price[layer], f"kv_head_{part}")) / now
-                for layer, hs in self.units
-            ],
-            dtype=torch.float64,
-        )
-
     # --- training ------------------------------------------------------------------------
     def open_probability(self) -> torch.Tensor:
         """P(gate != 0) per unit; protected units are always open."""
-        return torch.where(self.protected, torch.ones(()), open_probability(self.log_alpha))
+        return torch.where(self.space.protected, torch.ones(()), open_probability(self.log_alpha))
 
     def expected_sparsity(self) -> torch.Tensor:
-        """The expected share of the budget removed (see the module docstring)."""
-        return ((1.0 - self.open_probability()).double() * self.weights).sum()
+        """The expected share of the budget removed (gate_space.py's module docstring)."""
+        return self.space.expected_removed(self.open_probability())
 
     def target_at(self, step: int, total: int) -> float:
         """The target share: rises linearly over the first `warmup` share of the gate phase, then held."""
@@ -207,7 +198,7 @@ class LearnedGates:
     def extend(self, step: int, total: int) -> int:
         """Steps to add to the run before `step`: 1 while, at the closing step, the expected share is
         more than `tolerance` from the target and extra steps are left, else 0. Out of extra steps
-        and still far: FarFromTarget, so that the closing never cuts heads the model still uses."""
+        and still far: FarFromTarget, so that the closing never cuts units the model still uses."""
         if self.frozen is not None or step != self.closing_from(total):
             return 0
         expected = float(self.expected_sparsity().detach())
@@ -229,6 +220,10 @@ class LearnedGates:
         if abs(expected - self.goal) > self.tolerance:
             self.refuse(expected)
         self.at_close = expected
+        closed = 1.0 - self.open_probability().detach().double()
+        self.expected_units = {
+            kind: round(float(part.sum()), 3) for kind, part in zip(self.space.sizes, self.space.parts(closed))
+        }
 
     def refuse(self, expected: float):
         raise FarFromTarget(
@@ -239,36 +234,43 @@ class LearnedGates:
             "or loosen --gate-tolerance"
         )
 
-    def removed_share(self, removed: dict[int, list[int]]) -> float:
-        """The share of the budget that removing `removed` (layer -> heads) takes away, by whole
-        gated units, rounded to 6 places."""
-        gone = {(layer, h) for layer, heads in removed.items() for h in heads}
-        closed = [all((layer, h) in gone for h in hs) for layer, hs in self.units]
-        return round(float(self.weights[torch.tensor(closed, dtype=torch.bool)].sum()), 6)
+    def removed_share(self, selection: Selection) -> float:
+        """The share of the budget `selection` takes away (of the heads by whole units, or of the cost)."""
+        return self.space.removed_share(selection)
 
-    def report(self, removed: dict[int, list[int]]) -> dict:
+    def report(self, selection: Selection) -> dict:
         """What the gates did: the target, the expected share removed when they closed, the share the
-        closing removed (`removed`: layer -> heads), the extra steps, and the per-step trace."""
+        closing removed, the units expected closed and closed per kind, the extra steps, and the
+        per-step trace."""
+        closed = 1.0 - self.space.closed(selection)
+        units = {
+            kind: {"expected": (self.expected_units or {}).get(kind), "closed": int(part.sum()), "of": size}
+            for (kind, size), part in zip(self.space.sizes.items(), self.space.parts(closed))
+            if size
+        }
         return {
             "budget": self.budget.kind,
             "target": round(self.goal, 6),
             "budget_removed": round(self.budget.removed, 6),
             "expected_at_close": round(self.at_close, 6) if self.at_close is not None else None,
-            "closed": self.removed_share(removed),
+            "closed": self.removed_share(selection),
             "closed_at_step": self.closes_at,
             "extra_steps": self.extended,
             "tolerance": self.tolerance,
+            "units": units,
             "trace": list(self.trace),
         }
 
-    def sample(self, step: int, micro: int, rows: int, total: int) -> list[torch.Tensor]:
+    def sample(self, step: int, micro: int, rows: int, total: int) -> dict[str, torch.Tensor]:
+        """This micro-batch's gates by hook (GateSpace.split): a hard-concrete draw per example, or
+        the closed gates once the gates have closed."""
         if step >= self.closing_from(total):
             if self.frozen is None:
-                self.frozen = self._closed_gates()
-            return [g.expand(rows, -1) for g in self.frozen]
-        u = torch.rand(rows, len(self.units), generator=_generator(self.seed, step, micro, 2)).clamp(1e-6, 1 - 1e-6)
-        z = torch.where(self.protected, torch.ones(()), hard_concrete(self.log_alpha, u))
-        return [z[:, index] for index in self.unit_of]
+                self.frozen = self.space.split(self._closed_gates())
+            return {name: g.expand(rows, *g.shape) for name, g in self.frozen.items()}
+        u = torch.rand(rows, self.space.size, generator=_generator(self.seed, step, micro, 2)).clamp(1e-6, 1 - 1e-6)
+        z = torch.where(self.space.protected, torch.ones(()), hard_concrete(self.log_alpha, u))
+        return self.space.split(z)
 
     def zero_grad(self) -> None:
         self.gate_optimizer.zero_grad(set_to_none=True)
@@ -302,39 +304,18 @@ class LearnedGates:
 
     def evaluating(self, model: nn.Module):
         """Evaluation sees the model as it would be cut now: the closed gates of `close`."""
+        return applied(model, self.space.split(self._closed_gates()))
 
-        dtype = next(model.parameters()).dtype
-        return HeadGates(model, [g.to(dtype) for g in self._closed_gates()])
-
-    def _closed_gates(self) -> list[torch.Tensor]:
-        """1 for the heads `close` keeps, 0 for the others, per layer."""
-        removed = self.close(self.table()).remove_heads
-        return [
-            torch.tensor([0.0 if h in removed.get(layer, ()) else 1.0 for h in kept])
-            for layer, kept in zip(self.layers, self.heads)
-        ]
+    def _closed_gates(self) -> torch.Tensor:
+        """1 for the units `close` keeps, 0 for the others."""
+        return self.space.closed(self.close(self.table()))
 
     def table(self, objective: str | None = None, samples: int = 0, config: dict | None = None) -> ScoreTable:
-        """The final open probabilities as scores: every query head gets its unit's."""
-        p = self.open_probability().detach().double().tolist()
-        heads: dict[int, dict[int, float]] = {}
-        for layer, kept, index in zip(self.layers, self.heads, self.unit_of):
-            heads[layer] = {h: _finite(p[u]) for h, u in zip(kept, index.tolist())}
-        return ScoreTable(
-            heads=heads,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            cost=self.cost,
-            method="learned",
-            objective=objective,
-            samples=samples,
-            config=dict(config or {}),
-        )
+        """The final open probabilities as scores (GateSpace.table)."""
+        p = self.open_probability().detach().double()
+        p = torch.where(torch.isfinite(p), p, torch.zeros(()))
+        return self.space.table(p, objective, samples, dict(config or {}))
 
 
 class FarFromTarget(HeadpruneError):
     """The gates' expected share stayed far from the target: closing them would cut heads in use."""
-
-
-def _finite(value: float) -> float:
-    return value if math.isfinite(value) else 0.0

@@ -1,20 +1,23 @@
 """Learned pruning around the finetune loop: set up the gates, close them, cut the model.
 
 `finetune --learn-gates --ratio R` (or `--target-params F` / `--target-flops F`) trains
-hard-concrete head gates jointly with the model (gates.LearnedGates: a Lagrangian drives
-the expected sparsity to the target). Afterwards the gates close deterministically: the
-open probabilities become a ScoreTable (method `learned`) and `select` chooses from it
-with the same amount and constraints (--min-heads, --multiple-of, --protect, --uniform)
-that `headprune select` would apply, so the kept-head count is exactly what `select`
-gives. The last steps train with the gates closed (--closed-share); then `cut` removes the
-closed heads physically. The same ScoreTable is what
-`--gates-out` writes, as a scores artifact that `headprune select` reads back.
+hard-concrete gates on the heads jointly with the model, with `--gate-ffn` also on every FFN
+neuron and with `--gate-layers` on every whole layer, all under the one budget
+(gates.LearnedGates: a Lagrangian drives the expected share removed to the target).
+Afterwards the gates close deterministically: the open probabilities become a ScoreTable
+(method `learned`) and `select` chooses from it with the same amount and constraints
+(--min-heads, --multiple-of, --protect, --uniform, --min-ffn, --ffn-multiple-of) that
+`headprune select` would apply, layers open with probability below 0.5 dropped
+(`--layer-threshold 0.5`), so the cut is exactly what `select` gives. The last steps train
+with the gates closed (--closed-share); then `cut` removes the closed units physically. The
+same ScoreTable is what `--gates-out` writes, as a scores artifact that `headprune select`
+reads back (`select gates.json --target-flops F --layer-threshold 0.5` gives the same plan).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from headprune_cli.artifacts.schema import input_ref
 from headprune_cli.errors import UsageError
@@ -50,6 +53,17 @@ def check_learning(
     return checked(targets[0])
 
 
+# Layers whose gate is open with a probability below this are dropped at the closing; heads and
+# neurons are then chosen by `select` from their open probabilities on the layers left, so the
+# budget is met exactly. Trained gates end near 0 or 1 (the hard-concrete's mass sits at both ends).
+LAYER_CLOSED_BELOW = 0.5
+
+
+def closing_constraints(constraints: Constraints, layers: bool) -> Constraints:
+    """The constraints the gates close under: with layer gates, the closed layers dropped by threshold."""
+    return replace(constraints, layer_threshold=LAYER_CLOSED_BELOW) if layers else constraints
+
+
 def closer(budget: Budget, constraints: Constraints):
     """`close(table) -> Selection`: select from the gates' open probabilities as `headprune select` would."""
 
@@ -71,15 +85,22 @@ def make_gates(
     closed_share: float,
     tolerance: float = 0.01,
     extra_steps: int = 0,
+    ffn: bool = False,
+    layers: bool = False,
 ):
     """The LearnedGates for `model`, after checking that the gates can be closed within the
     constraints (select on the untrained gates), so that a bad budget fails before training."""
     from headprune_cli.stages.finetune.gates import LearnedGates  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
+    if (ffn or layers) and budget.kind == "heads":
+        raise UsageError(
+            "--gate-ffn and --gate-layers price every unit on one cost: give --target-flops or --target-params, "
+            "not --ratio"
+        )
     gates = LearnedGates(
         model,
         budget,
-        closer(budget, constraints),
+        closer(budget, closing_constraints(constraints, layers)),
         seed,
         seq_len=seq_len,
         lr=lr,
@@ -88,10 +109,12 @@ def make_gates(
         tolerance=tolerance,
         extra_steps=extra_steps,
         protect=constraints.protect,
+        ffn=ffn,
+        layers=layers,
     )
-    reachable = gates.removed_share(gates.close(gates.table()).remove_heads)
+    reachable = gates.removed_share(gates.close(gates.table()))
     # Rounding to whole units costs up to half a unit; a constraint (--min-heads) that caps the cut, more.
-    slack = max(tolerance, 0.5 * float(gates.weights.max()))
+    slack = max(tolerance, 0.5 * float(gates.space.head_price.max()))
     if reachable < budget.removed - slack - 1e-9:
         raise UsageError(
             f"{budget.option}: the gates would have to remove {budget.removed:.3f} of the "
@@ -133,19 +156,21 @@ def close_gates(
     gates.check_reached()  # without a closed phase, the check the closing step would have made
     table = gates.table(objective, samples, config)
     selection = gates.close(table)
-    report = gates.report(selection.remove_heads)
+    report = gates.report(selection)
     scores = scores_artifact(
         model, table, model_path=checkpoint, data_path=data, max_length=max_length, extra_config={"gates": report}
     )
     amount = budget.as_options()
+    constraints = closing_constraints(constraints, gates.space.gates_layers)
+    neurons = table.num_ffn if table.ffn is not None else None
     plan_config = {
         "strategy": selection.strategy,
         "ratio": amount["ratio"],
         "threshold": None,
         "target_params": amount["target_params"],
         "target_flops": amount["target_flops"],
-        **constraints.to_dict(),
+        **constraints.to_dict(ffn=neurons is not None),
     }
     inputs = [input_ref("model", checkpoint, model.headprune.loaded_from[1]), input_ref("data", data)]
-    plan = plan_artifact(selection, constraints, inputs, list(table.num_heads), plan_config)
+    plan = plan_artifact(selection, constraints, inputs, list(table.num_heads), plan_config, num_ffn=neurons)
     return Closed(table, selection, scores, plan, report)

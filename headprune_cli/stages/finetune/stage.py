@@ -25,7 +25,17 @@ from headprune_cli.stages.select.chains import Constraints, parse_protect
 from headprune_cli.stages.select.stage import ratio_option, target_flops_option, target_params_option
 from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, option
 
-CONSTRAINTS = ("min_heads", "multiple_of", "protect", "uniform")
+# The options that only mean something with --learn-gates (check_learning refuses them without it).
+CONSTRAINTS = (
+    "min_heads",
+    "multiple_of",
+    "protect",
+    "uniform",
+    "gate_ffn",
+    "gate_layers",
+    "min_ffn",
+    "ffn_multiple_of",
+)
 
 
 class FinetuneOptions(Options):
@@ -86,7 +96,21 @@ class FinetuneOptions(Options):
     min_heads: int = option(1, "--learn-gates: heads every layer keeps at least.", ge=1)
     multiple_of: int = option(1, "--learn-gates: heads kept per layer must be a multiple of this.", ge=1)
     protect: str | None = option(None, "--learn-gates: heads never removed: LAYER:HEAD,... (original indices).")
-    uniform: bool = option(False, "--learn-gates: keep the same number of heads (and KV groups) in every layer.")
+    uniform: bool = option(
+        False, "--learn-gates: keep the same number of heads (and KV groups, and FFN width) in every layer."
+    )
+    gate_ffn: bool = option(
+        False, "--learn-gates: gate every FFN neuron too, under the same --target-flops/--target-params budget."
+    )
+    gate_layers: bool = option(
+        False,
+        "--learn-gates: gate every whole layer too (a closed layer is dropped), under the same "
+        "--target-flops/--target-params budget.",
+    )
+    min_ffn: int | None = option(
+        None, "--learn-gates --gate-ffn: FFN neurons every layer keeps at least (default: --ffn-multiple-of).", ge=1
+    )
+    ffn_multiple_of: int = option(8, "--learn-gates --gate-ffn: FFN widths kept are multiples of this.", ge=1)
     gates_out: Path | None = option(
         None, "--learn-gates: also write the final gate open probabilities as a scores JSON (method `learned`)."
     )
@@ -187,6 +211,8 @@ class FinetuneOptions(Options):
             multiple_of=self.multiple_of,
             protect=parse_protect(self.protect),
             uniform=self.uniform,
+            min_ffn=self.min_ffn,
+            ffn_multiple_of=self.ffn_multiple_of,
         )
 
     def constraints_given(self) -> list[str]:
@@ -388,6 +414,8 @@ def _gating(opts: FinetuneOptions, model, constraints):
             closed_share=opts.closed_share,
             tolerance=opts.gate_tolerance,
             extra_steps=opts.gate_extra_steps,
+            ffn=opts.gate_ffn,
+            layers=opts.gate_layers,
         )
     return HeadDropout(model, opts.head_dropout, opts.seed) if opts.head_dropout else None
 
@@ -406,6 +434,8 @@ def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context
         "gate_tolerance": opts.gate_tolerance,
         "gate_extra_steps": opts.gate_extra_steps,
         "hidden_weight": _hidden_weight(opts),
+        "gate_ffn": opts.gate_ffn,
+        "gate_layers": opts.gate_layers,
         "ratio": opts.ratio,
         "target_params": opts.target_params,
         "target_flops": opts.target_flops,
@@ -426,15 +456,28 @@ def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context
     )
     report = closed.report
     ctx.print(gate_table(report))
-    removed = sum(len(v) for v in closed.selection.remove_heads.values())
     ctx.print(
         f"learned gates: expected share removed {report['expected_at_close']:.3f} when they closed at step "
         f"{report['closed_at_step']} ({report['extra_steps']} extra), closed {report['closed']:.3f} "
-        f"(target {report['target']:.3f}, {report['budget']}); "
-        f"closed {removed} of {sum(len(h) for h in gates.heads)} heads"
+        f"(target {report['target']:.3f}, {report['budget']}); closed {_closed_units(closed.selection, gates.space)}"
     )
     cut(model, closed.selection)
     return closed
+
+
+def _closed_units(selection, space) -> str:
+    """'40 of 72 heads, 4096 of 9216 FFN neurons, 1 of 6 layers': what the closing removed."""
+    dropped = set(selection.remove_layers)
+    heads = sum(len(v) for v in selection.remove_heads.values())
+    heads += sum(len(kept) for layer, kept in zip(space.layers, space.heads) if layer in dropped)
+    parts = [f"{heads} of {sum(len(h) for h in space.heads)} heads"]
+    if space.gates_ffn:
+        neurons = sum(len(v) for layer, v in selection.remove_ffn.items() if layer not in dropped)
+        neurons += sum(len(kept) for layer, kept in zip(space.layers, space.neurons) if layer in dropped)
+        parts.append(f"{neurons} of {space.sizes['neurons']} FFN neurons")
+    if space.gates_layers:
+        parts.append(f"{len(dropped)} of {len(space.layers)} layers")
+    return ", ".join(parts)
 
 
 def gate_table(report: dict, rows: int = 10):

@@ -28,12 +28,12 @@ from torch.nn.parallel import DistributedDataParallel
 from headprune_cli.errors import NumericalError, UsageError
 from headprune_cli.model.cost import count_params
 from headprune_cli.model.layout import info_of
-from headprune_cli.model.surgery import HeadGates
 from headprune_cli.runtime import distributed
 from headprune_cli.runtime.device import cast_parameters, resolve_device, resolve_dtype, stored_dtype
 from headprune_cli.stages.finetune import sharding
 from headprune_cli.stages.finetune import state as train_state
 from headprune_cli.stages.finetune.distill import kd_logits
+from headprune_cli.stages.finetune.gates import applied
 from headprune_cli.stages.finetune.hidden import captured, hidden_loss, pairs
 from headprune_cli.stages.finetune.losses import as_tensors, check_labels, fidelity_loss, predict, task_loss, trim
 from headprune_cli.stages.finetune.precision import autocast_dtype, autocasting
@@ -311,18 +311,17 @@ class _Loop:
         if self.gating is not None:  # drawn for the global micro-batch, then sharded with its rows
             rows.update(
                 {
-                    f"gate.{pos}": g
-                    for pos, g in enumerate(self.gating.sample(step, micro, len(rows["input_ids"]), self.plan.total))
+                    f"gate.{name}": g
+                    for name, g in self.gating.sample(step, micro, len(rows["input_ids"]), self.plan.total).items()
                 }
             )
         full, rows, weight = rows, distributed.shard(rows, self.ctx), 1.0
         if len(rows["input_ids"]) == 0:  # fewer rows than processes: join with a zero-weight row
             rows, weight = {k: v[:1] for k, v in full.items()}, 0.0
-        gates = [rows.pop(k) for k in sorted((k for k in rows if k.startswith("gate.")), key=lambda k: int(k[5:]))]
+        gates = {k.removeprefix("gate."): rows.pop(k) for k in [k for k in rows if k.startswith("gate.")]}
         rows = {k: v.to(self.ctx.device) for k, v in rows.items()}
         task = info_of(self.model).task
-        dtype = next(self.model.parameters()).dtype
-        gated = HeadGates(self.model, [g.to(self.ctx.device, dtype) for g in gates]) if gates else nullcontext()
+        gated = applied(self.model, gates, self.ctx.device) if gates else nullcontext()
         # Gates stay on through the backward: a recomputed block must see the same hooks.
         with gated, recomputed_blocks(self.model, self.recompute):
             with autocasting(self.ctx.device, self.autocast), self._hidden(self.model) as student_states:

@@ -73,13 +73,13 @@ def test_gates_that_never_closed_in_training_are_checked_when_closed_after_it():
 def test_closing_near_the_target_closes_and_reports_expected_against_closed():
     gates = gates_for(TINY["reference"](), ratio=0.5, tolerance=0.05, extra_steps=2)
     with torch.no_grad():  # half the heads' gates shut, half open: the expected share is the target's
-        order = torch.arange(len(gates.units))
+        order = torch.arange(gates.space.size)
         gates.log_alpha.copy_(torch.where(order % 2 == 0, torch.tensor(-12.0), torch.tensor(12.0)))
     total = 10
     closing = gates.closing_from(total)
     assert gates.extend(closing, total) == 0
     selection = gates.close(gates.table())
-    report = gates.report(selection.remove_heads)
+    report = gates.report(selection)
     assert report["expected_at_close"] == pytest.approx(6 / 11, abs=1e-3)  # 6 of the 11 units were shut
     assert report["closed"] == pytest.approx(sum(len(v) for v in selection.remove_heads.values()) / 11)
     assert report["extra_steps"] == 0 and report["closed_at_step"] == closing and report["target"] == round(6 / 11, 6)

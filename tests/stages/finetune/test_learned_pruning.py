@@ -50,7 +50,7 @@ def removed_heads(before, after) -> dict[int, list[int]]:
     return {
         layer: sorted(set(heads) - set(kept[layer]))
         for layer, heads in zip(before.headprune.layout.layers, before.headprune.layout.heads)
-        if set(heads) - set(kept[layer])
+        if layer in kept and set(heads) - set(kept[layer])  # a dropped layer's heads are not "removed heads"
     }
 
 
@@ -169,6 +169,43 @@ def test_a_flops_target_is_met_as_select_meets_it(cli, tmp_path):
     assert removed  # the budget needed a cut
 
 
+@pytest.mark.parametrize("family", ["reference", "llama-gqa"])
+def test_heads_neurons_and_layers_under_one_flops_budget_close_as_select_would(cli, tmp_path, family):
+    ckpt, data = root(tmp_path, family)
+    out, gates = tmp_path / "small.safetensors", tmp_path / "gates.json"
+    res = learn(
+        cli, ckpt, data, out, "--target-flops", "0.5", "--gate-ffn", "--gate-layers", "--ffn-multiple-of", "1",
+        "--gates-out", gates,
+    )  # fmt: skip
+    assert res.code == 0, res.err
+    assert abs(shares_removed(res.err) - 0.5) <= 0.01  # within --gate-tolerance when the gates closed
+    assert re.search(
+        r"closed\s+\d+\s+of\s+\d+\s+heads,\s+\d+\s+of\s+\d+\s+FFN\s+neurons,\s+\d+\s+of\s+3\s+layers", res.err
+    )
+    scores = parse_artifact(gates.read_text(), str(gates), ("scores",))
+    report = scores.config["gates"]
+    assert set(report["units"]) == {"heads", "neurons", "layers"} and report["closed"] >= 0.5 - 1e-9
+    # `select` on the gates artifact with the closing's constraints gives the cut that was made.
+    plan = cli("select", gates, "--target-flops", "0.5", "--layer-threshold", "0.5", "--ffn-multiple-of", "1")
+    assert plan.code == 0, plan.err
+    chosen = json.loads(plan.out)
+    before, small = load(ckpt), load(out)
+    layout = small.headprune.layout
+    assert sorted(set(before.headprune.layout.layers) - set(layout.layers)) == chosen["remove_layers"]
+    assert removed_heads(before, small) == {
+        int(k): v for k, v in chosen["remove_heads"].items() if int(k) not in chosen["remove_layers"]
+    }
+    table = CostTable.from_dict(scores.cost)
+    kept_before = dict(zip(before.headprune.layout.layers, before.headprune.layout.heads))
+    neurons = {
+        layer: sorted(set(range(table.layers[layer].ffn_width)) - set(layout.kept_neurons(layer)))
+        for layer in layout.layers
+    }
+    after = predict(table, kept_before, removed_heads(before, small), chosen["remove_layers"], neurons)
+    assert after["flops_per_token"] <= 0.5 * predict(table, kept_before)["flops_per_token"] * (1 + 1e-12)
+    assert any(neurons.values())  # the budget was spent on neurons too
+
+
 def test_same_seed_gives_the_same_bytes(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
     ckpt, data = root(tmp_path, "reference")
@@ -201,6 +238,10 @@ def test_bad_input_is_refused_and_nothing_is_written(cli, tmp_path):
         "not both": ["--learn-gates", "--ratio", "0.5", "--head-dropout", "0.1"],
         "overlap": ["--learn-gates", "--ratio", "0.5", "--gates-out", out],
         "is also an input": ["--learn-gates", "--ratio", "0.5", "--gates-out", data],
+        "--gate-ffn: a pruning target": ["--gate-ffn"],
+        "--gate-layers: a pruning target": ["--gate-layers", "--target-flops", "0.5"],
+        "not --ratio": ["--learn-gates", "--ratio", "0.5", "--gate-ffn"],
+        "price every unit on one cost": ["--learn-gates", "--ratio", "0.5", "--gate-layers"],
     }
     for message, extra in cases.items():
         assert_refused(cli("finetune", ckpt, "--data", data, "--steps", "2", "-o", out, *extra), 2, message)

@@ -1,0 +1,109 @@
+"""Learned gates on heads, FFN neurons and layers under one budget: the expected share the
+Lagrangian drives is the cost the sampled model has, a closed layer gate is a dropped layer,
+and the closing drops the layers whose gates closed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headprune_cli.model.cost_table import predict
+from headprune_cli.model.surgery import LayerGates, skip_layers
+from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.finetune.gate_space import GateSpace
+from headprune_cli.stages.finetune.gates import applied
+from headprune_cli.stages.finetune.learn import make_gates
+from headprune_cli.stages.select.chains import Constraints, Selection
+from tests.support import TINY, model_inputs, model_output
+
+
+def removed_by_mask(space: GateSpace, mask: torch.Tensor) -> float:
+    """The share of the cost one 0/1 draw of every gate removes, priced by the cost table."""
+    heads, neurons, layers = space.parts(mask)
+    gone_units = {u for u, on in enumerate(heads.tolist()) if not on}
+    remove_heads: dict[int, list[int]] = {}
+    for u, (layer, hs) in enumerate(space.head_units):
+        if u in gone_units:
+            remove_heads.setdefault(layer, []).extend(hs)
+    remove_ffn, start = {}, 0
+    for layer, kept in zip(space.layers, space.neurons):
+        part = neurons[start : start + len(kept)].tolist()
+        remove_ffn[layer] = [n for n, on in zip(kept, part) if not on]
+        start += len(kept)
+    dropped = [layer for layer, on in zip(space.layers, layers.tolist()) if not on]
+    kept = dict(zip(space.layers, space.heads))
+    after = predict(space.cost, kept, remove_heads, dropped, remove_ffn)
+    return 1.0 - after[space.budget.cost_key] / space.now
+
+
+@pytest.mark.parametrize("family", ["reference", "llama-gqa"])
+@pytest.mark.parametrize("kind", ["flops", "params"])
+def test_the_expected_share_is_the_mean_cost_of_the_sampled_models(family, kind):
+    space = GateSpace(TINY[family](), Budget(kind, 0.5), 16, ffn=True, layers=True)
+    p = torch.rand(space.size, generator=torch.Generator().manual_seed(0))
+    draws = torch.rand(4000, space.size, generator=torch.Generator().manual_seed(1)) < p
+    sampled = sum(removed_by_mask(space, d) for d in draws.float()) / len(draws)
+    assert float(space.expected_removed(p)) == pytest.approx(sampled, abs=0.01)
+    # At 0/1 probabilities the expectation is the cut's exact share, as select prices it.
+    mask = draws[0].float()
+    assert float(space.expected_removed(mask)) == pytest.approx(removed_by_mask(space, mask), abs=1e-9)
+
+
+def test_without_layer_or_neuron_gates_the_share_is_the_heads_share_of_the_cost():
+    model = TINY["reference"]()
+    heads_only, every = GateSpace(model, Budget("flops", 0.5), 16), GateSpace(model, Budget("flops", 0.5), 16, ffn=True)
+    p = torch.rand(heads_only.size, generator=torch.Generator().manual_seed(2))
+    open_rest = torch.cat([p, torch.ones(every.size - heads_only.size)])
+    # Heads priced alone (FFN in the fixed cost) or beside open neurons: the same share.
+    assert float(heads_only.expected_removed(p)) == pytest.approx(float(every.expected_removed(open_rest)), abs=1e-9)
+    assert 0 < float(heads_only.expected_removed(p)) < 1
+
+
+def test_a_closed_layer_gate_is_a_dropped_layer_and_an_open_one_changes_nothing():
+    model = TINY["reference"]().eval()
+    inputs = model_inputs("reference")
+    plain = model_output(model, inputs)
+    with LayerGates(model, torch.tensor([1.0, 0.0, 1.0])):
+        gated = model_output(model, inputs)
+    with skip_layers(model, [1]):
+        skipped = model_output(model, inputs)
+    assert torch.equal(gated, skipped) and not torch.equal(gated, plain)
+    with LayerGates(model, torch.ones(3)):
+        assert torch.equal(model_output(model, inputs), plain)
+    # Per example: the first row's layer 1 closed, the second's open.
+    rows = {k: v[:2] for k, v in inputs.items()}
+    with LayerGates(model, torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])):
+        mixed = model_output(model, rows)
+    torch.testing.assert_close(mixed[0], skipped[0])
+    torch.testing.assert_close(mixed[1], plain[1])
+
+
+def test_the_closing_drops_the_layers_whose_gates_closed_and_meets_the_budget():
+    model = TINY["reference"]()
+    gates = make_gates(
+        model, Budget("flops", 0.5), Constraints(), seed=0, seq_len=16, lr=0.3, warmup=0.5, closed_share=0.4,
+        ffn=True, layers=True,
+    )  # fmt: skip
+    heads, neurons, layers = gates.space.parts(torch.arange(gates.space.size))
+    with torch.no_grad():
+        gates.log_alpha[layers[1]] = -8.0  # layer 1's gate shut
+        gates.log_alpha[neurons[::3]] = -8.0  # a third of the neurons shut
+    selection = gates.close(gates.table())
+    assert selection.remove_layers == [1]
+    assert gates.removed_share(selection) >= 0.5 - 1e-9
+    # The closed 0/1 gates applied to the model are the cut model.
+    from headprune_cli.model.surgery import apply_plan
+
+    inputs = model_inputs("reference")
+    with applied(model, gates.space.split(gates.space.closed(selection))):
+        gated = model_output(model.eval(), inputs)
+    cut = apply_plan(model, selection.remove_heads, selection.remove_layers, selection.remove_ffn)
+    torch.testing.assert_close(model_output(cut, inputs), gated, rtol=1e-5, atol=1e-6)
+
+
+def test_protected_heads_keep_their_unit_and_their_layer_open():
+    space = GateSpace(TINY["reference"](), Budget("flops", 0.5), 16, ffn=True, layers=True, protect=((2, 0),))
+    heads, neurons, layers = space.parts(space.protected)
+    assert heads.sum() == 1 and not neurons.any() and layers.tolist() == [False, False, True]
+    nothing = Selection("budget", {}, [])
+    assert space.closed(nothing).all()
