@@ -15,6 +15,8 @@ reused when present. Usage (BENCHMARKS.md section 21 has the run it records):
   OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.learned_gates --work /tmp/lg --seeds 0 1 \
       --cuts ratio=0.85 --json /tmp/lg/rows.json
   python -m scripts.benchmarks.learned_gates --tables-from /tmp/lg/rows.json
+Heads, FFN neurons and layers under one FLOPs budget (section 28):
+  ... --cuts target_flops=0.5 --greedy-ffn --set gate_ffn=true gate_layers=true --tag=-ffn-layers
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ from scripts.benchmarks.debian_task import (
 )
 
 
-def greedy_kd(t: dict, folder: Path, kind: str, value: float) -> Path:
-    """score --method fisher -> select CUT -> prune --compensate lstsq -> finetune --teacher auto --epochs 1."""
-    scores = run_score(t, folder / "scores-fisher.json", "fisher")
-    plan = run_select(scores, folder / f"plan-greedy-{kind}-{value}.json", **{kind: value})
-    cut = run_prune_lstsq(t, plan, folder / f"greedy-{kind}-{value}.lstsq.safetensors")
-    return run_finetune(t, cut, folder / f"greedy-{kind}-{value}.lstsq.kd1.safetensors")
+def greedy_kd(t: dict, folder: Path, kind: str, value: float, ffn: bool = False) -> Path:
+    """score --method fisher [--ffn] -> select CUT -> prune --compensate lstsq -> finetune --teacher auto --epochs 1."""
+    unit = "-ffn" if ffn else ""
+    scores = run_score(t, folder / f"scores-fisher{unit}.json", "fisher", **({"ffn": True} if ffn else {}))
+    plan = run_select(scores, folder / f"plan-greedy{unit}-{kind}-{value}.json", **{kind: value})
+    cut = run_prune_lstsq(t, plan, folder / f"greedy{unit}-{kind}-{value}.lstsq.safetensors")
+    return run_finetune(t, cut, folder / f"greedy{unit}-{kind}-{value}.lstsq.kd1.safetensors")
 
 
 def learned(t: dict, folder: Path, kind: str, value: float, overrides: dict, tag: str) -> tuple[Path, dict]:
@@ -51,7 +54,9 @@ def learned(t: dict, folder: Path, kind: str, value: float, overrides: dict, tag
     return out, json.loads(gates.read_text())["config"]["gates"]
 
 
-def run_model(t: dict, work: Path, cuts, overrides: dict, tag: str, greedy: bool, sink) -> None:
+def run_model(
+    t: dict, work: Path, cuts, overrides: dict, tag: str, greedy: bool, sink, greedy_ffn: bool = False
+) -> None:
     folder = work / t["name"]
     folder.mkdir(parents=True, exist_ok=True)
     baseline = checkpoint_accuracy(t["model"], t)
@@ -60,11 +65,11 @@ def run_model(t: dict, work: Path, cuts, overrides: dict, tag: str, greedy: bool
         cut = f"--{kind.replace('_', '-')} {value}"
         if greedy:
             start = time.perf_counter()
-            acc = checkpoint_accuracy(greedy_kd(t, folder, kind, value), t)
+            acc = checkpoint_accuracy(greedy_kd(t, folder, kind, value, greedy_ffn), t)
             sink(
                 dict(
                     model=t["name"],
-                    route="greedy (fisher) + lstsq + 1 epoch KD",
+                    route=f"greedy (fisher{' heads+FFN' if greedy_ffn else ''}) + lstsq + 1 epoch KD",
                     cut=cut,
                     accuracy=acc,
                     drop=acc - baseline,
@@ -153,6 +158,7 @@ def main() -> None:
     p.add_argument("--set", nargs="*", default=[], help="finetune option overrides for the learned row, NAME=VALUE")
     p.add_argument("--tag", default="", help="names the learned row's files (for runs with --set)")
     p.add_argument("--no-greedy", action="store_true")
+    p.add_argument("--greedy-ffn", action="store_true", help="score the greedy route with --ffn (heads + FFN neurons)")
     p.add_argument("--json", type=Path)
     p.add_argument("--tables-from", type=Path, nargs="+")
     a = p.parse_args()
@@ -165,7 +171,7 @@ def main() -> None:
     rows, sink = row_sink(a.json, lambda row: {k: v for k, v in row.items() if k != "gates"})
 
     for seed in a.seeds:
-        run_model(debian_task(seed, False), a.work, cuts, overrides, a.tag, not a.no_greedy, sink)
+        run_model(debian_task(seed, False), a.work, cuts, overrides, a.tag, not a.no_greedy, sink, a.greedy_ffn)
     print(markdown(rows) + "\n\n" + trace(rows))
 
 

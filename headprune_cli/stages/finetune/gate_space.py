@@ -169,11 +169,11 @@ class GateSpace:
         of cost saved, so it then closes the least open units first, whatever their kind. On the
         bare probabilities it took every head (0.87 open) before any neuron (0.18 open) on a
         tiny encoder, a head saving 48 times a neuron's FLOPs."""
-        heads_p, neurons_p, layers_p = (part.double() for part in self.parts(p))
+        head_scores, neuron_scores, layer_scores = (part.double() for part in self.parts(p))
         if self.gates_ffn:
             sizes = torch.tensor([len(hs) for _, hs in self.head_units], dtype=torch.float64)
-            heads_p, neurons_p = heads_p * self.head_price / sizes, neurons_p * self.neuron_price
-        heads_p, neurons_p, layers_p = heads_p.tolist(), neurons_p.tolist(), layers_p.tolist()
+            head_scores, neuron_scores = head_scores * self.head_price / sizes, neuron_scores * self.neuron_price
+        heads_p, neurons_p, layers_p = head_scores.tolist(), neuron_scores.tolist(), layer_scores.tolist()
         heads = {
             layer: {h: heads_p[u] for h, u in zip(kept, index.tolist())}
             for layer, kept, index in zip(self.layers, self.heads, self.unit_of)

@@ -14,7 +14,6 @@ What each engine loads of a LLaMA-family cut (what its export writes; docs/servi
 from __future__ import annotations
 
 from headprune_cli.errors import UsageError
-from headprune_cli.model.cost_table import predict
 from headprune_cli.stages.budget import SLACK
 from headprune_cli.stages.select import uniform as uniform_levels
 
@@ -32,11 +31,11 @@ def shape_rules(runtime: str | None) -> dict[str, bool]:
     return {"uniform": runtime == "transformers", "uniform_heads": runtime == "vllm"}
 
 
-def choose_same_heads(table, layers: dict, key: str, limit: float):
+def choose_same_heads(table, layers: dict, outside: float, limit: float):
     """One head level for every layer and FFN widths per layer: for each head level the common
     chains allow, neuron steps are taken greedily (least loss per unit saved) until the predicted
-    cost fits; the level whose fitting state lost the least wins (None when none fits)."""
-    outside = predict(table.cost, table.kept(), {}, list(layers))[key]
+    cost (`outside`: of everything not in `layers`) fits; the level whose fitting state lost the
+    least wins (None when none fits)."""
     best = None
     for level in uniform_levels.levels(table, [lay.heads for lay in layers.values()]):
         state = {l: [lay.heads.allowed.index(level[l]), 0] for l, lay in layers.items()}

@@ -157,6 +157,21 @@ def test_one_flops_budget_over_heads_and_neurons_predicts_the_cut_exactly(tmp_pa
         assert width >= 8 and width % 4 == 0
 
 
+@pytest.mark.parametrize("shape", [{}, {"uniform_heads": True}])
+def test_layers_dropped_by_count_count_as_saved_when_neurons_fill_the_budget(tmp_path, shape):
+    # A dropped layer's cost is gone: the heads and neurons chosen after it only fill what is left.
+    model, data, _ = _setup(tmp_path, "llama-gqa", "text")
+    table = score_model(model, data, "fisher", batch_size=5, ffn=True, layers="loo", seq_len=32)
+    c = Constraints(ffn_multiple_of=1, drop_layers=1, **shape)
+    selection = select(table, budget=Budget("flops", 0.5), constraints=c)
+    before, after = (selection.predicted[k]["flops_per_token"] for k in ("before", "after"))
+    assert len(selection.remove_layers) == 1
+    # The greedy stops at the first step that fits: it lands under the limit by less than one step
+    # (a KV group of query heads, or one neuron).
+    step = max(c.q_head_flops * c.group_size + c.kv_head_flops for c in table.cost.layers)
+    assert 0.5 * before - step <= after <= 0.5 * before * (1 + 1e-12)
+
+
 def test_uniform_keeps_one_ffn_width_and_one_head_count(tmp_path):
     model, data, _ = _setup(tmp_path, "llama-gqa", "text")
     table = score_model(model, data, "taylor", batch_size=5, ffn=True, seq_len=32)
