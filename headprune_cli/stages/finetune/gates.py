@@ -164,6 +164,7 @@ class LearnedGates:
         self.extended = 0  # gate-phase steps added because the expected share was still far from the target
         self.trace: list[dict[str, float]] = []  # per optimizer step of the gate phase: step, expected, target, lambdas
         self.frozen: dict[str, torch.Tensor] | None = None  # the closed 0/1 gates of the final phase
+        self.gap, self.holding = 0.0, False  # at the last gate-phase step: expected share - target; target held?
         self.cost = self.space.cost
         self.log_alpha = torch.full((self.space.size,), float(init), requires_grad=True)
         self.lambdas = torch.zeros(2, requires_grad=True)
@@ -284,6 +285,8 @@ class LearnedGates:
         gap = self.expected_sparsity() - target
         penalty = self.lambdas[0] * gap + self.lambdas[1] * gap * gap
         penalty.backward()
+        self.gap = float(gap.detach())
+        self.holding = target >= self.goal
         self.trace.append(
             {
                 "step": step + 1,
@@ -301,6 +304,15 @@ class LearnedGates:
         self.lambda_optimizer.step()
         with torch.no_grad():  # a saturated gate gets no gradient from the penalty: keep it where it can move
             self.log_alpha.clamp_(*LOG_ALPHA_RANGE)
+            # Anti-windup: lambda1 integrates the gap, so while the share lags the rising target it
+            # grows a push that outlasts the lag; once the share is past the held target that push
+            # is reset, and lambda2's term, proportional to the gap, pulls it back. Without the
+            # reset, 9216 FFN neuron gates carried the share to 0.59 at an 0.5 target and it took
+            # 23-47 extra steps to come back (BENCHMARKS.md section 28). Only while the target is
+            # held: reset during the rise too, the heads-only gates at --ratio 0.85 fell behind the
+            # target again and lost 0.6 points on both classifiers.
+            if self.holding and self.gap * float(self.lambdas[0]) < 0:
+                self.lambdas[0] = 0.0
 
     def evaluating(self, model: nn.Module):
         """Evaluation sees the model as it would be cut now: the closed gates of `close`."""
