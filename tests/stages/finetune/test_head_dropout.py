@@ -15,16 +15,18 @@ from tests.support import saved_root as root
 def test_masks_drop_heads_per_example_at_rate_p_without_rescaling(tmp_path):
     ckpt, _ = root(tmp_path, "reference")
     dropout = HeadDropout(load(ckpt), 0.3, seed=0)
-    masks = dropout.sample(step=0, micro=0, rows=4000, total=1)
+    sampled = dropout.sample(step=0, micro=0, rows=4000, total=1)
+    assert list(sampled) == ["head.0", "head.1", "head.2"]  # by hook name: HeadGates, per block
+    masks = list(sampled.values())
     assert [m.shape for m in masks] == [(4000, 4), (4000, 3), (4000, 4)]
     values = torch.cat(masks, dim=1)
     assert set(values.unique().tolist()) == {0.0, 1.0}  # kept heads keep their full scale
     assert abs((values == 0).float().mean().item() - 0.3) < 0.02
     assert not torch.equal(values[0], values[1]) or not torch.equal(values[1], values[2])  # per example
     assert torch.equal(
-        torch.cat(dropout.sample(0, 0, 4000, 1), dim=1), values
+        torch.cat(list(dropout.sample(0, 0, 4000, 1).values()), dim=1), values
     )  # a pure function of (seed, step, micro)
-    assert not torch.equal(torch.cat(dropout.sample(1, 0, 4000, 1), dim=1), values)
+    assert not torch.equal(torch.cat(list(dropout.sample(1, 0, 4000, 1).values()), dim=1), values)
 
 
 @pytest.mark.parametrize("family", ["reference", "llama-gqa"])
