@@ -240,7 +240,7 @@ def _wire(pipeline: Pipeline, specs, problems: list[str]) -> None:
         for key, pattern in wiring.optional_outputs.items():
             if values.pop(key, False) is True:
                 produced[key] = str(out / pattern.format(stem=stem))
-        needs = wiring.needs + (("data",) if stage.command == "prune" and not _unused("prune", "data", values) else ())
+        needs = wiring.needs + (("data",) if stage.command == "prune" and _compensates(values) else ())
         missing = [k for k in needs if k not in values]
         if (
             stage.command == "prune"
@@ -265,14 +265,22 @@ def _wire(pipeline: Pipeline, specs, problems: list[str]) -> None:
 
 
 def _unused(command: str, key: str, values: dict) -> bool:
-    """Inputs a command reads only in some modes: prune reads data only to compensate, select
-    a latency table only for a latency target, prune a seed only to select from scores (its
-    --seed is a selection option, refused beside a plan)."""
+    """Inputs a command reads only in some modes: prune reads data only to compensate (given
+    data, `prune` compensates with lstsq unless `compensate: none`, as on the command line),
+    select a latency table only for a latency target, prune a seed only to select from scores
+    (its --seed is a selection option, refused beside a plan)."""
     if key == "latency" and command in ("select", "prune"):
         return not set(LATENCY_KEYS) & set(values)
     if key == "seed" and command == "prune":
         return not set(SELECT_KEYS) & set(values)
-    return command == "prune" and key == "data" and values.get("compensate") in (None, "none")
+    return command == "prune" and key == "data" and values.get("compensate") == "none"
+
+
+def _compensates(values: dict) -> bool:
+    """A prune stage that must have data: it names a compensation. Without `compensate`, it
+    takes the pipeline's data when there is some (and compensates by default) and prunes
+    without compensation when there is none."""
+    return values.get("compensate") not in (None, "none")
 
 
 def _hint(command: str, key: str) -> str:

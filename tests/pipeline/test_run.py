@@ -280,13 +280,21 @@ def _make_causal_lm(path: Path) -> None:
 
 
 def test_prune_reads_data_only_to_compensate(workdir):
+    # Given the pipeline's data, prune compensates by default, as `prune --data` does on the command line.
     cfg = config(stages=[{"command": "score"}, {"command": "select", "ratio": 0.5}, {"command": "prune"}])
+    argv = prepare(cfg).stages[2].argv
+    assert argv[argv.index("--data") + 1] == "calib.jsonl" and "--compensate" not in argv
+    cfg["stages"][2]["compensate"] = "none"
     assert "--data" not in prepare(cfg).stages[2].argv
     cfg["stages"][2]["compensate"] = "lstsq"
     argv = prepare(cfg).stages[2].argv
     assert argv[argv.index("--data") + 1] == "calib.jsonl"
     with pytest.raises(ConfigError, match=r"stages.2 \(prune\): needs `data`"):
         prepare({k: v for k, v in cfg.items() if k not in ("data",)})
+    # Without data and without `compensate`, prune cuts without compensation.
+    del cfg["stages"][2]["compensate"]
+    cfg["stages"][0]["data"] = cfg.pop("data")  # only the score stage has data
+    assert "--data" not in prepare(cfg).stages[2].argv
 
 
 def test_check_prints_the_commands_and_runs_nothing(cli, monkeypatch, tmp_path):
