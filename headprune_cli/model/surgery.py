@@ -21,7 +21,29 @@ from headprune_cli.model.layout import info_of
 
 
 # --- gating -----------------------------------------------------------------------
-class HeadGates:
+class _BlockHooks:
+    """A context that hooks every block of the model (its `_attach` says where) and removes the hooks on exit."""
+
+    def __init__(self, model: nn.Module, gates):
+        self.model, self.gates = model, gates
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def __enter__(self):
+        adapter = adapter_for(self.model)
+        for pos, block in enumerate(adapter.layer_list(self.model)):
+            self._handles.append(self._attach(adapter, pos, block))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _attach(self, adapter, pos: int, block: nn.Module) -> torch.utils.hooks.RemovableHandle:
+        raise NotImplementedError
+
+
+class HeadGates(_BlockHooks):
     """Multiplies each head's slice of the output-projection input by a gate.
 
     `gates[pos]` belongs to the kept layer at block position `pos` and has shape
@@ -30,20 +52,11 @@ class HeadGates:
     """
 
     def __init__(self, model: nn.Module, gates: list[torch.Tensor]):
-        self.model, self.gates = model, gates
-        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        super().__init__(model, gates)
 
-    def __enter__(self) -> HeadGates:
-        adapter = adapter_for(self.model)
-        for pos, layer in enumerate(adapter.layer_list(self.model)):
-            view = adapter.attention(layer)
-            self._handles.append(view.o.register_forward_pre_hook(self._hook(pos, view.head_dim)))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+    def _attach(self, adapter, pos: int, block: nn.Module) -> torch.utils.hooks.RemovableHandle:
+        view = adapter.attention(block)
+        return view.o.register_forward_pre_hook(self._hook(pos, view.head_dim))
 
     def _hook(self, pos: int, head_dim: int):
         def hook(module, args):
@@ -66,7 +79,7 @@ class HeadGates:
         return hook
 
 
-class NeuronGates:
+class NeuronGates(_BlockHooks):
     """Multiplies each FFN neuron (each input feature of the down projection) by a gate.
 
     `gates[pos]` belongs to the kept layer at block position `pos` and has shape [width],
@@ -76,20 +89,10 @@ class NeuronGates:
     """
 
     def __init__(self, model: nn.Module, gates: list[torch.Tensor]):
-        self.model, self.gates = model, gates
-        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        super().__init__(model, gates)
 
-    def __enter__(self) -> NeuronGates:
-        adapter = adapter_for(self.model)
-        for pos, layer in enumerate(adapter.layer_list(self.model)):
-            down = adapter.ffn(layer).down
-            self._handles.append(down.register_forward_pre_hook(self._hook(pos)))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+    def _attach(self, adapter, pos: int, block: nn.Module) -> torch.utils.hooks.RemovableHandle:
+        return adapter.ffn(block).down.register_forward_pre_hook(self._hook(pos))
 
     def _hook(self, pos: int):
         def hook(module, args):
@@ -102,7 +105,7 @@ class NeuronGates:
         return hook
 
 
-class LayerGates:
+class LayerGates(_BlockHooks):
     """Scales each block's change to the hidden states by a gate: out = in + z * (block(in) - in).
 
     `gates` has one entry per kept layer in block order, shape [layers] or [batch, layers]
@@ -111,18 +114,10 @@ class LayerGates:
     """
 
     def __init__(self, model: nn.Module, gates: torch.Tensor):
-        self.model, self.gates = model, gates
-        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        super().__init__(model, gates)
 
-    def __enter__(self) -> LayerGates:
-        for pos, block in enumerate(adapter_for(self.model).layer_list(self.model)):
-            self._handles.append(block.register_forward_hook(self._hook(pos), with_kwargs=True))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+    def _attach(self, adapter, pos: int, block: nn.Module) -> torch.utils.hooks.RemovableHandle:
+        return block.register_forward_hook(self._hook(pos), with_kwargs=True)
 
     def _hook(self, pos: int):
         def hook(module, args, kwargs, output):

@@ -120,7 +120,7 @@ def run_prune_lstsq(t: dict, plan: Path, out: Path) -> Path:
 
 def run_finetune(t: dict, source: Path, out: Path, **options) -> Path:
     """`finetune SOURCE --data train.jsonl --teacher auto --epochs 1 [options]` at the task's
-    length and seed, into `out`."""
+    length and seed, into `out` (`epochs=` in the options replaces the one epoch)."""
     from headprune_cli.stages.finetune import stage
 
     if not out.is_file():
@@ -130,10 +130,9 @@ def run_finetune(t: dict, source: Path, out: Path, **options) -> Path:
                 data=t["train"],
                 output=out,
                 teacher="auto",
-                epochs=1,
                 max_length=t["length"],
                 seed=t["seed"],
-                **options,
+                **{"epochs": 1, **options},
             ),
             quiet_context(),
         )

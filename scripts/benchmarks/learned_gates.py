@@ -38,13 +38,13 @@ from scripts.benchmarks.debian_task import (
 )
 
 
-def greedy_kd(t: dict, folder: Path, kind: str, value: float, ffn: bool = False) -> Path:
-    """score --method fisher [--ffn] -> select CUT -> prune --compensate lstsq -> finetune --teacher auto --epochs 1."""
+def greedy_kd(t: dict, folder: Path, kind: str, value: float, ffn: bool = False, epochs: int = 1) -> Path:
+    """score --method fisher [--ffn] -> select CUT -> prune --compensate lstsq -> finetune --teacher auto --epochs E."""
     unit = "-ffn" if ffn else ""
     scores = run_score(t, folder / f"scores-fisher{unit}.json", "fisher", **({"ffn": True} if ffn else {}))
     plan = run_select(scores, folder / f"plan-greedy{unit}-{kind}-{value}.json", **{kind: value})
     cut = run_prune_lstsq(t, plan, folder / f"greedy{unit}-{kind}-{value}.lstsq.safetensors")
-    return run_finetune(t, cut, folder / f"greedy{unit}-{kind}-{value}.lstsq.kd1.safetensors")
+    return run_finetune(t, cut, folder / f"greedy{unit}-{kind}-{value}.lstsq.kd{epochs}.safetensors", epochs=epochs)
 
 
 def learned(t: dict, folder: Path, kind: str, value: float, overrides: dict, tag: str) -> tuple[Path, dict]:
@@ -57,6 +57,7 @@ def learned(t: dict, folder: Path, kind: str, value: float, overrides: dict, tag
 def run_model(
     t: dict, work: Path, cuts, overrides: dict, tag: str, greedy: bool, sink, greedy_ffn: bool = False
 ) -> None:
+    epochs = overrides.get("epochs", 1)  # --set epochs=N trains both routes N epochs
     folder = work / t["name"]
     folder.mkdir(parents=True, exist_ok=True)
     baseline = checkpoint_accuracy(t["model"], t)
@@ -65,11 +66,11 @@ def run_model(
         cut = f"--{kind.replace('_', '-')} {value}"
         if greedy:
             start = time.perf_counter()
-            acc = checkpoint_accuracy(greedy_kd(t, folder, kind, value, greedy_ffn), t)
+            acc = checkpoint_accuracy(greedy_kd(t, folder, kind, value, greedy_ffn, epochs), t)
             sink(
                 dict(
                     model=t["name"],
-                    route=f"greedy (fisher{' heads+FFN' if greedy_ffn else ''}) + lstsq + 1 epoch KD",
+                    route=f"greedy (fisher{' heads+FFN' if greedy_ffn else ''}) + lstsq + {_epochs(epochs)} KD",
                     cut=cut,
                     accuracy=acc,
                     drop=acc - baseline,
@@ -83,7 +84,7 @@ def run_model(
         sink(
             dict(
                 model=t["name"],
-                route=f"learned gates, 1 epoch{(' ' + tag) if tag else ''}",
+                route=f"learned gates, {_epochs(epochs)}{(' ' + tag) if tag else ''}",
                 cut=cut,
                 accuracy=acc,
                 drop=acc - baseline,
@@ -93,6 +94,10 @@ def run_model(
                 load=os.getloadavg()[0],
             )
         )
+
+
+def _epochs(n: int) -> str:
+    return "1 epoch" if n == 1 else f"{n} epochs"
 
 
 def markdown(rows: list[dict]) -> str:
