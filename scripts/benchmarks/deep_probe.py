@@ -1,8 +1,19 @@
-"""Probe (not a stage): retraining-free deep heads+FFN cuts of the Debian classifiers, in memory.
+"""Probe of the deep-cut variants (issue #40), in memory: which data, ridge and round schedule
+the retraining-free heads + FFN route wants at 0.4 and 0.3 of the FLOPs.
 
-variant keys: score split, lstsq split and rows, ridge, schedule (FLOPs fractions kept,
-one round = one shot), mode (chain: compensate towards the current model each round;
-union: score the compensated model, but compensate the original with the union plan).
+One row per Debian-sections classifier (seed 0, 1): `score_model(..., "fisher", ffn=True)` on
+--score's split (calib.jsonl 233 rows, or train.jsonl 1696), `select` under the FLOPs budget,
+lstsq compensation on the first --rows rows of --comp's split at --ridge, for each FLOPs
+fraction of --schedule in turn (one entry: the one-shot route of `score | select | prune`):
+  --mode chain  each round refits towards the model of the round before;
+  --mode union  each round rescores the refit model, then refits the ORIGINAL cut by every
+                round's removals (what `iterate --recover lstsq` ships; deep_cuts.py runs that).
+Reports dev accuracy and drop, dev loss and agreement with the unpruned model's predictions,
+and the same on calib.jsonl (held out when --score and --comp are train).
+
+Usage (from the repository root; rows are appended to --json):
+  OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.deep_probe --score train --comp train \
+      --rows 256 --ridge 0.1 --schedule 0.8,0.7,0.6,0.5,0.4 --mode union --json /tmp/deep_probe.json
 """
 
 from __future__ import annotations
