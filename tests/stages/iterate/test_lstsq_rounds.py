@@ -175,3 +175,20 @@ def test_iterate_refuses_options_lstsq_recovery_cannot_use(cli, tmp_path, extra,
     res = cli("iterate", *_files(tmp_path), *extra, "-o", tmp_path / "bad.safetensors")
     assert res.code == 2 and message in res.err, res.err
     assert len(res.err.strip().splitlines()) == 1 and not (tmp_path / "bad.safetensors").exists()
+
+
+def test_lstsq_calibration_is_the_first_samples_rows_of_data_at_the_ridge_given(tmp_path):
+    from headprune_cli.stages.iterate.stage import IterateOptions, _compensation
+    from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE
+
+    def options(**extra):
+        paths = dict(checkpoint=tmp_path / "m", data=tmp_path / "d", eval_data=tmp_path / "e", output=tmp_path / "o")
+        return IterateOptions(**paths, **extra)
+
+    train = _dataset(40, 0)
+    comp = _compensation(options(recover="lstsq", samples=20, ridge=1.0), train)
+    rows = torch.cat([b["input_ids"] for b in comp.batches])
+    assert torch.equal(rows, train.input_ids[:20]) and comp.ridge == 1.0 and comp.method == "lstsq"
+    every = _compensation(options(recover="lstsq", samples=1000), train)
+    assert sum(len(b["input_ids"]) for b in every.batches) == 40 and every.ridge == DEFAULT_RIDGE
+    assert _compensation(options(), train) is None  # finetune recovery: no calibration
