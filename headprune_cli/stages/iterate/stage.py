@@ -16,6 +16,7 @@ from headprune_cli.stages.score.importance.registry import METHOD_DEFAULT_HELP, 
 from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, option
 
 RECOVERIES = ("finetune", "lstsq")  # rounds.RECOVERIES, without importing torch here
+LSTSQ_SAMPLES = 256  # as `prune --samples`
 
 
 class IterateOptions(ChosenMethod, Options):
@@ -54,7 +55,7 @@ class IterateOptions(ChosenMethod, Options):
         "finetune: train between rounds (on --data); lstsq: no training, refit the cut model in closed "
         "form on the first --samples rows of --data, rescoring the refit model every round.",
     )
-    samples: int = option(256, "lstsq: calibration examples to read from --data.", ge=1)
+    samples: int = option(LSTSQ_SAMPLES, "lstsq: calibration examples to read from --data.", ge=1)
     ridge: float | None = option(None, "lstsq: ridge strength, as `prune --ridge` (default: prune's).", ge=0.0)
     epochs: int = option(1, "Recovery epochs per round.", ge=1)
     lr: float | None = option(None, "Recovery learning rate (default by model size).")
@@ -78,8 +79,10 @@ class IterateOptions(ChosenMethod, Options):
         given += ["--epochs"] if self.epochs != 1 else []
         if self.recover == "lstsq" and given:
             raise UsageError(f"{', '.join(given)}: training options, but --recover lstsq trains nothing")
-        if self.recover != "lstsq" and self.ridge is not None:
-            raise UsageError("--ridge is for --recover lstsq")
+        calibration = ["--samples"] if self.samples != LSTSQ_SAMPLES else []
+        calibration += ["--ridge"] if self.ridge is not None else []
+        if self.recover != "lstsq" and calibration:
+            raise UsageError(f"{', '.join(calibration)}: calibration options, for --recover lstsq only")
 
     def schedule_budgets(self) -> list[Budget]:
         """The schedule: head fractions removed, or FLOPs or params fractions kept."""

@@ -113,6 +113,9 @@ def test_the_union_merges_removals_of_every_kind():
 
 
 def test_lstsq_recovery_needs_calibration_and_a_known_recovery():
+    from headprune_cli.stages.iterate.stage import RECOVERIES
+
+    assert RECOVERIES == rounds.RECOVERIES  # the stage's copy keeps torch out of its import
     model = TINY["reference"]()
     with pytest.raises(UsageError, match="calibration"):
         _iterate(model, None)
@@ -167,7 +170,8 @@ def test_iterate_command_recovers_by_lstsq(cli, tmp_path):
     [
         (["--recover", "lstsq", "--teacher", "self"], "--teacher: training options, but --recover lstsq"),
         (["--recover", "lstsq", "--lr", "1e-3", "--epochs", "2"], "--lr, --epochs: training options"),
-        (["--ridge", "1"], "--ridge is for --recover lstsq"),
+        (["--ridge", "1"], "--ridge: calibration options, for --recover lstsq only"),
+        (["--samples", "64", "--ridge", "1"], "--samples, --ridge: calibration options"),
         (["--recover", "lstq"], "unknown --recover 'lstq'"),
     ],
 )
