@@ -12,6 +12,14 @@ the ORIGINAL model's FLOPs per token (at `seq_len`) or parameters to keep after 
 round, falling (e.g. 0.9, 0.8, 0.7): every round selects under the budget that is left
 (selection.select, strategy `budget`), and with `ffn` it rescores FFN neurons too, so the
 round's cut removes heads and neurons together, priced by the cost table.
+
+Recovery `lstsq` trains nothing: every round rescores the compensated model of the round
+before, selects under the budget left, and refits the ORIGINAL model cut by all rounds'
+removals together (prune's `--compensate lstsq`, towards the original's own outputs, so
+earlier refits' errors do not pile up). It is one-shot `score -> select -> prune
+--compensate lstsq` with the scores retaken on the compensated model as the cut deepens:
+on the Debian-sections classifiers, 0.4 of the FLOPs in five rounds (0.8 .. 0.4) lost
+1.49 / 1.06 dev points against 1.91 / 1.49 for the one-shot cut (BENCHMARKS.md, deep cuts).
 """
 
 from __future__ import annotations
@@ -27,14 +35,17 @@ from headprune_cli.errors import UsageError
 from headprune_cli.model.cost import cost_table
 from headprune_cli.model.cost_table import predict
 from headprune_cli.model.layout import info_of
+from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
 from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, schedule_of
 from headprune_cli.stages.objectives import Metric, check_objective, evaluate, worse_by
-from headprune_cli.stages.prune.stage import cut
+from headprune_cli.stages.prune.stage import Compensation, cut
 from headprune_cli.stages.score.importance import score_model
-from headprune_cli.stages.select.chains import Constraints
+from headprune_cli.stages.select.chains import Constraints, Selection
 from headprune_cli.stages.select.strategies import select
+
+RECOVERIES = ("finetune", "lstsq")
 
 
 @dataclass
@@ -82,6 +93,8 @@ def iterative_prune(
     on_round: Callable[[Round], None] | None = None,
     ffn: bool = False,
     seq_len: int = 128,
+    recover: str = "finetune",
+    compensation: Compensation | None = None,
 ) -> IterativeResult:
     """Prune `model` (not modified) along `schedule`; see the module docstring.
 
@@ -91,7 +104,13 @@ def iterative_prune(
     metrics, 1.0 = one percentage point, as `report --max-drop`; perplexity in its own
     unit). `score_data` defaults to `train`. `budget`, `ffn` and `seq_len`: see the module
     docstring (`ffn` needs a budget: a head fraction says nothing about neurons).
+    `recover` "lstsq" recovers by `compensation` instead of training (module docstring);
+    `finetune_config` and `teacher` are then unused.
     """
+    if recover not in RECOVERIES:
+        raise UsageError(f"unknown recovery {recover!r}{did_you_mean(recover, RECOVERIES)}")
+    if recover == "lstsq" and (compensation is None or not compensation.batches):
+        raise UsageError("lstsq recovery needs calibration batches (a Compensation with data)")
     kind = schedule[0].kind if schedule else "heads"
     schedule_of([step.value for step in schedule], kind)  # checked again: a library caller may build its own
     budget = None if kind == "heads" else Budget(kind, 1.0)  # the cost the schedule's fractions are of
@@ -107,6 +126,7 @@ def iterative_prune(
     original_cost = _cost(model, budget, seq_len) if budget else None
     current = copy.deepcopy(model)
     result = IterativeResult(current, base.name, base.higher_is_better, base.value)
+    union = Selection("iterative", {}, [])  # lstsq: every round's removals so far (original indices)
     for step in schedule:
         ratio = step.value
         if budget is None:
@@ -119,17 +139,24 @@ def iterative_prune(
         if amount is None:
             continue
         scoring = {"batch_size": score_batch_size, "seed": seed, "ffn": ffn, "seq_len": seq_len if budget else None}
-        candidate, selection = _prune_round(
-            current, score_data or train, method, objective, amount, constraints, scoring
-        )
-        metrics = lambda m: {x.name: x.value for x in evaluate(m, dev, objective, reference=teacher)}  # noqa: E731
-        trained = finetune(candidate, train, cfg, metrics, base.higher_is_better, teacher)
-        pruned_value = trained.history[0].metrics[base.name]
-        # finetune returns its best epoch's weights and has already evaluated them.
-        value = next(r.metrics[base.name] for r in trained.history if r.epoch == trained.best_epoch)
+        if recover == "lstsq":
+            assert compensation is not None  # checked above; tells mypy
+            selection = _select_round(current, score_data or train, method, objective, amount, constraints, scoring)
+            union = _union(union, selection)
+            recovered, pruned_value, value = _compensated_round(model, union, compensation, dev, objective, teacher)
+        else:
+            candidate, selection = _prune_round(
+                current, score_data or train, method, objective, amount, constraints, scoring
+            )
+            metrics = lambda m: {x.name: x.value for x in evaluate(m, dev, objective, reference=teacher)}  # noqa: E731
+            trained = finetune(candidate, train, cfg, metrics, base.higher_is_better, teacher)
+            recovered = trained.model
+            pruned_value = trained.history[0].metrics[base.name]
+            # finetune returns its best epoch's weights and has already evaluated them.
+            value = next(r.metrics[base.name] for r in trained.history if r.epoch == trained.best_epoch)
         ok = _acceptable(base, value, floor, max_drop)
-        layout = info_of(trained.model).layout
-        cost_now = _cost(trained.model, budget, seq_len) / original_cost if budget else None
+        layout = info_of(recovered).layout
+        cost_now = _cost(recovered, budget, seq_len) / original_cost if budget else None
         record = Round(
             ratio,
             sum(len(h) for h in layout.heads),
@@ -146,19 +173,51 @@ def iterative_prune(
             on_round(record)
         if not ok:
             break
-        current = result.model = trained.model
+        current = result.model = recovered
     return result
 
 
 def _prune_round(model, data, method, objective, amount: Budget, constraints, scoring: dict):
     """Rescore the current model and cut, on a copy, a share of its kept heads or down to a
     fraction of its cost; returns (the cut copy, the selection)."""
-    # Per-layer normalisation of gradient scores would put heads and neurons on different scales.
-    scores = score_model(model, data, method, objective, normalize=not scoring["ffn"], **scoring)
-    chosen = select(scores, "global" if amount.kind == "heads" else "budget", budget=amount, constraints=constraints)
+    chosen = _select_round(model, data, method, objective, amount, constraints, scoring)
     candidate = copy.deepcopy(model)
     cut(candidate, chosen)
     return candidate, chosen
+
+
+def _select_round(model, data, method, objective, amount: Budget, constraints, scoring: dict) -> Selection:
+    """Rescore the current model and choose what to remove from it (original indices)."""
+    # Per-layer normalisation of gradient scores would put heads and neurons on different scales.
+    scores = score_model(model, data, method, objective, normalize=not scoring["ffn"], **scoring)
+    return select(scores, "global" if amount.kind == "heads" else "budget", budget=amount, constraints=constraints)
+
+
+def _union(done: Selection, more: Selection) -> Selection:
+    """The removals of `done` and of `more` together (original layer -> original indices)."""
+
+    def merged(a: dict[int, list[int]], b: dict[int, list[int]]) -> dict[int, list[int]]:
+        return {k: sorted(set(a.get(k, [])) | set(b.get(k, []))) for k in sorted(set(a) | set(b))}
+
+    layers = sorted(set(done.remove_layers) | set(more.remove_layers))
+    return Selection(
+        "iterative",
+        merged(done.remove_heads, more.remove_heads),
+        layers,
+        remove_ffn=merged(done.remove_ffn, more.remove_ffn),
+    )
+
+
+def _compensated_round(original, union: Selection, compensation: Compensation, dev, objective, teacher):
+    """The original model cut by every removal so far, refit by `compensation` towards the
+    original's own outputs (so errors of earlier rounds' refits do not pile up); returns it
+    with the dev metric of the plain cut and of the refit one."""
+    metric = lambda m: evaluate(m, dev, objective, reference=teacher)[0].value  # noqa: E731
+    plain = copy.deepcopy(original)
+    cut(plain, union)
+    refit = copy.deepcopy(original)
+    cut(refit, union, compensation)
+    return refit, metric(plain), metric(refit)
 
 
 def _cost(model: nn.Module, budget: Budget, seq_len: int) -> float:

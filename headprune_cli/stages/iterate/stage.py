@@ -9,10 +9,14 @@ from rich.table import Table
 
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
+from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, schedule_of
 from headprune_cli.stages.score.importance.registry import METHOD_DEFAULT_HELP, ChosenMethod, check_ffn
 from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, option
+
+RECOVERIES = ("finetune", "lstsq")  # rounds.RECOVERIES, without importing torch here
+LSTSQ_SAMPLES = 256  # as `prune --samples`
 
 
 class IterateOptions(ChosenMethod, Options):
@@ -46,6 +50,13 @@ class IterateOptions(ChosenMethod, Options):
         "= one percentage point, as in `report`), or perplexity.",
         ge=0,
     )
+    recover: str = option(
+        "finetune",
+        "finetune: train between rounds (on --data); lstsq: no training, refit the cut model in closed "
+        "form on the first --samples rows of --data, rescoring the refit model every round.",
+    )
+    samples: int = option(LSTSQ_SAMPLES, "lstsq: calibration examples to read from --data.", ge=1)
+    ridge: float | None = option(None, "lstsq: ridge strength, as `prune --ridge` (default: prune's).", ge=0.0)
     epochs: int = option(1, "Recovery epochs per round.", ge=1)
     lr: float | None = option(None, "Recovery learning rate (default by model size).")
     batch_size: int = option(16, "", ge=1)
@@ -57,6 +68,21 @@ class IterateOptions(ChosenMethod, Options):
 
     def check(self) -> None:
         self.schedule_budgets()
+        self.check_recovery()
+
+    def check_recovery(self) -> None:
+        """Training options mean nothing to lstsq recovery: refused rather than ignored."""
+        if self.recover not in RECOVERIES:
+            raise UsageError(f"unknown --recover {self.recover!r}{did_you_mean(self.recover, RECOVERIES)}")
+        training = {"--teacher": self.teacher, "--lr": self.lr, "--kd-weight": self.kd_weight}
+        given = [flag for flag, value in training.items() if value is not None]
+        given += ["--epochs"] if self.epochs != 1 else []
+        if self.recover == "lstsq" and given:
+            raise UsageError(f"{', '.join(given)}: training options, but --recover lstsq trains nothing")
+        calibration = ["--samples"] if self.samples != LSTSQ_SAMPLES else []
+        calibration += ["--ridge"] if self.ridge is not None else []
+        if self.recover != "lstsq" and calibration:
+            raise UsageError(f"{', '.join(calibration)}: calibration options, for --recover lstsq only")
 
     def schedule_budgets(self) -> list[Budget]:
         """The schedule: head fractions removed, or FLOPs or params fractions kept."""
@@ -93,6 +119,7 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
     from headprune_cli.stages.objectives import check_objective, needs_labels  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     schedule = opts.schedule_budgets()
+    opts.check_recovery()
     budget = None if schedule[0].kind == "heads" else schedule[0].kind
     check_output(opts.output, opts.force, [opts.checkpoint, opts.data, opts.eval_data, opts.score_data, opts.teacher])
     model = load(opts.checkpoint)
@@ -126,6 +153,8 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
         on_round=lambda r: ctx.print(_line(r, budget)),
         ffn=opts.ffn,
         seq_len=opts.max_length,
+        recover=opts.recover,
+        compensation=_compensation(opts, train),
     )
     ctx.print(_table(result, budget))
     save(result.model, opts.output, overwrite=opts.force)
@@ -133,6 +162,19 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
     neurons = f", {sum(len(layout.kept_neurons(l)) for l in layout.layers)} FFN neurons" if opts.ffn else ""
     ctx.print(f"wrote {opts.output} ({sum(len(h) for h in layout.heads)} heads{neurons})")
     return Result([str(opts.output)], value=result)
+
+
+def _compensation(opts: IterateOptions, train):
+    """lstsq recovery's calibration: the first --samples rows of --data, as `prune --data` reads them."""
+    if opts.recover != "lstsq":
+        return None
+    from headprune_cli.data.readers import batches  # noqa: PLC0415 (keeps torch out of this module's import)
+    from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE  # noqa: PLC0415 (keeps torch out of this module's import)
+    from headprune_cli.stages.prune.stage import Compensation  # noqa: PLC0415 (keeps torch out of this module's import)
+
+    rows = train.select(0, min(opts.samples, len(train)))
+    ridge = DEFAULT_RIDGE if opts.ridge is None else opts.ridge
+    return Compensation("lstsq", list(batches(rows, 16)), ridge)
 
 
 def _step(r, budget) -> str:

@@ -1,0 +1,198 @@
+"""Iterative pruning without training: rescoring the refit model, refitting the ORIGINAL by the union."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from headprune_cli.data.readers import Dataset, batches
+from headprune_cli.errors import UsageError
+from headprune_cli.model.cost import flops_per_token
+from headprune_cli.stages.iterate import rounds
+from headprune_cli.stages.iterate.rounds import _union, iterative_prune
+from headprune_cli.stages.iterate.schedule import schedule_of
+from headprune_cli.stages.prune.stage import Compensation, cut
+from headprune_cli.stages.select.chains import Constraints, Selection
+from tests.support import TINY, VOCAB
+
+
+def _dataset(rows: int, seed: int) -> Dataset:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, VOCAB, (rows, 8), generator=gen)
+    return Dataset(ids, torch.ones_like(ids), ids[:, 0] % 2)
+
+
+def _lstsq(data: Dataset) -> Compensation:
+    return Compensation("lstsq", list(batches(data, 16)), 0.1)
+
+
+def _iterate(model, compensation, **options):
+    return iterative_prune(
+        model,
+        _dataset(32, 0),
+        _dataset(16, 1),
+        schedule=schedule_of((0.8, 0.6), "flops"),
+        method="fisher",
+        ffn=True,
+        seq_len=8,
+        constraints=Constraints(ffn_multiple_of=4),
+        recover="lstsq",
+        compensation=compensation,
+        **options,
+    )
+
+
+def test_lstsq_rounds_refit_the_original_by_every_removal_so_far(monkeypatch):
+    def no_training(*args, **kwargs):
+        raise AssertionError("lstsq recovery must not train")
+
+    monkeypatch.setattr(rounds, "finetune", no_training)
+    model = TINY["reference"]()  # 11 heads, 3 x 48 FFN neurons
+    start = flops_per_token(model, 8)
+    compensation = _lstsq(_dataset(32, 2))
+    result = _iterate(model, compensation)
+    first, second = result.rounds
+    assert all(r.accepted for r in result.rounds) and second.neurons_kept < first.neurons_kept < 144
+    assert flops_per_token(result.model, 8) <= 0.6 * start * (1 + 1e-9)
+    # The shipped model is the original cut by both rounds' removals and refit once, towards
+    # the original's outputs: not the first round's refit model refit again.
+    union = _union(Selection("r", first.remove_heads, [], remove_ffn=first.remove_ffn), _round_selection(second))
+    expected = copy.deepcopy(model)
+    cut(expected, union, compensation)
+    shipped, wanted = result.model.state_dict(), expected.state_dict()
+    assert shipped.keys() == wanted.keys()
+    assert all(torch.equal(shipped[k], wanted[k]) for k in wanted)
+    chained = copy.deepcopy(_first_round_model(model, compensation))
+    cut(chained, _round_selection(second), compensation)
+    assert any(not torch.equal(shipped[k], v) for k, v in chained.state_dict().items())
+    assert flops_per_token(model, 8) == start  # the input is untouched
+
+
+def _round_selection(r) -> Selection:
+    return Selection("r", r.remove_heads, [], remove_ffn=r.remove_ffn)
+
+
+def _first_round_model(model, compensation):
+    one = iterative_prune(
+        model,
+        _dataset(32, 0),
+        _dataset(16, 1),
+        schedule=schedule_of((0.8,), "flops"),
+        method="fisher",
+        ffn=True,
+        seq_len=8,
+        constraints=Constraints(ffn_multiple_of=4),
+        recover="lstsq",
+        compensation=compensation,
+    )
+    return one.model
+
+
+def test_lstsq_rounds_report_the_plain_cut_before_the_refit(monkeypatch):
+    seen = []
+    real = rounds._compensated_round
+
+    def spy(original, union, compensation, dev, objective, teacher):
+        out = real(original, union, compensation, dev, objective, teacher)
+        seen.append(out[1:])
+        return out
+
+    monkeypatch.setattr(rounds, "_compensated_round", spy)
+    result = _iterate(TINY["reference"](), _lstsq(_dataset(32, 2)))
+    assert [(r.metric_pruned, r.metric_recovered) for r in result.rounds] == seen
+
+
+def test_the_union_merges_removals_of_every_kind():
+    a = Selection("a", {0: [1], 2: [0]}, [1], remove_ffn={0: [4, 5]})
+    b = Selection("b", {0: [3], 3: [2]}, [], remove_ffn={0: [6], 2: [1]})
+    u = _union(a, b)
+    assert u.remove_heads == {0: [1, 3], 2: [0], 3: [2]} and u.remove_layers == [1]
+    assert u.remove_ffn == {0: [4, 5, 6], 2: [1]}
+
+
+def test_lstsq_recovery_needs_calibration_and_a_known_recovery():
+    from headprune_cli.stages.iterate.stage import RECOVERIES
+
+    assert RECOVERIES == rounds.RECOVERIES  # the stage's copy keeps torch out of its import
+    model = TINY["reference"]()
+    with pytest.raises(UsageError, match="calibration"):
+        _iterate(model, None)
+    with pytest.raises(UsageError, match="calibration"):
+        _iterate(model, Compensation("lstsq", []))
+    with pytest.raises(UsageError, match="unknown recovery"):
+        iterative_prune(model, _dataset(8, 0), _dataset(8, 1), recover="lstq")
+
+
+def _files(tmp_path):
+    from safetensors.torch import save_file
+
+    from headprune_cli import save
+
+    save(TINY["reference"](), tmp_path / "m.safetensors")
+    for name, seed in (("train", 0), ("dev", 1)):
+        d = _dataset(32, seed)
+        save_file(
+            {"input_ids": d.input_ids, "attention_mask": d.attention_mask, "labels": d.labels},
+            str(tmp_path / f"{name}.safetensors"),
+        )
+    return [
+        tmp_path / "m.safetensors",
+        "--data",
+        tmp_path / "train.safetensors",
+        "--eval-data",
+        tmp_path / "dev.safetensors",
+        "--max-length",
+        "8",
+        "--target-flops",
+        "0.8,0.6",
+        "--ffn",
+    ]
+
+
+def test_iterate_command_recovers_by_lstsq(cli, tmp_path):
+    from headprune_cli import load
+
+    common = _files(tmp_path)
+    res = cli("iterate", *common, "--recover", "lstsq", "--samples", "16", "-o", tmp_path / "out.safetensors")
+    assert res.code == 0, res.err
+    assert "round flops 60%" in res.err
+    out = load(tmp_path / "out.safetensors")
+    assert flops_per_token(out, 8) <= 0.6 * flops_per_token(TINY["reference"](), 8) * (1 + 1e-9)
+    again = cli("iterate", *common, "--recover", "lstsq", "--samples", "16", "-o", tmp_path / "again.safetensors")
+    assert again.code == 0
+    assert (tmp_path / "out.safetensors").read_bytes() == (tmp_path / "again.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--recover", "lstsq", "--teacher", "self"], "--teacher: training options, but --recover lstsq"),
+        (["--recover", "lstsq", "--lr", "1e-3", "--epochs", "2"], "--lr, --epochs: training options"),
+        (["--ridge", "1"], "--ridge: calibration options, for --recover lstsq only"),
+        (["--samples", "64", "--ridge", "1"], "--samples, --ridge: calibration options"),
+        (["--recover", "lstq"], "unknown --recover 'lstq'"),
+    ],
+)
+def test_iterate_refuses_options_lstsq_recovery_cannot_use(cli, tmp_path, extra, message):
+    res = cli("iterate", *_files(tmp_path), *extra, "-o", tmp_path / "bad.safetensors")
+    assert res.code == 2 and message in res.err, res.err
+    assert len(res.err.strip().splitlines()) == 1 and not (tmp_path / "bad.safetensors").exists()
+
+
+def test_lstsq_calibration_is_the_first_samples_rows_of_data_at_the_ridge_given(tmp_path):
+    from headprune_cli.stages.iterate.stage import IterateOptions, _compensation
+    from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE
+
+    def options(**extra):
+        paths = dict(checkpoint=tmp_path / "m", data=tmp_path / "d", eval_data=tmp_path / "e", output=tmp_path / "o")
+        return IterateOptions(**paths, **extra)
+
+    train = _dataset(40, 0)
+    comp = _compensation(options(recover="lstsq", samples=20, ridge=1.0), train)
+    rows = torch.cat([b["input_ids"] for b in comp.batches])
+    assert torch.equal(rows, train.input_ids[:20]) and comp.ridge == 1.0 and comp.method == "lstsq"
+    every = _compensation(options(recover="lstsq", samples=1000), train)
+    assert sum(len(b["input_ids"]) for b in every.batches) == 40 and every.ridge == DEFAULT_RIDGE
+    assert _compensation(options(), train) is None  # finetune recovery: no calibration
