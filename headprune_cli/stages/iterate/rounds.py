@@ -19,7 +19,7 @@ removals together (prune's `--compensate lstsq`, towards the original's own outp
 earlier refits' errors do not pile up). It is one-shot `score -> select -> prune
 --compensate lstsq` with the scores retaken on the compensated model as the cut deepens:
 on the Debian-sections classifiers, 0.4 of the FLOPs in five rounds (0.8 .. 0.4) lost
-1.49 / 1.06 dev points against 1.91 / 1.49 for the one-shot cut (BENCHMARKS.md, deep cuts).
+1.49 / 1.06 dev points against 1.91 / 1.49 for the one-shot cut (BENCHMARKS.md §29).
 """
 
 from __future__ import annotations
