@@ -29,6 +29,17 @@ VARIANTS = {
     "full AdamW + recompute": ["--recompute"],
     "LoRA r=8": ["--lora", "--no-recompute"],
     "LoRA r=8 + recompute": ["--lora", "--recompute"],
+    # One gate step, then the closing, the cut and the write (a tolerance of 1: one step cannot reach the target).
+    "learned gates, heads + FFN + layers": [
+        "--learn-gates",
+        "--target-flops",
+        "0.5",
+        "--gate-ffn",
+        "--gate-layers",
+        "--gate-tolerance",
+        "1",
+        "--no-recompute",
+    ],
 }
 # Under torchrun --nproc-per-node 2: wait4's ru_maxrss is the largest process of the tree,
 # so the figure is per process.
