@@ -28,12 +28,12 @@ def _lstsq(data: Dataset) -> Compensation:
     return Compensation("lstsq", list(batches(data, 16)), 0.1)
 
 
-def _iterate(model, compensation, **options):
+def _iterate(model, compensation, targets=(0.8, 0.6), **options):
     return iterative_prune(
         model,
         _dataset(32, 0),
         _dataset(16, 1),
-        schedule=schedule_of((0.8, 0.6), "flops"),
+        schedule=schedule_of(targets, "flops"),
         method="fisher",
         ffn=True,
         seq_len=8,
@@ -75,19 +75,7 @@ def _round_selection(r) -> Selection:
 
 
 def _first_round_model(model, compensation):
-    one = iterative_prune(
-        model,
-        _dataset(32, 0),
-        _dataset(16, 1),
-        schedule=schedule_of((0.8,), "flops"),
-        method="fisher",
-        ffn=True,
-        seq_len=8,
-        constraints=Constraints(ffn_multiple_of=4),
-        recover="lstsq",
-        compensation=compensation,
-    )
-    return one.model
+    return _iterate(model, compensation, targets=(0.8,)).model
 
 
 def test_lstsq_rounds_report_the_plain_cut_before_the_refit(monkeypatch):
