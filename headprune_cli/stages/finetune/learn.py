@@ -53,9 +53,9 @@ def check_learning(
     return checked(targets[0])
 
 
-# Layers whose gate is open with a probability below this are dropped at the closing; heads and
-# neurons are then chosen by `select` from their open probabilities on the layers left, so the
-# budget is met exactly. Trained gates end near 0 or 1 (the hard-concrete's mass sits at both ends).
+# Layers whose gate is open with a probability below this are dropped at the closing (the layer
+# gate rounded); heads and neurons are then chosen by `select` from their open probabilities on
+# the layers left, so the budget is met exactly.
 LAYER_CLOSED_BELOW = 0.5
 
 

@@ -242,6 +242,7 @@ def test_bad_input_is_refused_and_nothing_is_written(cli, tmp_path):
         "--gate-layers: a pruning target": ["--gate-layers", "--target-flops", "0.5"],
         "not --ratio": ["--learn-gates", "--ratio", "0.5", "--gate-ffn"],
         "price every unit on one cost": ["--learn-gates", "--ratio", "0.5", "--gate-layers"],
+        "--min-ffn: rules for the FFN widths": ["--learn-gates", "--target-flops", "0.5", "--min-ffn", "8"],
     }
     for message, extra in cases.items():
         assert_refused(cli("finetune", ckpt, "--data", data, "--steps", "2", "-o", out, *extra), 2, message)
