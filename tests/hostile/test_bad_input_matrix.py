@@ -1,4 +1,4 @@
-"""Bad input across every command: 126 cases (CASES, then HOSTILE: files built to hurt).
+"""Bad input across every command: 133 cases (CASES, then HOSTILE: files built to hurt).
 
 Each case runs one `headprune` command in a fresh copy of a small workspace (the bundled
 example model, its data, a scores and a plan artifact) and checks the bad-input
@@ -6,7 +6,7 @@ contract: one `Error: ...` line on stderr, the documented exit code (1 error, 2 
 traceback, nothing on stdout, and every file in the folder exactly as it was. The checks
 live in tests.support.assert_refused: a crash (exit 70, `Internal error: ...`) never passes a
 case, even when its message happens to contain the case's fragment.
-File safety, in its own block at the end: 22 file-safety cases, where an output would destroy a file.
+File safety, in its own block at the end: 24 file-safety cases, where an output would destroy a file.
 int8 ONNX (export --quantize, report --onnx), in a block after it: 9 quantization cases.
 Serving engines (export --vllm/--gguf, report --gguf, --runtime), in the last block: 19 serving cases.
 """
@@ -139,6 +139,12 @@ def _corrupt_truncate(folder: Path) -> None:
 def _search(*options: str) -> Callable[[Path], list]:
     """`search MODEL --data data.jsonl OPTIONS... -o p.json`."""
     return lambda f: ["search", f / M, "--data", f / "data.jsonl", *options, "-o", f / "p.json"]
+
+
+def _iterate(*options: str) -> Callable[[Path], list]:
+    """`iterate MODEL --data data.jsonl --eval-data data.jsonl --target-flops 0.6 --ffn OPTIONS... -o o.safetensors`."""
+    data = lambda f: ["--data", f / "data.jsonl", "--eval-data", f / "data.jsonl"]  # noqa: E731
+    return lambda f: ["iterate", f / M, *data(f), "--target-flops", "0.6", "--ffn", *options, "-o", f / O]
 
 
 def _learn_gates(*target: str) -> Callable[[Path], list]:
@@ -397,6 +403,23 @@ CASES = [
         2,
         "can remove at most",
     ),
+    Case("learn-gates neuron gates on a head ratio", _learn_gates("--ratio", "0.5", "--gate-ffn"), 2, "not --ratio"),
+    Case("learn-gates layer gates on a head ratio", _learn_gates("--ratio", "0.5", "--gate-layers"), 2, "not --ratio"),
+    Case(
+        "learn-gates FFN width rules without neuron gates",
+        _learn_gates("--target-flops", "0.5", "--ffn-multiple-of", "4"),
+        2,
+        "need --gate-ffn",
+    ),
+    Case(
+        "gate-ffn without learn-gates",
+        lambda f: ["finetune", f / M, "--data", f / "data.jsonl", "--gate-ffn", "--steps", "1", "-o", f / O],
+        2,
+        "need --learn-gates",
+    ),
+    Case("iterate unknown recovery", _iterate("--recover", "lsq"), 2, "unknown --recover 'lsq'"),
+    Case("iterate lstsq with training options", _iterate("--recover", "lstsq", "--epochs", "2"), 2, "trains nothing"),
+    Case("iterate calibration options without lstsq", _iterate("--samples", "64"), 2, "for --recover lstsq only"),
     Case(
         "negative gate",
         lambda f: ["report", "--model", f / M, "--baseline", f / M, "--data", f / "data.jsonl", "--max-drop", "-1"],
@@ -1329,6 +1352,18 @@ SAFETY_CASES = [
         2,
         "did not write",
         lambda f: (_user_folder(f), _run_config({}, out="mine")(f)),
+    ),
+    Case(
+        "iterate --recover lstsq onto its data",
+        lambda f: [*_iterate("--recover", "lstsq")(f)[:-1], f / "data.jsonl", "--force"],
+        2,
+        "also an input",
+    ),
+    Case(
+        "learned neuron gates' scores onto the checkpoint",
+        lambda f: [*_learn_gates("--target-flops", "0.5", "--gate-ffn")(f), "--gates-out", f / M, "--force"],
+        2,
+        "also an input",
     ),
     Case(
         "run stage names that write one file",
