@@ -67,6 +67,18 @@ class GateSpace:
     def size(self) -> int:
         return sum(self.sizes.values())
 
+    def _widths(self) -> list[int]:
+        """The gated FFN neurons per layer, in block order."""
+        return [len(kept) for kept in self.neurons]
+
+    def per_kind(self, closed: torch.Tensor) -> dict[str, float]:
+        """How many query heads, FFN neurons and layers a per-unit share closed adds up to (a head
+        unit counts its query heads); kinds without gates left out."""
+        heads = torch.tensor([len(hs) for _, hs in self.head_units], dtype=torch.float64)
+        counts = torch.cat([heads, torch.ones(self.size - len(heads), dtype=torch.float64)])
+        parts = self.parts(closed.double() * counts)
+        return {kind: float(part.sum()) for (kind, size), part in zip(self.sizes.items(), parts) if size}
+
     def parts(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(head units, neurons, layers) slices of a vector (or of the last dimension) over all units."""
         heads, neurons, layers = values.split(list(self.sizes.values()), dim=-1)
@@ -131,8 +143,7 @@ class GateSpace:
         heads, neurons, layers = self.parts(z)
         out = {f"head.{pos}": heads[..., index] for pos, index in enumerate(self.unit_of)}
         if self.gates_ffn:
-            widths = [len(kept) for kept in self.neurons]
-            out.update({f"ffn.{pos}": part for pos, part in enumerate(neurons.split(widths, dim=-1))})
+            out.update({f"ffn.{pos}": part for pos, part in enumerate(neurons.split(self._widths(), dim=-1))})
         if self.gates_layers:
             out["layer"] = layers
         return out
@@ -173,17 +184,15 @@ class GateSpace:
         if self.gates_ffn:
             sizes = torch.tensor([len(hs) for _, hs in self.head_units], dtype=torch.float64)
             head_scores, neuron_scores = head_scores * self.head_price / sizes, neuron_scores * self.neuron_price
-        heads_p, neurons_p, layers_p = head_scores.tolist(), neuron_scores.tolist(), layer_scores.tolist()
+        heads_p, layers_p = head_scores.tolist(), layer_scores.tolist()
         heads = {
             layer: {h: heads_p[u] for h, u in zip(kept, index.tolist())}
             for layer, kept, index in zip(self.layers, self.heads, self.unit_of)
         }
         ffn: dict = {}
         if self.gates_ffn:
-            widths = [len(kept) for kept in self.neurons]
-            starts = [sum(widths[:i]) for i in range(len(widths))]
             ffn = {
-                "ffn": {layer: neurons_p[s : s + w] for layer, s, w in zip(self.layers, starts, widths)},
+                "ffn": {layer: part.tolist() for layer, part in zip(self.layers, neuron_scores.split(self._widths()))},
                 "ffn_kept": dict(zip(self.layers, self.neurons)),
                 "num_ffn": self.num_ffn,
             }

@@ -160,12 +160,11 @@ class LearnedGates:
         self.goal = budget.removed  # the share the gates aim at; make_gates sets the closing's own for heads
         self.closes_at: int | None = None  # the step the gates close at; set by the first step, moved by extend()
         self.at_close: float | None = None  # the expected share removed when the gates closed
-        self.expected_units: dict[str, float] | None = None  # expected closed units per kind when they closed
+        self.expected_units: dict[str, float] | None = None  # heads, neurons, layers expected closed at closing
         self.extended = 0  # gate-phase steps added because the expected share was still far from the target
         self.trace: list[dict[str, float]] = []  # per optimizer step of the gate phase: step, expected, target, lambdas
         self.frozen: dict[str, torch.Tensor] | None = None  # the closed 0/1 gates of the final phase
         self.gap, self.holding = 0.0, False  # at the last gate-phase step: expected share - target; target held?
-        self.cost = self.space.cost
         self.log_alpha = torch.full((self.space.size,), float(init), requires_grad=True)
         self.lambdas = torch.zeros(2, requires_grad=True)
         # Adam with a short memory (beta1 0.5) on the gates and none (beta1 0) on the multipliers, at
@@ -221,10 +220,8 @@ class LearnedGates:
         if abs(expected - self.goal) > self.tolerance:
             self.refuse(expected)
         self.at_close = expected
-        closed = 1.0 - self.open_probability().detach().double()
-        self.expected_units = {
-            kind: round(float(part.sum()), 3) for kind, part in zip(self.space.sizes, self.space.parts(closed))
-        }
+        closed = self.space.per_kind(1.0 - self.open_probability().detach())
+        self.expected_units = {kind: round(count, 3) for kind, count in closed.items()}
 
     def refuse(self, expected: float):
         raise FarFromTarget(
@@ -243,11 +240,11 @@ class LearnedGates:
         """What the gates did: the target, the expected share removed when they closed, the share the
         closing removed, the units expected closed and closed per kind, the extra steps, and the
         per-step trace."""
-        closed = 1.0 - self.space.closed(selection)
+        closed = self.space.per_kind(1.0 - self.space.closed(selection))
+        total = self.space.per_kind(torch.ones(self.space.size))
         units = {
-            kind: {"expected": (self.expected_units or {}).get(kind), "closed": int(part.sum()), "of": size}
-            for (kind, size), part in zip(self.space.sizes.items(), self.space.parts(closed))
-            if size
+            kind: {"expected": (self.expected_units or {}).get(kind), "closed": round(count), "of": round(total[kind])}
+            for kind, count in closed.items()
         }
         return {
             "budget": self.budget.kind,

@@ -465,25 +465,17 @@ def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context
     ctx.print(
         f"learned gates: expected share removed {report['expected_at_close']:.3f} when they closed at step "
         f"{report['closed_at_step']} ({report['extra_steps']} extra), closed {report['closed']:.3f} "
-        f"(target {report['target']:.3f}, {report['budget']}); closed {_closed_units(closed.selection, gates.space)}"
+        f"(target {report['target']:.3f}, {report['budget']}); closed {_closed_units(report)}"
     )
     cut(model, closed.selection)
     return closed
 
 
-def _closed_units(selection, space) -> str:
-    """'40 of 72 heads, 4096 of 9216 FFN neurons, 1 of 6 layers': what the closing removed."""
-    dropped = set(selection.remove_layers)
-    heads = sum(len(v) for v in selection.remove_heads.values())
-    heads += sum(len(kept) for layer, kept in zip(space.layers, space.heads) if layer in dropped)
-    parts = [f"{heads} of {sum(len(h) for h in space.heads)} heads"]
-    if space.gates_ffn:
-        neurons = sum(len(v) for layer, v in selection.remove_ffn.items() if layer not in dropped)
-        neurons += sum(len(kept) for layer, kept in zip(space.layers, space.neurons) if layer in dropped)
-        parts.append(f"{neurons} of {space.sizes['neurons']} FFN neurons")
-    if space.gates_layers:
-        parts.append(f"{len(dropped)} of {len(space.layers)} layers")
-    return ", ".join(parts)
+def _closed_units(report: dict) -> str:
+    """'40 of 72 heads, 4096 of 9216 FFN neurons, 1 of 6 layers': what the closing removed (the
+    heads and neurons of a dropped layer count as closed)."""
+    names = {"heads": "heads", "neurons": "FFN neurons", "layers": "layers"}
+    return ", ".join(f"{u['closed']} of {u['of']} {names[kind]}" for kind, u in report["units"].items())
 
 
 def gate_table(report: dict, rows: int = 10):
