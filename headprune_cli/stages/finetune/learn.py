@@ -50,6 +50,11 @@ def check_learning(
         raise UsageError(
             "--resume is not supported with --learn-gates (the gates' state is not saved); start over without --resume"
         )
+    neuron_rules = [
+        "--" + name.replace("_", "-") for name in ("min_ffn", "ffn_multiple_of") if name in constraints_given
+    ]
+    if neuron_rules and "gate_ffn" not in constraints_given:
+        raise UsageError(f"{', '.join(neuron_rules)}: rules for the FFN widths the gates keep; they need --gate-ffn")
     return checked(targets[0])
 
 

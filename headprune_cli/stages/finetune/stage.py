@@ -225,12 +225,6 @@ class FinetuneOptions(Options):
         check_learning(
             self.learn_gates, self.targets(), self.head_dropout, self.resume, self.constraints_given() + gates_out
         )
-        neuron_rules = [flag for flag, name in (("--min-ffn", "min_ffn"), ("--ffn-multiple-of", "ffn_multiple_of"))
-                        if getattr(self, name) != FinetuneOptions.model_fields[name].default]  # fmt: skip
-        if neuron_rules and self.learn_gates and not self.gate_ffn:
-            raise UsageError(
-                f"{', '.join(neuron_rules)}: rules for the FFN widths the gates keep; they need --gate-ffn"
-            )
         _check_lora_options(self)
         if self.rewind_to is not None and self.reinit is not None:
             raise UsageError("--rewind-to and --reinit both reset the weights; give one of them")
