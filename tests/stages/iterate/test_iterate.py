@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from headprune_cli.data.readers import Dataset
 from headprune_cli.errors import UsageError
 from headprune_cli.stages.finetune.train import FinetuneConfig
 from headprune_cli.stages.iterate.rounds import _acceptable, iterative_prune
 from headprune_cli.stages.iterate.schedule import schedule_of
 from headprune_cli.stages.objectives import Metric
 from headprune_cli.stages.report.build import gates, main_metric
-from tests.support import TINY, VOCAB
-
-
-def _dataset(rows: int, seed: int) -> Dataset:
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(2, VOCAB, (rows, 8), generator=gen)
-    return Dataset(ids, torch.ones_like(ids), ids[:, 0] % 2)
-
+from tests.stages.iterate.support import dataset, write_task
+from tests.support import TINY
 
 CFG = FinetuneConfig(steps=2, lr=1e-3, batch_size=16)
 
@@ -27,7 +19,7 @@ CFG = FinetuneConfig(steps=2, lr=1e-3, batch_size=16)
 def test_rounds_follow_the_schedule_of_original_heads():
     model = TINY["reference"]()  # 4 + 3 + 4 = 11 heads
     result = iterative_prune(
-        model, _dataset(32, 0), _dataset(16, 1), schedule=schedule_of((0.2, 0.5)), method="taylor", finetune_config=CFG
+        model, dataset(32, 0), dataset(16, 1), schedule=schedule_of((0.2, 0.5)), method="taylor", finetune_config=CFG
     )
     assert [r.heads_kept for r in result.rounds] == [9, 5]  # round(0.2 * 11) = 2, round(0.5 * 11) = 6 removed
     assert all(r.accepted for r in result.rounds) and not result.stopped_early
@@ -38,7 +30,7 @@ def test_rounds_follow_the_schedule_of_original_heads():
 def test_a_floor_that_would_be_crossed_keeps_the_last_good_model():
     model = TINY["reference"]()
     result = iterative_prune(
-        model, _dataset(32, 0), _dataset(16, 1), schedule=schedule_of((0.2, 0.5)), finetune_config=CFG, floor=1.01
+        model, dataset(32, 0), dataset(16, 1), schedule=schedule_of((0.2, 0.5)), finetune_config=CFG, floor=1.01
     )
     assert len(result.rounds) == 1 and result.stopped_early and not result.rounds[0].accepted
     assert sum(len(h) for h in result.model.headprune.layout.heads) == 11
@@ -47,21 +39,13 @@ def test_a_floor_that_would_be_crossed_keeps_the_last_good_model():
 def test_bad_schedules_are_refused():
     for schedule in [(), (0.3, 0.2), (0.0, 0.2), (0.5, 1.0)]:
         with pytest.raises(UsageError):
-            iterative_prune(TINY["reference"](), _dataset(8, 0), _dataset(8, 1), schedule=schedule_of(schedule))
+            iterative_prune(TINY["reference"](), dataset(8, 0), dataset(8, 1), schedule=schedule_of(schedule))
 
 
 def test_iterate_command_writes_the_pruned_model(cli, tmp_path):
-    from safetensors.torch import save_file
+    from headprune_cli import load
 
-    from headprune_cli import load, save
-
-    save(TINY["reference"](), tmp_path / "m.safetensors")
-    for name, seed in (("train", 0), ("dev", 1)):
-        d = _dataset(32, seed)
-        save_file(
-            {"input_ids": d.input_ids, "attention_mask": d.attention_mask, "labels": d.labels},
-            str(tmp_path / f"{name}.safetensors"),
-        )
+    write_task(tmp_path)
     res = cli(
         "iterate",
         tmp_path / "m.safetensors",
@@ -149,8 +133,8 @@ def test_flops_rounds_rescore_neurons_and_cut_them_with_the_heads():
     start = _flops(model)
     result = iterative_prune(
         model,
-        _dataset(32, 0),
-        _dataset(16, 1),
+        dataset(32, 0),
+        dataset(16, 1),
         schedule=schedule_of((0.8, 0.6), "flops"),
         method="taylor",
         finetune_config=CFG,
@@ -171,29 +155,21 @@ def test_flops_rounds_rescore_neurons_and_cut_them_with_the_heads():
 def test_a_budget_without_ffn_cuts_heads_only_and_ffn_needs_a_budget():
     model = TINY["reference"]()
     result = iterative_prune(
-        model, _dataset(32, 0), _dataset(16, 1), schedule=schedule_of((0.9,), "params"), finetune_config=CFG, seq_len=8
+        model, dataset(32, 0), dataset(16, 1), schedule=schedule_of((0.9,), "params"), finetune_config=CFG, seq_len=8
     )
     (r,) = result.rounds
     assert r.heads_kept < 11 and not r.remove_ffn and _neurons(result.model) == 144 and r.cost_kept <= 0.9
     with pytest.raises(UsageError, match="budget"):
-        iterative_prune(model, _dataset(8, 0), _dataset(8, 1), schedule=schedule_of((0.2,)), ffn=True)
+        iterative_prune(model, dataset(8, 0), dataset(8, 1), schedule=schedule_of((0.2,)), ffn=True)
     for schedule in [(0.6, 0.8), (1.0,), (0.0,)]:  # cost fractions kept must fall within (0, 1)
         with pytest.raises(UsageError, match="fall"):
-            iterative_prune(model, _dataset(8, 0), _dataset(8, 1), schedule=schedule_of(schedule, "flops"))
+            iterative_prune(model, dataset(8, 0), dataset(8, 1), schedule=schedule_of(schedule, "flops"))
 
 
 def test_iterate_command_cuts_ffn_neurons_under_a_flops_schedule(cli, tmp_path):
-    from safetensors.torch import save_file
+    from headprune_cli import load
 
-    from headprune_cli import load, save
-
-    save(TINY["reference"](), tmp_path / "m.safetensors")
-    for name, seed in (("train", 0), ("dev", 1)):
-        d = _dataset(32, seed)
-        save_file(
-            {"input_ids": d.input_ids, "attention_mask": d.attention_mask, "labels": d.labels},
-            str(tmp_path / f"{name}.safetensors"),
-        )
+    write_task(tmp_path)
     common = [
         "--data",
         tmp_path / "train.safetensors",

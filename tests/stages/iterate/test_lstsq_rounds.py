@@ -15,13 +15,8 @@ from headprune_cli.stages.iterate.rounds import _union, iterative_prune
 from headprune_cli.stages.iterate.schedule import schedule_of
 from headprune_cli.stages.prune.stage import Compensation, cut
 from headprune_cli.stages.select.chains import Constraints, Selection
-from tests.support import TINY, VOCAB
-
-
-def _dataset(rows: int, seed: int) -> Dataset:
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(2, VOCAB, (rows, 8), generator=gen)
-    return Dataset(ids, torch.ones_like(ids), ids[:, 0] % 2)
+from tests.stages.iterate.support import dataset, write_task
+from tests.support import TINY
 
 
 def _lstsq(data: Dataset) -> Compensation:
@@ -31,8 +26,8 @@ def _lstsq(data: Dataset) -> Compensation:
 def _iterate(model, compensation, targets=(0.8, 0.6), **options):
     return iterative_prune(
         model,
-        _dataset(32, 0),
-        _dataset(16, 1),
+        dataset(32, 0),
+        dataset(16, 1),
         schedule=schedule_of(targets, "flops"),
         method="fisher",
         ffn=True,
@@ -51,7 +46,7 @@ def test_lstsq_rounds_refit_the_original_by_every_removal_so_far(monkeypatch):
     monkeypatch.setattr(rounds, "finetune", no_training)
     model = TINY["reference"]()  # 11 heads, 3 x 48 FFN neurons
     start = flops_per_token(model, 8)
-    compensation = _lstsq(_dataset(32, 2))
+    compensation = _lstsq(dataset(32, 2))
     result = _iterate(model, compensation)
     first, second = result.rounds
     assert all(r.accepted for r in result.rounds) and second.neurons_kept < first.neurons_kept < 144
@@ -88,7 +83,7 @@ def test_lstsq_rounds_report_the_plain_cut_before_the_refit(monkeypatch):
         return out
 
     monkeypatch.setattr(rounds, "_compensated_round", spy)
-    result = _iterate(TINY["reference"](), _lstsq(_dataset(32, 2)))
+    result = _iterate(TINY["reference"](), _lstsq(dataset(32, 2)))
     assert [(r.metric_pruned, r.metric_recovered) for r in result.rounds] == seen
 
 
@@ -110,21 +105,11 @@ def test_lstsq_recovery_needs_calibration_and_a_known_recovery():
     with pytest.raises(UsageError, match="calibration"):
         _iterate(model, Compensation("lstsq", []))
     with pytest.raises(UsageError, match="unknown recovery"):
-        iterative_prune(model, _dataset(8, 0), _dataset(8, 1), recover="lstq")
+        iterative_prune(model, dataset(8, 0), dataset(8, 1), recover="lstq")
 
 
 def _files(tmp_path):
-    from safetensors.torch import save_file
-
-    from headprune_cli import save
-
-    save(TINY["reference"](), tmp_path / "m.safetensors")
-    for name, seed in (("train", 0), ("dev", 1)):
-        d = _dataset(32, seed)
-        save_file(
-            {"input_ids": d.input_ids, "attention_mask": d.attention_mask, "labels": d.labels},
-            str(tmp_path / f"{name}.safetensors"),
-        )
+    write_task(tmp_path)
     return [
         tmp_path / "m.safetensors",
         "--data",
@@ -177,7 +162,7 @@ def test_lstsq_calibration_is_the_first_samples_rows_of_data_at_the_ridge_given(
         paths = dict(checkpoint=tmp_path / "m", data=tmp_path / "d", eval_data=tmp_path / "e", output=tmp_path / "o")
         return IterateOptions(**paths, **extra)
 
-    train = _dataset(40, 0)
+    train = dataset(40, 0)
     comp = _compensation(options(recover="lstsq", samples=20, ridge=1.0), train)
     rows = torch.cat([b["input_ids"] for b in comp.batches])
     assert torch.equal(rows, train.input_ids[:20]) and comp.ridge == 1.0 and comp.method == "lstsq"
