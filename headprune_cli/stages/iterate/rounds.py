@@ -215,9 +215,11 @@ def _compensated_round(original, union: Selection, compensation: Compensation, d
     metric = lambda m: evaluate(m, dev, objective, reference=teacher)[0].value  # noqa: E731
     plain = copy.deepcopy(original)
     cut(plain, union)
+    before = metric(plain)
+    del plain  # measured; gone before the refit copy is made (one model copy fewer at the peak)
     refit = copy.deepcopy(original)
     cut(refit, union, compensation)
-    return refit, metric(plain), metric(refit)
+    return refit, before, metric(refit)
 
 
 def _cost(model: nn.Module, budget: Budget, seq_len: int) -> float:
