@@ -88,7 +88,7 @@ class GateSpace:
         """Units never gated: head units holding a protected head, and their layers (select keeps them too)."""
         heads = [any((layer, h) in protect for h in hs) for layer, hs in self.head_units]
         layers = {layer for layer, _ in protect}
-        whole = [layer in layers for layer in self.layers][: self.sizes["layers"]]
+        whole = [layer in layers for layer in self.layers] if self.gates_layers else []
         return torch.tensor(heads + [False] * self.sizes["neurons"] + whole, dtype=torch.bool)
 
     # --- the budget ------------------------------------------------------------------------
@@ -120,6 +120,9 @@ class GateSpace:
         self.fixed = torch.tensor(
             [getattr(price[layer], f"fixed_{part}") / self.now for layer in self.layers], dtype=torch.float64
         )
+        # Each layer's share of the cost now, all its units open (the FFN is in `fixed` without neuron gates).
+        full = self.fixed.index_add(0, self.head_layer, self.head_price)
+        self.full = full.index_add(0, self.neuron_layer, self.neuron_price)
 
     def expected_removed(self, p: torch.Tensor) -> torch.Tensor:
         """The expected share of the budget removed, from every unit's open probability (see the module docstring)."""
@@ -130,11 +133,8 @@ class GateSpace:
             return ((1.0 - heads) * self.head_price).sum() + ((1.0 - neurons) * self.neuron_price).sum()
         # With layer gates: 1 - E[cost]/now = sum over layers of (its full share - P(open) * its expected share).
         inside = self.fixed.index_add(0, self.head_layer, heads * self.head_price)
-        full = self.fixed.index_add(0, self.head_layer, self.head_price)
-        if self.gates_ffn:
-            inside = inside.index_add(0, self.neuron_layer, neurons * self.neuron_price)
-            full = full.index_add(0, self.neuron_layer, self.neuron_price)
-        return (full - layers * inside).sum()
+        inside = inside.index_add(0, self.neuron_layer, neurons * self.neuron_price)  # no neuron gates: adds nothing
+        return (self.full - layers * inside).sum()
 
     # --- draws and closings --------------------------------------------------------------
     def split(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -159,7 +159,7 @@ class GateSpace:
         for layer, kept in zip(self.layers, self.neurons):
             cut = set(selection.remove_ffn.get(layer, ()))
             neurons += [0.0 if layer in dropped or n in cut else 1.0 for n in kept]
-        layers = [0.0 if layer in dropped else 1.0 for layer in self.layers][: self.sizes["layers"]]
+        layers = [0.0 if layer in dropped else 1.0 for layer in self.layers] if self.gates_layers else []
         return torch.tensor(heads + neurons + layers)
 
     def removed_share(self, selection: Selection) -> float:
