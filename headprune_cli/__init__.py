@@ -27,8 +27,8 @@ _PUBLIC = {
     "iterative_prune": ("headprune_cli.stages.iterate.rounds", "iterative_prune"),
     "build_report": ("headprune_cli.stages.report.build", "build_report"),
     "run_sweep": ("headprune_cli.stages.sweep.ratios", "run_sweep"),
-    "export_onnx": ("headprune_cli.model.export", "export_onnx"),
-    "export_hf": ("headprune_cli.model.export", "export_hf"),
+    "export_onnx": ("headprune_cli.model.formats.onnx", "export_onnx"),
+    "export_hf": ("headprune_cli.model.formats.hf", "export_hf"),
     # The module names the README documented before the layout grouped them:
     "checkpoint": ("headprune_cli.model.checkpoint", None),
     "surgery": ("headprune_cli.model.surgery", None),
@@ -38,7 +38,7 @@ _PUBLIC = {
     "iterative": ("headprune_cli.stages.iterate.rounds", None),
     "report": ("headprune_cli.stages.report.build", None),
     "sweep": ("headprune_cli.stages.sweep.ratios", None),
-    "export": ("headprune_cli.model.export", None),
+    "export": ("headprune_cli.model.formats.hf", None),  # export_hf, and export_onnx it calls
 }
 
 __all__ = ["__version__", *_PUBLIC]

@@ -9,7 +9,7 @@ A LLaMA-shaped model (hidden 1024, 16 query heads sharing 4 key/value heads, hea
 random weights: speed does not depend on values) and a copy without the last 2 of the 4
 KV groups of every layer (`select --uniform` would keep the same count per layer) are
 measured side by side, interleaved in alternating order after warm-up
-(headprune_cli.stages.report.latency.measure_runs):
+(headprune_cli.stages.model_latency.measure_runs):
 - prefill: one forward over the `context`-token prompt with the KV cache on (output head
   for the last position only, as a server runs it);
 - decode: `tokens` greedy steps after a `context`-token cache. The cache is filled with
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from headprune_cli.model.arch import adapter_for
-from headprune_cli.stages.report.latency import decode, measure_runs, prefill, prompt_ids
+from headprune_cli.stages.model_latency import decode, measure_runs, prefill, prompt_ids
 from headprune_cli.stages.report.serving import Generation, decode_prediction, kv_section
 
 from .speed import llama_shaped, remove_fraction

@@ -37,8 +37,8 @@ from headprune_cli.model.cost_table import predict
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.finetune.train import FinetuneConfig, default_lr, finetune
+from headprune_cli.stages.model_latency import max_sequence, measure, synthetic_inputs
 from headprune_cli.stages.objectives import evaluate
-from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs
 from headprune_cli.stages.score.importance import score_model, scores_artifact
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select.chains import Constraints

@@ -96,8 +96,8 @@ def prune(work: Path) -> None:
 def export(work: Path) -> None:
     import shutil
 
-    from headprune_cli.model.export import export_hf
-    from headprune_cli.model.hf_config import folder_config
+    from headprune_cli.model.formats.hf import export_hf
+    from headprune_cli.model.formats.hf_config import folder_config
     from headprune_cli.model.layout import info_of
     from headprune_cli.model.streaming import export_specs
 

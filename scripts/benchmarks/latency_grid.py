@@ -32,7 +32,6 @@ def predicted_speedup(table, baseline_counts, model_path: Path) -> float:
 def main() -> None:
     from headprune_cli.artifacts.schema import read_artifact
     from headprune_cli.model.latency_table import LatencyTable
-    from headprune_cli.stages.profile import schema  # noqa: F401  (registers the `latency` kind)
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", nargs="+", required=True, help="NAME=latency.json")

@@ -14,7 +14,7 @@ onnxruntime models through report.shipped.OnnxModel, the code `report --onnx` ru
 accuracy for classifiers, fidelity (mean cosine to the unpruned model) for embedding models.
 Speed: median ms per forward of random token ids at batch 1 and at a serving batch, the
 sequence length fixed, every variant on the same thread count (torch.set_num_threads and
-onnxruntime's intra-op pool), interleaved in alternating order (report.latency.measure).
+onnxruntime's intra-op pool), interleaved in alternating order (stages.model_latency.measure).
 
 The cut is made by the real commands when --pruned is not given: `score --method fisher
 --ffn`, `select --target-flops F`, `prune --compensate lstsq` (BENCHMARKS §14's route),
@@ -80,8 +80,8 @@ def make_cut(work: Path, baseline: Path, calib: Path, flops: float, seq_len: int
 def exports(work: Path, models: dict, calib: Path | None, seq_len: int) -> dict[str, Path]:
     """The ONNX files of every variant (fp32, int8-dynamic, int8-static with --calib)."""
     from headprune_cli.data.readers import read_data
-    from headprune_cli.model.onnx_export import export_onnx
-    from headprune_cli.model.onnx_quantize import export_quantized
+    from headprune_cli.model.formats.onnx import export_onnx
+    from headprune_cli.model.formats.onnx_quantize import export_quantized
 
     files = {}
     for side, model in models.items():
@@ -135,7 +135,7 @@ def quality(models: dict, baseline, data: Path, seq_len: int, batch: int) -> dic
 
 
 def speed(models: dict, batch: int, seq_len: int, threads: int, repeats: int, warmup: int) -> dict:
-    from headprune_cli.stages.report.latency import measure, synthetic_inputs
+    from headprune_cli.stages.model_latency import measure, synthetic_inputs
 
     inputs = {name: synthetic_inputs(checkpoint, batch, seq_len)[0] for name, (_, checkpoint) in models.items()}
     timed = measure({n: m for n, (m, _) in models.items()}, inputs, repeats, warmup, threads)

@@ -1128,7 +1128,7 @@ def test_case_count_matches_docstring():
 # `other.safetensors` descends from `model.safetensors`: its provenance names it as parent
 # and root, so `--teacher auto` and `--baseline auto` read it without it being named.
 def _export_folder(folder: Path) -> None:
-    from headprune_cli.model.export import export_hf
+    from headprune_cli.model.formats.hf import export_hf
 
     export_hf(load(folder / M), folder / "exported")
 

@@ -65,24 +65,24 @@ class ExportOptions(Options):
 
 
 def run(opts: ExportOptions, ctx: Context) -> Result:
-    from headprune_cli.model.export import check_folder_output  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.model.onnx_quantize import check_quantization  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.model.formats.hf import check_folder_output  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.formats.onnx_quantize import check_quantization  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.tensorfile import parse_size  # noqa: PLC0415 (keeps numpy, torch out of this module's import)
 
     opts.check()
     if opts.gguf is not None:
-        from headprune_cli.stages.export.gguf import export_gguf_file  # noqa: PLC0415 (keeps torch out of this module's import)
+        from headprune_cli.stages.export.gguf_file import export_gguf_file  # noqa: PLC0415 (keeps torch out of this module's import)
 
         return export_gguf_file(opts.checkpoint, opts.gguf, opts.gguf_type, opts.force, ctx)
     if opts.vllm is not None:
-        from headprune_cli.stages.export.vllm import export_vllm_folder  # noqa: PLC0415 (keeps torch out of this module's import)
+        from headprune_cli.stages.export.vllm_folder import export_vllm_folder  # noqa: PLC0415 (keeps torch out of this module's import)
 
         return export_vllm_folder(opts.checkpoint, opts.vllm, opts.force, opts.max_shard_size, ctx)
     check_quantization(opts.quantize, opts.onnx, opts.calib_data)
     if opts.onnx is not None:
         check_output(opts.onnx, opts.force, inputs=[opts.checkpoint, opts.calib_data])
         if opts.quantize is not None:
-            from headprune_cli.stages.export.quantized import export_quantized_onnx  # noqa: PLC0415 (keeps torch out of this module's import)
+            from headprune_cli.stages.export.onnx_int8 import export_quantized_onnx  # noqa: PLC0415 (keeps torch out of this module's import)
 
             return export_quantized_onnx(opts, ctx)
         return _export_onnx(opts, ctx)
@@ -93,7 +93,7 @@ def run(opts: ExportOptions, ctx: Context) -> Result:
 
 def _export_onnx(opts: ExportOptions, ctx: Context) -> Result:
     from headprune_cli.model.checkpoint import load  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.model.export import export_onnx  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.formats.onnx import export_onnx  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     model = load(opts.checkpoint)
     result = export_onnx(
@@ -115,11 +115,11 @@ def _export_onnx(opts: ExportOptions, ctx: Context) -> Result:
 
 def _export_folder(opts: ExportOptions, ctx: Context) -> Result:
     from headprune_cli.model.checkpoint import load, read_info  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.model.engines import serving, serving_line  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.model.export import export_hf, weights_written  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.model.hf_config import folder_config, remedy  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.model.formats.engines import serving, serving_line  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.formats.hf import export_hf, weights_written  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.formats.hf_config import folder_config, remedy  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.model.formats.sentence_transformers import is_sentence_transformer  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-    from headprune_cli.model.st_export import is_sentence_transformer  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     hf, checkpoint = opts.hf, opts.checkpoint

@@ -30,6 +30,7 @@ from headprune_cli.model.cost import count_params
 from headprune_cli.model.layout import info_of
 from headprune_cli.runtime import distributed
 from headprune_cli.runtime.device import cast_parameters, resolve_device, resolve_dtype, stored_dtype
+from headprune_cli.runtime.recompute import recomputed_blocks, wants_recompute
 from headprune_cli.stages.finetune import sharding
 from headprune_cli.stages.finetune import state as train_state
 from headprune_cli.stages.finetune.distill import kd_logits
@@ -39,7 +40,6 @@ from headprune_cli.stages.finetune.losses import as_tensors, check_labels, fidel
 from headprune_cli.stages.finetune.precision import autocast_dtype, autocasting
 from headprune_cli.stages.objectives import higher_is_better as metric_higher_is_better
 from headprune_cli.stages.objectives import next_token_mask
-from headprune_cli.stages.score.importance.recompute import recomputed_blocks, wants_recompute
 
 # Recovery starts from trained weights, so it uses about a tenth of the rate the model
 # size is usually fine-tuned at (BERT-base: ~2e-5 instead of 2e-4..5e-5 from scratch).

@@ -28,10 +28,9 @@ from headprune_cli.model.layout import ModelInfo, info_of
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import input_device, place
 from headprune_cli.stages import objectives
+from headprune_cli.stages.model_latency import max_sequence, measure, synthetic_inputs
 from headprune_cli.stages.objectives import drop_unit, metric_dicts, worse_by, worse_than
-from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (registers the `report` kind)
 from headprune_cli.stages.report import serving
-from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs
 from headprune_cli.stages.report.latency_cost import latency_section, read_table
 from headprune_cli.stages.report.llama_cpp import check_task, engine_python, load_gguf
 from headprune_cli.stages.report.shipped import checkpoint_metrics, load_shipped

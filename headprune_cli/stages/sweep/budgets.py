@@ -23,10 +23,10 @@ from headprune_cli.model.cost import count_params, flops_per_token
 from headprune_cli.model.layout import info_of
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget, BudgetUnreachable
+from headprune_cli.stages.model_latency import max_sequence
 from headprune_cli.stages.objectives import default_objective, evaluate, metric_dicts
 from headprune_cli.stages.prune.stage import Compensation, cut
 from headprune_cli.stages.report.build import main_metric, measure_speed
-from headprune_cli.stages.report.latency import max_sequence
 from headprune_cli.stages.report.render import metric_value as fmt
 from headprune_cli.stages.score.importance.api import score_model
 from headprune_cli.stages.score.importance.registry import check_ffn

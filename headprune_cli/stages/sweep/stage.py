@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from headprune_cli.artifacts.schema import KINDS, envelope, input_ref, write_artifact
+from headprune_cli.artifacts.schema import envelope, input_ref, model_of, write_artifact
 from headprune_cli.data.readers import read_data
 from headprune_cli.files.outputs import check_folder, check_output, make_folder
 from headprune_cli.model.checkpoint import load
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import place
 from headprune_cli.stages.report import render
-from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (registers the `sweep` kind)
 from headprune_cli.stages.sweep import budgets as sweep_budget
 from headprune_cli.stages.sweep.budgets import ROUTES, check_routes, run_budget_sweep
 from headprune_cli.stages.sweep.ratios import (
@@ -149,7 +148,7 @@ def _artifact(model, opts: SweepOptions, settings: SweepSettings, payload: dict)
         input_ref("eval_data", opts.eval_data),
     ]
     artifact = {**envelope("sweep", inputs, options_dict(settings)), **payload}
-    KINDS["sweep"].model_validate(artifact)  # never write what cannot be read back
+    model_of("sweep").model_validate(artifact)  # never write what cannot be read back
     return artifact
 
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from headprune_cli.artifacts.schema import KINDS, envelope, input_ref, write_artifact
+from headprune_cli.artifacts.schema import envelope, input_ref, model_of, write_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_folder, check_output, make_folder
 from headprune_cli.stages.score.importance.registry import check_ffn, head_method
 from headprune_cli.stages.select.stage import SelectionOptions
-from headprune_cli.stages.tasks import schema as _schema  # noqa: F401  (registers the `tasks` kind)
 from headprune_cli.stages.tasks.spec import TaskSpec, input_paths, parse_tasks, spelled
 from headprune_cli.stages.unit import Context, Result, Stage, device_option, dtype_option, option
 
@@ -102,7 +101,7 @@ def run(opts: TasksOptions, ctx: Context) -> Result:
     plans = all_plans(scored, opts, budget)
     payload = build(scored, plans, base, budget, file_names(tasks))
     artifact = {**envelope("tasks", _input_refs(scored), _config(opts)), **payload}
-    KINDS["tasks"].model_validate(artifact)  # never write what cannot be read back
+    model_of("tasks").model_validate(artifact)  # never write what cannot be read back
     _write(opts.output, paths, scored, plans, artifact)
     ctx.print(_summary(artifact), highlight=False)
     return Result([str(opts.output)], value=artifact)

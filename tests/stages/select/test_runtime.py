@@ -8,9 +8,9 @@ import pytest
 
 from headprune_cli import save
 from headprune_cli.data.readers import read_data
+from headprune_cli.model.formats.vllm import nas_plan
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.model.vllm_export import nas_plan
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.score.importance import score_model
 from headprune_cli.stages.select.chains import Constraints

@@ -14,12 +14,12 @@ from headprune_cli.data.readers import Dataset
 from headprune_cli.errors import DataError, UsageError
 from headprune_cli.model import cost
 from headprune_cli.model.layout import info_of
+from headprune_cli.runtime.recompute import wants_recompute
 from headprune_cli.stages.objectives import check_objective, needs_labels
 from headprune_cli.stages.score.importance.context import ProgressFactory, ScoreContext, no_progress
 from headprune_cli.stages.score.importance.gradients import gradient_stats
 from headprune_cli.stages.score.importance.layers import attention_loss, ffn_loss
 from headprune_cli.stages.score.importance.neurons import activation_stats, neuron_scores
-from headprune_cli.stages.score.importance.recompute import wants_recompute
 from headprune_cli.stages.score.importance.registry import check_ffn, head_method, layer_method
 from headprune_cli.stages.score.table import ScoreTable
 
@@ -55,7 +55,7 @@ def score_model(
     `ffn` scores every FFN neuron too, in the same passes (and, with loo/refit layers, the
     loss of removing each layer's whole FFN). `recompute` runs gradient passes with each block
     recomputed in the backward (less memory, the same scores; None: on for models of 400 M
-    parameters or more, see importance.recompute). Under torchrun every process must call this
+    parameters or more, see runtime.recompute). Under torchrun every process must call this
     with the same arguments.
     """
     objective = check_objective(objective, model)

@@ -28,10 +28,10 @@ import torch
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.arch.base import is_conv1d
 from headprune_cli.model.surgery import HeadGates
+from headprune_cli.runtime.recompute import recomputed_blocks
 from headprune_cli.stages.objectives import check_finite, embed, per_example_loss
 from headprune_cli.stages.score.importance.context import ScoreContext, trainable_only
 from headprune_cli.stages.score.importance.neurons import NeuronTaps, down_modules
-from headprune_cli.stages.score.importance.recompute import recomputed_blocks
 
 
 def _o_modules(model) -> list:

@@ -28,7 +28,7 @@ import torch
 
 from headprune_cli.errors import ArchitectureError, PlanError, UsageError
 from headprune_cli.files.io import atomic_write
-from headprune_cli.model.gguf_vocab import GgufVocab, gguf_vocab
+from headprune_cli.model.formats.gguf_vocab import GgufVocab, gguf_vocab
 from headprune_cli.model.layout import ModelInfo, info_of
 from headprune_cli.model.tensorfile import Spec
 

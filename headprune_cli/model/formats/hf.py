@@ -1,4 +1,4 @@
-"""Deployment: a pruned model as an HF-style folder (ONNX files: onnx_export.py).
+"""Deployment: a pruned model as an HF-style folder (ONNX files: onnx.py).
 
 The HF-style folder holds what transformers expects (config.json, weights,
 tokenizer.json, tokenizer_config.json) plus headprune.json, where the layout, family,
@@ -7,7 +7,7 @@ rebuilds the model at its exact shapes (see checkpoint.py). When a transformers 
 can state the pruned layout (a uniform LLaMA-family layout), config.json does, and
 transformers loads the folder without headprune; otherwise transformers is kept from
 loading wrong shapes (hf_config.py). Sentence-transformers models also get their
-modules and pooling (st_export.py), and on request onnx/model.onnx serves any layout.
+modules and pooling (sentence_transformers.py), and on request onnx/model.onnx serves any layout.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from headprune_cli.files.io import remember_sha256
 from headprune_cli.files.outputs import check_folder, check_parent
 from headprune_cli.files.temps import make_temp_folder, publish_folder
 from headprune_cli.model.checkpoint import FOLDER_FORMAT, FOLDER_INFO, FORMAT_VERSION, model_specs
-from headprune_cli.model.hf_config import FolderConfig, folder_config
+from headprune_cli.model.formats.hf_config import FolderConfig, folder_config
+from headprune_cli.model.formats.onnx import export_onnx, require_onnx
+from headprune_cli.model.formats.sentence_transformers import is_sentence_transformer, write_sentence_transformer
 from headprune_cli.model.layout import ModelInfo, info_of
-from headprune_cli.model.onnx_export import OnnxExport, example_inputs, export_onnx, require_onnx  # noqa: F401 (re-exported)
-from headprune_cli.model.st_export import is_sentence_transformer, write_sentence_transformer
 from headprune_cli.model.tensorfile import DEFAULT_MAX_SHARD, Spec, parse_size, write_folder_weights
 
 

@@ -1,7 +1,7 @@
 """ONNX int8: onnxruntime's own quantizer applied to the graph export_onnx verified.
 
 Quantization stacks on the cut: the pruned checkpoint is exported to fp32 ONNX (checked
-against PyTorch to 1e-4, onnx_export.py), then onnxruntime.quantization rewrites it:
+against PyTorch to 1e-4, formats/onnx.py), then onnxruntime.quantization rewrites it:
 - int8-dynamic (`quantize_dynamic`): the weights of every MatMul with a constant weight to
   int8 (QInt8, one scale per output channel), its input quantized at run time per tensor.
   No data needed.
@@ -35,11 +35,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from headprune_cli.data.readers import batches
 from headprune_cli.errors import DataError, HeadpruneError, NumericalError, UsageError, first_line
 from headprune_cli.files.temps import make_temp_folder
+from headprune_cli.model.formats.onnx import example_inputs, export_onnx, move_into_place, require_onnx
 from headprune_cli.model.layout import info_of
-from headprune_cli.model.onnx_export import example_inputs, export_onnx, move_into_place, require_onnx
 from headprune_cli.names import did_you_mean
 
 QUANTIZATIONS = ("int8-dynamic", "int8-static")
@@ -179,13 +178,13 @@ class _CalibrationReader:
         if dataset is None or len(dataset) == 0:
             raise DataError("--calib-data has no rows")
         self.rows = len(dataset)
-        first = next(iter(batches(dataset, CALIBRATION_BATCH)))
+        first = next(iter(dataset.batches(CALIBRATION_BATCH)))
         missing = [n for n in names if n not in first]
         if missing:
             raise DataError(
                 f"--calib-data does not match the model: the graph takes {', '.join(missing)}, which the data lacks"
             )
-        self._batches = ({n: b[n].numpy() for n in names} for b in batches(dataset, CALIBRATION_BATCH))
+        self._batches = ({n: b[n].numpy() for n in names} for b in dataset.batches(CALIBRATION_BATCH))
 
     def get_next(self):
         return next(self._batches, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from headprune_cli.artifacts.schema import Envelope, register_kind
+from headprune_cli.artifacts.schema import Envelope
 
 
 class TasksArtifact(Envelope):
@@ -18,6 +18,3 @@ class TasksArtifact(Envelope):
     pairs: list[dict[str, Any]]  # Spearman of the scores and Jaccard of the kept sets, per pair of tasks
     shared: dict[str, Any]  # the rule, what the shared plan keeps, its cost
     files: dict[str, str]  # the scores and plans written beside the artifact
-
-
-register_kind("tasks", TasksArtifact, max_bytes=64 * 1024 * 1024)

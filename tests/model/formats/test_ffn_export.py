@@ -12,8 +12,9 @@ import transformers as T
 from safetensors.torch import load_file, save_file
 
 import headprune_cli
-from headprune_cli.model.export import export_hf, export_onnx
-from headprune_cli.model.hf_config import folder_config
+from headprune_cli.model.formats.hf import export_hf
+from headprune_cli.model.formats.hf_config import folder_config
+from headprune_cli.model.formats.onnx import export_onnx
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
 from tests.support import TINY, model_inputs, model_output, run_without_headprune

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from headprune_cli.errors import ArchitectureError, PlanError
-from headprune_cli.model.hf_config import PLAIN_WEIGHTS, FolderConfig
+from headprune_cli.model.formats.hf_config import PLAIN_WEIGHTS, FolderConfig
 from headprune_cli.model.layout import ModelInfo
 
 FAMILIES = ("llama", "mistral", "qwen2")  # model_type values --vllm writes

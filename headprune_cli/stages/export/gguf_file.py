@@ -1,4 +1,4 @@
-"""`export --gguf FILE`: the export stage's GGUF branch (the writer is model/gguf_export.py).
+"""`export --gguf FILE`: the export stage's GGUF branch (the writer is model/formats/gguf.py).
 
 Everything that can refuse (the type, the output path, the family, the plan, the tokenizer) is
 checked before a byte is written; the weights are read only while the file is written.
@@ -14,12 +14,12 @@ from headprune_cli.stages.unit import Context, Result
 
 
 def export_gguf_file(checkpoint: Path, out: Path, gguf_type: str, force: bool, ctx: Context) -> Result:
-    from headprune_cli.model.gguf_export import check_gguf_type  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.formats.gguf import check_gguf_type  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     check_gguf_type(gguf_type)
     _require_gguf()
     check_output(out, force, inputs=[checkpoint])
-    from headprune_cli.model.gguf_export import export_gguf  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.formats.gguf import export_gguf  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     model, specs = export_specs(checkpoint)

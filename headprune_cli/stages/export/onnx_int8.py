@@ -1,6 +1,6 @@
-"""`export --onnx FILE --quantize KIND`: the int8 ONNX file (model/onnx_quantize.py).
+"""`export --onnx FILE --quantize KIND`: the int8 ONNX file (model/formats/onnx_quantize.py).
 
-Kept beside export_stage.py so the stage module stays the options and the dispatch.
+Kept beside stage.py so the stage module stays the options and the dispatch.
 Calibration data is read with the checkpoint's own tokenizer at the traced sequence
 length before anything is traced, so data that does not fit the model is refused
 before any work."""
@@ -12,7 +12,7 @@ from headprune_cli.stages.unit import Context, Result
 
 def export_quantized_onnx(opts, ctx: Context) -> Result:
     from headprune_cli.model.checkpoint import load  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.model.onnx_quantize import export_quantized  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.model.formats.onnx_quantize import export_quantized  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     model = load(opts.checkpoint)
     calibration = None

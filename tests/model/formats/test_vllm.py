@@ -11,7 +11,7 @@ import transformers as T
 from safetensors.torch import load_file
 
 import headprune_cli
-from headprune_cli.model.vllm_export import CONFIG_FILE
+from headprune_cli.model.formats.vllm import CONFIG_FILE
 from tests.support.gguf_models import write_checkpoint
 from tests.support.models import TINY
 from tests.support.refusals import assert_refused, snapshot

@@ -18,7 +18,7 @@ import pytest
 
 from headprune_cli import load, save
 from headprune_cli.data.readers import read_data
-from headprune_cli.model.onnx_quantize import QUANTIZATION_KEY, SOURCE_KEY, export_quantized, read_stamp
+from headprune_cli.model.formats.onnx_quantize import QUANTIZATION_KEY, SOURCE_KEY, export_quantized, read_stamp
 from tests.support import TINY, model_inputs, model_output, pruned, run_without_headprune, tensor_data
 
 BOUND = {"int8-dynamic": (0.05, 0.995), "int8-static": (0.10, 0.995)}  # (max |diff| / max |fp32|, min row cosine)

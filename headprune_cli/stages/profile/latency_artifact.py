@@ -17,8 +17,8 @@ from typing import Literal
 
 from pydantic import ValidationError, field_validator, model_validator
 
-from headprune_cli.artifacts.schema import Envelope, Strict, index_map, register_kind
-from headprune_cli.stages.profile.bounds import MAX_MS, MAX_TABLE_BYTES, MIN_MS, WHOLE_BLOCK_TOLERANCE, check_raw
+from headprune_cli.artifacts.schema import Envelope, Strict, index_map
+from headprune_cli.stages.profile.bounds import MAX_MS, MIN_MS, WHOLE_BLOCK_TOLERANCE, check_raw
 
 # A point may sit below a smaller one by its spread (IQR) or this share of its median:
 # timing noise, not a table that says fewer units cost more.
@@ -183,6 +183,3 @@ class LatencyTableArtifact(Envelope):
                 if points.measured_as not in phase.layers:
                     raise ValueError(f"phases.{name}.layers.{layer}: measured_as names no layer of the table")
         return self
-
-
-register_kind("latency", LatencyTableArtifact, max_bytes=MAX_TABLE_BYTES)

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import headprune_cli
-from headprune_cli.model.export import export_hf, export_onnx
+from headprune_cli.model.formats.hf import export_hf
+from headprune_cli.model.formats.onnx import export_onnx
 from headprune_cli.model.layout import info_of
 from tests.support import CAUSAL, PLANS, TINY, model_inputs, model_output, pruned, snapshot
 

@@ -1,4 +1,4 @@
-"""`export --vllm DIR`: the export stage's vLLM branch (the config is model/vllm_export.py).
+"""`export --vllm DIR`: the export stage's vLLM branch (the config is model/formats/vllm.py).
 
 The folder is checked and the plan judged (one query-head count, whole groups) on the meta model
 before a byte is written; the weights then stream from the checkpoint tensor by tensor, as for
@@ -13,11 +13,11 @@ from headprune_cli.stages.unit import Context, Result
 
 
 def export_vllm_folder(checkpoint: Path, out: Path, force: bool, max_shard_size: str, ctx: Context) -> Result:
-    from headprune_cli.model.export import check_folder_output, export_hf, weights_written  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.formats.hf import check_folder_output, export_hf, weights_written  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.formats.vllm import CONFIG_FILE, CONFIG_MODULE, nas_folder_config, nas_plan  # noqa: PLC0415 (keeps transformers out of this module's import)
     from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.tensorfile import parse_size  # noqa: PLC0415 (keeps numpy, torch out of this module's import)
-    from headprune_cli.model.vllm_export import CONFIG_FILE, CONFIG_MODULE, nas_folder_config, nas_plan  # noqa: PLC0415 (keeps transformers out of this module's import)
 
     check_folder_output(out, force, inputs=[checkpoint], what="--vllm folder")
     parse_size(max_shard_size)

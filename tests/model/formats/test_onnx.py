@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from headprune_cli.errors import EXIT_USAGE
-from headprune_cli.model import onnx_export
+from headprune_cli.model.formats import onnx as onnx_export
+from headprune_cli.model.formats.onnx import export_onnx
 from headprune_cli.model.layout import info_of
-from headprune_cli.model.onnx_export import export_onnx
 from tests.support import assert_refused, pruned, snapshot
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from headprune_cli.stages.report.latency import measure, synthetic_inputs
+from headprune_cli.stages.model_latency import measure, synthetic_inputs
 from headprune_cli.stages.timing import summarize
 from tests.support import TINY
 

@@ -2,10 +2,10 @@
 
 Each answer comes from the writer that would make the file, run on the checkpoint's metadata
 alone (no weight is read), so what `inspect` promises is what `export` then writes:
-- transformers: `export --hf` writes a plain folder (hf_config.folder_config says whether).
-- vllm: `export --vllm` (nemotron-nas, vllm_export.nas_plan), or a plain `export --hf` folder of
+- transformers: `export --hf` writes a plain folder (formats.hf_config.folder_config says whether).
+- vllm: `export --vllm` (nemotron-nas, formats.vllm.nas_plan), or a plain `export --hf` folder of
   a causal LM (vLLM loads the families transformers does).
-- llama.cpp: `export --gguf` (gguf_export.gguf_plan, and a tokenizer llama.cpp reproduces).
+- llama.cpp: `export --gguf` (formats.gguf.gguf_plan, and a tokenizer llama.cpp reproduces).
 - onnxruntime: `export --onnx` states every layer's shapes: every checkpoint.
 """
 
@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from headprune_cli.errors import HeadpruneError
-from headprune_cli.model.gguf_export import gguf_plan
-from headprune_cli.model.gguf_vocab import gguf_vocab
-from headprune_cli.model.hf_config import folder_config
+from headprune_cli.model.formats.gguf import gguf_plan
+from headprune_cli.model.formats.gguf_vocab import gguf_vocab
+from headprune_cli.model.formats.hf_config import folder_config
+from headprune_cli.model.formats.vllm import nas_plan
 from headprune_cli.model.layout import ModelInfo
-from headprune_cli.model.vllm_export import nas_plan
 
 
 @dataclass

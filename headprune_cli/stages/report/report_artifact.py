@@ -1,6 +1,6 @@
 """The `report` artifact: baseline vs pruned quality, cost, measured speed, gates.
 
-Registered with schema.register_kind on import, so `read_artifact(path, ("report",))`
+Listed in artifacts.schema's table of kinds, so `read_artifact(path, ("report",))`
 validates it like scores and plans. Everything measured with a clock is under
 `measured`; the rest is a deterministic function of the inputs.
 
@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from headprune_cli.artifacts.schema import Envelope, register_kind
+from headprune_cli.artifacts.schema import Envelope
 from headprune_cli.stages.timing import Latency  # the dataclass latency.py fills is the schema too
 
 
@@ -201,76 +201,3 @@ class Report(Envelope):
     warnings: list[str]
     gates: list[Gate]
     verdict: Literal["pass", "fail", "no-gates"]
-
-
-class SweepRow(Strict):
-    method: str
-    ratio: float
-    heads_removed: int
-    fraction_removed: float
-    metrics: list[Metric]
-    main: float
-    drop: float
-    rel_drop: float
-    params: int
-    flops_per_token: float
-    predicted_speedup: float
-    within_budget: bool
-
-
-class SweepBest(Strict):
-    ratio: float
-    heads_removed: int
-    fraction_removed: float
-    main: float
-    drop: float
-    predicted_speedup: float
-
-
-class SweepMain(Strict):
-    name: str
-    higher_is_better: bool
-    baseline: float
-    unit: str
-
-
-class BudgetBest(Strict):
-    method: str
-    target_flops: float
-    flops_kept: float
-    main: float
-    drop: float
-    predicted_speedup: float
-    measured_speedup: float | None
-
-
-class BudgetRow(BudgetBest):
-    route: str
-    metrics: list[Metric]
-    rel_drop: float
-    params: int
-    flops_per_token: float
-    within_budget: bool
-
-
-class BudgetSweep(Strict):
-    routes: list[str]
-    rows: list[BudgetRow]
-    best: dict[str, BudgetBest | None]  # route -> fewest FLOPs kept within the budget
-
-
-class Sweep(Envelope):
-    kind: Literal["sweep"]
-    task: str
-    objective: str
-    main_metric: SweepMain
-    baseline_metrics: list[Metric]
-    total_heads: int
-    max_drop: float
-    rows: list[SweepRow]
-    best: dict[str, SweepBest | None]  # method -> largest ratio within the budget
-    budget: BudgetSweep | None = None  # `sweep --target-flops`: rows per route instead
-
-
-register_kind("report", Report)
-register_kind("sweep", Sweep)
