@@ -9,7 +9,8 @@ import torch
 from headprune_cli import save
 from headprune_cli.data.readers import read_data
 from headprune_cli.model.surgery import HeadGates
-from headprune_cli.stages.score.importance import recompute, score_model
+from headprune_cli.runtime import recompute
+from headprune_cli.stages.score.importance import score_model
 from headprune_cli.stages.score.importance.context import ScoreContext
 from headprune_cli.stages.score.importance.gradients import batch_losses
 from headprune_cli.stages.score.importance.neurons import NeuronTaps
