@@ -1,9 +1,10 @@
-"""The trained LM of BENCHMARKS.md, "Which method" served by llama.cpp: perplexity and speed of GGUF exports.
+"""The trained LM of BENCHMARKS.md ("Which method") served by llama.cpp: perplexity and speed of GGUF exports.
 
 Three models: the unpruned trained LM, a uniform cut and a non-uniform cut at the same parameter
 budget (`--target-params`, default 0.50: KV groups and FFN neurons by fisher scores, lstsq
 compensation, as the trained LM's `both` rows in BENCHMARKS.md "Which method"). Each is
-exported with `export --gguf` in every type asked for, and in llama.cpp (llama-cpp-python in its own environment, scripts/engines/llama_cpp.sh):
+exported with `export --gguf` in every type asked for, and in llama.cpp (llama-cpp-python in
+its own environment, scripts/engines/llama_cpp.sh):
 - perplexity on the first --eval-docs held-out documents (128 tokens each, the token ids
   headprune's own reader makes, so both sides score the same tokens; the KV cache in f32), beside
   headprune's own perplexity of the checkpoint; and how many documents llama.cpp's own tokenizer
