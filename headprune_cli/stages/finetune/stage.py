@@ -423,7 +423,7 @@ def _gating(opts: FinetuneOptions, model, constraints):
 def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context):
     """Close the learned gates and cut the closed heads out of `model` (in place)."""
     from headprune_cli.stages.objectives import default_objective  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-    from headprune_cli.stages.prune.stage import cut  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.stages.prune.cut import cut  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     config = {
         "method": "learned",

@@ -170,7 +170,7 @@ def _compensation(opts: IterateOptions, train):
         return None
     from headprune_cli.data.readers import batches  # noqa: PLC0415 (keeps torch out of this module's import)
     from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE  # noqa: PLC0415 (keeps torch out of this module's import)
-    from headprune_cli.stages.prune.stage import Compensation  # noqa: PLC0415 (keeps torch out of this module's import)
+    from headprune_cli.stages.prune.cut import Compensation  # noqa: PLC0415 (keeps torch out of this module's import)
 
     rows = train.select(0, min(opts.samples, len(train)))
     ridge = DEFAULT_RIDGE if opts.ridge is None else opts.ridge
