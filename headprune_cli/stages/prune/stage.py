@@ -22,7 +22,7 @@ from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
 from headprune_cli.stages.prune.cut import Compensation, cut
 from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.select.plan import check_model, find_model, selection_of
-from headprune_cli.stages.select.stage import SelectionOptions, plan_from_scores
+from headprune_cli.stages.select.stage import SELECTION_CHECKS, SelectionOptions, plan_from_scores
 from headprune_cli.stages.unit import Context, Result, Stage, option
 
 
@@ -169,6 +169,23 @@ def _tell(result, ctx: Context) -> None:
             )
 
 
+# `headprune prune --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Remove heads, FFN neurons and layers physically (smaller dense matrices); optionally compensate.
+
+    With neither --plan nor --scores, a plan or a scores JSON is read from stdin.
+    Compensation (retraining-free, seconds): `bias` adds the removed heads' mean
+    contribution to the output-projection bias; `lstsq` refits the kept columns of each
+    pruned layer's output projection to match the unpruned layer on --data.
+
+    Examples:
+
+      headprune prune model.safetensors --plan plan.json -o small.safetensors
+
+      headprune prune --scores scores.json --ratio 0.3 --compensate lstsq --data calib.txt -o small.safetensors
+
+      headprune score m.safetensors --method taylor --data d.jsonl | headprune prune --ratio 0.3 --min-heads 1 -o small.safetensors
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
+
 STAGE = Stage(
     "prune",
     PruneOptions,
@@ -183,4 +200,6 @@ STAGE = Stage(
     outputs={"output": "{stem}.safetensors"},
     makes={"model": "output"},
     needs=("checkpoint",),
+    checks=SELECTION_CHECKS,
+    help=HELP,
 )

@@ -3,16 +3,19 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from headprune_cli.artifacts.schema import input_ref, read_artifact, write_artifact
-from headprune_cli.errors import UsageError
+from headprune_cli.errors import HeadpruneError, UsageError, shorten
 from headprune_cli.files.outputs import check_output
 from headprune_cli.stages.budget import Budget, given
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select import latency as latency_select
 from headprune_cli.stages.select.amounts import check_fractions, check_latency_options
-from headprune_cli.stages.select.chains import Constraints, parse_protect
+from headprune_cli.stages.select.chains import Constraints, parse_protect, parse_threshold
 from headprune_cli.stages.select.plan import make_plan
 from headprune_cli.stages.select.runtime import check_runtime, shape_rules
 from headprune_cli.stages.select.strategies import select as choose
@@ -217,6 +220,45 @@ def summary(plan: dict) -> str:
     return f"plan ({plan['strategy']}): remove {heads} heads{ffn}, {len(plan['remove_layers'])} layers{shape}{cost}"
 
 
+def _fraction(value: Any) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0 <= value <= 1
+    ):
+        raise HeadpruneError(f"must be a fraction within [0, 1], got {shorten(value)}")
+
+
+# The selection options' values as select (and prune, which selects in place) parses them.
+SELECTION_CHECKS: dict[str, Callable[[Any], None]] = {
+    "protect": lambda value: parse_protect(str(value)),
+    "threshold": lambda value: parse_threshold(str(value)),
+    **{key: _fraction for key in ("ratio", "target_params", "target_flops")},
+}
+
+# `headprune select --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Choose the heads, FFN neurons and layers to remove from importance scores; writes a plan.
+
+    Every strategy respects every constraint: --min-heads per layer, --multiple-of,
+    whole KV groups for grouped-query attention, --protect, and with --uniform the same
+    number of heads and KV groups in every layer.
+
+    Examples:
+
+      headprune select scores.json --ratio 0.3 -o plan.json
+
+      headprune select scores.json --ratio 0.5 --strategy layer --multiple-of 2
+
+      headprune select scores.json --target-flops 0.7 --protect 0:3,5:1
+
+      headprune select scores.json --ratio 0.5 --uniform -o plan.json
+
+      headprune select scores.json --target-flops 0.6 --runtime vllm -o plan.json   # only plans vLLM loads
+
+      headprune score m.safetensors --method taylor --data d.jsonl | headprune select --ratio 0.3 | headprune prune -o small.safetensors
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
+
 STAGE = Stage(
     "select",
     SelectOptions,
@@ -226,4 +268,6 @@ STAGE = Stage(
     outputs={"output": "{stem}.json"},
     makes={"plan": "output"},
     needs=("scores",),
+    checks=SELECTION_CHECKS,
+    help=HELP,
 )

@@ -166,6 +166,19 @@ def _outputs(output: Path | None, force: bool, inputs) -> dict:
     return {key: check_output(output / name, force, inputs) for key, name in FILES.items()}
 
 
+# `headprune sweep --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Score once per method, prune at each ratio, evaluate (no finetuning): the quality curve.
+
+    Reports, per method, the largest ratio whose drop stays within --max-drop: the knee.
+
+    Examples:
+
+      headprune sweep model.safetensors --data calib.jsonl --eval-data dev.jsonl -o sweep/
+
+      headprune sweep model.safetensors --data calib.txt --eval-data dev.txt --methods taylor,random \\
+        --ratios 0.25,0.5,0.75 --compensate lstsq --max-drop 2 | jq .best
+    """
+
 STAGE = Stage(
     "sweep",
     SweepOptions,
@@ -175,4 +188,5 @@ STAGE = Stage(
     outputs={"output": "{stem}"},
     makes={"sweep": "output"},
     needs=("checkpoint", "data", "eval_data"),
+    help=HELP,
 )
