@@ -17,6 +17,7 @@ from headprune_cli.stages.score.importance import init_distributed, score_model,
 from headprune_cli.stages.score.importance.registry import (
     DEFAULT_LAYER_METHOD,
     HEAD_METHODS,
+    LAYER_METHOD_HELP,
     METHOD_DEFAULT_HELP,
     ChosenMethod,
     check_ffn,
@@ -24,13 +25,6 @@ from headprune_cli.stages.score.importance.registry import (
     layer_method,
 )
 from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
-
-LAYER_METHOD_HELP = (
-    "refit (default: loss change when the layer is dropped and the rest refit briefly, what recovery can win back; "
-    "about 12 training steps per layer), loo (the loss change with no refit: one forward per layer; for cuts that "
-    "will not be finetuned) or cosine (block influence). refit and loo also measure each layer's attention, so "
-    "`select --target-*` can weigh heads against layers."
-)
 
 
 class ScoreOptions(ChosenMethod, Options):

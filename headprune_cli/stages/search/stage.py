@@ -23,13 +23,13 @@ from headprune_cli.stages.score.importance import score_model
 from headprune_cli.stages.score.importance.registry import (
     DEFAULT_LAYER_METHOD,
     HEAD_METHODS,
+    LAYER_METHOD_HELP,
     METHOD_DEFAULT_HELP,
     ChosenMethod,
     check_ffn,
     head_method,
     layer_method,
 )
-from headprune_cli.stages.score.stage import LAYER_METHOD_HELP
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.search.judged import JUDGES
 from headprune_cli.stages.search.layer_rescore import check_reachable

@@ -81,6 +81,13 @@ DEFAULT_LAYER_METHOD = "refit"  # on the real task it chose the layers recovery 
 # fisher beat taylor in every comparison; heads alone split between the two, taylor ahead on average.
 DEFAULT_HEAD_METHOD = "taylor"
 DEFAULT_FFN_METHOD = "fisher"
+# --layer-method's help, for every command that scores layers (score, search).
+LAYER_METHOD_HELP = (
+    "refit (default: loss change when the layer is dropped and the rest refit briefly, what recovery can win back; "
+    "about 12 training steps per layer), loo (the loss change with no refit: one forward per layer; for cuts that "
+    "will not be finetuned) or cosine (block influence). refit and loo also measure each layer's attention, so "
+    "`select --target-*` can weigh heads against layers."
+)
 METHOD_DEFAULT_HELP = f"Default: {DEFAULT_FFN_METHOD} with --ffn, else {DEFAULT_HEAD_METHOD} (the measured winners)."
 
 
