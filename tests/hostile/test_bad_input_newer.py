@@ -1,5 +1,5 @@
-"""Bad input on the newer surfaces (issue #41), part of the bad-input matrix (its contract,
-workspace and runner: test_bad_input_matrix.py): 102 cases.
+"""Bad input on the newer surfaces (special-file outputs, latency tables, `run` configs), part of the
+bad-input matrix (its contract, workspace and runner: test_bad_input_matrix.py): 102 cases.
 
 - 75 special-file outputs: `--force` never replaces a device node, a FIFO, a socket, or a
   symlink into /dev or /proc (as `/dev/stdout` is), whatever the command. The nodes are made
