@@ -19,7 +19,7 @@ import torch
 
 import headprune_cli
 from tests.support.engines import llama_cpp_python
-from tests.support.gguf_models import NON_UNIFORM, TEXT, tiny_llama, write_checkpoint
+from tests.support.gguf_models import NON_UNIFORM_GRID, TEXT, tiny_llama, write_checkpoint
 from tests.support.refusals import assert_refused
 
 pytestmark = pytest.mark.engines
@@ -34,7 +34,7 @@ Q8_BOUND = 0.02
 def workspace(tmp_path_factory):
     folder = tmp_path_factory.mktemp("report-gguf")
     write_checkpoint(folder / "base.safetensors", model=tiny_llama())
-    write_checkpoint(folder / "pruned.safetensors", NON_UNIFORM)
+    write_checkpoint(folder / "pruned.safetensors", NON_UNIFORM_GRID)
     lines = [line for line in TEXT.read_text(encoding="utf-8").splitlines() if line.strip()][:12]
     (folder / "eval.txt").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return folder

@@ -37,8 +37,6 @@ from headprune_cli.model.layout import info_of
 from headprune_cli.stages.report.shipped import check_shipped_file
 
 ENGINE = "llama.cpp"
-ENV_VARIABLE = "HEADPRUNE_LLAMA_CPP_ENV"
-BUILD_HINT = "build it with `bash scripts/engines/llama_cpp.sh`"
 MAGIC = b"GGUF"
 # A file of another model gives logits unrelated to the checkpoint's (correlation near 0); q4_0 of
 # a random-weight test model still correlates above 0.85, a trained model's far higher.
@@ -92,26 +90,6 @@ def check_gguf_options(gguf: Path | None, onnx: Path | None, device: str, dtype:
     with open(gguf, "rb") as handle:
         if handle.read(len(MAGIC)) != MAGIC:
             raise CheckpointError(f"--gguf {gguf}: not a GGUF file (it does not start with {MAGIC.decode()})")
-
-
-def engine_python(option: Path | None) -> Path:
-    """--engine-python, else $HEADPRUNE_LLAMA_CPP_ENV/bin/python, else the repository's
-    .engines/llama-cpp (where scripts/engines/llama_cpp.sh builds it; an installed package
-    has no repository, and then the option or the variable must say where)."""
-    if option is not None:
-        python = option
-    elif os.environ.get(ENV_VARIABLE):
-        python = Path(os.environ[ENV_VARIABLE]) / "bin" / "python"
-    else:
-        root = Path(__file__).resolve().parents[3]
-        if not (root / "scripts" / "engines" / "llama_cpp.sh").is_file():
-            raise UsageError(
-                f"--gguf needs llama.cpp's engine environment: pass --engine-python PATH or set {ENV_VARIABLE}"
-            )
-        python = root / ".engines" / "llama-cpp" / "bin" / "python"
-    if not python.is_file():
-        raise UsageError(f"--gguf: llama.cpp engine environment absent ({python} not found); {BUILD_HINT}")
-    return python
 
 
 def check_task(info) -> None:
