@@ -33,6 +33,7 @@ from torch import nn
 from headprune_cli.errors import ArchitectureError, CheckpointError, UsageError
 from headprune_cli.files.io import sha256_file
 from headprune_cli.model.gguf_export import gguf_plan
+from headprune_cli.model.gguf_grid import GGUF_TYPES
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.report.shipped import check_shipped_file
 
@@ -207,10 +208,10 @@ def _file_type(number: int) -> str | None:
     import gguf  # noqa: PLC0415 (keeps gguf out of this module's import)
 
     try:
-        name = gguf.LlamaFileType(number).name
+        name = gguf.LlamaFileType(number).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     except ValueError:
         return None
-    return name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()
+    return next((kind for kind in GGUF_TYPES if kind.upper() == name), name.lower())
 
 
 def _check_matches(model: GgufModel, checkpoint: nn.Module, plan, info) -> float:
