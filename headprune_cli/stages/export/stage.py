@@ -10,6 +10,7 @@ from pathlib import Path
 
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
+from headprune_cli.model.llama_cpp_env import ENGINE_PYTHON_HELP
 from headprune_cli.stages.unit import Context, Options, Result, Stage, option
 
 # As model.tensorfile.DEFAULT_MAX_SHARD (a test holds them equal); written out here so
@@ -32,8 +33,12 @@ class ExportOptions(Options):
         "LLaMA, Mistral, Qwen2 causal LMs).",
     )
     gguf_type: str = option(
-        "auto", "--gguf: weight type: auto (the checkpoint's), f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0."
+        "auto",
+        "--gguf: weight type: auto (the checkpoint's), f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0, or llama.cpp's "
+        "k-quants q6_K, q5_K_M, q4_K_M (quantized by llama.cpp's own quantizer in its engine environment). A cut "
+        "whose pruned widths are off the type's blocks is refused: select it with --runtime llama.cpp --gguf-type T.",
     )
+    engine_python: Path | None = option(None, "--gguf-type q6_K|q5_K_M|q4_K_M: " + ENGINE_PYTHON_HELP)
     with_onnx: bool | None = option(
         None,
         "With --hf: also write DIR/onnx/model.onnx (default: for sentence-transformers models).",
@@ -73,7 +78,7 @@ def run(opts: ExportOptions, ctx: Context) -> Result:
     if opts.gguf is not None:
         from headprune_cli.stages.export.gguf_file import export_gguf_file  # noqa: PLC0415 (keeps torch out of this module's import)
 
-        return export_gguf_file(opts.checkpoint, opts.gguf, opts.gguf_type, opts.force, ctx)
+        return export_gguf_file(opts.checkpoint, opts.gguf, opts.gguf_type, opts.force, ctx, opts.engine_python)
     if opts.vllm is not None:
         from headprune_cli.stages.export.vllm_folder import export_vllm_folder  # noqa: PLC0415 (keeps torch out of this module's import)
 
@@ -180,7 +185,10 @@ HELP = """Export a (pruned) checkpoint for deployment: an ONNX file or an HF-sty
 
     --vllm DIR writes a folder vLLM serves (`vllm serve DIR --trust-remote-code`)
     for LLaMA/Mistral/Qwen2 cuts with one query-head count and per-layer KV heads
-    and FFN widths (`select --runtime vllm`); --gguf FILE one llama.cpp loads.
+    and FFN widths (`select --runtime vllm`); --gguf FILE one llama.cpp loads
+    (--gguf-type q8_0/q4_0/...: a cut chosen with `select --runtime llama.cpp
+    --gguf-type T`, whose widths are on T's quantization blocks; q4_K_M/q5_K_M/q6_K
+    are quantized by llama.cpp's own quantizer in its engine environment).
 
     Examples:
 
@@ -193,6 +201,8 @@ HELP = """Export a (pruned) checkpoint for deployment: an ONNX file or an HF-sty
       headprune export small-minilm.safetensors --hf small-minilm/   # + onnx/model.onnx
 
       headprune export small-llama.safetensors --vllm small-llama-vllm/   # nemotron-nas folder for vLLM
+
+      headprune export small-llama.safetensors --gguf small-q4km.gguf --gguf-type q4_K_M   # llama.cpp
     """
 
 STAGE = Stage(

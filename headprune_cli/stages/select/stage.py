@@ -11,6 +11,7 @@ from typing import Any
 from headprune_cli.artifacts.schema import input_ref, read_artifact, write_artifact
 from headprune_cli.errors import HeadpruneError, UsageError, shorten
 from headprune_cli.files.outputs import check_output
+from headprune_cli.model.formats.gguf_grid import grid_ffn_multiple
 from headprune_cli.stages.budget import Budget, given
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select import latency as latency_select
@@ -59,9 +60,17 @@ class ConstraintOptions(Options):
         "Choose only plans this engine loads: transformers (one shape for all layers, as --uniform), vllm (one "
         "head count, FFN widths per layer), llama.cpp or onnxruntime (any per-layer shapes).",
     )
+    gguf_type: str | None = option(
+        None,
+        "With --runtime llama.cpp: the GGUF type the cut will ship in (q8_0, q4_0, q4_K_M, ...); FFN widths are kept "
+        "on its quantization blocks (32 values, 256 for k-quants), so no matrix of the file falls back to a wider "
+        "type and runs slower than the unpruned model's.",
+    )
 
     def constraints(self) -> Constraints:
         rules = shape_rules(check_runtime(self.runtime))
+        if self.gguf_type is not None and self.runtime != "llama.cpp":
+            raise UsageError("--gguf-type goes with --runtime llama.cpp (the GGUF file's quantization grid)")
         return Constraints(
             min_heads=self.min_heads,
             multiple_of=self.multiple_of,
@@ -71,9 +80,10 @@ class ConstraintOptions(Options):
             gqa_unit=self.gqa_unit,
             uniform=self.uniform or rules["uniform"],
             min_ffn=self.min_ffn,
-            ffn_multiple_of=self.ffn_multiple_of,
+            ffn_multiple_of=grid_ffn_multiple(self.ffn_multiple_of, self.gguf_type),
             uniform_heads=rules["uniform_heads"],
             runtime=self.runtime,
+            gguf_type=self.gguf_type,
         )
 
 
@@ -255,6 +265,8 @@ HELP = """Choose the heads, FFN neurons and layers to remove from importance sco
       headprune select scores.json --ratio 0.5 --uniform -o plan.json
 
       headprune select scores.json --target-flops 0.6 --runtime vllm -o plan.json   # only plans vLLM loads
+
+      headprune select scores.json --target-flops 0.8 --runtime llama.cpp --gguf-type q4_0   # widths on q4_0's blocks
 
       headprune score m.safetensors --method taylor --data d.jsonl | headprune select --ratio 0.3 | headprune prune -o small.safetensors
     """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
