@@ -17,14 +17,14 @@ import typer
 from pydantic import ValidationError
 
 from headprune_cli.errors import UsageError
-from headprune_cli.stages.unit import Options
+from headprune_cli.stages.unit import Options, public_fields
 
 
 def from_options(options: type[Options]) -> Callable:
     """Decorator: `body(opts) -> Result | None` becomes a Typer command function."""
 
     def decorate(body: Callable) -> Callable:
-        parameters = [_parameter(name, info) for name, info in options.model_fields.items()]
+        parameters = [_parameter(name, info) for name, info in public_fields(options).items()]
 
         def command(**values):
             try:

@@ -25,7 +25,7 @@ from headprune_cli.errors import UsageError, shorten
 from headprune_cli.files.io import check_regular
 from headprune_cli.names import did_you_mean
 from headprune_cli.pipeline.yamlsafe import MAX_CONFIG_BYTES, UnsafeYaml, safe_load
-from headprune_cli.stages.unit import all_stages
+from headprune_cli.stages.unit import all_stages, public_fields
 
 # Pipeline-level defaults live here and nowhere else.
 DEFAULT_OUT = "out/run"
@@ -88,7 +88,7 @@ def stage_specs() -> dict[str, CommandSpec]:
 
 def _command_spec(name: str, options) -> CommandSpec:
     spec = CommandSpec(name)
-    for param, info in options.model_fields.items():
+    for param, info in public_fields(options).items():
         extra = info.json_schema_extra or {}
         flags = list(extra.get("flags") or ["--" + param.replace("_", "-")])
         longs = [f for f in flags if f.startswith("--")]

@@ -21,7 +21,6 @@ from pydantic.json_schema import JsonDict
 
 from headprune_cli.errors import UsageError
 from headprune_cli.names import did_you_mean
-from headprune_cli.runtime.device import DEVICE_HELP, DTYPE_HELP
 
 
 class Options(BaseModel):
@@ -68,16 +67,19 @@ def option(
     return Field(default, description=help, ge=ge, le=le, json_schema_extra=extra)
 
 
-def device_option(help: str | None = None) -> Any:
-    """--device, stated once: where a stage computes (runtime/device.py resolves it)."""
+def internal(default: Any) -> Any:
+    """A field a library caller (or a test) may set but no command line or YAML stage can:
+    neither the Typer command nor the pipeline offers it."""
+    return Field(default, json_schema_extra={"internal": True})
 
-    return option("auto", help or DEVICE_HELP)
 
-
-def dtype_option(help: str | None = None) -> Any:
-    """--dtype, stated once: the compute dtype; what is saved keeps the stored dtype."""
-
-    return option("auto", help or DTYPE_HELP)
+def public_fields(options: type[BaseModel]) -> dict[str, Any]:
+    """The fields that are options of the command and keys of its pipeline stage."""
+    return {
+        name: info
+        for name, info in options.model_fields.items()
+        if not (isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("internal"))
+    }
 
 
 def _is_list(annotation) -> bool:

@@ -12,14 +12,15 @@ from headprune_cli.files.outputs import check_output
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, schedule_of
+from headprune_cli.stages.options import LearningRate, SeedOptions
 from headprune_cli.stages.score.importance.registry import METHOD_DEFAULT_HELP, ChosenMethod, check_ffn
-from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, option
+from headprune_cli.stages.unit import Context, Result, Stage, comma_list, option
 
 RECOVERIES = ("finetune", "lstsq")  # rounds.RECOVERIES, without importing torch here
 LSTSQ_SAMPLES = 256  # as `prune --samples`
 
 
-class IterateOptions(ChosenMethod, Options):
+class IterateOptions(ChosenMethod, SeedOptions):
     checkpoint: Path = option(..., "The model to prune (usually unpruned).", argument=True)
     data: Path = option(..., "Training data for recovery (and scoring unless --score-data).")
     eval_data: Path = option(..., "Dev set that decides the quality floor.")
@@ -58,11 +59,10 @@ class IterateOptions(ChosenMethod, Options):
     samples: int = option(LSTSQ_SAMPLES, "lstsq: calibration examples to read from --data.", ge=1)
     ridge: float | None = option(None, "lstsq: ridge strength, as `prune --ridge` (default: prune's).", ge=0.0)
     epochs: int = option(1, "Recovery epochs per round.", ge=1)
-    lr: float | None = option(None, "Recovery learning rate (default by model size).")
+    lr: LearningRate | None = option(None, "Recovery learning rate (default by model size).")
     batch_size: int = option(16, "", ge=1)
     teacher: str | None = option(None, "Distil from a checkpoint, or `self` = the input model.")
     kd_weight: float | None = option(None, "Distillation weight (default 0.5 with a teacher).")
-    seed: int = option(0, "")
     max_length: int = option(128, "Tokens per example (also the sequence length FLOPs are priced at).", ge=1)
     force: bool = option(False, "Overwrite OUT if it exists.")
 

@@ -18,8 +18,9 @@ from headprune_cli.files.io import sha256_bytes
 from headprune_cli.files.outputs import check_output
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.names import did_you_mean
-from headprune_cli.runtime.device import DEVICE_HELP, place, restore
 from headprune_cli.runtime.device import check as check_device
+from headprune_cli.runtime.device import place, restore
+from headprune_cli.stages.options import DeviceOptions
 from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE, compensate
 from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
 from headprune_cli.stages.select.chains import Selection
@@ -70,7 +71,7 @@ def cut(
     return result
 
 
-class PruneOptions(SelectionOptions):
+class PruneOptions(SelectionOptions, DeviceOptions):
     checkpoint: Path | None = option(
         None, "Checkpoint to prune (default: the model the plan/scores name).", argument=True
     )
@@ -92,11 +93,6 @@ class PruneOptions(SelectionOptions):
         ge=0.0,
     )
     force: bool = option(False, "Overwrite OUTPUT if it exists.")
-    device: str = option("auto", "Where --compensate computes: " + DEVICE_HELP)
-    dtype: str = option(
-        "auto",
-        "Compensation's compute dtype: auto (stored), float32, bfloat16, float16; the output keeps the stored dtype.",
-    )
 
     def check(self) -> None:
         _check(self)

@@ -15,11 +15,12 @@ from headprune_cli.artifacts.schema import portable_path, write_artifact
 from headprune_cli.errors import EXIT_GATE_FAILED, UsageError
 from headprune_cli.files.outputs import check_distinct, check_folder, check_output, make_folder
 from headprune_cli.runtime.device import check as check_device
+from headprune_cli.stages.options import DeviceOptions
 from headprune_cli.stages.report import render
-from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
+from headprune_cli.stages.unit import Context, Result, Stage, option
 
 
-class ReportStageOptions(Options):
+class ReportStageOptions(DeviceOptions):
     model: Path = option(..., "The pruned checkpoint.")
     data: Path = option(..., "Evaluation data (JSONL/CSV/text/safetensors) for the model's task.")
     baseline: str = option(
@@ -57,8 +58,6 @@ class ReportStageOptions(Options):
     )
     junit_out: Path | None = option(None, "Write JUnit XML, one test case per gate.", "--junit")
     force: bool = option(False, "Overwrite existing output files.")
-    device: str = device_option()
-    dtype: str = dtype_option()
     # Serving a causal LM (ignored for encoders): KV cache on, prefill then decode, timed like --repeats.
     decode_prompt: int | None = option(
         None,

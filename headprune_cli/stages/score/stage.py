@@ -12,6 +12,7 @@ from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import dtype_name, place
+from headprune_cli.stages.options import DeviceOptions, SeedOptions
 from headprune_cli.stages.score.importance import init_distributed, score_model, scores_artifact, world
 from headprune_cli.stages.score.importance.registry import (
     DEFAULT_LAYER_METHOD,
@@ -22,7 +23,7 @@ from headprune_cli.stages.score.importance.registry import (
     head_method,
     layer_method,
 )
-from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
+from headprune_cli.stages.unit import Context, Result, Stage, option
 
 LAYER_METHOD_HELP = (
     "refit (default: loss change when the layer is dropped and the rest refit briefly, what recovery can win back; "
@@ -32,7 +33,7 @@ LAYER_METHOD_HELP = (
 )
 
 
-class ScoreOptions(ChosenMethod, Options):
+class ScoreOptions(ChosenMethod, SeedOptions, DeviceOptions):
     checkpoint: Path = option(..., "A headprune checkpoint.", argument=True)
     data: Path = option(
         ..., "JSONL/CSV (text[, text_pair][, label]), plain text, or a tokenized .safetensors set.", "--data", "-d"
@@ -44,7 +45,6 @@ class ScoreOptions(ChosenMethod, Options):
     samples: int | None = option(None, "Use the first N examples.", ge=1)
     batch_size: int = option(32, "Examples per forward pass.", ge=1)
     max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
-    seed: int = option(0, "Seed for random, fidelity probes and anything stochastic.")
     layers: bool = option(False, "Also score whole layers.")
     ffn: bool = option(
         False,
@@ -62,8 +62,6 @@ class ScoreOptions(ChosenMethod, Options):
     )
     output: Path | None = option(None, "Write the scores JSON here (default: stdout).", "--output", "-o")
     force: bool = option(False, "Overwrite an existing output file.")
-    device: str = device_option()
-    dtype: str = dtype_option()
 
     def check(self) -> None:
         """Refusals that need neither the model nor the data."""

@@ -10,6 +10,7 @@ from headprune_cli.files.outputs import check_folder, check_output, make_folder
 from headprune_cli.model.checkpoint import load
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import place
+from headprune_cli.stages.options import DeviceOptions, SeedOptions
 from headprune_cli.stages.report import render
 from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (registers the `sweep` kind)
 from headprune_cli.stages.sweep import budgets as sweep_budget
@@ -23,12 +24,12 @@ from headprune_cli.stages.sweep.ratios import (
     options_dict,
     run_sweep,
 )
-from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, device_option, dtype_option, option
+from headprune_cli.stages.unit import Context, Result, Stage, comma_list, option
 
 FILES = {"json": "sweep.json", "md": "sweep.md", "png": "curve.png"}
 
 
-class SweepOptions(Options):
+class SweepOptions(SeedOptions, DeviceOptions):
     checkpoint: Path = option(..., "The model to sweep (a headprune checkpoint).", argument=True)
     data: Path = option(..., "Calibration data: scoring (and compensation).")
     eval_data: Path = option(..., "Evaluation data for the quality curve.")
@@ -49,13 +50,10 @@ class SweepOptions(Options):
     batch_size: int = option(16, "", ge=1)
     max_length: int = option(128, "Tokens per example (also the FLOPs sequence length).", ge=1)
     samples: int | None = option(None, "Use the first N calibration examples.", ge=1)
-    seed: int = option(0, "")
     output: Path | None = option(
         None, "Folder for sweep.json, sweep.md and curve.png (else JSON on stdout).", "-o", "--output"
     )
     force: bool = option(False, "Overwrite existing output files.")
-    device: str = device_option()
-    dtype: str = dtype_option()
 
     def settings(self) -> SweepSettings:
         budget = self.target_flops is not None

@@ -15,11 +15,12 @@ from pathlib import Path
 from headprune_cli.artifacts.schema import KINDS, envelope, input_ref, write_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_folder, check_output, make_folder
+from headprune_cli.stages.options import DeviceOptions
 from headprune_cli.stages.score.importance.registry import check_ffn, head_method
 from headprune_cli.stages.select.stage import SelectionOptions
 from headprune_cli.stages.tasks import schema as _schema  # noqa: F401  (registers the `tasks` kind)
 from headprune_cli.stages.tasks.spec import TaskSpec, input_paths, parse_tasks, spelled
-from headprune_cli.stages.unit import Context, Result, Stage, device_option, dtype_option, option
+from headprune_cli.stages.unit import Context, Result, Stage, option
 
 TASK_HELP = (
     "A task: name=NAME,model=CKPT,data=DATA[,objective=OBJECTIVE][,scores=SCORES_JSON] "
@@ -27,7 +28,7 @@ TASK_HELP = (
 )
 
 
-class TasksOptions(SelectionOptions):
+class TasksOptions(SelectionOptions, DeviceOptions):
     task: list[str] | None = option(None, TASK_HELP, "--task")
     base: Path | None = option(
         None,
@@ -39,13 +40,10 @@ class TasksOptions(SelectionOptions):
     samples: int | None = option(None, "Score on the first N examples of each task's data.", ge=1)
     batch_size: int = option(32, "Examples per forward pass.", ge=1)
     max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
-    seed: int = option(0, "Seed for anything stochastic in scoring.")
     output: Path = option(
         ..., "Folder for tasks.json, tasks.md, tasks.png, and every task's scores and plans.", "-o", "--output"
     )
     force: bool = option(False, "Replace an earlier run's files in OUTPUT.")
-    device: str = device_option()
-    dtype: str = dtype_option()
 
     def check(self) -> None:
         super().check()
