@@ -191,9 +191,11 @@ PATH_KEYS = ("model", "data", "train_data", "eval_data", "out")
 ENV_VAR = re.compile(r"\$\{(\w+)\}")  # only the braced form: a file may be named `a$b.json`
 
 
-def expand_env(data: dict) -> list[str]:
+def expand_env(data: dict, unset: set[int] | None = None) -> list[str]:
     """`${VAR}` in top-level paths and in stage options, so a config can name a model
-    installed elsewhere; an unset variable is a problem found before any stage runs."""
+    installed elsewhere; an unset variable is a problem found before any stage runs. The
+    stages that use one are added to `unset`: their options are not checked further, since
+    every later refusal would only repeat this one in other words."""
     problems = []
     for key in PATH_KEYS:
         if key in data:
@@ -204,6 +206,8 @@ def expand_env(data: dict) -> list[str]:
             stage[key] = _expand(f"stages.{i}.{key}", value, problems)
             if len(problems) > found:
                 stage[key] = None  # reported once here, not again as a bad value
+                if unset is not None:
+                    unset.add(i)
     return problems
 
 
