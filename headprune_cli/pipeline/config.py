@@ -25,7 +25,7 @@ from headprune_cli.errors import UsageError, shorten
 from headprune_cli.files.io import check_regular
 from headprune_cli.names import did_you_mean
 from headprune_cli.pipeline.yamlsafe import MAX_CONFIG_BYTES, UnsafeYaml, safe_load
-from headprune_cli.stages.unit import all_stages, public_fields
+from headprune_cli.stages.unit import all_stages, public_fields, text_form
 
 # Pipeline-level defaults live here and nowhere else.
 DEFAULT_OUT = "out/run"
@@ -96,12 +96,13 @@ def _command_spec(name: str, options) -> CommandSpec:
         key = (flag.lstrip("-") if flag else param).replace("-", "_")
         low = next((m.ge for m in info.metadata if hasattr(m, "ge")), None)
         high = next((m.le for m in info.metadata if hasattr(m, "le")), None)
-        base = [a for a in typing.get_args(info.annotation) if a is not type(None)] or [info.annotation]
+        annotation = text_form(info)[0]
+        base = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
         spec.options[key] = OptionSpec(
             key=key,
             param=param,
             flag=flag,
-            annotation=info.annotation,
+            annotation=annotation,
             is_flag=flag is not None and base == [bool],
             negative=extra.get("negative"),
             multiple=any(typing.get_origin(a) in (list, tuple) for a in base),

@@ -14,13 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field, ValidationInfo
 from pydantic_core import PydanticUndefined
 
 from headprune_cli.errors import UsageError
 from headprune_cli.runtime.device import DEVICE_HELP, DTYPE_HELP
 from headprune_cli.stages.budget import Budget, checked, given, one_of
-from headprune_cli.stages.unit import Options, internal, option
+from headprune_cli.stages.unit import CommaSeparated, Options, comma_list, internal, option
 
 # torch.manual_seed takes 64 bits, but seeds are also combined (seed * 100003 + epoch for the
 # data order) and handed to numpy, whose seeds are 32-bit: a seed within 32 bits fits everywhere.
@@ -36,23 +36,47 @@ def declared(help: str = "", *flags: str, **bounds: Any) -> Any:
     return Field(PydanticUndefined, description=help or None, json_schema_extra=extra, **bounds)
 
 
+def _split(kind: type):
+    def split(value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return None
+        items = value if isinstance(value, (list, tuple)) else [value]
+        flag = "--" + str(info.field_name).replace("_", "-")
+        return comma_list(",".join(str(v) for v in items), kind, flag)
+
+    return split
+
+
+def comma_separated(kind: type) -> Any:
+    """A list of `kind` spelled as one comma-separated text on the command line and in YAML
+    ('0.9,0.8'; a YAML list works too): parsed, distinct and non-empty, by unit.comma_list."""
+    return Annotated[list[kind], BeforeValidator(_split(kind)), CommaSeparated()]  # type: ignore[valid-type]
+
+
 # --- number types: the range of every number option of this kind, stated once ----------
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 LearningRate = Annotated[float, Field(ge=0.0, le=MAX_LR, allow_inf_nan=False)]
 Seconds = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
+Schedule = comma_separated(float)  # budgets of one kind, one per round or sweep point
+Names = comma_separated(str)
 Share = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]  # a fraction, both ends included
 
 # --- options whose help and range are shared, with defaults the stages choose -----------
 BatchSize = Annotated[int, declared("Examples per forward pass.", ge=1)]
-MaxLength = Annotated[int, declared("Truncate sequences to this many tokens.", ge=1)]
-Samples = Annotated[int, declared("Use the first N examples.", ge=1)]
+Samples = Annotated[int | None, declared("Use the first N examples of the data (default: all).", ge=1)]
 
 
 class SeedOptions(Options):
     seed: Seed = option(
         0,
         f"Seed of everything random in the stage (data order, dropout, probes, a random draw); 0..{MAX_SEED}.",
+    )
+
+
+class TokenOptions(Options):
+    max_length: int = option(
+        128, "Truncate sequences to this many tokens (also the sequence length FLOPs are priced at).", ge=1
     )
 
 

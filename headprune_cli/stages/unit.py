@@ -73,6 +73,21 @@ def internal(default: Any) -> Any:
     return Field(default, json_schema_extra={"internal": True})
 
 
+class CommaSeparated:
+    """Marks a list field that the command line and YAML spell as one comma-separated text
+    ('0.9,0.8'): its command-line option takes that text, and the model splits it."""
+
+
+def text_form(info) -> tuple[Any, Any]:
+    """(annotation, default) of a field as the command line and YAML spell it: a
+    comma-separated list field is one text; any other field is itself."""
+    optional = [getattr(a, "__metadata__", ()) for a in typing.get_args(info.annotation)]  # `X | None`
+    if not any(isinstance(m, CommaSeparated) for m in [*info.metadata, *(m for ms in optional for m in ms)]):
+        return info.annotation, info.default
+    default = info.default if info.default is None else ",".join(str(v) for v in info.default)
+    return (str | None) if default is None else str, default
+
+
 def public_fields(options: type[BaseModel]) -> dict[str, Any]:
     """The fields that are options of the command and keys of its pipeline stage."""
     return {

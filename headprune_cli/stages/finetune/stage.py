@@ -30,11 +30,12 @@ from headprune_cli.stages.options import (
     Seed,
     ShapeOptions,
     Share,
+    TokenOptions,
 )
 from headprune_cli.stages.unit import Context, Result, Stage, option
 
 
-class FinetuneOptions(RecoveryOptions, LoraOptions, BudgetOptions, ShapeOptions):
+class FinetuneOptions(RecoveryOptions, TokenOptions, LoraOptions, BudgetOptions, ShapeOptions):
     checkpoint: Path = option(..., "The (pruned) checkpoint to recover.", argument=True)
     data: Path = option(..., "Training data (JSONL/CSV/text/safetensors).")
     output: Path = option(..., "Where to write the recovered checkpoint.", "-o", "--output")
@@ -50,7 +51,6 @@ class FinetuneOptions(RecoveryOptions, LoraOptions, BudgetOptions, ShapeOptions)
         None,
         "Lottery-ticket control: before training, re-initialise the kept structure (the model's own init), seeded.",
     )
-    max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
     force: bool = option(False, "Overwrite OUT if it exists.")
     head_dropout: Finite = option(
         0.0, "Pruning-aware training: drop each head's output with probability P per example (unscaled), in [0, 1)."

@@ -20,7 +20,7 @@ from headprune_cli.model.surgery import apply_plan
 from headprune_cli.names import did_you_mean
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import place, restore
-from headprune_cli.stages.options import DeviceOptions
+from headprune_cli.stages.options import BatchSize, DeviceOptions, TokenOptions
 from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE, compensate
 from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
 from headprune_cli.stages.select.chains import Selection
@@ -71,7 +71,7 @@ def cut(
     return result
 
 
-class PruneOptions(SelectionOptions, DeviceOptions):
+class PruneOptions(SelectionOptions, TokenOptions, DeviceOptions):
     checkpoint: Path | None = option(
         None, "Checkpoint to prune (default: the model the plan/scores name).", argument=True
     )
@@ -84,9 +84,8 @@ class PruneOptions(SelectionOptions, DeviceOptions):
         "--compensate",
     )
     data: Path | None = option(None, "Calibration data for compensation (a few hundred examples).")
-    samples: int = option(256, "Calibration examples to read from --data.")
-    max_length: int = option(128, "Tokens per calibration example.")
-    batch_size: int = option(16, "Calibration batch size.")
+    samples: int = option(256, "Calibration examples to read from --data.", ge=1)
+    batch_size: BatchSize = 16
     ridge: float = option(
         DEFAULT_RIDGE,
         "lstsq: strength of the pull towards the current weights, relative to the mean input energy.",

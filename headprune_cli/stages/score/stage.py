@@ -12,7 +12,7 @@ from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import dtype_name, place
-from headprune_cli.stages.options import DeviceOptions, SeedOptions
+from headprune_cli.stages.options import BatchSize, DeviceOptions, Samples, SeedOptions, TokenOptions
 from headprune_cli.stages.score.importance import init_distributed, score_model, scores_artifact, world
 from headprune_cli.stages.score.importance.registry import (
     DEFAULT_LAYER_METHOD,
@@ -33,7 +33,7 @@ LAYER_METHOD_HELP = (
 )
 
 
-class ScoreOptions(ChosenMethod, SeedOptions, DeviceOptions):
+class ScoreOptions(ChosenMethod, SeedOptions, TokenOptions, DeviceOptions):
     checkpoint: Path = option(..., "A headprune checkpoint.", argument=True)
     data: Path = option(
         ..., "JSONL/CSV (text[, text_pair][, label]), plain text, or a tokenized .safetensors set.", "--data", "-d"
@@ -42,9 +42,8 @@ class ScoreOptions(ChosenMethod, SeedOptions, DeviceOptions):
         None, f"Importance method: {', '.join(HEAD_METHODS)}. {METHOD_DEFAULT_HELP}", "--method", "-m"
     )
     objective: str | None = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
-    samples: int | None = option(None, "Use the first N examples.", ge=1)
-    batch_size: int = option(32, "Examples per forward pass.", ge=1)
-    max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
+    samples: Samples = None
+    batch_size: BatchSize = 32
     layers: bool = option(False, "Also score whole layers.")
     ffn: bool = option(
         False,

@@ -18,7 +18,16 @@ from headprune_cli.errors import DataError, UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import place
-from headprune_cli.stages.options import BudgetOptions, ConstraintOptions, DeviceOptions, Seconds, SeedOptions
+from headprune_cli.stages.options import (
+    BatchSize,
+    BudgetOptions,
+    ConstraintOptions,
+    DeviceOptions,
+    Samples,
+    Seconds,
+    SeedOptions,
+    TokenOptions,
+)
 from headprune_cli.stages.score.importance import score_model
 from headprune_cli.stages.score.importance.registry import (
     DEFAULT_LAYER_METHOD,
@@ -49,7 +58,7 @@ DEFAULT_COMPENSATION = "lstsq"
 DEFAULT_RIDGE = 0.1  # prune/compensation.py DEFAULT_RIDGE (a test keeps the two equal)
 
 
-class SearchOptions(ChosenMethod, BudgetOptions, SeedOptions, DeviceOptions, ConstraintOptions):
+class SearchOptions(ChosenMethod, BudgetOptions, SeedOptions, TokenOptions, DeviceOptions, ConstraintOptions):
     checkpoint: Path = option(..., "A headprune checkpoint.", argument=True)
     data: Path = option(
         ...,
@@ -100,9 +109,8 @@ class SearchOptions(ChosenMethod, BudgetOptions, SeedOptions, DeviceOptions, Con
     )
     layer_method: str | None = option(None, LAYER_METHOD_HELP)
     objective: str | None = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
-    samples: int | None = option(None, "Use the first N examples of --data.", ge=1)
-    batch_size: int = option(32, "Examples per forward pass.", ge=1)
-    max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
+    samples: Samples = None
+    batch_size: BatchSize = 32
     output: Path | None = option(None, "Plan JSON to write (default: stdout).", "-o", "--output")
     force: bool = option(False, "Overwrite OUTPUT if it exists.")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from headprune_cli.artifacts.schema import KINDS, envelope, input_ref, write_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_folder, check_output, make_folder
-from headprune_cli.stages.options import DeviceOptions
+from headprune_cli.stages.options import BatchSize, DeviceOptions, Samples, TokenOptions
 from headprune_cli.stages.score.importance.registry import check_ffn, head_method
 from headprune_cli.stages.select.stage import SelectionOptions
 from headprune_cli.stages.tasks import schema as _schema  # noqa: F401  (registers the `tasks` kind)
@@ -28,7 +28,7 @@ TASK_HELP = (
 )
 
 
-class TasksOptions(SelectionOptions, DeviceOptions):
+class TasksOptions(SelectionOptions, TokenOptions, DeviceOptions):
     task: list[str] | None = option(None, TASK_HELP, "--task")
     base: Path | None = option(
         None,
@@ -37,9 +37,8 @@ class TasksOptions(SelectionOptions, DeviceOptions):
     )
     method: str = option("fisher", "Importance method for the tasks scored here (score --method).", "--method", "-m")
     ffn: bool = option(True, "Score FFN neurons too, and cut them under the budget.", negative="--no-ffn")
-    samples: int | None = option(None, "Score on the first N examples of each task's data.", ge=1)
-    batch_size: int = option(32, "Examples per forward pass.", ge=1)
-    max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
+    samples: Samples = None
+    batch_size: BatchSize = 32
     output: Path = option(
         ..., "Folder for tasks.json, tasks.md, tasks.png, and every task's scores and plans.", "-o", "--output"
     )
