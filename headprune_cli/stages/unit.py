@@ -24,11 +24,14 @@ from headprune_cli.names import did_you_mean
 
 
 class Options(BaseModel):
-    """Base of every stage's options. Unknown keys and NaN are refused (NaN passes every
-    bound: nan < 1 and nan > 0 are both false); numbers given where text is expected
-    (`threshold: 0.01`, `schedule: 0.5` in YAML) are read as their text."""
+    """Base of every stage's options. Unknown keys, NaN and infinities are refused (NaN passes
+    every bound: nan < 1 and nan > 0 are both false; no option means an infinite number);
+    numbers given where text is expected (`threshold: 0.01`, `schedule: 0.5` in YAML) are
+    read as their text."""
 
-    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        extra="forbid", coerce_numbers_to_str=True, arbitrary_types_allowed=True, allow_inf_nan=False
+    )
 
     @model_validator(mode="before")
     @classmethod
