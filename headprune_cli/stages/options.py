@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, ValidationInfo
+from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticUndefined
 
 from headprune_cli.errors import UsageError
@@ -32,7 +33,7 @@ def declared(help: str = "", *flags: str, **bounds: Any) -> Any:
     """An option's help, flags and bounds without its default: for `Annotated[T, declared(...)]`
     types that several stages use with defaults of their own. `allow_inf_nan=False` refuses
     inf and NaN (NaN passes every bound)."""
-    extra = {"flags": list(flags), "negative": None, "argument": False, "folder": False}
+    extra: JsonDict = {"flags": list(flags), "negative": None, "argument": False, "folder": False}
     return Field(PydanticUndefined, description=help or None, json_schema_extra=extra, **bounds)
 
 
