@@ -203,7 +203,16 @@ class LoraOptions(Options):
             raise UsageError(f"{', '.join('--' + f.replace('_', '-') for f in given_)}: LoRA settings need --lora")
 
 
-class RecoveryOptions(SeedOptions, DeviceOptions):
+class RecomputeOptions(Options):
+    recompute: bool | None = option(
+        None,
+        "Recompute each block's activations in the backward instead of keeping them (gradient scores and "
+        "training: less memory, one more forward per batch, the same results). Default: on from 400 M parameters.",
+        negative="--no-recompute",
+    )
+
+
+class RecoveryOptions(SeedOptions, RecomputeOptions, DeviceOptions):
     """How recovery trains (stages/finetune/train.py reads exactly these): steps, rates,
     distillation, precision, and the resumable state. `finetune` is these plus its files; a
     library caller builds them directly, as iterate and the refit layer scores do."""
@@ -233,12 +242,6 @@ class RecoveryOptions(SeedOptions, DeviceOptions):
     )
     save_every: int = option(50, "Save the training state every N steps.", ge=1)
     resume: bool = option(False, "Continue from the saved training state.")
-    recompute: bool | None = option(
-        None,
-        "Recompute each block's activations in the backward instead of keeping them (less memory, "
-        "one more forward per micro-batch, the same gradients). Default: on from 400 M parameters.",
-        negative="--no-recompute",
-    )
     autocast: bool | None = option(
         None,
         "Run the forward passes under bf16 autocast (weights, gradients and AdamW state keep their dtype). "

@@ -12,7 +12,7 @@ from headprune_cli.files.outputs import check_output
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, schedule_of
-from headprune_cli.stages.options import BatchSize, LearningRate, Schedule, SeedOptions, TokenOptions
+from headprune_cli.stages.options import BatchSize, LearningRate, RecoveryOptions, Schedule, SeedOptions, TokenOptions
 from headprune_cli.stages.score.importance.registry import METHOD_DEFAULT_HELP, ChosenMethod, check_ffn
 from headprune_cli.stages.unit import Context, Result, Stage, option
 
@@ -113,7 +113,6 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
     from headprune_cli.data.readers import read_data  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.checkpoint import load, save  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.stages.finetune.distill import load_teacher, resolve_teacher  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.stages.finetune.train import FinetuneConfig  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
     from headprune_cli.stages.iterate.rounds import iterative_prune  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
     from headprune_cli.stages.objectives import check_objective, needs_labels  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
@@ -133,9 +132,9 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
         if opts.score_data
         else None
     )
-    cfg = FinetuneConfig(
-        epochs=opts.epochs, lr=opts.lr, batch_size=opts.batch_size, kd_weight=opts.kd_weight, seed=opts.seed
-    )
+    # Each round's recovery reads the options iterate shares with finetune's by name (epochs,
+    # lr, batch size, distillation weight, seed); the rest keep recovery's defaults.
+    cfg = RecoveryOptions(**opts.model_dump(include=set(RecoveryOptions.model_fields)))
     result = iterative_prune(
         model,
         train,

@@ -12,7 +12,7 @@ from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import dtype_name, place
-from headprune_cli.stages.options import BatchSize, DeviceOptions, Samples, SeedOptions, TokenOptions
+from headprune_cli.stages.options import BatchSize, DeviceOptions, RecomputeOptions, Samples, SeedOptions, TokenOptions
 from headprune_cli.stages.score.importance import init_distributed, score_model, scores_artifact, world
 from headprune_cli.stages.score.importance.registry import (
     DEFAULT_LAYER_METHOD,
@@ -33,7 +33,7 @@ LAYER_METHOD_HELP = (
 )
 
 
-class ScoreOptions(ChosenMethod, SeedOptions, TokenOptions, DeviceOptions):
+class ScoreOptions(ChosenMethod, SeedOptions, TokenOptions, RecomputeOptions, DeviceOptions):
     checkpoint: Path = option(..., "A headprune checkpoint.", argument=True)
     data: Path = option(
         ..., "JSONL/CSV (text[, text_pair][, label]), plain text, or a tokenized .safetensors set.", "--data", "-d"
@@ -53,12 +53,6 @@ class ScoreOptions(ChosenMethod, SeedOptions, TokenOptions, DeviceOptions):
     layer_method: str | None = option(None, LAYER_METHOD_HELP)
     weights: list[str] | None = option(None, "For combined: METHOD=WEIGHT[,METHOD=WEIGHT] (default taylor=1,loo=1).")
     normalize: bool = option(True, "gradient: divide each layer's scores by their L2 norm.", negative="--no-normalize")
-    recompute: bool | None = option(
-        None,
-        "Gradient methods: recompute each block's activations in the backward instead of keeping them (less memory, "
-        "one more forward per batch, the same scores). Default: on for models of 400 M parameters or more.",
-        negative="--no-recompute",
-    )
     output: Path | None = option(None, "Write the scores JSON here (default: stdout).", "--output", "-o")
     force: bool = option(False, "Overwrite an existing output file.")
 
