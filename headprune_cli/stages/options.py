@@ -126,11 +126,14 @@ class ShapeOptions(Options):
 
     def constraints(self):
         """The Constraints value every chooser takes (select/chains.py)."""
+        from headprune_cli.model.gguf_grid import grid_ffn_multiple  # noqa: PLC0415 (as above)
         from headprune_cli.stages.select.chains import Constraints, parse_protect  # noqa: PLC0415 (the options module names no stage package at import)
         from headprune_cli.stages.select.runtime import check_runtime, shape_rules  # noqa: PLC0415 (as above)
 
-        runtime = getattr(self, "runtime", None)
+        runtime, gguf_type = getattr(self, "runtime", None), getattr(self, "gguf_type", None)
         rules = shape_rules(check_runtime(runtime))
+        if gguf_type is not None and runtime != "llama.cpp":
+            raise UsageError("--gguf-type goes with --runtime llama.cpp (the GGUF file's quantization grid)")
         return Constraints(
             min_heads=self.min_heads,
             multiple_of=self.multiple_of,
@@ -140,9 +143,10 @@ class ShapeOptions(Options):
             gqa_unit=getattr(self, "gqa_unit", "group"),
             uniform=self.uniform or rules["uniform"],
             min_ffn=self.min_ffn,
-            ffn_multiple_of=self.ffn_multiple_of,
+            ffn_multiple_of=grid_ffn_multiple(self.ffn_multiple_of, gguf_type),
             uniform_heads=rules["uniform_heads"],
             runtime=runtime,
+            gguf_type=gguf_type,
         )
 
     def shape_given(self) -> list[str]:
@@ -159,6 +163,12 @@ class ConstraintOptions(ShapeOptions):
         None,
         "Choose only plans this engine loads: transformers (one shape for all layers, as --uniform), vllm (one "
         "head count, FFN widths per layer), llama.cpp or onnxruntime (any per-layer shapes).",
+    )
+    gguf_type: str | None = option(
+        None,
+        "With --runtime llama.cpp: the GGUF type the cut will ship in (q8_0, q4_0, q4_K_M, ...); FFN widths are kept "
+        "on its quantization blocks (32 values, 256 for k-quants), so no matrix of the file falls back to a wider "
+        "type and runs slower than the unpruned model's.",
     )
 
 

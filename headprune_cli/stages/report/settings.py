@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from headprune_cli.model.llama_cpp_env import ENGINE_PYTHON_HELP
 from headprune_cli.stages.options import DeviceOptions
 from headprune_cli.stages.unit import option
 
@@ -82,8 +83,4 @@ class ReportSettings(DeviceOptions):
         "The shipped GGUF file exported from --model (`export --gguf`, a causal LM): evaluated, timed and gated "
         "in llama.cpp (CPU, f32 KV cache) in place of the PyTorch model.",
     )
-    engine_python: Path | None = option(
-        None,
-        "With --gguf: the python of llama.cpp's engine environment (default: $HEADPRUNE_LLAMA_CPP_ENV/bin/python, "
-        "else the repository's .engines/llama-cpp, built by scripts/engines/llama_cpp.sh).",
-    )
+    engine_python: Path | None = option(None, "With --gguf: " + ENGINE_PYTHON_HELP)
