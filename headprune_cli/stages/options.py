@@ -81,6 +81,13 @@ class TokenOptions(Options):
     )
 
 
+class TimingOptions(Options):
+    """How latency is timed: a profile and a report measure alike when these agree."""
+
+    threads: int = option(2, "CPU threads while timing (torch.set_num_threads; as in `profile` and `report`).", ge=1)
+    warmup: int = option(2, "Untimed warm-up calls before the timed ones (per model, or per profiled point).", ge=0)
+
+
 class DeviceOptions(Options):
     device: str = option("auto", "Where to compute (and measure): " + DEVICE_HELP)
     dtype: str = option("auto", DTYPE_HELP)

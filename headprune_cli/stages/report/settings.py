@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from headprune_cli.model.llama_cpp_env import ENGINE_PYTHON_HELP
-from headprune_cli.stages.options import DeviceOptions
+from headprune_cli.stages.options import DeviceOptions, TimingOptions
 from headprune_cli.stages.unit import option
 
 # The report's `config` records these, in the order reports have always recorded them (so that
@@ -34,7 +34,7 @@ CONFIG_KEYS = (
 )
 
 
-class ReportSettings(DeviceOptions):
+class ReportSettings(TimingOptions, DeviceOptions):
     max_drop: float | None = option(
         None,
         "Gate: largest allowed drop of the main metric, in points (accuracy/F1/fidelity x100) or in perplexity.",
@@ -53,9 +53,7 @@ class ReportSettings(DeviceOptions):
         "or the model's maximum when smaller).",
         ge=1,
     )
-    threads: int = option(2, "CPU threads while timing (torch.set_num_threads).", ge=1)
     repeats: int = option(10, "Timed runs per model after warm-up; 0 skips latency.", ge=0)
-    warmup: int = option(2, "Untimed warm-up runs per model.", ge=0)
     # Serving a causal LM (ignored for encoders): KV cache on, prefill then decode, timed like --repeats.
     decode_prompt: int | None = option(
         None,
