@@ -39,6 +39,7 @@ CONFIG_KEYS = (
     "min_ffn",
     "ffn_multiple_of",
     "runtime",
+    "gguf_type",
     "ratio",
     "strategy",
     "seed",
