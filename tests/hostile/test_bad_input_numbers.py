@@ -81,7 +81,7 @@ NUMBER_CASES = [
         "select --target-flops inf",
         lambda f: ["select", f / "scores.json", "--target-flops", "inf"],
         2,
-        "outside (0, 1]",
+        "--target-flops: Input should be a finite number",
     ),
 ]
 
