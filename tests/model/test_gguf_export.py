@@ -232,7 +232,7 @@ def test_rope_of_each_type_gives_transformers_frequencies(kind, tmp_path, cli):
     reader = gguf.GGUFReader(out)
     meta, found = fields(reader), tensors(reader)
     assert ("rope_freqs.weight" in found) == (kind == "llama3")
-    assert (f"llama.rope.scaling.type" in meta) == (kind == "linear")
+    assert ("llama.rope.scaling.type" in meta) == (kind == "linear")
     np.testing.assert_allclose(gguf_inv_freq(meta, found, "llama"), reference, rtol=1e-5)
 
 
