@@ -13,7 +13,7 @@ import torch
 import transformers as T
 
 import headprune_cli
-from tests.support.gguf_models import NON_UNIFORM, UNIFORM, VOCAB, bpe_tokenizer, tiny_llama, write_checkpoint
+from tests.support.gguf_models import NON_UNIFORM, ROPES, UNIFORM, VOCAB, bpe_tokenizer, tiny_llama, write_checkpoint
 from tests.support.models import TINY
 from tests.support.refusals import assert_refused
 
@@ -191,22 +191,6 @@ def test_qwen2_goes_out_as_llama_with_its_biases_permuted(tmp_path, cli):
     assert np.array_equal(
         np.asarray(found["blk.0.attn_v.bias"].data), state["model.layers.0.self_attn.v_proj.bias"].numpy()
     )
-
-
-ROPES = {
-    "default": {"rope_type": "default", "rope_theta": 5000.0},
-    "linear": {"rope_type": "linear", "rope_theta": 5000.0, "factor": 4.0},
-    # original_max_position_embeddings 64 puts head_dim 16's wavelengths on all three llama3 branches
-    # (kept: 6.3, smoothed: 19.9 and 62.8, divided by the factor: 199 and beyond).
-    "llama3": {
-        "rope_type": "llama3",
-        "rope_theta": 10000.0,
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64,
-    },
-}
 
 
 def gguf_inv_freq(meta: dict, found: dict, arch: str) -> np.ndarray:
