@@ -155,6 +155,12 @@ MUTATIONS = {
         "layer: [h for h in have.heads[pos] if h not in target.heads[pos]]",
         "tests/stages/finetune/test_rewind.py::test_rewind_onto_a_partly_pruned_source_reads_each_layer_by_its_original_index",
     ),
+    "fsdp resume without each rank's RNG": (
+        "headprune_cli/stages/finetune/sharding.py",
+        '        torch.set_rng_state(load_file(str(target / f"rng-{ctx.rank}.safetensors"))["rng.torch"])',
+        "        pass",
+        "tests/stages/finetune/test_fsdp.py::test_fsdp_over_two_processes_equals_one_process_and_resumes_exactly",
+    ),
 }
 
 
