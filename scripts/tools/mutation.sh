@@ -69,6 +69,9 @@ pytest_add_cli_args_test_selection = [${tests}]
 pytest_add_cli_args = [${DESELECT}"-p", "no:cacheprovider", "-x", "-q"]
 process_isolation = "forkserver"
 use_git_change_detection = false
+# CPU seconds a mutant may take: (its tests' time + 1) x this x 2. mutmut's 15 let each endless-loop
+# mutant of a greedy loop burn minutes of a shared machine; 3 still leaves a surviving mutant room.
+timeout_multiplier = ${MUTATION_TIMEOUT_MULTIPLIER:-3.0}
 also_copy = ["examples", "configs", "scripts", "docs", "README.md", "BENCHMARKS.md"]  # what tests read besides code
 CONF
   set -f; patterns=${PATTERN[$name]}; [ "$patterns" = "*" ] && patterns=""; set +f
