@@ -69,8 +69,12 @@ pytest_add_cli_args_test_selection = [${tests}]
 pytest_add_cli_args = [${DESELECT}"-p", "no:cacheprovider", "-x", "-q"]
 process_isolation = "forkserver"
 use_git_change_detection = false
-# CPU seconds a mutant may take: (its tests' time + 1) x this x 2. mutmut's 15 let each endless-loop
-# mutant of a greedy loop burn minutes of a shared machine; 3 still leaves a surviving mutant room.
+# CPU seconds a mutant may take: (its tests' time + constant) x multiplier x 2. mutmut times the
+# test calls without their fixtures (a scored model, a CLI run), so with its constant of 1 s a
+# mutant whose tests build a fixture for seconds is killed as a timeout whatever it changes (47 of
+# 52 runtime.py mutants on 2026-12-04); the constant of 30 s covers the fixtures, the multiplier of
+# 3 keeps an endless-loop mutant of a greedy loop from burning long on a shared machine.
+timeout_constant = ${MUTATION_TIMEOUT_CONSTANT:-30.0}
 timeout_multiplier = ${MUTATION_TIMEOUT_MULTIPLIER:-3.0}
 also_copy = ["examples", "configs", "scripts", "docs", "README.md", "BENCHMARKS.md"]  # what tests read besides code
 CONF
