@@ -127,7 +127,7 @@ HELP = """Compare a pruned model with its baseline: quality, size, FLOPs, measur
     stands for the pruned model in quality, latency and gates: the gate covers what ships.
     --gguf FILE (an `export --gguf` file of a causal LM) does the same in llama.cpp, run from
     its own environment (--engine-python, $HEADPRUNE_LLAMA_CPP_ENV, or the repository's
-    .engines/llama-cpp that `bash scripts/engines/llama_cpp.sh` builds).
+    .engines/llama-cpp, which `bash scripts/engines/llama_cpp.sh` links to its build).
 
     Exit codes: 0 every gate passed (or none given), 3 a gate failed (the model got worse
     than the budget), 1 an error, 2 a usage error. Outputs are written before exit 3.

@@ -16,6 +16,7 @@ import headprune_cli
 from tests.support.gguf_models import (
     NON_UNIFORM,
     NON_UNIFORM_GRID,
+    ROPES,
     UNIFORM,
     VOCAB,
     bpe_tokenizer,
@@ -79,11 +80,17 @@ def test_non_uniform_cut_is_deci_with_per_layer_shapes(non_uniform, tmp_path, cl
             ("attn_v", "self_attn.v_proj"),
             ("attn_output", "self_attn.o_proj"),
             ("ffn_down", "mlp.down_proj"),
+            ("ffn_gate", "mlp.gate_proj"),
+            ("ffn_up", "mlp.up_proj"),
+            ("attn_norm", "input_layernorm"),
+            ("ffn_norm", "post_attention_layernorm"),
         ):
             assert np.array_equal(
                 np.asarray(found[f"blk.{pos}.{ours}.weight"].data), state[prefix + theirs + ".weight"].numpy()
             )
     assert np.array_equal(np.asarray(found["output.weight"].data), state["lm_head.weight"].numpy())
+    assert np.array_equal(np.asarray(found["token_embd.weight"].data), state["model.embed_tokens.weight"].numpy())
+    assert np.array_equal(np.asarray(found["output_norm.weight"].data), state["model.norm.weight"].numpy())
     assert all(t.tensor_type == gguf.GGMLQuantizationType.F32 for t in reader.tensors)  # auto: the checkpoint's f32
 
 
@@ -208,3 +215,40 @@ def test_qwen2_goes_out_as_llama_with_its_biases_permuted(tmp_path, cli):
     assert np.array_equal(
         np.asarray(found["blk.0.attn_v.bias"].data), state["model.layers.0.self_attn.v_proj.bias"].numpy()
     )
+
+
+def gguf_inv_freq(meta: dict, found: dict, arch: str) -> np.ndarray:
+    """The rotary frequencies llama.cpp derives from the file: freq_base^(-2i/d), divided by
+    rope_freqs (llama3) and scaled by 1 / factor (linear)."""
+    dim = meta[f"{arch}.rope.dimension_count"]
+    freqs = meta[f"{arch}.rope.freq_base"] ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+    if "rope_freqs.weight" in found:
+        freqs = freqs / np.asarray(found["rope_freqs.weight"].data, dtype=np.float64)
+    if meta.get(f"{arch}.rope.scaling.type") == "linear":
+        freqs = freqs / meta[f"{arch}.rope.scaling.factor"]
+    return freqs
+
+
+@pytest.mark.parametrize("kind", sorted(ROPES))
+def test_rope_of_each_type_gives_transformers_frequencies(kind, tmp_path, cli):
+    params = ROPES[kind]
+    model = tiny_llama(rope_parameters=dict(params), rope_theta=params["rope_theta"])
+    reference = model.model.rotary_emb.inv_freq.double().numpy()  # transformers' own RoPE for this type
+    source = write_checkpoint(tmp_path / "r.safetensors", UNIFORM, model)
+    out = tmp_path / "r.gguf"
+    assert cli("export", source, "--gguf", out).code == 0
+    reader = gguf.GGUFReader(out)
+    meta, found = fields(reader), tensors(reader)
+    assert ("rope_freqs.weight" in found) == (kind == "llama3")
+    assert ("llama.rope.scaling.type" in meta) == (kind == "linear")
+    np.testing.assert_allclose(gguf_inv_freq(meta, found, "llama"), reference, rtol=1e-5)
+
+
+def test_tied_embeddings_are_one_token_embd_tensor(tmp_path, cli):
+    source = write_checkpoint(tmp_path / "t.safetensors", UNIFORM, tiny_llama(tie_word_embeddings=True))
+    out = tmp_path / "t.gguf"
+    assert cli("export", source, "--gguf", out).code == 0
+    found = tensors(gguf.GGUFReader(out))
+    state = headprune_cli.load(source).state_dict()
+    assert "output.weight" not in found  # llama.cpp reuses token_embd for the output
+    assert np.array_equal(np.asarray(found["token_embd.weight"].data), state["model.embed_tokens.weight"].numpy())

@@ -90,3 +90,31 @@ def test_the_file_names_its_checkpoint_and_a_rerun_is_byte_identical(quantized, 
     int8 = [t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8]
     assert "MatMulInteger" in {node.op_type for node in graph.node} and int8  # weights stored and used in int8
     assert [p.name for p in tmp_path.iterdir()] == ["again.onnx"]  # no temporary left behind
+
+
+def test_static_is_qdq_with_calibrated_ranges_and_dynamic_quantizes_at_run_time(quantized):
+    """onnxruntime's own node types tell the two apart: int8-static is QDQ (QuantizeLinear /
+    DequantizeLinear around each weight MatMul, activation scales stored as constants from the
+    calibration), int8-dynamic computes activation ranges at run time (DynamicQuantizeLinear)."""
+    static = onnx.load(str(quantized["bert", "int8-static"][1])).graph
+    dynamic = onnx.load(str(quantized["bert", "int8-dynamic"][1])).graph
+    static_ops = {node.op_type for node in static.node}
+    dynamic_ops = {node.op_type for node in dynamic.node}
+    assert {"QuantizeLinear", "DequantizeLinear", "MatMul"} <= static_ops
+    assert not static_ops & {"DynamicQuantizeLinear", "MatMulInteger"}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= dynamic_ops and "QuantizeLinear" not in dynamic_ops
+    constants = {t.name for t in static.initializer}
+    quantizers = [node for node in static.node if node.op_type == "QuantizeLinear"]
+    assert quantizers and all(node.input[1] in constants for node in quantizers)  # ranges fixed by calibration
+    produced = {out: node for node in static.node for out in node.output}
+    weight_matmuls = [
+        node
+        for node in static.node
+        if node.op_type == "MatMul"
+        and produced.get(node.input[1])
+        and produced[node.input[1]].op_type == "DequantizeLinear"
+    ]
+    assert weight_matmuls
+    for node in weight_matmuls:  # both sides of every weight MatMul pass through int8
+        assert produced[node.input[0]].op_type == "DequantizeLinear"
+    assert read_stamp(quantized["bert", "int8-static"][1])[QUANTIZATION_KEY] == "int8-static"

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 import headprune_cli
 from headprune_cli.model.formats.vllm import CONFIG_FILE
-from tests.support.gguf_models import write_checkpoint
+from tests.support.gguf_models import ROPES, write_checkpoint
 from tests.support.models import TINY
 from tests.support.refusals import assert_refused, snapshot
 from tests.support.vllm_models import NAS, UNEVEN_QUERY, tiny_llama32
@@ -31,6 +31,8 @@ def test_the_folder_states_every_layer_and_holds_the_checkpoints_weights(nas, tm
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "nemotron-nas" and config["architectures"] == ["DeciLMForCausalLM"]
     assert config["num_hidden_layers"] == 3 and config["num_attention_heads"] == 4 and config["head_dim"] == 32
+    assert config["num_key_value_heads"] == 2  # layer 0's, as vLLM reads the top-level count
+    assert config["hidden_size"] == 128 and config["vocab_size"] == 320 and config["tie_word_embeddings"] is False
     assert config["auto_map"] == {"AutoConfig": "configuration_headprune_nas.HeadpruneNasConfig"}
     blocks = config["block_configs"]
     assert [b["attention"]["n_heads_in_group"] for b in blocks] == [2, 1, 2]
@@ -140,3 +142,21 @@ def test_inspect_and_export_say_which_engines_load_a_checkpoint(nas, tmp_path, c
     assert "serves in: llama.cpp (export --gguf), onnxruntime (export --onnx); not in transformers, vllm" in (
         result.out + result.err
     )
+
+
+@pytest.mark.parametrize("kind", sorted(ROPES))
+def test_config_json_gives_transformers_rope_of_each_type(kind, tmp_path, cli):
+    """vLLM reads RoPE from config.json alone (not headprune.json): the frequencies a LLaMA config
+    built from that file's fields computes equal the source model's, for each RoPE type."""
+    params = dict(ROPES[kind], rope_theta=ROPES[kind]["rope_theta"] * 2)  # never transformers' default theta
+    model = tiny_llama32(rope_parameters=dict(params), rope_theta=params["rope_theta"])
+    reference = model.model.rotary_emb.inv_freq.clone()
+    source = write_checkpoint(tmp_path / "r.safetensors", NAS, model)
+    assert cli("export", source, "--vllm", tmp_path / "out").code == 0
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    rope_keys = ("rope_theta", "rope_scaling", "rope_parameters")
+    assert any(key in written for key in rope_keys)
+    shape = {"hidden_size": 128, "num_attention_heads": 4, "head_dim": 32, "max_position_embeddings": 256}
+    rebuilt = T.LlamaConfig(**shape, **{key: written[key] for key in rope_keys if key in written})
+    rotary = T.models.llama.modeling_llama.LlamaRotaryEmbedding(rebuilt)
+    torch.testing.assert_close(rotary.inv_freq, reference, rtol=1e-6, atol=0)
