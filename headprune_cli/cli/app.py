@@ -29,6 +29,7 @@ from headprune_cli.files.outputs import own_claims
 from headprune_cli.files.temps import forget_sweeps, sweep
 from headprune_cli.files.watcher import watched
 from headprune_cli.names import did_you_mean
+from headprune_cli.runtime.allocator import return_freed_memory
 
 # In pipeline order, which is also the order `headprune --help` lists them: command name ->
 # (module in this package, function). Modules load only when their command runs, so a
@@ -171,6 +172,7 @@ def _signals_interrupt():
 
 def main(argv: list[str] | None = None) -> int:
     _quiet_transformers()
+    return_freed_memory()  # peak memory is what is alive, not what glibc kept
     forget_sweeps()
     try:
         with _signals_interrupt(), own_claims():
