@@ -42,7 +42,8 @@ def head_name(model: nn.Module) -> str | None:
     config = getattr(model, "config", None)
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None) not in (None, 1, 1.0):
         return None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
     if not isinstance(head, nn.Linear):
         return None
     return next((name for name, child in model.named_children() if child is head), None)

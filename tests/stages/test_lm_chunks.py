@@ -7,7 +7,7 @@ import torch
 
 from headprune_cli.data.readers import read_data
 from headprune_cli.stages import lm_chunks
-from headprune_cli.stages.finetune.distill import _SoftKL, kd_logits
+from headprune_cli.stages.finetune.distill import kd_logits, soft_kl
 from headprune_cli.stages.objectives import next_token_mask, outputs_of, token_nll
 from headprune_cli.stages.score.importance import score_model
 from tests.support import TINY, give_tokenizer, write_text
@@ -63,7 +63,7 @@ def test_chunked_distillation_equals_whole_logits_with_the_same_gradients(lm, sm
         hidden = outputs_of(model, batch)
         with torch.no_grad():
             teacher_hidden = outputs_of(teacher, batch)
-    loss = lm_chunks.chunked_kd(head, hidden, teacher_head, teacher_hidden, 2.0, mask, _SoftKL.apply)
+    loss = lm_chunks.chunked_kd(head, hidden, teacher_head, teacher_hidden, 2.0, mask, soft_kl)
     torch.testing.assert_close(loss, whole_loss, rtol=1e-6, atol=1e-6)
     for a, b in zip(_grads(loss, model), whole):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
@@ -118,3 +118,30 @@ def test_chunks_only_for_plain_linear_heads_of_causal_lms(lm):
     assert lm_chunks.head_name(model) is None
     encoder = give_tokenizer(TINY["bert"](), encoder=True)
     assert lm_chunks.head_name(encoder) is None
+
+
+@pytest.mark.parametrize("kd", [0.5, 1.0])
+def test_lora_distillation_in_chunks_trains_the_same_weights(kd, monkeypatch):
+    """finetune --lora --teacher: chunked logits give the weights whole logits give."""
+    from headprune_cli.model.surgery import apply_plan
+    from headprune_cli.stages.finetune.lora import LoraSpec, attach
+    from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
+
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(2, 60, (16, 8), generator=gen)
+    data = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    results = []
+    for chunked in (False, True):
+        if chunked:
+            monkeypatch.setattr(lm_chunks, "LOGITS_PER_CHUNK", 7)
+            monkeypatch.setattr(lm_chunks, "chunk_tokens", lambda vocab: 7)
+        teacher = TINY["llama-gqa"]()
+        model = TINY["llama-gqa"]()
+        apply_plan(model, {0: [0, 1, 2, 3]}, [])
+        attach(model, LoraSpec(rank=2), seed=0)
+        cfg = FinetuneConfig(steps=3, lr=1e-2, batch_size=8, warmup=0, kd_weight=kd)
+        result = finetune(model, data, cfg, teacher=teacher)
+        results.append({k: v.detach().clone() for k, v in result.model.state_dict().items()})
+    assert lm_chunks.wants_chunks(model, data)  # the second run took the chunked path
+    for name, value in results[0].items():
+        torch.testing.assert_close(results[1][name], value, rtol=1e-5, atol=1e-6)

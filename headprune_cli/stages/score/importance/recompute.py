@@ -63,7 +63,7 @@ def _token_bytes(model: nn.Module, recompute: bool) -> int:
     block keeps only its input, and one block at a time holds its activations and their
     gradients (SmolLM2-135M measured about 150 KB a token where this says 185 KB)."""
     layout = info_of(model).layout
-    hidden = model.get_input_embeddings().embedding_dim
+    hidden = model.get_input_embeddings().embedding_dim  # type: ignore[operator]  # nn.Module types it as a tensor
     ffn = max((layout.ffn_width(layer) for layer in layout.layers), default=0)
     block = 4 * (12 * hidden + 5 * ffn)
     if recompute:
