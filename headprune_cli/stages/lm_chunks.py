@@ -9,8 +9,8 @@ states, and the backward computes one chunk's logits again when it reaches it. M
 one chunk's logits, whatever the batch and the vocabulary; the gradients are the
 unchunked ones (the same per-token arithmetic; only matrix products over fewer rows).
 
-Chunks are used only when a batch's logits exceed LOGITS_PER_CHUNK elements, so small
-models (the shipped configs) take the plain path and their artifacts stay byte-identical.
+Chunks are used only when a batch's logits exceed CHUNKS_FROM elements, so small models
+(the shipped configs) take the plain path and their artifacts stay byte-identical.
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ from torch.utils.checkpoint import checkpoint
 
 from headprune_cli.model.layout import info_of
 
-# float32 logits per chunk: 16 MiB, about 85 tokens of a 49 k vocabulary, 32 of a 128 k one.
-LOGITS_PER_CHUNK = 1 << 22
+# float32 logits per chunk: 4 MiB, 21 tokens of a 49 k vocabulary, 8 of a 128 k one (a chunk's
+# cross-entropy holds about four such tensors at once).
+LOGITS_PER_CHUNK = 1 << 20
+# Batches with fewer logits than this (16 MiB in float32) take whole logits.
+CHUNKS_FROM = 1 << 22
 
 
 def chunk_tokens(vocab: int) -> int:
@@ -55,7 +58,7 @@ def wants_chunks(model: nn.Module, batch: dict) -> bool:
     if name is None:
         return False
     ids = batch["input_ids"]
-    return ids.numel() * getattr(model, name).out_features > LOGITS_PER_CHUNK
+    return ids.numel() * getattr(model, name).out_features > CHUNKS_FROM
 
 
 @contextmanager

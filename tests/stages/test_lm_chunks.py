@@ -24,7 +24,7 @@ def lm(tmp_path):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks of 7 tokens: every batch here spans several, the last one short."""
-    monkeypatch.setattr(lm_chunks, "LOGITS_PER_CHUNK", 7 * 1)
+    monkeypatch.setattr(lm_chunks, "CHUNKS_FROM", 7)
     monkeypatch.setattr(lm_chunks, "chunk_tokens", lambda vocab: 7)
 
 
@@ -100,7 +100,7 @@ def test_chunks_keep_no_logits_for_the_backward(lm, small_chunks):
 def test_scores_from_chunks_and_row_pieces_match_whole_batches(lm, monkeypatch):
     model, data, _ = lm
     whole = score_model(model, data, "fisher", batch_size=6, ffn=True, recompute=False)
-    monkeypatch.setattr(lm_chunks, "LOGITS_PER_CHUNK", 7)
+    monkeypatch.setattr(lm_chunks, "CHUNKS_FROM", 7)
     monkeypatch.setattr(lm_chunks, "chunk_tokens", lambda vocab: 7)
     monkeypatch.setattr("headprune_cli.stages.score.importance.api.tokens_per_pass", lambda model, recompute: 1)
     pieces = score_model(model, data, "fisher", batch_size=6, ffn=True, recompute=False)
@@ -133,7 +133,7 @@ def test_lora_distillation_in_chunks_trains_the_same_weights(kd, monkeypatch):
     results = []
     for chunked in (False, True):
         if chunked:
-            monkeypatch.setattr(lm_chunks, "LOGITS_PER_CHUNK", 7)
+            monkeypatch.setattr(lm_chunks, "CHUNKS_FROM", 7)
             monkeypatch.setattr(lm_chunks, "chunk_tokens", lambda vocab: 7)
         teacher = TINY["llama-gqa"]()
         model = TINY["llama-gqa"]()
