@@ -57,7 +57,8 @@ class ScoreOptions(ChosenMethod, Options):
     recompute: bool | None = option(
         None,
         "Gradient methods: recompute each block's activations in the backward instead of keeping them (less memory, "
-        "one more forward per batch, the same scores). Default: on for models of 400 M parameters or more.",
+        "one more forward per batch, the same scores). Default: on for models of 400 M parameters or more, and for "
+        "causal LMs whose batch would outgrow the activation budget (such a batch also runs a few rows at a time).",
         negative="--no-recompute",
     )
     output: Path | None = option(None, "Write the scores JSON here (default: stdout).", "--output", "-o")
