@@ -32,6 +32,7 @@ from headprune_cli.files.outputs import own_claims
 from headprune_cli.files.temps import forget_sweeps, sweep
 from headprune_cli.files.watcher import watched
 from headprune_cli.names import did_you_mean
+from headprune_cli.runtime.allocator import return_freed_memory
 from headprune_cli.stages import unit
 
 # The commands that are not stages: command name -> (module in this package, function).
@@ -202,6 +203,7 @@ def _signals_interrupt():
 
 def main(argv: list[str] | None = None) -> int:
     _quiet_transformers()
+    return_freed_memory()  # peak memory is what is alive, not what glibc kept
     forget_sweeps()
     try:
         with _signals_interrupt(), own_claims():

@@ -35,7 +35,17 @@ from headprune_cli.stages.finetune import state as train_state
 from headprune_cli.stages.finetune.distill import kd_logits
 from headprune_cli.stages.finetune.gates import applied
 from headprune_cli.stages.finetune.hidden import captured, hidden_loss, pairs
-from headprune_cli.stages.finetune.losses import as_tensors, check_labels, fidelity_loss, predict, task_loss, trim
+from headprune_cli.stages.finetune.losses import (
+    as_tensors,
+    check_labels,
+    chunked_heads,
+    chunked_kd_loss,
+    chunked_task_loss,
+    fidelity_loss,
+    predict,
+    task_loss,
+    trim,
+)
 from headprune_cli.stages.finetune.precision import autocast_dtype, autocasting
 from headprune_cli.stages.objectives import higher_is_better as metric_higher_is_better
 from headprune_cli.stages.objectives import next_token_mask
@@ -306,17 +316,23 @@ class _Loop:
         task = info_of(self.model).task
         gated = applied(self.model, gates, self.ctx.device) if gates else nullcontext()
         # Gates stay on through the backward: a recomputed block must see the same hooks.
-        with gated, recomputed_blocks(self.model, self.recompute):
+        # A causal LM's logits in chunks of tokens (one process: no wrapper owns the head's weights);
+        # `pred` and `ref` are then last hidden states.
+        chunked = chunked_heads(self.model, self.teacher, rows, alone=self.ctx.world == 1)
+        with gated, recomputed_blocks(self.model, self.recompute), chunked as heads:
             with autocasting(self.ctx.device, self.autocast), self._hidden(self.model) as student_states:
                 pred = predict(self.wrapped, rows, task, self.model)
             loss_sum = torch.zeros((), device=self.ctx.device)
-            if self.kd < 1.0 and task != "embedding":
-                loss_sum = loss_sum + (1.0 - self.kd) * task_loss(pred, rows, task)[0]
             if self.kd > 0.0 or task == "embedding" or self.paired:
                 with torch.no_grad(), autocasting(self.ctx.device, self.autocast), self._hidden(self.teacher) as states:
                     ref = predict(self.teacher, rows, task, self.teacher)
-            if self.kd > 0.0 or task == "embedding":
-                loss_sum = loss_sum + (1.0 if task == "embedding" else self.kd) * self._kd(pred, ref, rows, task)
+            with autocasting(self.ctx.device, self.autocast) if heads else nullcontext():  # the heads as in predict
+                if self.kd < 1.0 and task != "embedding":
+                    task_sum = task_loss(pred, rows, task)[0] if heads is None else chunked_task_loss(heads, pred, rows)
+                    loss_sum = loss_sum + (1.0 - self.kd) * task_sum
+                if self.kd > 0.0 or task == "embedding":
+                    weight_kd = 1.0 if task == "embedding" else self.kd
+                    loss_sum = loss_sum + weight_kd * self._kd(pred, ref, rows, task, heads)
             if self.paired:
                 per_row = task != "causal-lm"  # a row's tokens share one row's weight, as the row losses do
                 hidden = hidden_loss(student_states, states, self.paired, rows["attention_mask"], per_row)[0]
@@ -330,9 +346,11 @@ class _Loop:
         """Capture the block outputs of `model` while layer distillation is on (--hidden-weight)."""
         return captured(model) if self.paired else nullcontext([])
 
-    def _kd(self, pred, ref, rows, task):
+    def _kd(self, pred, ref, rows, task, heads=None):
         if task == "embedding":
             return fidelity_loss(pred, ref, rows)[0]
+        if heads is not None:
+            return chunked_kd_loss(heads, pred, ref, rows, self.cfg.kd_temperature)
         if task == "causal-lm":
             return kd_logits(pred[:, :-1], ref[:, :-1], self.cfg.kd_temperature, next_token_mask(rows))[0]
         return kd_logits(pred, ref, self.cfg.kd_temperature)[0]

@@ -10,11 +10,11 @@ from torch import nn
 
 from headprune_cli.artifacts.neuron_scores import ffn_block
 from headprune_cli.artifacts.schema import envelope, input_ref
-from headprune_cli.data.readers import Dataset
+from headprune_cli.data.readers import Dataset, used_width
 from headprune_cli.errors import DataError, UsageError
 from headprune_cli.model import cost
 from headprune_cli.model.layout import info_of
-from headprune_cli.runtime.recompute import wants_recompute
+from headprune_cli.runtime.recompute import tokens_per_pass, wants_recompute
 from headprune_cli.stages.objectives import check_objective, needs_labels
 from headprune_cli.stages.score.importance.context import ProgressFactory, ScoreContext, no_progress
 from headprune_cli.stages.score.importance.gradients import gradient_stats
@@ -55,8 +55,9 @@ def score_model(
     `ffn` scores every FFN neuron too, in the same passes (and, with loo/refit layers, the
     loss of removing each layer's whole FFN). `recompute` runs gradient passes with each block
     recomputed in the backward (less memory, the same scores; None: on for models of 400 M
-    parameters or more, see runtime.recompute). Under torchrun every process must call this
-    with the same arguments.
+    parameters or more and for causal LMs whose batch would outgrow their activation budget,
+    see runtime.recompute; such a batch is also run a few rows at a time). Under torchrun
+    every process must call this with the same arguments.
     """
     objective = check_objective(objective, model)
     if needs_labels(objective) and dataset.labels is None:
@@ -73,8 +74,18 @@ def score_model(
             )
     layer_entry = layer_method(layers) if layers else None
     torch.manual_seed(seed)
+    batch_tokens = min(batch_size, len(dataset)) * used_width(dataset.attention_mask)
+    recompute = wants_recompute(model, recompute, batch_tokens)
     ctx = ScoreContext(
-        model, dataset, objective, batch_size, seed, progress, ffn=ffn, recompute=wants_recompute(model, recompute)
+        model,
+        dataset,
+        objective,
+        batch_size,
+        seed,
+        progress,
+        ffn=ffn,
+        recompute=recompute,
+        tokens_per_pass=tokens_per_pass(model, recompute),
     )
     was_training = model.training
     model.eval()  # dropout off: scores must be deterministic

@@ -68,29 +68,44 @@ class NeuronTaps:
                 real = self.mask[..., None].to(x.dtype) if x.dim() == 3 else 1.0
                 self.sums["x2"][pos] += (x.double() ** 2 * real).sum(dim=tuple(range(x.dim() - 1))).to(self.ctx.device)
             if x.requires_grad:
-                x.register_hook(self._backward(pos, x.detach()))
+                return (_Tap.apply(x, lambda grad, saved: self._add(pos, grad, saved)), *args[1:])
+            return None
 
         return hook
 
-    def _backward(self, pos: int, x: torch.Tensor):
-        def hook(grad):
-            # [B, T, W] per-token mask gradients, in ONE temporary: float32 holds the product of
-            # two 16-bit floats exactly, so bf16/fp16 models need no float64 copies of grad and x
-            # (at LLM widths each is megabytes per layer); sums run in float64 all the same.
-            exact = (
-                torch.float32
-                if grad.dtype in (torch.bfloat16, torch.float16) and x.dtype == grad.dtype
-                else torch.float64
-            )
-            term = grad.to(exact, copy=True).mul_(x)  # a copy: autograd still needs `grad`
-            per_example = (term.sum(1, dtype=torch.float64) if term.dim() == 3 else term.double()).to(self.ctx.device)
-            self.sums["abs"][pos] += per_example.abs().sum(0)
-            self.sums["sq"][pos] += (per_example * per_example).sum(0)
-            self.sums["taylor"][pos] += (
-                term.abs_().sum(dim=tuple(range(term.dim() - 1)), dtype=torch.float64).to(self.ctx.device)
-            )
+    def _add(self, pos: int, grad: torch.Tensor, x: torch.Tensor) -> None:
+        # [B, T, W] per-token mask gradients, in ONE temporary: float32 holds the product of
+        # two 16-bit floats exactly, so bf16/fp16 models need no float64 copies of grad and x
+        # (at LLM widths each is megabytes per layer); sums run in float64 all the same.
+        half = grad.dtype in (torch.bfloat16, torch.float16) and x.dtype == grad.dtype
+        exact = torch.float32 if half else torch.float64
+        term = grad.to(exact, copy=True).mul_(x)  # a copy: autograd still needs `grad`
+        per_example = (term.sum(1, dtype=torch.float64) if term.dim() == 3 else term.double()).to(self.ctx.device)
+        self.sums["abs"][pos] += per_example.abs().sum(0)
+        self.sums["sq"][pos] += (per_example * per_example).sum(0)
+        self.sums["taylor"][pos] += (
+            term.abs_().sum(dim=tuple(range(term.dim() - 1)), dtype=torch.float64).to(self.ctx.device)
+        )
 
-        return hook
+
+class _Tap(torch.autograd.Function):
+    """Identity on the down projection's input whose backward hands (dL/dx, x) to a callback.
+
+    x is one of the Function's saved tensors, so under `--recompute` it is dropped after the
+    forward and computed again with its block when the backward gets there: a tensor hook
+    holding x instead would keep every layer's [B, T, width] input alive until the backward."""
+
+    @staticmethod
+    def forward(ctx, x, add):
+        ctx.save_for_backward(x)
+        ctx.add = add
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        ctx.add(grad, x.detach())
+        return grad, None
 
 
 def neuron_scores(method: str, ctx: ScoreContext, stats: dict[str, list[torch.Tensor]]) -> list[torch.Tensor]:
