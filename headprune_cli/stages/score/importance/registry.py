@@ -1,8 +1,10 @@
-"""What every importance method is, declared once: its scorer class, which units it
-scores, whether its scores are loss changes, and which options it takes.
+"""What every importance method is, declared once: its scorer class (an `Importance`,
+protocol.py), which units it scores, whether its scores are loss changes, and which
+options it takes. Adding a method is one class and one entry here.
 
 Selection reads the declarations (joint selection prices only loss-scale scores against
-each other) without importing torch; `make_scorer` builds the class from the same entry.
+each other) without importing torch; `make_scorer` builds the class from the same entry,
+passing it only the options the entry names.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from headprune_cli.names import did_you_mean
 class Method:
     name: str
     scorer: str  # "module:Class" under headprune_cli.stages.score.importance
-    units: str  # "heads" or "layers"
+    units: str  # "heads" (its `heads()`, and `neurons()` where `ffn` is YES) or "layers" (its `layers()`)
     loss_scale: bool  # scores are measured loss changes (comparable across units)
-    options: tuple[str, ...] = ()  # score options it takes besides the common ones
+    options: tuple[str, ...] = ()  # score options its class takes (keyword arguments) besides the common ones
     measures_attention: bool = False  # layer methods that also measure each layer's heads (and FFN) together
     ffn: str | None = None  # it scores FFN neurons too (`score --ffn`); else why not
 
@@ -57,7 +59,7 @@ _HEADS = [
         "baselines:Combined",
         "heads",
         False,
-        ("weights",),
+        ("weights", "normalize"),
         ffn="combined min-max-normalises per method, which puts neurons and heads on no common scale",
     ),
     Method("random", "baselines:Random", "heads", False, ffn=YES),
