@@ -63,6 +63,11 @@ _HEADS = [
         ffn="combined min-max-normalises per method, which puts neurons and heads on no common scale",
     ),
     Method("random", "baselines:Random", "heads", False, ffn=YES),
+    # The published LLM pruning criteria (flap.py, llm_pruner.py), each as its paper defines it.
+    Method("flap", "flap:Flap", "heads", False, ffn=YES),
+    Method("wanda-sp", "flap:WandaSp", "heads", False, ffn=YES),
+    Method("minitron", "flap:Minitron", "heads", False, ffn=YES),
+    Method("llm-pruner", "llm_pruner:LlmPruner", "heads", False, ffn=YES),
     Method(
         "l0",
         "l0:L0",
@@ -72,7 +77,7 @@ _HEADS = [
     ),
 ]
 _LAYERS = [
-    Method("cosine", "layers:BlockInfluence", "layers", False),
+    Method("cosine", "layers:BlockInfluence", "layers", False),  # ShortGPT's block influence
     Method("loo", "layers:LayerLeaveOneOut", "layers", True, measures_attention=True),
     Method("refit", "layers:LayerRefit", "layers", True, measures_attention=True),
 ]
