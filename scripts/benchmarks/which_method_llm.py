@@ -9,7 +9,9 @@ Every route cuts the same checkpoint to the same share of the FLOPs per token (e
   whole layers, least influential first (`prune --ratio 0 --drop-layers N`), that meet T;
 - default: headprune's documented route, `score --ffn` (fisher) and
   `prune --target-flops T --data CALIB` (lstsq compensation, the default with --data);
-- iterate: `iterate --ffn --target-flops T --recover lstsq` (rescoring between rounds).
+- iterate: `iterate --ffn --target-flops T --recover lstsq` (rescoring between rounds);
+- torch-pruning: Torch-Pruning's own LLM example run from its PyPI package
+  (trained_lm_peer.py) on the HF folder, keeping T of the parameters (its own unit).
 Each route's rows are appended to OUT/results.jsonl as they finish (a rerun skips what is
 there), and OUT/table.md is rendered from them. CLI subprocesses and headprune_cli's public
 API only.
@@ -90,7 +92,10 @@ class Bench:
             for route in a.routes:
                 if (route, target) not in self.done:
                     started = time.time()
-                    getattr(self, "route_" + route.replace("-", "_"), self.published)(route, target, started)
+                    if route == "torch-pruning":
+                        route_torch_pruning(self, route, target, started)
+                    else:
+                        getattr(self, "route_" + route.replace("-", "_"), self.published)(route, target, started)
 
     def published(self, method: str, target: float, started: float) -> None:
         scores = self.scores(method, "--method", method, "--ffn")
@@ -129,6 +134,23 @@ class Bench:
         self.record(route, target, cut, started)
 
 
+def route_torch_pruning(bench: Bench, route: str, target: float, started: float) -> None:
+    """Torch-Pruning's own LLM example (trained_lm_peer.py: its package, its importance, its
+    hidden-size + heads + FFN cut at one ratio) keeping `target` of the parameters, from the
+    HF folder the checkpoint was imported from; its output imported back to be measured alike."""
+    folder, cut = bench.out / f"tp-{target}", bench.out / f"torch-pruning-{target}.safetensors"
+    peer = Path(__file__).with_name("trained_lm_peer.py")
+    done = subprocess.run(
+        [sys.executable, peer, bench.args.hf_folder, "--keep", str(target), "-o", folder],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"torch-pruning failed: {done.stderr.strip()[-800:]}")
+    headprune("import", folder, "-o", cut, "--force")
+    bench.record(route, target, cut, started)
+
+
 def render(rows: list[dict]) -> str:
     """One Markdown table: a row per route, a column per FLOPs target (perplexity, x unpruned)."""
     base = next(r for r in rows if r["route"] == "unpruned")
@@ -154,6 +176,7 @@ def main() -> None:
     parser.add_argument("--calib", type=Path, required=True)
     parser.add_argument("--heldout", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--hf-folder", type=Path, help="torch-pruning: the HF folder MODEL was imported from")
     parser.add_argument("--calib-rows", type=int, default=32)
     parser.add_argument("--eval-rows", type=int, default=64)
     parser.add_argument("--targets", type=lambda s: [float(v) for v in s.split(",")], default=[0.8, 0.9, 0.7, 0.5])
