@@ -7,6 +7,7 @@ Every route cuts the same checkpoint to the same share of the FLOPs per token (e
   no compensation (FLAP's own bias compensation needs a bias LLaMA projections lack);
 - shortgpt: `score --layers --layer-method cosine` (block influence), then the fewest
   whole layers, least influential first (`prune --ratio 0 --drop-layers N`), that meet T;
+- METHOD+lstsq: the same cut with headprune's lstsq compensation on the calibration rows;
 - default: headprune's documented route, `score --ffn` (fisher) and
   `prune --target-flops T --data CALIB` (lstsq compensation, the default with --data);
 - iterate: `iterate --ffn --target-flops T --recover lstsq` (rescoring between rounds);
@@ -97,11 +98,14 @@ class Bench:
                     else:
                         getattr(self, "route_" + route.replace("-", "_"), self.published)(route, target, started)
 
-    def published(self, method: str, target: float, started: float) -> None:
+    def published(self, route: str, target: float, started: float) -> None:
+        """METHOD, or METHOD+lstsq: the method's cut with headprune's compensation on the calibration rows."""
+        method, _, compensation = route.partition("+")
         scores = self.scores(method, "--method", method, "--ffn")
         cut = self.out / f"{method}-{target}.safetensors"
-        headprune("prune", self.args.model, "--scores", scores, "--target-flops", target, "-o", cut, "--force")
-        self.record(method, target, cut, started)
+        extra = [*self.calib(), "--compensate", compensation] if compensation else []
+        headprune("prune", self.args.model, "--scores", scores, "--target-flops", target, *extra, "-o", cut, "--force")
+        self.record(route, target, cut, started)
 
     def route_default(self, route: str, target: float, started: float) -> None:
         scores = self.scores("fisher", "--ffn")
