@@ -11,8 +11,8 @@ Every route cuts the same checkpoint to the same share of the FLOPs per token (e
 - default: headprune's documented route, `score --ffn` (fisher) and
   `prune --target-flops T --data CALIB` (lstsq compensation, the default with --data);
 - iterate: `iterate --ffn --target-flops T --recover lstsq` (rescoring between rounds);
-- torch-pruning: Torch-Pruning's own LLM example run from its PyPI package
-  (trained_lm_peer.py) on the HF folder, keeping T of the parameters (its own unit).
+- torch-pruning: Torch-Pruning's own LLM pruning run from its PyPI package on the HF folder
+  (FFN only: its head pruning fails on 9 query / 3 KV heads, see route_torch_pruning).
 Each route's rows are appended to OUT/results.jsonl as they finish (a rerun skips what is
 there), and OUT/table.md is rendered from them. CLI subprocesses and headprune_cli's public
 API only.
@@ -139,18 +139,43 @@ class Bench:
 
 
 def route_torch_pruning(bench: Bench, route: str, target: float, started: float) -> None:
-    """Torch-Pruning's own LLM example (trained_lm_peer.py: its package, its importance, its
-    hidden-size + heads + FFN cut at one ratio) keeping `target` of the parameters, from the
-    HF folder the checkpoint was imported from; its output imported back to be measured alike."""
+    """Torch-Pruning's own LLM pruning (its PyPI package; the method of its examples/LLMs/prune_llm.py:
+    BasePruner, GroupMagnitudeImportance(p=2, mean), one ratio in every layer, round_to=4, lm_head
+    ignored) on the HF folder the checkpoint was imported from, then imported back and measured alike.
+    Its head pruning stops on SmolLM2's 9 query / 3 KV heads (1.6.1: "shape '[9, -1]' is invalid
+    for input of size 192", with or without prune_num_heads), so the attention projections are
+    ignored too and it cuts the FFN, at the ratio that removes (1 - T) of the FLOPs per token."""
+    import torch
+    import torch_pruning as tp
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from scripts.benchmarks.trained_lm_peer import traceable_rotary
+
+    traceable_rotary()  # the same function, in a form its tracer does not loop on (see there)
     folder, cut = bench.out / f"tp-{target}", bench.out / f"torch-pruning-{target}.safetensors"
-    peer = Path(__file__).with_name("trained_lm_peer.py")
-    done = subprocess.run(
-        [sys.executable, peer, bench.args.hf_folder, "--keep", str(target), "-o", folder],
-        capture_output=True,
-        text=True,
+    model = AutoModelForCausalLM.from_pretrained(bench.args.hf_folder, local_files_only=True).eval()
+    c = model.config
+    ffn_flops = 2 * 3 * c.hidden_size * c.intermediate_size * c.num_hidden_layers
+    ratio = (1 - target) * bench.base["flops"] / ffn_flops
+    attention = [getattr(b.self_attn, n) for b in model.model.layers for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    example = torch.tensor([Tokenizer.from_file(f"{bench.args.hf_folder}/tokenizer.json").encode("Hello world.").ids])
+    pruner = tp.pruner.BasePruner(
+        model,
+        example_inputs=example,
+        importance=tp.importance.GroupMagnitudeImportance(p=2, group_reduction="mean"),
+        global_pruning=False,
+        output_transform=lambda x: x.logits,
+        pruning_ratio=ratio,
+        ignored_layers=[model.lm_head, *attention],
+        round_to=4,
     )
-    if done.returncode != 0:
-        raise SystemExit(f"torch-pruning failed: {done.stderr.strip()[-800:]}")
+    for group in pruner.step(interactive=True):
+        group.prune()
+    model.config.intermediate_size = model.model.layers[0].mlp.gate_proj.out_features
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes((bench.args.hf_folder / name).read_bytes())
     headprune("import", folder, "-o", cut, "--force")
     bench.record(route, target, cut, started)
 
