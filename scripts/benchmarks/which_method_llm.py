@@ -8,6 +8,8 @@ Every route cuts the same checkpoint to the same share of the FLOPs per token (e
 - shortgpt: `score --layers --layer-method cosine` (block influence), then the fewest
   whole layers, least influential first (`prune --ratio 0 --drop-layers N`), that meet T;
 - METHOD+lstsq: the same cut with headprune's lstsq compensation on the calibration rows;
+  METHOD@uniform: every layer keeps the same widths (`--uniform`), the per-layer ratio of
+  the Wanda-sp, LLM-Pruner and Minitron papers;
 - default: headprune's documented route, `score --ffn` (fisher) and
   `prune --target-flops T --data CALIB` (lstsq compensation, the default with --data);
 - iterate: `iterate --ffn --target-flops T --recover lstsq` (rescoring between rounds);
@@ -99,11 +101,14 @@ class Bench:
                         getattr(self, "route_" + route.replace("-", "_"), self.published)(route, target, started)
 
     def published(self, route: str, target: float, started: float) -> None:
-        """METHOD, or METHOD+lstsq: the method's cut with headprune's compensation on the calibration rows."""
-        method, _, compensation = route.partition("+")
+        """METHOD[+COMPENSATION][@uniform]: the method's cut, with headprune's compensation on the
+        calibration rows, and with every layer keeping the same widths (the papers' uniform ratio)."""
+        name, _, shape = route.partition("@")
+        method, _, compensation = name.partition("+")
         scores = self.scores(method, "--method", method, "--ffn")
         cut = self.out / f"{method}-{target}.safetensors"
         extra = [*self.calib(), "--compensate", compensation] if compensation else []
+        extra += ["--uniform"] if shape == "uniform" else []
         headprune("prune", self.args.model, "--scores", scores, "--target-flops", target, *extra, "-o", cut, "--force")
         self.record(route, target, cut, started)
 
