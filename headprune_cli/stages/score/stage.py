@@ -42,7 +42,8 @@ class ScoreOptions(ChosenMethod, SeedOptions, TokenOptions, RecomputeOptions, De
     layers: bool = option(False, "Also score whole layers.")
     ffn: bool = option(
         False,
-        "Also score every FFN neuron (gradient, taylor, taylor-weight, fisher, activation, random), "
+        "Also score every FFN neuron (gradient, taylor, taylor-weight, fisher, activation, flap, wanda-sp, minitron, "
+        "llm-pruner, random), "
         "in the same pass: `select --target-*` then cuts heads, neurons and layers under one budget.",
     )
     layer_method: str | None = option(None, LAYER_METHOD_HELP)

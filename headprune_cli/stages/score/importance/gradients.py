@@ -22,9 +22,11 @@ slower than a plain forward+backward.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 
+from headprune_cli.errors import UsageError
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.arch.base import is_conv1d
 from headprune_cli.model.surgery import HeadGates
@@ -33,6 +35,7 @@ from headprune_cli.stages.lm_chunks import chunked_nll, head_off, wants_chunks
 from headprune_cli.stages.objectives import check_finite, embed, outputs_of, per_example_loss
 from headprune_cli.stages.score.importance.context import ScoreContext, trainable_only
 from headprune_cli.stages.score.importance.neurons import NeuronTaps, down_modules
+from headprune_cli.stages.score.importance.protocol import Importance
 
 
 def _o_modules(model) -> list:
@@ -128,7 +131,7 @@ def _add(sums: dict, grads: tuple, n: int, o_count: int, device: torch.device) -
             sums["ffn_weight"][pos] += grads[n + o_count + pos].double()
 
 
-class Gradient:
+class Gradient(Importance):
     """Michel et al. 2019: E_i |dL_i/dgate_h|, per-layer L2-normalised by default."""
 
     name = "gradient"
@@ -136,37 +139,57 @@ class Gradient:
     def __init__(self, normalize: bool = True):
         self.normalize = normalize
 
-    def __call__(self, ctx: ScoreContext) -> list[torch.Tensor]:
+    def heads(self, ctx: ScoreContext) -> list[torch.Tensor]:
         scores = [s / len(ctx.dataset) for s in gradient_stats(ctx)["abs"]]
         if not self.normalize:
             return scores
         return [s / s.norm() if s.norm() > 0 else s for s in scores]
 
+    def neurons(self, ctx: ScoreContext) -> list[torch.Tensor]:
+        """mean_i |dL_i/dm_j|, never normalised: neurons and heads share one scale."""
+        return [s / len(ctx.dataset) for s in gradient_stats(ctx)["ffn_abs"]]
 
-class Fisher:
+    def settings(self) -> dict[str, Any]:
+        return {"normalize": self.normalize}
+
+    def check(self, ffn: bool) -> None:
+        if ffn and self.normalize:
+            raise UsageError(
+                "--ffn with gradient needs --no-normalize: per-layer normalisation would put heads "
+                "and neurons on different scales"
+            )
+
+
+class Fisher(Importance):
     """Kwon et al. 2022: sum_i (dL_i/dgate_h)^2 (empirical Fisher diagonal of the gates)."""
 
     name = "fisher"
 
-    def __call__(self, ctx: ScoreContext) -> list[torch.Tensor]:
+    def heads(self, ctx: ScoreContext) -> list[torch.Tensor]:
         return list(gradient_stats(ctx)["sq"])
 
+    def neurons(self, ctx: ScoreContext) -> list[torch.Tensor]:
+        return list(gradient_stats(ctx)["ffn_sq"])
 
-class Taylor:
+
+class Taylor(Importance):
     """First-order Taylor on head outputs, |dL/do . o| per token, averaged over examples."""
 
     name = "taylor"
 
-    def __call__(self, ctx: ScoreContext) -> list[torch.Tensor]:
+    def heads(self, ctx: ScoreContext) -> list[torch.Tensor]:
         return [s / len(ctx.dataset) for s in gradient_stats(ctx)["taylor"]]
 
+    def neurons(self, ctx: ScoreContext) -> list[torch.Tensor]:
+        return [s / len(ctx.dataset) for s in gradient_stats(ctx)["ffn_taylor"]]
 
-class TaylorWeight:
+
+class TaylorWeight(Importance):
     """|dL/dW * W| summed over each head's slice of the output projection."""
 
     name = "taylor-weight"
 
-    def __call__(self, ctx: ScoreContext) -> list[torch.Tensor]:
+    def heads(self, ctx: ScoreContext) -> list[torch.Tensor]:
         stats = gradient_stats(ctx, weights=True)
         scores = []
         for o, grad, n in zip(_o_modules(ctx.model), stats["weight"], ctx.head_counts()):
@@ -175,3 +198,10 @@ class TaylorWeight:
             term = term.T if is_conv1d(o) else term
             scores.append(term.reshape(term.shape[0], n, -1).sum(dim=(0, 2)) / len(ctx.dataset))
         return scores
+
+    def neurons(self, ctx: ScoreContext) -> list[torch.Tensor]:
+        out = []
+        for down, grad in zip(down_modules(ctx.model), gradient_stats(ctx, weights=True)["ffn_weight"]):
+            term = (grad * down.weight.detach().double()).abs()
+            out.append((term.sum(1) if is_conv1d(down) else term.sum(0)) / len(ctx.dataset))  # [in, out] for Conv1D
+        return out

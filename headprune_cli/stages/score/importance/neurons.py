@@ -1,9 +1,10 @@
-"""FFN neuron scores, computed in the same passes as the head scores (`score --ffn`).
+"""FFN neuron statistics, gathered in the same passes as the head scores (`score --ffn`).
 
 A neuron is one input feature of a layer's down projection. Its mask m_j multiplies that
 feature, so dL/dm_j = sum_t dL/dx_{t,j} x_{t,j}: a tensor hook on the down projection's
 input gives it per token and per example in the heads' one backward pass, without a
 [batch, seq, width] gate tensor per layer (at LLM widths that would be gigabytes).
+Each method's `neurons()` turns the statistics into scores:
 - gradient: mean_i |dL_i/dm_j| (never normalised: neurons and heads share one scale);
 - fisher (Kwon et al. 2022): sum_i (dL_i/dm_j)^2, the same diagonal Fisher as the heads';
 - taylor: mean_i sum_t |dL_i/dx_{t,j} x_{t,j}|;
@@ -108,33 +109,6 @@ class _Tap(torch.autograd.Function):
         return grad, None
 
 
-def neuron_scores(method: str, ctx: ScoreContext, stats: dict[str, list[torch.Tensor]]) -> list[torch.Tensor]:
-    """Per kept layer, one float64 score per kept neuron (current order); higher = keep."""
-    n = len(ctx.dataset)
-    if method == "gradient":
-        return [s / n for s in stats["ffn_abs"]]
-    if method == "fisher":
-        return list(stats["ffn_sq"])
-    if method == "taylor":
-        return [s / n for s in stats["ffn_taylor"]]
-    if method == "taylor-weight":
-        out = []
-        for down, grad in zip(down_modules(ctx.model), stats["ffn_weight"]):
-            term = (grad * down.weight.detach().double()).abs()
-            out.append((term.sum(1) if is_conv1d(down) else term.sum(0)) / n)  # [in, out] for Conv1D
-        return out
-    if method == "activation":
-        out = []
-        for down, x2 in zip(down_modules(ctx.model), stats["ffn_x2"]):
-            w = down.weight.detach().double()
-            column_norms = w.norm(dim=1) if is_conv1d(down) else w.norm(dim=0)
-            out.append(column_norms.to(ctx.device) * x2.sqrt())
-        return out
-    if method == "random":
-        return random_scores(ctx)
-    raise ValueError(f"no neuron scores for {method!r}")
-
-
 def random_scores(ctx: ScoreContext) -> list[torch.Tensor]:
     """Uniform [0, 1) per ORIGINAL (layer, neuron): a cut model's neurons keep their draws."""
     gen = torch.Generator().manual_seed(ctx.seed * 7 + 1)
@@ -151,3 +125,13 @@ def activation_stats(ctx: ScoreContext) -> dict[str, list[torch.Tensor]]:
             with taps.attached(batch["attention_mask"]):
                 ctx.model(**{k: v for k, v in batch.items() if k != "labels"})
     return {"ffn_x2": ctx.reduce(taps.sums["x2"])}
+
+
+def activation_neurons(ctx: ScoreContext) -> list[torch.Tensor]:
+    """||W_down[:, j]||_2 * ||x_j||_2 per neuron: Wanda's product for a whole input channel."""
+    out = []
+    for down, x2 in zip(down_modules(ctx.model), activation_stats(ctx)["ffn_x2"]):
+        w = down.weight.detach().double()
+        column_norms = w.norm(dim=1) if is_conv1d(down) else w.norm(dim=0)
+        out.append(column_norms.to(ctx.device) * x2.sqrt())
+    return out
