@@ -231,6 +231,15 @@ class FinetuneOptions(Options):
 
 
 def run(opts: FinetuneOptions, ctx: Context) -> Result:
+    from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
+    from headprune_cli.runtime.faults import peer_faults  # noqa: PLC0415 (keeps torch out of this module's import)
+
+    setup()  # a bad torchrun environment is refused before anything is read
+    with peer_faults(opts.state_dir or opts.output.with_name(opts.output.name + ".state")):
+        return _run(opts, ctx)
+
+
+def _run(opts: FinetuneOptions, ctx: Context) -> Result:
     from headprune_cli.data.readers import read_data  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.checkpoint import load, save  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)

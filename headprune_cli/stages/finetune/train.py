@@ -438,7 +438,9 @@ class _Loop:
     def _load_state(self):
         if not self.cfg.fsdp:
             return train_state.load_state(self.cfg.state_dir, self.model, self.optimizer)
-        target, state = sharding.read_state(self.cfg.state_dir, sharding.plan(self.model, self.ctx.world))
+        target, state = sharding.read_state_agreed(
+            self.cfg.state_dir, sharding.plan(self.model, self.ctx.world), self.ctx
+        )
         like = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         return state, sharding.load_state(target, state, self.model, self.optimizer, self.ctx, like)
 
