@@ -17,6 +17,7 @@ from headprune_cli.artifacts.schema import dumps, write_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.files.io import sha256_bytes
 from headprune_cli.files.outputs import check_distinct, check_folder, check_output, remove_folder
+from headprune_cli.files.staged import published_together
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import dtype_name
 from headprune_cli.stages.budget import Budget, checked, given
@@ -235,7 +236,8 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
     from headprune_cli.runtime.faults import peer_faults  # noqa: PLC0415 (keeps torch out of this module's import)
 
     setup()  # a bad torchrun environment is refused before anything is read
-    with peer_faults(opts.state_dir or opts.output.with_name(opts.output.name + ".state")):
+    # --keep-adapter's folder is published with the output, or removed when the run fails.
+    with peer_faults(opts.state_dir or opts.output.with_name(opts.output.name + ".state")), published_together():
         return _run(opts, ctx)
 
 
@@ -400,7 +402,7 @@ def _merge_lora(opts: FinetuneOptions, adapted, ctx: Context):
 
     if opts.keep_adapter is not None and setup().main:
         save_adapter(adapted, opts.keep_adapter)
-        ctx.print(f"wrote {opts.keep_adapter}")
+        ctx.print(f"adapter ready: {opts.keep_adapter} appears with {opts.output}")
     return merge(adapted)
 
 
