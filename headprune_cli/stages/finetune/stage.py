@@ -561,9 +561,30 @@ def run_finetune(model, train, cfg, dev=None, teacher=None, fingerprint=None, ct
     return result
 
 
+class _LazyProgress(Progress):
+    """A bar drawn from its first update on: a refusal before training starts (a resume state
+    saved under other settings) stays the one `Error:` line on stderr."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live.is_started:  # stopping prints a newline on a non-terminal stderr
+            self.stop()
+
+    def update(self, *args, **kwargs) -> None:
+        if not self.live.is_started and not self.disable:
+            self.start()
+        super().update(*args, **kwargs)
+
+    def refresh(self) -> None:
+        if self.live.is_started:  # before, a refresh would print an empty line
+            super().refresh()
+
+
 def _progress(console, show: bool):
 
-    return Progress(
+    return _LazyProgress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
