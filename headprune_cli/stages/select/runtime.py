@@ -55,11 +55,9 @@ def check_serves(runtime: str | None, scores, source: str | None) -> None:
 
 
 def _served_model_types(runtime: str) -> tuple[str, ...]:
-    if runtime == "vllm":
-        from headprune_cli.model.vllm_export import FAMILIES  # noqa: PLC0415 (the export's own list, loaded when asked)
-    else:
-        from headprune_cli.model.gguf_export import FAMILIES  # noqa: PLC0415 (the export's own list, loaded when asked)
-    return FAMILIES
+    from headprune_cli.model import gguf_export, vllm_export  # noqa: PLC0415 (the exports' own lists, loaded when asked)
+
+    return vllm_export.FAMILIES if runtime == "vllm" else gguf_export.FAMILIES
 
 
 def shape_rules(runtime: str | None) -> dict[str, bool]:
