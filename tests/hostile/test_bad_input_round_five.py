@@ -1,5 +1,5 @@
 """Bad input on round five's surfaces (issue 50), part of the bad-input matrix (its contract,
-workspace and runner: test_bad_input_matrix.py): 18 cases, then 2 failures that must leave
+workspace and runner: test_bad_input_matrix.py): 20 cases, then 2 failures that must leave
 nothing behind.
 
 - torchrun's environment set by hand: WORLD_SIZE without the rendezvous, not a number, a rank
@@ -10,6 +10,7 @@ nothing behind.
 - `finetune --rewind-to` a checkpoint of another architecture of the same family (Qwen3 into
   LLaMA), or with tensors the model has no place for (attention biases).
 - `select --runtime llama.cpp|vllm` on models those engines cannot serve.
+- `iterate` schedules the constraints cannot meet, refused before the first round.
 - resuming a `--lora` training state without --lora, or with another rank.
 Each is one `Error:` line, the documented exit code, and every file exactly as it was.
 """
@@ -96,7 +97,27 @@ def _resume(*extra: str) -> Callable[[Path], list]:
     ]
 
 
+def _iterate(*schedule: str) -> Callable[[Path], list]:
+    return lambda f: [
+        *["iterate", f / M, "--data", f / D, "--eval-data", f / D, "--recover", "lstsq", *schedule],
+        *["-o", f / "o.safetensors"],
+    ]
+
+
 ROUND_FIVE_CASES = [
+    Case(
+        "iterate --target-flops 0.8,0.3 past the constraints",
+        _iterate("--target-flops", "0.8,0.3"),
+        2,
+        "--target-flops 0.3 (the schedule's last round) cannot be met within the constraints, measured on the "
+        "original model (best: 0.500",
+    ),
+    Case(
+        "iterate --schedule 0.5,0.99 past what can be removed",
+        _iterate("--schedule", "0.5,0.99"),
+        2,
+        "--schedule 0.99: at most 12 of the 16 heads",
+    ),
     Case("tasks b and shared-b", _tasks("b", "shared-b"), 2, "'b' and 'shared-b' would both write plan-shared-b.json"),
     Case("tasks B and b", _tasks("B", "b"), 2, "would both write scores-B.json"),
     Case(
