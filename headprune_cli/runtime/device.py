@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from headprune_cli.errors import UsageError
-from headprune_cli.runtime.launch import launch
+from headprune_cli.runtime.launch import env_int, launch
 
 if TYPE_CHECKING:
     import torch
@@ -63,7 +63,6 @@ def resolve_device(spec: str = "auto") -> torch.device:
     import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 
     text = (spec or "auto").strip().lower()
-    local = launch().local_rank
     if text == "auto":
         if not torch.cuda.is_available():
             return torch.device("cpu")
@@ -77,6 +76,7 @@ def resolve_device(spec: str = "auto") -> torch.device:
         raise UsageError(
             f"--device {spec}: this machine has no CUDA device that torch can use (use --device cpu or auto)"
         )
+    local = env_int("LOCAL_RANK", 0)  # read only for a CUDA device: the CPU needs none
     index = int(match.group(1)) if match.group(1) is not None else local
     count = torch.cuda.device_count()
     if index >= count:

@@ -38,8 +38,10 @@ def workspace(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _torchrun(folder: Path, *extra: str) -> subprocess.Popen:
-    argv = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "headprune_cli", "finetune", "pruned.safetensors"]
+def _torchrun(folder: Path, *extra: str, logs: str = "logs") -> subprocess.Popen:
+    """finetune --fsdp under torchrun; each rank's stderr goes to its own file under LOGS (_errors)."""
+    argv = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "--log-dir", str(folder / logs), "--redirects", "2"]
+    argv += ["-m", "headprune_cli", "finetune", "pruned.safetensors"]
     argv += ["--data", "train.safetensors", "--batch-size", "2", "--fsdp", "-o", OUT, *extra]
     return subprocess.Popen(argv, cwd=folder, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -75,10 +77,12 @@ def _training_process(launcher: int, rank: int) -> int:
     return max(pids)  # the watcher forks the training process after it starts
 
 
-def _errors(stderr: str) -> list[str]:
-    """Every `Error: ...` line of the ranks (two processes share the pipe: a rank's unfinished
-    progress bar may precede another's error on the same line)."""
-    return re.findall(r"(?:Internal error|Error): [^\n]*", stderr)
+def _errors(logs: Path) -> list[str]:
+    """Every `Error: ...` line each rank wrote to its own stderr (torchrun --redirects 2), rank 0
+    first (a progress bar left unfinished may precede the line)."""
+    files = sorted(logs.rglob("stderr.log"), key=lambda p: p.parent.name)
+    assert len(files) == 2, files
+    return [m for f in files for m in re.findall(r"(?:Internal error|Error): [^\n]*", f.read_text())]
 
 
 def test_kill_9_of_one_rank_is_named_and_a_truncated_shard_is_refused_by_name(workspace: Path):
@@ -92,7 +96,7 @@ def test_kill_9_of_one_rank_is_named_and_a_truncated_shard_is_refused_by_name(wo
     _, err = run.communicate(timeout=120)
     assert run.returncode != 0
     step = json.loads((state / "latest.json").read_text())["step"]
-    lines = _errors(err)
+    lines = _errors(workspace / "logs")
     assert len(lines) == 2, err[-3000:]  # one line per rank, no internal error
     advice = f"resume from step {step} (the state in {OUT}.state): rerun the same torchrun command with --resume"
     assert any(
@@ -107,9 +111,9 @@ def test_kill_9_of_one_rank_is_named_and_a_truncated_shard_is_refused_by_name(wo
     # The same state with one shard cut short: both ranks refuse it by name, exit 2.
     shard = sorted(target.glob("*.distcp"))[0]
     os.truncate(shard, shard.stat().st_size // 2)
-    resumed = _torchrun(workspace, "--steps", "5000", "--save-every", "2", "--resume")
+    resumed = _torchrun(workspace, "--steps", "5000", "--save-every", "2", "--resume", logs="logs-resumed")
     _, err = resumed.communicate(timeout=120)
-    lines = _errors(err)
+    lines = _errors(workspace / "logs-resumed")
     expected = f"Error: --resume: shard {OUT}.state/{target.name}/{shard.name} of the training state is corrupt"
     assert len(lines) == 2 and all(line.startswith(expected) for line in lines), err[-3000:]
     assert err.count("exitcode  : 2 ") == 2  # torchrun's summary: both ranks exited 2
