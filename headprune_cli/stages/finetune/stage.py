@@ -17,6 +17,7 @@ from headprune_cli.artifacts.schema import dumps, write_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.files.io import sha256_bytes
 from headprune_cli.files.outputs import check_distinct, check_folder, check_output, remove_folder
+from headprune_cli.files.staged import published_together
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import dtype_name
 from headprune_cli.stages.budget import Budget
@@ -124,6 +125,16 @@ class FinetuneOptions(RecoveryOptions, TokenOptions, LoraOptions, BudgetOptions,
 
 
 def run(opts: FinetuneOptions, ctx: Context) -> Result:
+    from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
+    from headprune_cli.runtime.faults import peer_faults  # noqa: PLC0415 (keeps torch out of this module's import)
+
+    setup()  # a bad torchrun environment is refused before anything is read
+    # --keep-adapter's folder is published with the output, or removed when the run fails.
+    with peer_faults(opts.state_dir or opts.output.with_name(opts.output.name + ".state")), published_together():
+        return _run(opts, ctx)
+
+
+def _run(opts: FinetuneOptions, ctx: Context) -> Result:
     from headprune_cli.data.readers import read_data  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.checkpoint import load, save  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
@@ -262,7 +273,7 @@ def _merge_lora(opts: FinetuneOptions, adapted, ctx: Context):
 
     if opts.keep_adapter is not None and setup().main:
         save_adapter(adapted, opts.keep_adapter)
-        ctx.print(f"wrote {opts.keep_adapter}")
+        ctx.print(f"adapter ready: {opts.keep_adapter} appears with {opts.output}")
     return merge(adapted)
 
 
@@ -421,9 +432,30 @@ def run_finetune(model, train, cfg, dev=None, teacher=None, fingerprint=None, ct
     return result
 
 
+class _LazyProgress(Progress):
+    """A bar drawn from its first update on: a refusal before training starts (a resume state
+    saved under other settings) stays the one `Error:` line on stderr."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live.is_started:  # stopping prints a newline on a non-terminal stderr
+            self.stop()
+
+    def update(self, *args, **kwargs) -> None:
+        if not self.live.is_started and not self.disable:
+            self.start()
+        super().update(*args, **kwargs)
+
+    def refresh(self) -> None:
+        if self.live.is_started:  # before, a refresh would print an empty line
+            super().refresh()
+
+
 def _progress(console, show: bool):
 
-    return Progress(
+    return _LazyProgress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
