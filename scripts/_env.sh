@@ -26,3 +26,10 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   echo "$WANT" > "$STAMP"
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# The real-text corpus of the LLM benchmarks and demo (scripts/tools/handbook_corpus.py) reads
+# Debian's `debian-handbook` package; installed here when absent and apt can (root on Debian).
+if [ ! -d /usr/share/doc/debian-handbook/html/en-US ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  { apt-get install -y -qq --no-install-recommends debian-handbook >/dev/null 2>&1 \
+    || { apt-get update -qq && apt-get install -y -qq --no-install-recommends debian-handbook; }; } >&2 \
+    || echo "warning: could not install debian-handbook (the LLM corpus); apt-get install debian-handbook" >&2
+fi
