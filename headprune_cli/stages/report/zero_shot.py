@@ -77,7 +77,9 @@ def _next_token_hits(logits: torch.Tensor, batch: dict) -> tuple[torch.Tensor, t
     return predicted == batch["input_ids"][:, 1:], mask[:, 1:] & mask[:, :-1]
 
 
-def _word_hits(correct: torch.Tensor, valid: torch.Tensor, targets: torch.Tensor, starts: torch.Tensor) -> tuple[int, int]:
+def _word_hits(
+    correct: torch.Tensor, valid: torch.Tensor, targets: torch.Tensor, starts: torch.Tensor
+) -> tuple[int, int]:
     """(words all of whose tokens were top-1, words counted) in one batch."""
     vocab = starts.shape[0]
     begins = valid & starts[targets.clamp(0, vocab - 1)] & (targets < vocab)
