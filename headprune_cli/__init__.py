@@ -15,20 +15,69 @@ import importlib
 
 __version__ = "0.1.0"
 
-# Public name -> (module, attribute); attribute None means the module itself.
+# Public name -> (module, attribute); attribute None means the module itself. This table is the
+# library's public surface: README's Python API, notebooks and scripts/benchmarks use these names
+# only (tests/test_layout.py enforces it for the benchmarks), so internal modules can move freely as
+# long as this table follows them.
 _PUBLIC = {
+    # checkpoints and models
     "load": ("headprune_cli.model.checkpoint", "load"),
     "save": ("headprune_cli.model.checkpoint", "save"),
+    "import_folder": ("headprune_cli.model.importer", "import_folder"),
+    "info_of": ("headprune_cli.model.layout", "info_of"),
+    "flops_per_token": ("headprune_cli.model.cost", "flops_per_token"),
+    "count_params": ("headprune_cli.model.cost", "count_params"),
+    "predict_cost": ("headprune_cli.model.cost_table", "predict"),
     "apply_plan": ("headprune_cli.model.surgery", "apply_plan"),
+    "prune_file": ("headprune_cli.model.streaming", "prune_file"),  # file to file, one tensor at a time
+    # every stage as a library call: run_stage("score", checkpoint=..., data=..., output=...)
+    "run_stage": ("headprune_cli.stages.unit", "run_stage"),
+    # data and metrics
+    "Dataset": ("headprune_cli.data.readers", "Dataset"),
+    "read_data": ("headprune_cli.data.readers", "read_data"),
+    "batches": ("headprune_cli.data.readers", "batches"),
+    "evaluate": ("headprune_cli.stages.objectives", "evaluate"),
+    "embed": ("headprune_cli.stages.objectives", "embed"),
+    "cosine": ("headprune_cli.stages.objectives", "cosine"),
+    # the fidelity objective's first-order surrogate: a seeded random projection of each output
+    "probe_loss": ("headprune_cli.stages.score.importance.gradients", "probe_loss"),
+    # importance, selection, compensation
     "score_model": ("headprune_cli.stages.score.importance", "score_model"),
+    "scores_artifact": ("headprune_cli.stages.score.importance", "scores_artifact"),
+    "ScoreTable": ("headprune_cli.stages.score.table", "ScoreTable"),
+    "Scores": ("headprune_cli.artifacts.schema", "Scores"),
+    "read_artifact": ("headprune_cli.artifacts.schema", "read_artifact"),
+    "Budget": ("headprune_cli.stages.budget", "Budget"),
+    "Constraints": ("headprune_cli.stages.select.chains", "Constraints"),
     "select": ("headprune_cli.stages.select.strategies", "select"),
     "compensate": ("headprune_cli.stages.prune.compensation", "compensate"),
-    "finetune": ("headprune_cli.stages.finetune.train", None),
     "iterative_prune": ("headprune_cli.stages.iterate.rounds", "iterative_prune"),
-    "build_report": ("headprune_cli.stages.report.build", "build_report"),
-    "run_sweep": ("headprune_cli.stages.sweep.ratios", "run_sweep"),
+    "schedule_of": ("headprune_cli.stages.iterate.schedule", "schedule_of"),
+    # recovery: train(model, data, FinetuneConfig(...), teacher=...) is finetune's loop in memory
+    "train": ("headprune_cli.stages.finetune.train", "finetune"),
+    "FinetuneConfig": ("headprune_cli.stages.finetune.train", "FinetuneConfig"),
+    "default_lr": ("headprune_cli.stages.finetune.train", "default_lr"),
+    "rewind": ("headprune_cli.stages.finetune.rewind", "rewind"),
+    "reinit": ("headprune_cli.stages.finetune.rewind", "reinit"),
+    # speed: latency of a forward, and the serving (prefill / decode) measurements report makes
+    "measure_latency": ("headprune_cli.stages.report.latency", "measure"),
+    "synthetic_inputs": ("headprune_cli.stages.report.latency", "synthetic_inputs"),
+    "max_sequence": ("headprune_cli.stages.report.latency", "max_sequence"),
+    "LatencyTable": ("headprune_cli.model.latency_table", "LatencyTable"),
+    "layout_counts": ("headprune_cli.stages.profile.build", "layout_counts"),
+    # export and the shipped formats
     "export_onnx": ("headprune_cli.model.export", "export_onnx"),
     "export_hf": ("headprune_cli.model.export", "export_hf"),
+    "export_quantized": ("headprune_cli.model.onnx_quantize", "export_quantized"),
+    "OnnxModel": ("headprune_cli.stages.report.shipped", "OnnxModel"),
+    "build_report": ("headprune_cli.stages.report.build", "build_report"),
+    "run_sweep": ("headprune_cli.stages.sweep.ratios", "run_sweep"),
+    "UsageError": ("headprune_cli.errors", "UsageError"),
+    # modules: the training loop, the serving measurements, losses and metrics
+    "finetune": ("headprune_cli.stages.finetune.train", None),
+    "serving": ("headprune_cli.stages.report.serving", None),
+    "latency": ("headprune_cli.stages.report.latency", None),
+    "objectives": ("headprune_cli.stages.objectives", None),
     # The module names the README documented before the layout grouped them:
     "checkpoint": ("headprune_cli.model.checkpoint", None),
     "surgery": ("headprune_cli.model.surgery", None),

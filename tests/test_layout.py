@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -126,6 +127,17 @@ def test_the_public_api_resolves_every_documented_name():
         headprune_cli.nonsense  # noqa: B018
 
 
+def test_every_public_name_resolves():
+    """The public table follows the modules it points into: a module moved without its entry fails here."""
+    missing = []
+    for name in headprune_cli.__all__:
+        try:
+            getattr(headprune_cli, name)
+        except (AttributeError, ImportError) as exc:
+            missing.append(f"{name}: {exc}")
+    assert missing == []
+
+
 def test_help_lists_every_command_with_its_docstring_line(cli):
     from headprune_cli.cli.app import COMMANDS, all_commands
 
@@ -142,9 +154,9 @@ def test_score_help_names_every_registered_method(cli):
         assert method in result.out
 
 
-def _package_imports() -> dict[str, set[str]]:
-    """Module -> the package modules it imports (function-level imports included)."""
-    files = {_module_name(path, ROOT): path for path in PACKAGE.rglob("*.py")}
+def _package_imports(folder: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the modules of `folder` it imports (function-level imports included)."""
+    files = {_module_name(path, ROOT): path for path in folder.rglob("*.py")}
     graph = {}
     for name, path in files.items():
         targets = set()
@@ -250,3 +262,48 @@ def test_every_function_level_import_says_why_it_is_not_at_the_top():
                     if not comment.strip(" ()"):
                         unexplained.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert unexplained == []
+
+
+BENCHMARKS = ROOT / "scripts" / "benchmarks"
+
+
+def _headprune_uses(path: Path) -> list[str]:
+    """What a benchmark file reaches in headprune_cli other than its public names: imports of
+    internal modules, names outside `__all__`, attributes `headprune_cli.X` outside it; for a shell
+    script, the Python it embeds."""
+    text = path.read_text()
+    if path.suffix == ".sh":  # the import statements of the Python it embeds, one a line
+        text = "\n".join(re.findall(r"from headprune_cli[\w.]* import [\w, ]*\w|import headprune_cli[\w.]*", text))
+    bad = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("headprune_cli"):
+            public = node.module == "headprune_cli"
+            bad += [f"{node.module}.{a.name}" for a in node.names if not public or a.name not in headprune_cli.__all__]
+        elif isinstance(node, ast.Import):
+            bad += [a.name for a in node.names if a.name.startswith("headprune_cli.")]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "headprune_cli":
+            bad += [] if node.attr in headprune_cli.__all__ else [f"headprune_cli.{node.attr}"]
+    return bad
+
+
+def test_benchmarks_use_only_the_public_api():
+    """scripts/benchmarks reach headprune through `headprune_cli`'s public names or the CLI, so the
+    library's internal modules can move without breaking a benchmark."""
+    offenders = {p.name: _headprune_uses(p) for p in sorted(BENCHMARKS.glob("*.[ps][yh]"))}
+    assert {name: bad for name, bad in offenders.items() if bad} == {}
+
+
+def test_the_public_api_check_sees_internal_imports(tmp_path):
+    script = tmp_path / "bench.py"
+    script.write_text(
+        "import headprune_cli\nfrom headprune_cli import load\nfrom headprune_cli.model.surgery import apply_plan\n"
+        "def f():\n    return headprune_cli.secret(), headprune_cli.save\n"
+    )
+    assert _headprune_uses(script) == ["headprune_cli.model.surgery.apply_plan", "headprune_cli.secret"]
+    shell = tmp_path / "bench.sh"
+    shell.write_text('X=$(python -c "from headprune_cli.model.cost import count_params; print(1)")\n')
+    assert _headprune_uses(shell) == ["headprune_cli.model.cost.count_params"]
+
+
+def test_the_benchmarks_have_no_import_circles():
+    assert _cycles(_package_imports(BENCHMARKS)) == []

@@ -166,6 +166,14 @@ def get(name: str) -> Stage:
     return importlib.import_module(module_of(name)).STAGE
 
 
+def run_stage(name: str, *, progress: bool = False, **options: Any) -> Result:
+    """Stage `name` run in this process as `headprune NAME` runs it: its options model built from
+    `options` (the keys of a `headprune run` YAML stage entry), checked and run. The library's one
+    entry to every stage, so scripts need no stage's internals."""
+    stage = get(name)
+    return stage.run(stage.options(**options), Context(progress=progress))
+
+
 def all_stages() -> dict[str, Stage]:
     return {name: get(name) for name in NAMES}
 

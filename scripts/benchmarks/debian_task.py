@@ -28,13 +28,6 @@ DEMO = ROOT / "examples" / "demo"
 LENGTH = 32  # one-line descriptions: they fit 32 word pieces
 
 
-def quiet_context():
-    """A stage context without progress bars."""
-    from headprune_cli.stages.unit import Context
-
-    return Context(progress=False)
-
-
 def debian_checkpoint(seed: int) -> Path:
     """The fine-tuned Debian-sections classifier of `seed`."""
     return DEBIAN_SECTIONS / ("model.safetensors" if seed == 0 else f"model-seed{seed}.safetensors")
@@ -56,8 +49,7 @@ def debian_task(seed: int, demo: bool = False) -> dict:
 
 def dev_accuracy(model, t: dict) -> float:
     """Dev accuracy (%) of a loaded classifier on the task's dev.jsonl."""
-    from headprune_cli.data.readers import read_data
-    from headprune_cli.stages.objectives import evaluate
+    from headprune_cli import evaluate, read_data
 
     dev = read_data(t["dev"], model, max_length=t["length"])
     return 100 * next(m.value for m in evaluate(model, dev, "classification") if m.name == "accuracy")
@@ -79,37 +71,37 @@ def _on_calibration(t: dict, out: Path, method: str) -> dict:
 
 def run_score(t: dict, out: Path, method: str, **options) -> Path:
     """`score MODEL --data calib.jsonl --method METHOD` at the task's length and seed, into `out`."""
-    from headprune_cli.stages.score import stage
+    from headprune_cli import run_stage
 
     if not out.is_file():
-        stage.run(stage.ScoreOptions(**_on_calibration(t, out, method), **options), quiet_context())
+        run_stage("score", **_on_calibration(t, out, method), **options)
     return out
 
 
 def run_search(t: dict, out: Path, method: str, **options) -> Path:
     """`search MODEL --data calib.jsonl --method METHOD` at the task's length and seed, into the plan `out`."""
-    from headprune_cli.stages.search import stage
+    from headprune_cli import run_stage
 
     if not out.is_file():
-        stage.run(stage.SearchOptions(**_on_calibration(t, out, method), **options), quiet_context())
+        run_stage("search", **_on_calibration(t, out, method), **options)
     return out
 
 
 def run_select(scores: Path, out: Path, **options) -> Path:
     """`select SCORES [options]` into the plan `out`."""
-    from headprune_cli.stages.select import stage
+    from headprune_cli import run_stage
 
     if not out.is_file():
-        stage.run(stage.SelectOptions(scores=str(scores), output=out, **options), quiet_context())
+        run_stage("select", scores=str(scores), output=out, **options)
     return out
 
 
 def run_prune(plan: Path, out: Path, **options) -> Path:
     """`prune --plan PLAN [options]` into the checkpoint `out`."""
-    from headprune_cli.stages.prune import stage
+    from headprune_cli import run_stage
 
     if not out.is_file():
-        stage.run(stage.PruneOptions(plan=str(plan), output=out, **options), quiet_context())
+        run_stage("prune", plan=str(plan), output=out, **options)
     return out
 
 
@@ -118,23 +110,48 @@ def run_prune_lstsq(t: dict, plan: Path, out: Path) -> Path:
     return run_prune(plan, out, compensation="lstsq", data=t["calib"], max_length=t["length"])
 
 
+def plan_row(
+    t, name, kind, value, plan_path: Path, timing: dict, folder: Path, baseline: float, compensation: str
+) -> dict:
+    """One table row: `plan_path` pruned (compensated unless `compensation` is none) and judged on dev."""
+    plan = json.loads(plan_path.read_text())
+    data = t["calib"] if compensation != "none" else None
+    out = folder / (plan_path.stem.replace("plan-", "") + f".{compensation}.safetensors")
+    pruned = run_prune(plan_path, out, compensation=compensation, data=data, max_length=t["length"])
+    predicted = plan["predicted"]
+    acc = checkpoint_accuracy(pruned, t)
+    return dict(
+        model=t["name"],
+        route=name,
+        cut=f"--{kind.replace('_', '-')} {value}",
+        accuracy=acc,
+        drop=acc - baseline,
+        heads=sum(len(v) for v in plan["remove_heads"].values()),
+        layers=plan["remove_layers"],
+        flops=predicted["after"]["flops_per_token"] / predicted["before"]["flops_per_token"],
+        compensation=compensation,
+        search=plan.get("search"),
+        wall_s=timing.get("wall_s"),
+        load=timing.get("load"),
+        checkpoint=str(pruned),
+    )
+
+
 def run_finetune(t: dict, source: Path, out: Path, **options) -> Path:
     """`finetune SOURCE --data train.jsonl --teacher auto --epochs 1 [options]` at the task's
     length and seed, into `out` (`epochs=` in the options replaces the one epoch)."""
-    from headprune_cli.stages.finetune import stage
+    from headprune_cli import run_stage
 
     if not out.is_file():
-        stage.run(
-            stage.FinetuneOptions(
-                checkpoint=source,
-                data=t["train"],
-                output=out,
-                teacher="auto",
-                max_length=t["length"],
-                seed=t["seed"],
-                **{"epochs": 1, **options},
-            ),
-            quiet_context(),
+        run_stage(
+            "finetune",
+            checkpoint=source,
+            data=t["train"],
+            output=out,
+            teacher="auto",
+            max_length=t["length"],
+            seed=t["seed"],
+            **{"epochs": 1, **options},
         )
     return out
 

@@ -3,13 +3,14 @@
 Usage:
   nice python -m scripts.benchmarks.decode                       # LLaMA shape, context 1024, batch 1 and 8
   nice python -m scripts.benchmarks.decode --batches 1 --repeats 3 --json decode.json
+  nice python -m scripts.benchmarks.suite --only decode           # the same, into BENCHMARKS.md's decode block
   python -m scripts.benchmarks.decode --quick                    # a tiny LLaMA, seconds (the test suite)
 
 A LLaMA-shaped model (hidden 1024, 16 query heads sharing 4 key/value heads, head_dim 64,
 random weights: speed does not depend on values) and a copy without the last 2 of the 4
 KV groups of every layer (`select --uniform` would keep the same count per layer) are
 measured side by side, interleaved in alternating order after warm-up
-(headprune_cli.stages.report.latency.measure_runs):
+(headprune_cli.latency.measure_runs):
 - prefill: one forward over the `context`-token prompt with the KV cache on (output head
   for the last position only, as a server runs it);
 - decode: `tokens` greedy steps after a `context`-token cache. The cache is filled with
@@ -18,7 +19,7 @@ measured side by side, interleaved in alternating order after warm-up
   run crops it back to `context` and decodes again, so a sample never pays for a prefill.
   The KV bytes per token that a real prefill leaves in transformers' cache are measured
   separately, as the check on the prediction.
-Predictions are the report's own (headprune_cli.stages.report.serving.decode_prediction):
+Predictions are the report's own (headprune_cli.serving.decode_prediction):
 prefill from FLOPs, decode from bytes read per generated token; KV bytes per token are
 exact from the layout.
 """
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from functools import partial
@@ -35,9 +35,7 @@ from pathlib import Path
 
 import torch
 
-from headprune_cli.model.arch import adapter_for
-from headprune_cli.stages.report.latency import decode, measure_runs, prefill, prompt_ids
-from headprune_cli.stages.report.serving import Generation, decode_prediction, kv_section
+from headprune_cli import latency, serving
 
 from .speed import llama_shaped, remove_fraction
 
@@ -51,7 +49,7 @@ HEADER = (
 
 def _prefill_ms(model, ids) -> dict[str, float]:
     start = time.perf_counter()
-    prefill(model, ids)
+    latency.prefill(model, ids)
     return {"prefill": (time.perf_counter() - start) * 1000.0}
 
 
@@ -61,13 +59,12 @@ def synthetic_cache(model, batch: int, context: int):
     1024 tokens costs minutes on 2 shared cores and is timed on its own anyway."""
     from transformers import DynamicCache
 
-    adapter = adapter_for(model)
     cache = DynamicCache(config=model.config)
     gen = torch.Generator().manual_seed(0)
-    for index, block in enumerate(adapter.layer_list(model)):
-        view = adapter.attention(block)
-        shape = (batch, view.num_kv_heads, context, view.head_dim)
-        dtype = view.o.weight.dtype
+    for index, block in enumerate(model.model.layers):  # LLaMA-shaped: the KV heads are k_proj's rows
+        attention = block.self_attn
+        shape = (batch, attention.k_proj.out_features // attention.head_dim, context, attention.head_dim)
+        dtype = attention.o_proj.weight.dtype
         cache.update(torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype), index)
     return cache
 
@@ -75,7 +72,7 @@ def synthetic_cache(model, batch: int, context: int):
 def real_kv_bytes_per_token(model, prompt: int = 8) -> float:
     """Bytes transformers' own cache holds per token after a real prefill: the check on the prediction."""
     with torch.inference_mode():
-        cache, _ = prefill(model, prompt_ids(model, 1, prompt))
+        cache, _ = latency.prefill(model, latency.prompt_ids(model, 1, prompt))
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)) / prompt
 
 
@@ -85,13 +82,13 @@ class Decoder:
     def __init__(self, model, batch: int, context: int, tokens: int):
         self.model, self.context, self.tokens = model, context, tokens
         self.cache = synthetic_cache(model, batch, context)
-        self.first = prompt_ids(model, batch, 1, seed=1)
+        self.first = latency.prompt_ids(model, batch, 1, seed=1)
 
     def __call__(self) -> dict[str, float]:
         # Back to the context (crop takes the count to drop, negative): every run decodes the same positions.
         self.cache.crop(self.context - self.cache.get_seq_length())
         start = time.perf_counter()
-        decode(self.model, self.cache, self.first, self.tokens)
+        latency.decode(self.model, self.cache, self.first, self.tokens)
         return {"decode": (time.perf_counter() - start) * 1000.0}
 
 
@@ -106,18 +103,20 @@ def bench_batch(
     warmup: int,
     measure_prefill: bool = True,
 ) -> dict:
-    predicted = decode_prediction(models["baseline"], models["pruned"], Generation(batch, context, tokens))
-    ids = {name: prompt_ids(model, batch, context) for name, model in models.items()}
+    predicted = serving.decode_prediction(
+        models["baseline"], models["pruned"], serving.Generation(batch, context, tokens)
+    )
+    ids = {name: latency.prompt_ids(model, batch, context) for name, model in models.items()}
     torch.set_num_threads(threads)
     decoders = {name: Decoder(model, batch, context, tokens) for name, model in models.items()}
-    timed_decode = measure_runs(decoders, repeats, warmup, threads)
+    timed_decode = latency.measure_runs(decoders, repeats, warmup, threads)
     decode_ms = {name: t["decode"] for name, t in timed_decode.items()}
     prefill_ms = None
     if measure_prefill:
         prefill_runs = {name: partial(_prefill_ms, model, ids[name]) for name, model in models.items()}
-        timed_prefill = measure_runs(prefill_runs, prefill_repeats, min(warmup, 1), threads)
+        timed_prefill = latency.measure_runs(prefill_runs, prefill_repeats, min(warmup, 1), threads)
         prefill_ms = {name: t["prefill"] for name, t in timed_prefill.items()}
-    kv = kv_section(models["baseline"], models["pruned"])
+    kv = serving.kv_section(models["baseline"], models["pruned"])
     row = {
         "batch": batch,
         "context": context,
@@ -203,8 +202,6 @@ def markdown(result: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import render as bench_report  # noqa: PLC0415  (suite and render import this module: imported at run time)
-    from . import suite as bench  # noqa: PLC0415  (machine facts)
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny LLaMA: seconds, the same code path")
@@ -218,12 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--prefill-batches", help="batches whose prefill is timed too (default: every batch)")
     parser.add_argument("--json", type=Path, help="also write the measurements here")
-    parser.add_argument(
-        "--out", type=Path, help="replace section 11 of this Markdown file (BENCHMARKS.md) with the result"
-    )
     args = parser.parse_args(argv)
     prefill_batches = tuple(int(b) for b in args.prefill_batches.split(",")) if args.prefill_batches else None
-    load_before = bench.loadavg()
     result = decode_rows(
         args.quick,
         args.threads,
@@ -239,19 +232,6 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(markdown(result)))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    if args.out:
-        threads = os.environ.get("OMP_NUM_THREADS", "unset")
-        arguments = " ".join(argv if argv is not None else sys.argv[1:])
-        command = f"OMP_NUM_THREADS={threads} python -m scripts.benchmarks.decode {arguments}"
-        alone = {
-            "command": command.strip(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": bench.machine(args.threads),
-            "load_before": load_before,
-            "load_after": bench.loadavg(),
-        }
-        before = args.out.read_text() if args.out.exists() else ""
-        args.out.write_text(bench_report.splice(before, bench_report.decode_section(result, alone)))
     return 0
 
 

@@ -3,7 +3,7 @@
 Rows, per Debian-sections classifier (seed 0 and 1; dev.jsonl (471 rows) only evaluates;
 32 tokens), `--method fisher --ffn` throughout, per FLOPs target T:
   one-shot/calib  score on calib.jsonl (233 rows) -> select --target-flops T
-                  -> prune --compensate lstsq --data calib.jsonl (BENCHMARKS section 26's route)
+                  -> prune --compensate lstsq --data calib.jsonl (BENCHMARKS.md, "Which method" route)
   one-shot/train  the same with train.jsonl (1696 rows) for scoring and compensation
                   (prune reads its first 256 rows, the --samples default)
   iterate/train   iterate --recover lstsq --data train.jsonl --target-flops 0.8,0.7,..,T:
@@ -28,7 +28,6 @@ from pathlib import Path
 from scripts.benchmarks.debian_task import (
     checkpoint_accuracy,
     debian_task,
-    quiet_context,
     row_sink,
     run_prune_lstsq,
     run_score,
@@ -62,10 +61,10 @@ def one_shot(t: dict, folder: Path, split: str, target: float) -> tuple[Path, di
 
 
 def iterated(t: dict, folder: Path, target: float) -> tuple[Path, dict]:
-    from headprune_cli.stages.iterate import stage
+    from headprune_cli import run_stage
 
     out = folder / f"iterate-train-{target}.safetensors"
-    options = stage.IterateOptions(
+    options = dict(
         checkpoint=t["model"],
         data=t["train"],
         eval_data=t["dev"],
@@ -77,12 +76,11 @@ def iterated(t: dict, folder: Path, target: float) -> tuple[Path, dict]:
         max_length=t["length"],
         seed=t["seed"],
     )
-    return out, run_timed(out, lambda: stage.run(options, quiet_context()))
+    return out, run_timed(out, lambda: run_stage("iterate", **options))
 
 
 def measured(path: Path, t: dict, original_flops: float) -> dict:
-    from headprune_cli import load
-    from headprune_cli.model.cost import flops_per_token
+    from headprune_cli import flops_per_token, load
 
     model = load(path)
     layout = model.headprune.layout
@@ -94,8 +92,7 @@ def measured(path: Path, t: dict, original_flops: float) -> dict:
 
 
 def rows_for(seed: int, work: Path, targets: list[float], sink, demo: bool = False) -> None:
-    from headprune_cli import load
-    from headprune_cli.model.cost import flops_per_token
+    from headprune_cli import flops_per_token, load
 
     t = debian_task(seed, demo)
     folder = work / t["name"]

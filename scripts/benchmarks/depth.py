@@ -29,20 +29,27 @@ from pathlib import Path
 
 import torch
 
-from headprune_cli import load
-from headprune_cli.artifacts.schema import Scores
-from headprune_cli.data.readers import read_data
-from headprune_cli.errors import UsageError
-from headprune_cli.model.cost_table import predict
-from headprune_cli.model.surgery import apply_plan
-from headprune_cli.stages.budget import Budget
-from headprune_cli.stages.finetune.train import FinetuneConfig, default_lr, finetune
-from headprune_cli.stages.objectives import evaluate
-from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs
-from headprune_cli.stages.score.importance import score_model, scores_artifact
-from headprune_cli.stages.score.table import ScoreTable
-from headprune_cli.stages.select.chains import Constraints
-from headprune_cli.stages.select.strategies import select
+from headprune_cli import (
+    Budget,
+    Constraints,
+    FinetuneConfig,
+    Scores,
+    ScoreTable,
+    UsageError,
+    apply_plan,
+    default_lr,
+    evaluate,
+    load,
+    max_sequence,
+    read_data,
+    score_model,
+    scores_artifact,
+    select,
+    synthetic_inputs,
+)
+from headprune_cli import measure_latency as measure
+from headprune_cli import predict_cost as predict
+from headprune_cli import train as finetune
 
 ROOT = Path(__file__).resolve().parents[2]
 

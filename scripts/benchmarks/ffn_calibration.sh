@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# How much calibration data the retraining-free heads+FFN route wants (BENCHMARKS section 14):
+# How much calibration data the retraining-free heads+FFN route wants (BENCHMARKS.md, "How deep"):
 # on each Debian-sections classifier, `score --method fisher --ffn` on SPLIT (calib = the
 # task's 233 calibration rows, train = its 1696 training rows), `select --target-flops T`,
-# `prune` with each compensation (lstsq-diag = lstsq with the library's diagonal FFN fit,
-# Kwon et al.'s mask tuning, through scripts/benchmarks/ffn_fit_prune.py), `report` on
+# `prune` with each compensation (none, lstsq; the diagonal FFN fit tried beside them is in
+# docs/experiments/2026-12-02-rounds-one-to-four.md, not shipped), `report` on
 # dev.jsonl (accuracy only: --repeats 0). Artifacts under WORK are reused when present.
 #
-#   SEEDS="0 1" SPLITS="calib train" TARGETS="0.6 0.5" COMPS="none lstsq lstsq-diag" \
+#   SEEDS="0 1" SPLITS="calib train" TARGETS="0.6 0.5" COMPS="none lstsq" \
 #     bash scripts/benchmarks/ffn_calibration.sh /tmp/ffn_calibration
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,13 +20,9 @@ for seed in ${SEEDS:-0 1}; do
     [ -f "$dir/scores.json" ] || headprune score "$model" --data "$TASK/$split.jsonl" --max-length 32 --method fisher --ffn -o "$dir/scores.json"
     for target in ${TARGETS:-0.6 0.5}; do
       [ -f "$dir/plan-$target.json" ] || headprune select "$dir/scores.json" --target-flops "$target" -o "$dir/plan-$target.json"
-      for comp in ${COMPS:-none lstsq lstsq-diag}; do
+      for comp in ${COMPS:-none lstsq}; do
         out=$dir/$target-$comp.safetensors
-        case $comp in
-          lstsq-diag) prune=(python -m scripts.benchmarks.ffn_fit_prune diag --compensate lstsq) ;;
-          *) prune=(headprune prune --compensate "$comp") ;;
-        esac
-        [ -f "$out" ] || "${prune[@]}" --plan "$dir/plan-$target.json" --data "$TASK/$split.jsonl" --max-length 32 -o "$out"
+        [ -f "$out" ] || headprune prune --compensate "$comp" --plan "$dir/plan-$target.json" --data "$TASK/$split.jsonl" --max-length 32 -o "$out"
         headprune report --model "$out" --baseline "$model" --data "$TASK/dev.jsonl" --seq-len 32 --repeats 0 --json "$dir/report-$target-$comp.json" > /dev/null
         python - "$dir/report-$target-$comp.json" "seed $seed, scored on $split, $target of the FLOPs, $comp" <<'PY'
 import json, sys

@@ -83,7 +83,7 @@ def plan() -> tuple[dict, dict]:
 
 
 def prune(work: Path) -> None:
-    from headprune_cli.model.streaming import prune_file
+    from headprune_cli import prune_file
 
     remove_heads, remove_ffn = plan()
     out = work / "pruned.safetensors"
@@ -96,22 +96,11 @@ def prune(work: Path) -> None:
 def export(work: Path) -> None:
     import shutil
 
-    from headprune_cli.model.export import export_hf
-    from headprune_cli.model.hf_config import folder_config
-    from headprune_cli.model.layout import info_of
-    from headprune_cli.model.streaming import export_specs
+    from headprune_cli import run_stage
 
     shutil.rmtree(work / "hf", ignore_errors=True)
-    model, specs = export_specs(work / "pruned.safetensors")
-    export_hf(model, work / "hf", specs=specs, with_onnx=False)
-    print(
-        json.dumps(
-            {
-                "plain": folder_config(info_of(model)).plain,
-                "config": json.loads((work / "hf" / "config.json").read_text()),
-            }
-        )
-    )
+    run_stage("export", checkpoint=work / "pruned.safetensors", hf=work / "hf", with_onnx=False)
+    print(json.dumps({"config": json.loads((work / "hf" / "config.json").read_text())}))
 
 
 def ids():

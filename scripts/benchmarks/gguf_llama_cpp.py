@@ -1,9 +1,10 @@
-"""The trained LM of BENCHMARKS §13 served by llama.cpp: perplexity and speed of GGUF exports.
+"""The trained LM of BENCHMARKS.md ("Which method") served by llama.cpp: perplexity and speed of GGUF exports.
 
 Three models: the unpruned trained LM, a uniform cut and a non-uniform cut at the same parameter
 budget (`--target-params`, default 0.50: KV groups and FFN neurons by fisher scores, lstsq
-compensation, as §13's `both` rows). Each is exported with `export --gguf` in every type asked
-for, and in llama.cpp (llama-cpp-python in its own environment, scripts/engines/llama_cpp.sh):
+compensation, as the trained LM's `both` rows in BENCHMARKS.md "Which method"). Each is
+exported with `export --gguf` in every type asked for, and in llama.cpp (llama-cpp-python in
+its own environment, scripts/engines/llama_cpp.sh):
 - perplexity on the first --eval-docs held-out documents (128 tokens each, the token ids
   headprune's own reader makes, so both sides score the same tokens; the KV cache in f32), beside
   headprune's own perplexity of the checkpoint; and how many documents llama.cpp's own tokenizer
@@ -124,7 +125,7 @@ def cuts(summary: dict, work: Path, keep: str, threads: int) -> dict[str, Path]:
 def eval_rows(summary: dict, work: Path, docs: int) -> tuple[Path, object]:
     """The held-out token rows headprune's reader makes (128 tokens each), written for the engine."""
     import headprune_cli
-    from headprune_cli.data.readers import read_data
+    from headprune_cli import read_data
 
     valid = work / "valid-eval.txt"
     texts = Path(summary["valid"]).read_text(encoding="utf-8").splitlines()[:docs]
@@ -138,7 +139,7 @@ def eval_rows(summary: dict, work: Path, docs: int) -> tuple[Path, object]:
 
 def own_perplexity(path: Path, dataset) -> tuple[float, int]:
     import headprune_cli
-    from headprune_cli.stages.objectives import evaluate
+    from headprune_cli import evaluate
 
     model = headprune_cli.load(path)
     ppl = next(m.value for m in evaluate(model, dataset, "causal-lm") if m.name == "perplexity")

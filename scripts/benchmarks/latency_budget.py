@@ -48,8 +48,8 @@ import json
 import sys
 from pathlib import Path
 
-from headprune_cli.errors import UsageError
-from scripts.benchmarks.debian_task import DEBIAN_SECTIONS, ROOT, debian_checkpoint, quiet_context
+from headprune_cli import UsageError
+from scripts.benchmarks.debian_task import DEBIAN_SECTIONS, ROOT, debian_checkpoint
 from scripts.benchmarks.ffn_routes import Task, minilm_task
 
 
@@ -72,7 +72,7 @@ def save_llama(path: Path, lines: list[str]) -> None:
     import torch
 
     import headprune_cli
-    from headprune_cli.model.layout import info_of
+    from headprune_cli import info_of
     from scripts.benchmarks.speed import llama_shaped
     from scripts.tools.make_causal_lm import make_tokenizer
 
@@ -102,48 +102,41 @@ def task(name: str, work: Path, seq_len: int = 128) -> Task:
 
 
 def profile(t: Task, folder: Path, args) -> Path:
-    from headprune_cli.stages.profile import stage
+    from headprune_cli import run_stage
 
     out = folder / "latency.json"
     if not out.is_file():
-        stage.run(
-            stage.ProfileOptions(
-                model=t.checkpoint,
-                output=out,
-                batch_size=args.batch_size,
-                seq_len=t.seq_len,
-                threads=args.threads,
-                rounds=args.rounds,
-                min_time=args.min_time,
-                points=args.points,
-            ),
-            quiet_context(),
+        run_stage(
+            "profile",
+            model=t.checkpoint,
+            output=out,
+            batch_size=args.batch_size,
+            seq_len=t.seq_len,
+            threads=args.threads,
+            rounds=args.rounds,
+            min_time=args.min_time,
+            points=args.points,
         )
     return out
 
 
 def decode_rows(t: Task, folder: Path, scores: Path, args) -> list[dict]:
     """Plans priced by the decode profile; the table's decode speedup beside the measured one."""
-    from headprune_cli.stages.profile import stage as profile_stage
-    from headprune_cli.stages.prune import stage as prune
-    from headprune_cli.stages.report import stage as report
-    from headprune_cli.stages.select import stage as select
+    from headprune_cli import run_stage
 
     table = folder / f"latency-decode{args.decode_context}.json"
     if not table.is_file():
-        profile_stage.run(
-            profile_stage.ProfileOptions(
-                model=t.checkpoint,
-                output=table,
-                batch_size=args.batch_size,
-                seq_len=t.seq_len,
-                threads=args.threads,
-                rounds=args.rounds,
-                min_time=args.min_time,
-                points=args.points,
-                context=args.decode_context,
-            ),
-            quiet_context(),
+        run_stage(
+            "profile",
+            model=t.checkpoint,
+            output=table,
+            batch_size=args.batch_size,
+            seq_len=t.seq_len,
+            threads=args.threads,
+            rounds=args.rounds,
+            min_time=args.min_time,
+            points=args.points,
+            context=args.decode_context,
         )
     rows = []
     for target in args.targets:
@@ -154,29 +147,29 @@ def decode_rows(t: Task, folder: Path, scores: Path, args) -> list[dict]:
             folder / f"report-{name}.json",
         )
         if not plan.is_file():
-            select.run(
-                select.SelectOptions(
-                    scores=str(scores), output=plan, latency=str(table), target_latency=target, latency_phase="decode"
-                ),
-                quiet_context(),
+            run_stage(
+                "select",
+                scores=str(scores),
+                output=plan,
+                latency=str(table),
+                target_latency=target,
+                latency_phase="decode",
             )
         if not model.is_file():
-            prune.run(prune.PruneOptions(plan=str(plan), output=model), quiet_context())
+            run_stage("prune", plan=str(plan), output=model)
         if not rep.is_file():
-            report.run(
-                report.ReportStageOptions(
-                    model=model,
-                    baseline=str(t.checkpoint),
-                    data=t.eval,
-                    batch_size=args.batch_size,
-                    seq_len=t.seq_len,
-                    threads=args.threads,
-                    repeats=args.repeats,
-                    decode_prompt=args.decode_context,
-                    decode_tokens=args.decode_tokens,
-                    json_out=str(rep),
-                ),
-                quiet_context(),
+            run_stage(
+                "report",
+                model=model,
+                baseline=str(t.checkpoint),
+                data=t.eval,
+                batch_size=args.batch_size,
+                seq_len=t.seq_len,
+                threads=args.threads,
+                repeats=args.repeats,
+                decode_prompt=args.decode_context,
+                decode_tokens=args.decode_tokens,
+                json_out=str(rep),
             )
         rows.append(decode_facts(target, json.loads(plan.read_text()), json.loads(rep.read_text())))
         print(
@@ -211,30 +204,26 @@ def decode_facts(target: float, plan: dict, rep: dict) -> dict:
 
 
 def score(t: Task, folder: Path) -> Path:
-    from headprune_cli.stages.score import stage
+    from headprune_cli import run_stage
 
     out = folder / "scores.json"
     if not out.is_file():
-        stage.run(
-            stage.ScoreOptions(
-                checkpoint=t.checkpoint,
-                data=t.calib,
-                objective=t.objective,
-                method="fisher",
-                ffn=True,
-                max_length=t.seq_len,
-                output=out,
-            ),
-            quiet_context(),
+        run_stage(
+            "score",
+            checkpoint=t.checkpoint,
+            data=t.calib,
+            objective=t.objective,
+            method="fisher",
+            ffn=True,
+            max_length=t.seq_len,
+            output=out,
         )
     return out
 
 
 def plan_prune_report(t: Task, folder: Path, name: str, scores: Path, table: Path, args, **amount) -> dict:
     """select (latency or FLOPs amount), prune, report --latency; the three artifacts' facts."""
-    from headprune_cli.stages.prune import stage as prune
-    from headprune_cli.stages.report import stage as report
-    from headprune_cli.stages.select import stage as select
+    from headprune_cli import run_stage
 
     plan, model, rep = (
         folder / f"plan-{name}.json",
@@ -243,23 +232,21 @@ def plan_prune_report(t: Task, folder: Path, name: str, scores: Path, table: Pat
     )
     if not plan.is_file():
         latency = {"latency": str(table)} if "target_latency" in amount else {}
-        select.run(select.SelectOptions(scores=str(scores), output=plan, **latency, **amount), quiet_context())
+        run_stage("select", scores=str(scores), output=plan, **latency, **amount)
     if not model.is_file():
-        prune.run(prune.PruneOptions(plan=str(plan), output=model), quiet_context())
+        run_stage("prune", plan=str(plan), output=model)
     if not rep.is_file():
-        report.run(
-            report.ReportStageOptions(
-                model=model,
-                baseline=str(t.checkpoint),
-                data=t.eval,
-                batch_size=args.batch_size,
-                seq_len=t.seq_len,
-                threads=args.threads,
-                repeats=args.repeats,
-                latency=table,
-                json_out=str(rep),
-            ),
-            quiet_context(),
+        run_stage(
+            "report",
+            model=model,
+            baseline=str(t.checkpoint),
+            data=t.eval,
+            batch_size=args.batch_size,
+            seq_len=t.seq_len,
+            threads=args.threads,
+            repeats=args.repeats,
+            latency=table,
+            json_out=str(rep),
         )
     return facts(json.loads(plan.read_text()), json.loads(rep.read_text()))
 

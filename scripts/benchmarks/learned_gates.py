@@ -11,11 +11,11 @@ also records the gates' report: the expected share removed when they closed, the
 closing removed, the target, the extra steps, and the trace (expected vs target vs lambdas).
 
 It drives each stage's options model and `run` in one process. Artifacts go under --work and are
-reused when present. Usage (BENCHMARKS.md section 21 has the run it records):
+reused when present. Usage (BENCHMARKS.md "Which method" has the run it records):
   OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.learned_gates --work /tmp/lg --seeds 0 1 \
       --cuts ratio=0.85 --json /tmp/lg/rows.json
   python -m scripts.benchmarks.learned_gates --tables-from /tmp/lg/rows.json
-Heads, FFN neurons and layers under one FLOPs budget (section 28):
+Heads, FFN neurons and layers under one FLOPs budget (BENCHMARKS.md "Which method"):
   ... --cuts target_flops=0.5 --greedy-ffn --set gate_ffn=true gate_layers=true --tag=-ffn-layers
 """
 

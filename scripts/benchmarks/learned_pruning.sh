@@ -22,8 +22,8 @@ python - "$OUT" <<'PY'
 import sys
 from pathlib import Path
 from headprune_cli import load
-from headprune_cli.data.readers import read_data
-from headprune_cli.stages.objectives import evaluate
+from headprune_cli import read_data
+from headprune_cli import evaluate
 for path in sorted(Path(sys.argv[1]).glob("*.safetensors")):
     model = load(path)
     dev = read_data("examples/demo/dev.jsonl", model, max_length=128)

@@ -16,7 +16,7 @@ dev.jsonl (471 rows) only evaluates, before training ("start") and after it.
 It drives the library functions the commands call, in one process; artifacts go under --work
 and are reused when present.
 
-Usage (from the repository root; BENCHMARKS.md section 22 has the run it records):
+Usage (from the repository root; BENCHMARKS.md, "Which recovery" has the run it records):
   OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.lottery --work /tmp/lottery --seeds 0 \
       --json /tmp/lottery/rows-s0.json
   python -m scripts.benchmarks.lottery --tables-from /tmp/lottery/rows-s0.json /tmp/lottery/rows-s1.json
@@ -76,8 +76,7 @@ def reset(arm: str, t: dict) -> dict:
 
 def start_accuracy(arm: str, pruned: Path, t: dict) -> float:
     """Dev accuracy of the arm's starting point (after the reset, before training)."""
-    from headprune_cli import load
-    from headprune_cli.stages.finetune.rewind import reinit, rewind
+    from headprune_cli import load, reinit, rewind
 
     model = load(pruned)
     options = reset(arm, t)

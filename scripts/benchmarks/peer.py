@@ -39,17 +39,22 @@ from pathlib import Path
 import torch
 
 import headprune_cli
-from headprune_cli.data.readers import Dataset, batches
-from headprune_cli.model.export import export_onnx
-from headprune_cli.model.surgery import apply_plan
-from headprune_cli.stages.budget import Budget
-from headprune_cli.stages.objectives import cosine, embed
-from headprune_cli.stages.prune.compensation import compensate
-from headprune_cli.stages.report.latency import measure, synthetic_inputs
-from headprune_cli.stages.score.importance.api import score_model
-from headprune_cli.stages.score.importance.gradients import probe_loss
-from headprune_cli.stages.select.chains import Constraints
-from headprune_cli.stages.select.strategies import select
+from headprune_cli import (
+    Budget,
+    Constraints,
+    Dataset,
+    apply_plan,
+    batches,
+    compensate,
+    cosine,
+    embed,
+    export_onnx,
+    probe_loss,
+    score_model,
+    select,
+    synthetic_inputs,
+)
+from headprune_cli import measure_latency as measure
 
 from .common import count_heads, minilm, random_split, split_text, tiny_bert
 

@@ -17,7 +17,7 @@ sequence length fixed, every variant on the same thread count (torch.set_num_thr
 onnxruntime's intra-op pool), interleaved in alternating order (report.latency.measure).
 
 The cut is made by the real commands when --pruned is not given: `score --method fisher
---ffn`, `select --target-flops F`, `prune --compensate lstsq` (BENCHMARKS §14's route),
+--ffn`, `select --target-flops F`, `prune --compensate lstsq` (BENCHMARKS.md, "How deep" route),
 optionally `finetune --epochs 1 --teacher auto` (--recovery TRAIN). Files are reused
 from --work when present.
 
@@ -79,9 +79,7 @@ def make_cut(work: Path, baseline: Path, calib: Path, flops: float, seq_len: int
 
 def exports(work: Path, models: dict, calib: Path | None, seq_len: int) -> dict[str, Path]:
     """The ONNX files of every variant (fp32, int8-dynamic, int8-static with --calib)."""
-    from headprune_cli.data.readers import read_data
-    from headprune_cli.model.onnx_export import export_onnx
-    from headprune_cli.model.onnx_quantize import export_quantized
+    from headprune_cli import export_onnx, export_quantized, read_data
 
     files = {}
     for side, model in models.items():
@@ -103,7 +101,7 @@ def exports(work: Path, models: dict, calib: Path | None, seq_len: int) -> dict[
 
 
 def variants(baseline, cut, files: dict, threads: int) -> dict:
-    from headprune_cli.stages.report.shipped import OnnxModel
+    from headprune_cli import OnnxModel
 
     out = {"fp32 PyTorch": (baseline, baseline), "cut, PyTorch": (cut, cut)}
     for (side, kind), path in files.items():
@@ -120,8 +118,7 @@ def _label(side: str, kind: str) -> str:
 
 
 def quality(models: dict, baseline, data: Path, seq_len: int, batch: int) -> dict[str, float]:
-    from headprune_cli.data.readers import read_data
-    from headprune_cli.stages import objectives
+    from headprune_cli import objectives, read_data
 
     dataset = read_data(data, baseline, max_length=seq_len)
     objective = objectives.default_objective(baseline)
@@ -135,7 +132,8 @@ def quality(models: dict, baseline, data: Path, seq_len: int, batch: int) -> dic
 
 
 def speed(models: dict, batch: int, seq_len: int, threads: int, repeats: int, warmup: int) -> dict:
-    from headprune_cli.stages.report.latency import measure, synthetic_inputs
+    from headprune_cli import measure_latency as measure
+    from headprune_cli import synthetic_inputs
 
     inputs = {name: synthetic_inputs(checkpoint, batch, seq_len)[0] for name, (_, checkpoint) in models.items()}
     timed = measure({n: m for n, (m, _) in models.items()}, inputs, repeats, warmup, threads)
@@ -226,7 +224,7 @@ def main(argv=None) -> int:
 
 
 def _flops_ratio(baseline, cut, seq_len: int) -> float:
-    from headprune_cli.model.cost import flops_per_token
+    from headprune_cli import flops_per_token
 
     return flops_per_token(cut, seq_len) / flops_per_token(baseline, seq_len)
 

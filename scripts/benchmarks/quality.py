@@ -20,16 +20,18 @@ import time
 
 import torch
 
-from headprune_cli.data.readers import batches
-from headprune_cli.model.layout import info_of
-from headprune_cli.model.surgery import apply_plan
-from headprune_cli.stages.budget import Budget
-from headprune_cli.stages.objectives import embed
-from headprune_cli.stages.prune.compensation import compensate
-from headprune_cli.stages.score.importance import score_model
-from headprune_cli.stages.score.table import ScoreTable
-from headprune_cli.stages.select.chains import Constraints
-from headprune_cli.stages.select.strategies import select
+from headprune_cli import (
+    Budget,
+    Constraints,
+    ScoreTable,
+    apply_plan,
+    batches,
+    compensate,
+    embed,
+    info_of,
+    score_model,
+    select,
+)
 
 from .common import minilm, split_text
 

@@ -21,17 +21,20 @@ from pathlib import Path
 
 import torch
 
-from headprune_cli import load
-from headprune_cli.data.readers import read_data
-from headprune_cli.model.layout import info_of
-from headprune_cli.model.surgery import apply_plan
-from headprune_cli.stages.budget import Budget
-from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
-from headprune_cli.stages.iterate.rounds import iterative_prune
-from headprune_cli.stages.iterate.schedule import schedule_of
-from headprune_cli.stages.objectives import evaluate
-from headprune_cli.stages.score.importance import score_model
-from headprune_cli.stages.select.strategies import select
+from headprune_cli import (
+    Budget,
+    FinetuneConfig,
+    apply_plan,
+    evaluate,
+    info_of,
+    iterative_prune,
+    load,
+    read_data,
+    schedule_of,
+    score_model,
+    select,
+)
+from headprune_cli import train as finetune
 
 
 def accuracy(model, dev) -> float:

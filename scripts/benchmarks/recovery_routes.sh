@@ -5,7 +5,7 @@
 # (fisher on calib.jsonl, lstsq compensation), then one epoch of `finetune --teacher auto`
 # on train.jsonl (1696 rows, batch 16, the model's seed) four ways:
 #   full       every weight, AdamW, one process
-#   lora       --lora (rank 8, its default rate: 10 x full training's since BENCHMARKS.md §27)
+#   lora       --lora (rank 8, its default rate: 10 x full training's since BENCHMARKS.md, "Which recovery")
 #   lora-xN    --lora --lr N x full training's default rate (e.g. lora-x10, lora-x30)
 #   fsdp       --fsdp under torchrun --nproc-per-node 2 (gloo), the same global batch
 # Dev accuracy from `report --repeats 0` (no timing); peak RSS of each finetune from
@@ -22,7 +22,7 @@ for seed in ${SEEDS:-0 1}; do
   headprune score "$M" --data $T/calib.jsonl --method fisher --ffn --max-length 32 -o $W/scores.json --force
   headprune select $W/scores.json --target-flops 0.5 -o $W/plan.json --force
   headprune prune "$M" --plan $W/plan.json --compensate lstsq --data $T/calib.jsonl --max-length 32 -o $W/cut.safetensors --force
-  LR=$(python -c "from headprune_cli import load; from headprune_cli.stages.finetune.train import default_lr; print(default_lr(load('$W/cut.safetensors')))")
+  LR=$(python -c "from headprune_cli import default_lr, load; print(default_lr(load('$W/cut.safetensors')))")
   COMMON=(--data $T/train.jsonl --teacher auto --epochs 1 --max-length 32 --seed "$seed" --force)
   for route in ${ROUTES:-full lora-x1 lora-x10 lora-x30 fsdp}; do
     case $route in

@@ -1,7 +1,10 @@
-"""BENCHMARKS.md from one scripts/benchmarks/suite.py run: tables, target verdicts, which method to pick.
+"""The suite's blocks of BENCHMARKS.md from one scripts/benchmarks/suite.py run: tables, target verdicts,
+which method to pick.
 
 Everything here is derived from the measurements in `result`; verdicts and the method
-advice are computed, so a rerun rewrites them from its own numbers.
+advice are computed, so a rerun rewrites them from its own numbers. Each block sits in
+BENCHMARKS.md between `<!-- suite: NAME -->` and `<!-- /suite: NAME -->` under the question
+it answers; `splice` replaces one block in place and leaves the rest of the file as it was.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ def _verdict(ok: bool) -> str:
 
 
 def header(r: dict) -> list[str]:
+    """The run's own facts: command, machine, date, load (the `run` block)."""
     m = r["machine"]
     load = f"load average {r['load_before']} before, {r['load_after']} after (1/5/15 min)"
     busy = (
@@ -26,16 +30,6 @@ def header(r: dict) -> list[str]:
         else 0
     )
     lines = [
-        "# headprune benchmarks",
-        "",
-        "Current results only. Sections 1-7 and 11 are written by `scripts/benchmarks/suite.py` in one run; "
-        "every figure there is a ratio of two things measured side by side in that run "
-        "(interleaved, medians of repeated runs); a "
-        "section refreshed alone (`--only`) states its own command, date and load. Sections 8-10 and 12-26 come from "
-        "the scripts they name, each with its own command and date; a suite run carries them over unchanged. `$WORK` "
-        "in a command is any scratch folder. Superseded measurements (dated lab notes) are in "
-        "[docs/experiments/](docs/experiments/).",
-        "",
         f"- command: `{r['command']}` (mode: {r['mode']})",
         f"- machine: {m['cores']} cores, {m['cpu']}; torch {m['torch']}, transformers {m['transformers']}, "
         f"Python {m['python']}; {m['threads']} torch threads, OMP_NUM_THREADS={m['OMP_NUM_THREADS']}",
@@ -52,7 +46,7 @@ def header(r: dict) -> list[str]:
 
 def score_section(s: dict) -> list[str]:
     return [
-        "## 1. Scoring cost",
+        "### Scoring cost",
         "",
         f"`score --method taylor` vs a plain forward+backward (every weight gradient) over the same batches, "
         f"{s['model']}, {s['examples']} texts (first lines of examples/minilm_text.txt, up to {s['tokens']} tokens), "
@@ -67,7 +61,7 @@ def score_section(s: dict) -> list[str]:
 
 def speed_section(rows: list[dict]) -> list[str]:
     lines = [
-        "## 2. Speed: measured vs FLOP-predicted",
+        "### Speed: measured vs FLOP-predicted",
         "",
         "The last 25/50/75% of each layer's heads removed (whole key/value groups for GQA); baseline and pruned "
         "copies timed interleaved in one loop. Predicted = ratio of analytic FLOPs per token. GPT-2 and LLaMA shapes "
@@ -99,7 +93,7 @@ def quality_section(q: dict) -> list[str]:
     order = [m for m in bench_quality.METHODS if m in q["rows"]] + sorted(set(q["rows"]) - set(bench_quality.METHODS))
     rows = {m: {float(r): tuple(q["rows"][m][r]) for r in q["rows"][m]} for m in order}
     lines = [
-        "## 3. Quality: fidelity per importance method",
+        "### Fidelity per importance method (all-MiniLM-L6-v2)",
         "",
         f"Mean cosine of pooled embeddings to the unpruned model on {q['held_out']} held-out texts; scores and "
         f"lstsq calibration on the {q['calibration']} texts before them (examples/minilm_text.txt, "
@@ -183,7 +177,7 @@ def recovery_section(rec: dict) -> list[str]:
     best = max(recovered, key=lambda x: x["accuracy"])
     gap = (base - best["accuracy"]) * 100
     lines = [
-        "## 4. Recovery on the bundled example",
+        "### Recovery on the bundled example",
         "",
         "examples/demo (reference encoder, 4 layers x 4 heads): 40% of heads removed by `taylor`, then recovered "
         "with the default `finetune` settings (final weights, no best-epoch choice). Dev accuracy (500 rows).",
@@ -212,7 +206,7 @@ def recovery_section(rec: dict) -> list[str]:
 
 def pipeline_section(rows: list[dict], fresh: dict | None = None) -> list[str]:
     lines = [
-        "## 5. Pipeline wall time",
+        "### Pipeline wall time",
         "",
         "`headprune run` in a fresh process (import, every stage, report), `--force` so that no stage is skipped.",
         "",
@@ -232,7 +226,7 @@ def peer_section(p: dict) -> list[str]:
     s = p["setting"]
     rows = {x["model"]: x for x in p["rows"]}
     lines = [
-        "## 6. Peer comparison: Torch-Pruning",
+        "### Against Torch-Pruning on all-MiniLM-L6-v2",
         "",
         f"Ran as: {p['ran_with']}. Same model, same calibration texts, same loss, same number of heads removed "
         "(a peer row with another count is refused). Torch-Pruning: MetaPruner + TaylorImportance, global head "
@@ -262,7 +256,7 @@ def peer_section(p: dict) -> list[str]:
 def onnx_section(p: dict) -> list[str]:
     s = p["setting"]
     lines = [
-        "## 7. onnxruntime latency",
+        "### onnxruntime latency",
         "",
         f"`export_onnx` of the baseline and the headprune taylor + lstsq model ({s['ratio']:.0%} of heads removed), "
         f"CPUExecutionProvider, {s['threads']} intra-op threads, batch {s['batch']} x seq {s['seq_len']}, "
@@ -276,7 +270,7 @@ def onnx_section(p: dict) -> list[str]:
     return lines + [""]
 
 
-DECODE_HEADING = "## 11. Serving a causal LM: KV cache, prefill and decode"
+DECODE_HEADING = "### Serving a causal LM: KV cache, prefill and decode"
 
 
 def decode_section(d: dict, alone: dict | None = None) -> list[str]:
@@ -285,7 +279,8 @@ def decode_section(d: dict, alone: dict | None = None) -> list[str]:
         DECODE_HEADING,
         "",
         "Removing whole key/value groups shrinks the KV cache, which every decode step reads; a forward pass "
-        "without the cache (section 2) cannot show it. Predictions are what `headprune report` prints for a causal "
+        "without the cache (the speed table) cannot show it. Predictions are what `headprune report` prints for a "
+        "causal "
         "LM: KV bytes per token from the layout (checked against the bytes transformers' cache holds after the "
         "prefill, in brackets); prefill = ratio of FLOPs of the prompt; decode = ratio of bytes read per generated "
         "token (linear weights once per step, shared by the batch, plus 3 passes over the sequence's KV cache: "
@@ -311,28 +306,47 @@ def decode_section(d: dict, alone: dict | None = None) -> list[str]:
     return lines + [""]
 
 
-def render(r: dict) -> str:
-    parts = (
-        header(r)
-        + score_section(r["score"])
-        + speed_section(r["speed"])
-        + quality_section(r["quality"])
-        + recovery_section(r["recovery"])
-        + pipeline_section(r["pipeline"], r.get("fresh_clone"))
-        + peer_section(r["peer"])
-        + onnx_section(r["peer"])
-    )
+def blocks(r: dict) -> dict[str, list[str]]:
+    """Every block this run measured, by its marker name, in document order."""
+    out = {"run": header(r)}
+    if "score" in r:
+        out["score"] = score_section(r["score"])
+    if "speed" in r:
+        out["speed"] = speed_section(r["speed"])
+    if "quality" in r:
+        out["quality"] = quality_section(r["quality"])
+    if "recovery" in r:
+        out["recovery"] = recovery_section(r["recovery"])
+    if "pipeline" in r:
+        out["pipeline"] = pipeline_section(r["pipeline"], r.get("fresh_clone"))
+    if "peer" in r:
+        out["peer"] = peer_section(r["peer"])
+        out["onnx"] = onnx_section(r["peer"])
     if "decode" in r:
-        parts += decode_section(r["decode"])
-    return "\n".join(parts).rstrip() + "\n"
+        out["decode"] = decode_section(r["decode"])
+    return out
 
 
-def splice(text: str, section: list[str]) -> str:
-    """`text` with the section that has `section`'s heading replaced (or appended when absent)."""
-    heading = section[0]
-    block = "\n".join(section).rstrip() + "\n"
-    start = text.find(heading)
-    if start < 0:
+def render(r: dict) -> str:
+    """A document of this run alone (no BENCHMARKS.md to splice into: --quick, a new --out)."""
+    text = "# headprune benchmarks: one suite run\n"
+    for name, lines in blocks(r).items():
+        text = splice(text, name, lines)
+    return text
+
+
+def opening(name: str) -> str:
+    return f"<!-- suite: {name} -->"
+
+
+def closing(name: str) -> str:
+    return f"<!-- /suite: {name} -->"
+
+
+def splice(text: str, name: str, lines: list[str]) -> str:
+    """`text` with block `name` replaced in place (appended at the end when `text` has none)."""
+    block = opening(name) + "\n" + "\n".join(lines).rstrip() + "\n" + closing(name) + "\n"
+    start, end = text.find(opening(name)), text.find(closing(name))
+    if start < 0 or end < start:
         return text.rstrip() + "\n\n" + block
-    end = text.find("\n## ", start + len(heading))
-    return text[:start] + block + ("" if end < 0 else "\n" + text[end + 1 :])
+    return text[:start] + block + text[end + len(closing(name)) + 1 :]

@@ -17,19 +17,16 @@ import time
 
 import torch
 
-from headprune_cli.data.readers import batches
-from headprune_cli.stages.score.importance import score_model
-from headprune_cli.stages.score.importance.context import ScoreContext
-from headprune_cli.stages.score.importance.gradients import batch_losses
+from headprune_cli import batches, embed, probe_loss, score_model
 
 from .common import minilm, split_text
 
 
 def plain_forward_backward(model, dataset, batch_size: int) -> None:
-    ctx = ScoreContext(model, dataset, "fidelity", batch_size)
+    """The same loss as fidelity scoring (seed 0), every weight's gradient, as training would."""
     for start, batch in enumerate(batches(dataset, batch_size)):
         model.zero_grad(set_to_none=True)
-        batch_losses(ctx, batch, start * batch_size).sum().backward()
+        probe_loss(embed(model, batch), batch["attention_mask"], 0, start * batch_size).sum().backward()
 
 
 def timed(fn) -> float:

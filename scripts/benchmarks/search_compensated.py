@@ -6,9 +6,9 @@ dev.jsonl (471 rows) only evaluates; 32 tokens), fisher scores throughout:
   search  search --method fisher [--ffn --layers] --ratio R | --target-flops F --compensate lstsq --evaluations N
 each cut by `prune --compensate lstsq --data calib.jsonl`, no training: --ratio 0.7 and 0.85 (heads),
 --target-flops 0.5 over heads + FFN neurons + layers. Every output is evaluated on dev.jsonl.
-debian_task.py has the task and the stage runs; search_learned.py the prune-and-evaluate row.
+debian_task.py has the task, the stage runs and the prune-and-evaluate row.
 
-Usage (from the repository root; BENCHMARKS.md section 20 has the run it records):
+Usage (from the repository root; BENCHMARKS.md, "Which method" has the run it records):
   OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.search_compensated --work /tmp/search_comp \
       --seeds 0 1 --cuts ratio=0.85 ratio=0.7 target_flops=0.5 --json /tmp/search_comp/rows.json
   OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.search_compensated --work /tmp/search_comp \
@@ -25,13 +25,13 @@ from pathlib import Path
 from scripts.benchmarks.debian_task import (
     checkpoint_accuracy,
     debian_task,
+    plan_row,
     row_sink,
     run_score,
     run_search,
     run_select,
     run_timed,
 )
-from scripts.benchmarks.search_learned import plan_row
 
 
 def scores(t: dict, folder: Path, deep: bool) -> Path:

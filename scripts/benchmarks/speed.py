@@ -6,10 +6,10 @@ Usage:
 
 For each model: the baseline and copies with 25/50/75% of the heads removed (the same
 count in every layer; whole key/value groups for grouped-query attention) are timed
-interleaved in one loop (headprune_cli.stages.report.latency.measure, alternating order), after
+interleaved in one loop (headprune_cli.measure_latency, alternating order), after
 warm-up, at a fixed batch, sequence length and thread count. Measured speedup is the
 ratio of median latencies; predicted speedup the ratio of analytic FLOPs per token
-(headprune_cli.model.cost). Weights are random for the GPT-2 and LLaMA shapes (speed does not
+(headprune_cli.flops_per_token). Weights are random for the GPT-2 and LLaMA shapes (speed does not
 depend on values); MiniLM is the real all-MiniLM-L6-v2.
 """
 
@@ -24,10 +24,8 @@ import sys
 import torch
 import transformers as T
 
-from headprune_cli.model.cost import flops_per_token
-from headprune_cli.model.layout import info_of
-from headprune_cli.model.surgery import apply_plan
-from headprune_cli.stages.report.latency import measure, synthetic_inputs
+from headprune_cli import apply_plan, flops_per_token, info_of, synthetic_inputs
+from headprune_cli import measure_latency as measure
 
 from .common import minilm, tiny_bert
 

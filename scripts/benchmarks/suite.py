@@ -1,10 +1,10 @@
-"""Sections 1-7 and 11 of BENCHMARKS.md in one run; the other sections are carried over as they are.
+"""The suite's blocks of BENCHMARKS.md in one run; the rest of the file is carried over as it is.
 
     OMP_NUM_THREADS=2 python -m scripts.benchmarks.suite --peer-python $WORK/venv-bench/bin/python
     OMP_NUM_THREADS=2 python -m scripts.benchmarks.suite --full ...     # larger sets, more repeats
     python -m scripts.benchmarks.suite --quick --out $WORK/b.md      # tiny random models, seconds (the test suite)
     python -m scripts.benchmarks.suite --render run.json             # rewrite BENCHMARKS.md from a saved --json run
-    OMP_NUM_THREADS=2 nice python -m scripts.benchmarks.suite --only decode   # re-measure section 11 alone, in place
+    OMP_NUM_THREADS=2 nice python -m scripts.benchmarks.suite --only decode   # the decode block alone, in place
 
 Sections (each figure a ratio of two things measured side by side in this run, the
 medians of repeated, interleaved runs): scoring cost, measured vs predicted speedup,
@@ -37,7 +37,7 @@ from . import recovery as bench_recovery
 from . import render as bench_report
 from . import score as bench_score
 from . import speed as bench_speed
-from .common import ROOT, minilm, random_split, split_text, tiny_bert
+from .common import ROOT, loadavg, machine, minilm, random_split, split_text, tiny_bert
 
 # Sizes per mode. Default keeps the whole run to minutes on 2 cores; --full is the long form.
 MODES = {
@@ -226,34 +226,6 @@ def section_peer(mode: str, cfg: dict, threads: int, peer_python: str | None) ->
     return result
 
 
-def machine(threads: int) -> dict:
-    import platform
-
-    import transformers
-
-    cpu = (
-        next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")
-            ),
-            platform.processor() or platform.machine(),
-        )
-        if Path("/proc/cpuinfo").exists()
-        else platform.machine()
-    )
-    return {
-        "cores": os.cpu_count(),
-        "cpu": cpu,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "threads": threads,
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"),
-    }
-
-
 def fresh_clone_demo() -> dict:
     """README's first command from a fresh clone: no .venv, so it creates one and installs."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -266,11 +238,6 @@ def fresh_clone_demo() -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"scripts/demo.sh failed in a fresh clone:\n{done.stderr[-2000:]}")
     return {"seconds": round(seconds, 1), "printed_report": "headprune report" in done.stdout}
-
-
-def loadavg() -> str:
-    path = Path("/proc/loadavg")
-    return " ".join(path.read_text().split()[:3]) if path.exists() else "n/a"
 
 
 def run(
@@ -314,24 +281,15 @@ def run(
     return result
 
 
-# Sections 8-10 and 12-26 start at this marker (section 8 is scripts/benchmarks/large.py's): each is
-# measured by the script it names, in a run of its own, so the suite carries them over as they are.
-OTHER_SECTIONS = "<!-- scripts/benchmarks/large.py -->"
-
-
 def document(out: Path, result: dict) -> str:
-    """BENCHMARKS.md after this run: sections 1-7 rendered from `result`, the other scripts' sections
-    carried from `out` (they hold current results only; superseded notes live in docs/experiments/), and
-    section 11 (decode) replaced where it stands among them, so a rerun never holds it twice."""
+    """`out` after this run: each block the run measured replaced where it stands between its
+    markers (render.splice), everything else as it was; a file without markers gets this run alone."""
     old = out.read_text() if out.exists() else ""
-    start = old.find(OTHER_SECTIONS)
-    if start < 0:
+    if bench_report.opening("run") not in old:
         return bench_report.render(result)
-    own = bench_report.render({key: value for key, value in result.items() if key != "decode"})
-    text = own.rstrip("\n") + "\n\n" + old[start:]
-    if "decode" in result:
-        text = bench_report.splice(text, bench_report.decode_section(result["decode"]))
-    return text
+    for name, lines in bench_report.blocks(result).items():
+        old = bench_report.splice(old, name, lines)
+    return old
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     if args.only:
         before = args.out.read_text() if args.out.exists() else ""
-        args.out.write_text(bench_report.splice(before, bench_report.decode_section(result["decode"], alone=result)))
+        args.out.write_text(
+            bench_report.splice(before, "decode", bench_report.decode_section(result["decode"], alone=result))
+        )
     else:
         args.out.write_text(document(args.out, result))
     print(f"bench: wrote {args.out}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Task-specific pruning from one base: per-task plans against one shared plan (BENCHMARKS §23).
+"""Task-specific pruning from one base: per-task plans against one shared plan (BENCHMARKS.md, "Which recovery").
 
 Three tasks share the pre-trained all-MiniLM-L6-v2 (CACHE/minilm/model.safetensors):
   sections  Debian descriptions by functional section (CACHE/debian-sections/model-on-base.safetensors:
@@ -36,7 +36,6 @@ from scripts.benchmarks.debian_task import (
     HEADPRUNE_CACHE,
     LENGTH,
     ROOT,
-    quiet_context,
     run_finetune,
     run_prune_lstsq,
 )
@@ -75,9 +74,7 @@ def tasks() -> dict[str, dict]:
 
 def quality(path: Path, t: dict) -> float:
     """Dev accuracy (%) or held-out fidelity (mean cosine to the unpruned base, x100)."""
-    from headprune_cli import load
-    from headprune_cli.data.readers import read_data
-    from headprune_cli.stages.objectives import evaluate
+    from headprune_cli import evaluate, load, read_data
 
     model = load(path)
     dev = read_data(t["dev"], model, max_length=LENGTH, need_labels=t["objective"] == "classification")
@@ -87,17 +84,14 @@ def quality(path: Path, t: dict) -> float:
 
 
 def cross_task(folder: Path, target: float) -> dict:
-    from headprune_cli.stages.tasks import stage
+    from headprune_cli import run_stage
 
     if not (folder / "tasks.json").is_file():
         specs = [
             f"name={n},model={t['model']},data={t['calib']}" + (",objective=fidelity" if n == "fidelity" else "")
             for n, t in tasks().items()
         ]
-        stage.run(
-            stage.TasksOptions(task=specs, target_flops=target, method="fisher", max_length=LENGTH, output=folder),
-            quiet_context(),
-        )
+        run_stage("tasks", task=specs, target_flops=target, method="fisher", max_length=LENGTH, output=folder)
     return json.loads((folder / "tasks.json").read_text())
 
 

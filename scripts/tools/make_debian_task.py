@@ -116,11 +116,8 @@ def train(cache: Path, epochs: int, seed: int, lr: float, sections: list[str] = 
     """Fine-tune MiniLM + a seeded classifier; `before_save(model, out)` may record provenance."""
     import torch
 
-    from headprune_cli import save
-    from headprune_cli.data.readers import read_data
-    from headprune_cli.model.importer import import_folder
-    from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
-    from headprune_cli.stages.objectives import evaluate
+    from headprune_cli import FinetuneConfig, evaluate, import_folder, read_data, save
+    from headprune_cli import train as finetune
 
     torch.manual_seed(seed)
     folder = cache / f"init-seed{seed}"

@@ -254,10 +254,7 @@ def build(docs, recipe: Recipe, seed: int, threads: int, cache: Path, log=print)
     import torch
 
     import headprune_cli
-    from headprune_cli.data.readers import read_data
-    from headprune_cli.model.importer import import_folder
-    from headprune_cli.model.layout import info_of
-    from headprune_cli.stages.objectives import evaluate
+    from headprune_cli import evaluate, import_folder, info_of, read_data
 
     splits = split_documents(docs)
     if recipe.max_train_docs is not None:

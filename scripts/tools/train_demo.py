@@ -30,8 +30,8 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
 import headprune_cli
+from headprune_cli import info_of
 from headprune_cli.model.arch import ReferenceConfig, ReferenceEncoder
-from headprune_cli.model.layout import info_of
 
 LETTERS = [chr(c) for c in range(ord("a"), ord("a") + 12)]
 MARKERS = ["X", "Y"]

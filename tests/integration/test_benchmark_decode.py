@@ -1,6 +1,6 @@
-"""scripts/benchmarks/decode.py (BENCHMARKS.md section 11) in quick mode, so it cannot rot: the KV
+"""scripts/benchmarks/decode.py (BENCHMARKS.md's decode block) in quick mode, so it cannot rot: the KV
 cache it predicts equals what transformers' cache holds, and `python -m scripts.benchmarks.suite --only decode`
-replaces that one section of an existing file, leaving the rest as it was."""
+replaces that one block of an existing file, leaving the rest as it was."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from scripts.benchmarks import suite
 def test_decode_section_alone_replaces_only_its_section(tmp_path):
     out, raw = tmp_path / "bench.md", tmp_path / "bench.json"
     before = (
-        "# headprune benchmarks\n\n## 7. onnxruntime latency\n\nkept\n\n## 11. Serving a causal LM: KV cache, "
-        "prefill and decode\n\nold numbers\n\n## 12. Later\n\nalso kept\n"
+        "# headprune benchmarks\n\n## How fast\n\nkept\n\n<!-- suite: decode -->\n### Serving a causal LM: KV cache, "
+        "prefill and decode\n\nold numbers\n<!-- /suite: decode -->\n\n## Later\n\nalso kept\n"
     )
     out.write_text(before)
     assert suite.main(["--quick", "--only", "decode", "--out", str(out), "--json", str(raw)]) == 0
     text = out.read_text()
-    assert "old numbers" not in text and text.count("## 11. Serving a causal LM") == 1
-    assert text.startswith("# headprune benchmarks\n\n## 7. onnxruntime latency\n\nkept\n\n## 11.")
-    assert text.endswith("\n## 12. Later\n\nalso kept\n")
+    assert "old numbers" not in text and text.count("### Serving a causal LM") == 1
+    assert text.startswith("# headprune benchmarks\n\n## How fast\n\nkept\n\n<!-- suite: decode -->\n### Serving")
+    assert text.endswith("<!-- /suite: decode -->\n\n## Later\n\nalso kept\n")
     assert "measured alone: `OMP_NUM_THREADS=" in text and "--only decode" in text
     result = json.loads(raw.read_text())
     assert set(result) >= {"decode", "machine", "command"} and "speed" not in result  # nothing else was measured

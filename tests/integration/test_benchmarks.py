@@ -53,15 +53,15 @@ def test_bench_quick_fills_every_table(tmp_path):
     )  # 1: xdist workers share the cores
     text = out.read_text()
     for heading in (
-        "## 1. Scoring cost",
-        "## 2. Speed",
-        "## 3. Quality",
-        "## 4. Recovery",
-        "## 5. Pipeline wall time",
-        "## 6. Peer comparison",
-        "## 7. onnxruntime latency",
+        "### Scoring cost",
+        "### Speed",
+        "### Fidelity per importance method",
+        "### Recovery",
+        "### Pipeline wall time",
+        "### Against Torch-Pruning",
+        "### onnxruntime latency",
         "Which method to pick",
-        "## 11. Serving a causal LM",
+        "### Serving a causal LM",
     ):
         assert heading in text, heading
     result = json.loads(raw.read_text())
@@ -86,27 +86,31 @@ def test_bench_quick_fills_every_table(tmp_path):
 
 
 def _check_a_rerun_keeps_the_other_scripts_sections(tmp_path, raw):
-    """Sections 8-10 and 12-16 come from their own scripts: a suite run carries them as they are and
-    rewrites section 11 where it stands (once), and only its own sections above the marker."""
-    decode = "## 11. Serving a causal LM: KV cache, prefill and decode"
+    """Only the suite's blocks are the suite's: a run replaces each between its markers, where it
+    stands (once), and carries every other line of the file as it was."""
     out = tmp_path / "BENCHMARKS.md"
     out.write_text(
-        f"# old header\n\n## 1. Scoring cost\n\nold scores\n\n{suite.OTHER_SECTIONS}\n## 8. Large\n\nkept 8\n\n"
-        f"## 10. Depth\n\nkept 10\n\n{decode}\n\nold decode\n\n## 12. Learned\n\nkept 12\n"
+        "# headprune benchmarks\n\nintro kept\n\n<!-- suite: run -->\nold run facts\n<!-- /suite: run -->\n\n"
+        "## Which method\n\nkept 1\n\n<!-- suite: quality -->\nold quality\n<!-- /suite: quality -->\n\nkept 2\n\n"
+        "## How fast\n\n<!-- suite: decode -->\nold decode\n<!-- /suite: decode -->\n\nkept 3\n"
     )
     assert suite.main(["--render", str(raw), "--out", str(out)]) == 0
     text = out.read_text()
-    assert text.startswith("# headprune benchmarks") and "old header" not in text and "old scores" not in text
-    assert text.count(decode) == 1 and "old decode" not in text
-    assert text.index("## 7. onnxruntime latency") < text.index(suite.OTHER_SECTIONS)
-    assert text.index("kept 8") < text.index("kept 10") < text.index(decode) < text.index("kept 12")
-    assert "| batch |" in text[text.index(decode) : text.index("kept 12")]  # the new run's decode table
+    assert text.startswith("# headprune benchmarks\n\nintro kept\n\n<!-- suite: run -->\n- command: ")
+    assert "old run facts" not in text and "old quality" not in text and "old decode" not in text
+    assert text.index("kept 1") < text.index("### Fidelity per importance method") < text.index("kept 2")
+    assert text.index("## How fast") < text.index("### Serving a causal LM") < text.index("kept 3")
+    assert text.count("<!-- suite: quality -->") == 1 and text.count("<!-- /suite: decode -->") == 1
+    assert "| batch |" in text[text.index("### Serving a causal LM") : text.index("kept 3")]  # the new decode table
+    # blocks the file did not place (score, speed, ...) are appended after everything it had
+    assert text.index("kept 3") < text.index("<!-- suite: score -->")
 
 
 def test_benchmarks_md_names_no_scratch_paths():
     text = (ROOT / "BENCHMARKS.md").read_text()
     assert "/tmp/" not in text
-    assert text.count(suite.OTHER_SECTIONS) == 1
+    for name in ("run", "score", "speed", "quality", "recovery", "pipeline", "peer", "onnx", "decode"):
+        assert text.count(f"<!-- suite: {name} -->") == 1 and text.count(f"<!-- /suite: {name} -->") == 1, name
 
 
 def test_bench_quick_refuses_to_overwrite_benchmarks_md(capsys):

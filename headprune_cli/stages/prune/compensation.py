@@ -44,9 +44,9 @@ and only the current layer's hidden states are held, never all layers'.
   Kwon et al.'s mask tuning, one scale per kept column (W' = diag(s) W0), is the special
   case `ffn_fit="diag"`. Measured on all-MiniLM-L6-v2, 50% of every FFN cut by |column| x
   activation RMS, 158 calibration / 159 held-out texts of examples/minilm_text.txt
-  (scripts/benchmarks/ffn_compensation.py), held-out fidelity: none 0.829, bias 0.890,
+  (round-four lab notes, section 8), held-out fidelity: none 0.829, bias 0.890,
   diagonal 0.889, lstsq 0.934; on fisher heads+FFN plans the full refit beat the diagonal
-  one in 4 of 6 (scripts/benchmarks/compensation_routes.py); so `lstsq` refits every kept
+  one in 4 of 6 (the same notes, section 14); so `lstsq` refits every kept
   column. A random 50% cut, which removes MiniLM's massive-activation neurons: none 0.727,
   lstsq 0.886, diagonal 0.784, bias 0.768 (unweighted: 0.610, 0.174, 0.102).
 """

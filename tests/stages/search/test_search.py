@@ -212,7 +212,7 @@ def test_search_with_ffn_neurons_measures_its_plan_and_keeps_the_widths_aligned(
     )
     assert result.code == 0, result.err
     plan = json.loads(out.read_text())
-    assert plan["config"]["method"] == "fisher"  # the default with --ffn: the measured winner (BENCHMARKS.md §26)
+    assert plan["config"]["method"] == "fisher"  # the default with --ffn: BENCHMARKS.md "Which method"
     assert plan["remove_ffn"] and plan["num_ffn"] == [128] * 4
     for neurons in plan["remove_ffn"].values():
         assert (128 - len(neurons)) % 8 == 0 and 128 - len(neurons) >= 8

@@ -193,7 +193,7 @@ def test_cli_json_on_stdout_deterministic(files, cli):
 
 @pytest.mark.parametrize("extra, method", [((), "taylor"), (("--ffn",), "fisher")])
 def test_the_default_method_is_the_measured_winner_per_unit(files, cli, extra, method):
-    """Heads alone: taylor; with FFN neurons: fisher (BENCHMARKS.md §26). The artifact names
+    """Heads alone: taylor; with FFN neurons: fisher (BENCHMARKS.md, "Which method"). The artifact names
     the method that ran, and equals what naming it gives."""
     common = ("score", files / "m.safetensors", "--data", files / "d.jsonl", *extra)
     default, named = cli(*common), cli(*common, "--method", method)
