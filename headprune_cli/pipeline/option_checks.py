@@ -10,13 +10,12 @@ its options alone comes before the first stage runs.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
-from headprune_cli.errors import HeadpruneError, first_line, shorten
+from headprune_cli.errors import HeadpruneError, first_line
 from headprune_cli.pipeline.config import format_errors
 from headprune_cli.stages import unit
 from headprune_cli.stages.iterate.schedule import check_schedule
@@ -33,16 +32,6 @@ def _protect(value: Any) -> None:
 def _threshold(value: Any) -> None:
 
     parse_threshold(str(value))
-
-
-def _fraction(value: Any) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or not 0 <= value <= 1
-    ):
-        raise HeadpruneError(f"must be a fraction within [0, 1], got {shorten(value)}")
 
 
 def _method(value: Any) -> None:
@@ -73,11 +62,6 @@ def _cost_schedule(budget: str) -> Callable[[Any], None]:
 CHECKS: dict[tuple[str, str], Callable[[Any], None]] = {
     **{(command, "protect"): _protect for command in ("select", "prune")},
     **{(command, "threshold"): _threshold for command in ("select", "prune")},
-    **{
-        (command, key): _fraction
-        for command in ("select", "prune")
-        for key in ("ratio", "target_params", "target_flops")
-    },
     ("score", "method"): _method,
     ("score", "weights"): _weights,
     ("iterate", "schedule"): _schedule,

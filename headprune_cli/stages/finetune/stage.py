@@ -19,26 +19,23 @@ from headprune_cli.files.io import sha256_bytes
 from headprune_cli.files.outputs import check_distinct, check_folder, check_output, remove_folder
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import dtype_name
-from headprune_cli.stages.budget import Budget, checked, given
+from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.finetune.learn import check_learning, close_gates, make_gates
-from headprune_cli.stages.select.chains import Constraints, parse_protect
-from headprune_cli.stages.select.stage import ratio_option, target_flops_option, target_params_option
-from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, option
-
-# The options that only mean something with --learn-gates (check_learning refuses them without it).
-CONSTRAINTS = (
-    "min_heads",
-    "multiple_of",
-    "protect",
-    "uniform",
-    "gate_ffn",
-    "gate_layers",
-    "min_ffn",
-    "ffn_multiple_of",
+from headprune_cli.stages.options import (
+    BudgetOptions,
+    Finite,
+    LearningRate,
+    LoraOptions,
+    RecoveryOptions,
+    Seed,
+    ShapeOptions,
+    Share,
+    TokenOptions,
 )
+from headprune_cli.stages.unit import Context, Result, Stage, option
 
 
-class FinetuneOptions(Options):
+class FinetuneOptions(RecoveryOptions, TokenOptions, LoraOptions, BudgetOptions, ShapeOptions):
     checkpoint: Path = option(..., "The (pruned) checkpoint to recover.", argument=True)
     data: Path = option(..., "Training data (JSONL/CSV/text/safetensors).")
     output: Path = option(..., "Where to write the recovered checkpoint.", "-o", "--output")
@@ -50,54 +47,18 @@ class FinetuneOptions(Options):
         "checkpoint (a headprune checkpoint or a Hugging Face folder of the same architecture, e.g. the pre-trained "
         "base), by original index; tensors it lacks keep CKPT's values.",
     )
-    reinit: int | None = option(
+    reinit: Seed | None = option(
         None,
         "Lottery-ticket control: before training, re-initialise the kept structure (the model's own init), seeded.",
     )
-    epochs: int | None = option(None, "Passes over the training data (default 1 unless --steps).")
-    steps: int | None = option(None, "Optimizer steps (instead of --epochs).")
-    lr: float | None = option(
-        None,
-        "Peak learning rate (default: about a tenth of the usual fine-tuning rate for the model's size; "
-        "with --lora, 10x that).",
-    )
-    batch_size: int = option(16, "Rows per micro-batch, over all processes.", ge=1)
-    grad_accum: int = option(1, "Micro-batches per optimizer step.", ge=1)
-    warmup: float = option(0.1, "Warmup: a fraction of the steps (<1) or a step count.", ge=0)
-    kd_weight: float | None = option(None, "Weight a of the distillation term (default 0.5 with a teacher).")
-    kd_temperature: float = option(2.0, "Softmax temperature T for distillation.", ge=0.01)
-    seed: int = option(0, "Seed for data order and dropout.")
-    max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
-    state_dir: Path | None = option(
-        None,
-        "Training-state folder (default OUT.state); removed after success; a new, empty or headprune-made folder.",
-        folder=True,
-    )
-    save_every: int = option(50, "Save the training state every N steps.", ge=1)
-    resume: bool = option(False, "Continue from the saved training state.")
     force: bool = option(False, "Overwrite OUT if it exists.")
-    device: str = device_option()
-    dtype: str = option(
-        "auto",
-        "Training dtype: auto (stored), float32 (float32 master weights for a bf16 model), bfloat16, float16; "
-        "the output keeps the stored dtype.",
-    )
-    head_dropout: float = option(
+    head_dropout: Finite = option(
         0.0, "Pruning-aware training: drop each head's output with probability P per example (unscaled), in [0, 1)."
     )
     learn_gates: bool = option(
         False,
         "Learned pruning: train hard-concrete head gates (KV groups for GQA) "
         "with the model towards --ratio/--target-*, then cut the closed heads.",
-    )
-    ratio: float | None = ratio_option()
-    target_params: float | None = target_params_option()
-    target_flops: float | None = target_flops_option()
-    min_heads: int = option(1, "--learn-gates: heads every layer keeps at least.", ge=1)
-    multiple_of: int = option(1, "--learn-gates: heads kept per layer must be a multiple of this.", ge=1)
-    protect: str | None = option(None, "--learn-gates: heads never removed: LAYER:HEAD,... (original indices).")
-    uniform: bool = option(
-        False, "--learn-gates: keep the same number of heads (and KV groups, and FFN width) in every layer."
     )
     gate_ffn: bool = option(
         False, "--learn-gates: gate every FFN neuron too, under the same --target-flops/--target-params budget."
@@ -107,25 +68,23 @@ class FinetuneOptions(Options):
         "--learn-gates: gate every whole layer too (a closed layer is dropped), under the same "
         "--target-flops/--target-params budget.",
     )
-    min_ffn: int | None = option(
-        None, "--learn-gates --gate-ffn: FFN neurons every layer keeps at least (default: --ffn-multiple-of).", ge=1
-    )
-    ffn_multiple_of: int = option(8, "--learn-gates --gate-ffn: FFN widths kept are multiples of this.", ge=1)
     gates_out: Path | None = option(
         None, "--learn-gates: also write the final gate open probabilities as a scores JSON (method `learned`)."
     )
-    gate_lr: float = option(0.3, "--learn-gates: Adam rate of the gate logits and of the Lagrange multipliers.", ge=0.0)
+    gate_lr: LearningRate = option(
+        0.3, "--learn-gates: Adam rate of the gate logits and of the Lagrange multipliers.", ge=0.0
+    )
     # BENCHMARKS.md section 21: a target that rises over the first half of the gate phase and is
     # held for the second half, with 60% of the steps for the gates, reaches the target before
     # the gates close (section 15: a 20% rise and a 20% hold reached 0.73 of an 0.85 target).
-    gate_warmup: float = option(
+    gate_warmup: Share = option(
         0.5,
         "--learn-gates: share of the gate phase (the steps before the gates close) over which the target "
         "rises from 0; it is held at the target for the rest.",
         ge=0.0,
         le=1.0,
     )
-    closed_share: float = option(
+    closed_share: Share = option(
         0.4,
         "--learn-gates: share of the last steps trained with the gates closed (the cut model recovers).",
         ge=0.0,
@@ -133,7 +92,7 @@ class FinetuneOptions(Options):
     )
     # BENCHMARKS.md section 21: 0.01 (one more head's worth of gate steps at 72 heads) lost 0.4-0.6 points
     # less than 0.02 on both Debian classifiers at --ratio 0.85.
-    gate_tolerance: float = option(
+    gate_tolerance: Share = option(
         0.01,
         "--learn-gates: how far (as a share of the budget) the expected share removed may be from the target "
         "when the gates close; further, the gate phase goes on (--gate-extra-steps), then the run refuses.",
@@ -143,87 +102,21 @@ class FinetuneOptions(Options):
     gate_extra_steps: int = option(
         50, "--learn-gates: at most this many extra gate-phase steps to reach the --gate-tolerance.", ge=0
     )
-    hidden_weight: float | None = option(
-        None,
-        "Weight of layer distillation: each block's output against the teacher's (relative squared error); "
-        "default 1 with --learn-gates and a teacher, else 0.",
-        ge=0.0,
-    )
-
-    lora: bool = option(
-        False,
-        "Train low-rank adapters (peft) on the attention and FFN projections instead of every weight; "
-        "they are merged into the output.",
-    )
-    lora_rank: int = option(8, "--lora: adapter rank r (at most the narrowest targeted projection's width).")
-    lora_alpha: float | None = option(None, "--lora: scaling alpha (the update is scaled by alpha / r; default 2 r).")
-    lora_dropout: float = option(0.0, "--lora: dropout on the adapters' input, in [0, 1).")
-    lora_targets: str | None = option(
-        None,
-        "--lora: projections to adapt, NAME[,NAME] matched as a module-name suffix (default: every block's "
-        "attention and FFN projections, e.g. q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj).",
-    )
-    keep_adapter: Path | None = option(
-        None,
-        "--lora: also write the unmerged adapter here, in peft's format (a folder; applies to CHECKPOINT).",
-        folder=True,
-    )
-    recompute: bool | None = option(
-        None,
-        "Recompute each block's activations in the backward instead of keeping them (less memory, "
-        "one more forward per micro-batch, the same gradients). Default: on from 400 M parameters.",
-        negative="--no-recompute",
-    )
-
-    autocast: bool | None = option(
-        None,
-        "Run the forward passes under bf16 autocast (weights, gradients and AdamW state keep their dtype). "
-        "Default: on where the device computes bf16 natively (CUDA), off on CPU.",
-        negative="--no-autocast",
-    )
-    fsdp: bool = option(
-        False,
-        "Under torchrun: shard weights, gradients, AdamW state and the teacher over the processes "
-        "(FSDP2, one unit per block) instead of a full copy in each; the state is saved sharded and resumes "
-        "with the same process count.",
-    )
-
-    def lora_spec(self):
-        from headprune_cli.stages.finetune.lora import LoraSpec  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-
-        targets = (
-            None if self.lora_targets is None else tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
-        )
-        return LoraSpec(self.lora_rank, self.lora_alpha, self.lora_dropout, targets)
-
-    def targets(self) -> list[Budget]:
-        """The learned-pruning budgets given (check_learning accepts exactly one)."""
-        return given(ratio=self.ratio, target_params=self.target_params, target_flops=self.target_flops)
 
     def budget(self) -> Budget | None:
-        found = self.targets()
-        return checked(found[0]) if len(found) == 1 else None
-
-    def constraints(self):
-
-        return Constraints(
-            min_heads=self.min_heads,
-            multiple_of=self.multiple_of,
-            protect=parse_protect(self.protect),
-            uniform=self.uniform,
-            min_ffn=self.min_ffn,
-            ffn_multiple_of=self.ffn_multiple_of,
-        )
+        found = self.budgets()
+        return found[0] if len(found) == 1 else None
 
     def constraints_given(self) -> list[str]:
-        return [name for name in CONSTRAINTS if getattr(self, name) != FinetuneOptions.model_fields[name].default]
+        """The learned-pruning options set without --learn-gates (check_learning refuses them)."""
+        return self.shape_given() + [name for name in ("gate_ffn", "gate_layers") if getattr(self, name)]
 
     def check(self) -> None:
         """The option combinations learned pruning and head dropout refuse."""
 
         gates_out = ["gates_out"] if self.gates_out else []
         check_learning(
-            self.learn_gates, self.targets(), self.head_dropout, self.resume, self.constraints_given() + gates_out
+            self.learn_gates, self.budgets(), self.head_dropout, self.resume, self.constraints_given() + gates_out
         )
         _check_lora_options(self)
         if self.rewind_to is not None and self.reinit is not None:
@@ -235,7 +128,6 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
     from headprune_cli.model.checkpoint import load, save  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
     from headprune_cli.stages.finetune.losses import check_labels  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-    from headprune_cli.stages.finetune.train import FinetuneConfig  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
 
     opts.check()
     if opts.fsdp:
@@ -273,25 +165,13 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
     dev = read_data(opts.eval_data, model, max_length=opts.max_length) if opts.eval_data is not None else None
     if dev is not None:
         check_labels(model, {"labels": dev.labels} if dev.labels is not None else {}, f"{opts.eval_data}")
-    cfg = FinetuneConfig(
-        epochs=opts.epochs,
-        steps=opts.steps,
-        lr=lr,
-        batch_size=opts.batch_size,
-        grad_accum=opts.grad_accum,
-        warmup=opts.warmup,
-        kd_weight=opts.kd_weight,
-        kd_temperature=opts.kd_temperature,
-        hidden_weight=_hidden_weight(opts),
-        seed=opts.seed,
-        resume=opts.resume,
-        save_every=opts.save_every,
-        state_dir=None if opts.learn_gates else state_dir,  # gates are not resumable
-        device=opts.device,
-        dtype=opts.dtype,
-        recompute=opts.recompute,
-        fsdp=opts.fsdp,
-        autocast=opts.autocast,
+    # The options are what training reads, with the defaults that depend on the model resolved.
+    cfg = opts.model_copy(
+        update={
+            "lr": lr,
+            "hidden_weight": _hidden_weight(opts),
+            "state_dir": None if opts.learn_gates else state_dir,  # gates are not resumable
+        }
     )
     fingerprint = {
         "checkpoint": model.headprune.loaded_from[1],
@@ -335,18 +215,9 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
 
 
 def _check_lora_options(opts: FinetuneOptions) -> None:
-
-    if opts.keep_adapter is not None and not opts.lora:
-        raise UsageError("--keep-adapter writes the LoRA adapter; it needs --lora")
+    opts.check_lora()
     if opts.keep_adapter is not None and opts.learn_gates:
         raise UsageError("--keep-adapter with --learn-gates: the adapter would not fit the cut model; drop one of them")
-    given = [
-        f
-        for f in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
-        if getattr(opts, f) != FinetuneOptions.model_fields[f].default
-    ]
-    if given and not opts.lora:
-        raise UsageError(f"{', '.join('--' + f.replace('_', '-') for f in given)}: LoRA settings need --lora")
 
 
 def _reset_weights(opts: FinetuneOptions, model, ctx: Context) -> str | None:

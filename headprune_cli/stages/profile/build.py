@@ -43,7 +43,7 @@ def profile_checkpoint(opts, advance=lambda total=None: None) -> tuple[dict, Lat
     model = load(opts.model)
     placement = place(model, opts.device, opts.dtype)
     seq = opts.seq_len or min(DEFAULT_SEQ_LEN, adapter_for(model).max_positions(model) or DEFAULT_SEQ_LEN)
-    settings = measure.Settings(opts.rounds, opts.warmup, opts.min_time, opts.threads, opts.every_layer)
+    settings = opts  # the timing reads the profile options themselves
     inputs, seq = synthetic_inputs(model, opts.batch_size, seq)
     inputs = {k: v.to(input_device(model)) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     grids = lambda pos: layer_grids(model, pos, opts.points, opts.multiple_of, opts.ffn_multiple_of)  # noqa: E731

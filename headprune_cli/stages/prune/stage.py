@@ -18,8 +18,9 @@ from headprune_cli.files.io import sha256_bytes
 from headprune_cli.files.outputs import check_output
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.names import did_you_mean
-from headprune_cli.runtime.device import DEVICE_HELP, place, restore
 from headprune_cli.runtime.device import check as check_device
+from headprune_cli.runtime.device import place, restore
+from headprune_cli.stages.options import BatchSize, DeviceOptions, TokenOptions
 from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE, compensate
 from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
 from headprune_cli.stages.select.chains import Selection
@@ -70,7 +71,7 @@ def cut(
     return result
 
 
-class PruneOptions(SelectionOptions):
+class PruneOptions(SelectionOptions, TokenOptions, DeviceOptions):
     checkpoint: Path | None = option(
         None, "Checkpoint to prune (default: the model the plan/scores name).", argument=True
     )
@@ -83,20 +84,14 @@ class PruneOptions(SelectionOptions):
         "--compensate",
     )
     data: Path | None = option(None, "Calibration data for compensation (a few hundred examples).")
-    samples: int = option(256, "Calibration examples to read from --data.")
-    max_length: int = option(128, "Tokens per calibration example.")
-    batch_size: int = option(16, "Calibration batch size.")
+    samples: int = option(256, "Calibration examples to read from --data.", ge=1)
+    batch_size: BatchSize = 16
     ridge: float = option(
         DEFAULT_RIDGE,
         "lstsq: strength of the pull towards the current weights, relative to the mean input energy.",
         ge=0.0,
     )
     force: bool = option(False, "Overwrite OUTPUT if it exists.")
-    device: str = option("auto", "Where --compensate computes: " + DEVICE_HELP)
-    dtype: str = option(
-        "auto",
-        "Compensation's compute dtype: auto (stored), float32, bfloat16, float16; the output keeps the stored dtype.",
-    )
 
     def check(self) -> None:
         _check(self)

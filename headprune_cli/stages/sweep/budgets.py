@@ -32,8 +32,9 @@ from headprune_cli.stages.score.importance.api import score_model
 from headprune_cli.stages.score.importance.registry import check_ffn
 from headprune_cli.stages.select.strategies import select
 from headprune_cli.stages.sweep.ratios import payload_head
+from headprune_cli.stages.sweep.settings import ROUTE_NAMES
 
-ROUTES = {"heads": {}, "heads+ffn": {"ffn": True}, "heads+ffn+layers": {"ffn": True, "layers": "loo"}}
+ROUTES = dict(zip(ROUTE_NAMES, ({}, {"ffn": True}, {"ffn": True, "layers": "loo"}), strict=True))
 
 
 def check_routes(routes: list[str], methods: list[str]) -> None:
@@ -71,7 +72,7 @@ def run_budget_sweep(
                 normalize=False,
                 **ROUTES[route],
             )
-            for target in sorted(opts.targets, reverse=True):
+            for target in sorted(opts.target_flops, reverse=True):
                 progress(f"{method} ({route}): FLOPs {target:g}")
                 try:
                     selection = select(
