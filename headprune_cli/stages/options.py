@@ -133,7 +133,7 @@ class ShapeOptions(Options):
 
     def constraints(self):
         """The Constraints value every chooser takes (select/chains.py)."""
-        from headprune_cli.model.gguf_grid import grid_ffn_multiple  # noqa: PLC0415 (as above)
+        from headprune_cli.model.formats.gguf_grid import grid_ffn_multiple  # noqa: PLC0415 (as above)
         from headprune_cli.stages.select.chains import Constraints, parse_protect  # noqa: PLC0415 (the options module names no stage package at import)
         from headprune_cli.stages.select.runtime import check_runtime, shape_rules  # noqa: PLC0415 (as above)
 
@@ -224,7 +224,8 @@ class RecomputeOptions(Options):
     recompute: bool | None = option(
         None,
         "Recompute each block's activations in the backward instead of keeping them (gradient scores and "
-        "training: less memory, one more forward per batch, the same results). Default: on from 400 M parameters.",
+        "training: less memory, one more forward per batch, the same results). Default: on from 400 M parameters; "
+        "score also turns it on for a causal LM whose batch would outgrow its activation budget.",
         negative="--no-recompute",
     )
 

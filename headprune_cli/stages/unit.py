@@ -140,6 +140,9 @@ class Stage:
     (`{stem}` = the stage's name); `makes` names the roles its outputs become; `needs` the
     options that must end up set. `optional_outputs` are extra files a stage entry may
     switch on with `KEY: true`; `refused` options its pipeline stage cannot take, and why.
+    `checks` maps an option to the parser its command reads it with: `headprune run` runs it on
+    the YAML value before any stage runs (raising HeadpruneError on a value the command refuses).
+    The command line is made from the same unit (cli/app.py): a stage needs no command module.
     """
 
     name: str
@@ -153,6 +156,8 @@ class Stage:
     optional_outputs: dict[str, str] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     in_pipeline: bool = True
+    checks: dict[str, Callable[[Any], None]] = field(default_factory=dict)  # option -> its parser, for raw YAML
+    help: str = ""  # `headprune NAME --help` (its first line: the command list); cli/ builds the command from this unit
 
 
 # The stages, in pipeline order. Stage NAME is defined by the module

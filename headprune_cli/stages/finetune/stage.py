@@ -17,6 +17,7 @@ from headprune_cli.artifacts.schema import dumps, write_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.files.io import sha256_bytes
 from headprune_cli.files.outputs import check_distinct, check_folder, check_output, remove_folder
+from headprune_cli.files.staged import published_together
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import dtype_name
 from headprune_cli.stages.budget import Budget
@@ -124,6 +125,16 @@ class FinetuneOptions(RecoveryOptions, TokenOptions, LoraOptions, BudgetOptions,
 
 
 def run(opts: FinetuneOptions, ctx: Context) -> Result:
+    from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
+    from headprune_cli.runtime.faults import peer_faults  # noqa: PLC0415 (keeps torch out of this module's import)
+
+    setup()  # a bad torchrun environment is refused before anything is read
+    # --keep-adapter's folder is published with the output, or removed when the run fails.
+    with peer_faults(opts.state_dir or opts.output.with_name(opts.output.name + ".state")), published_together():
+        return _run(opts, ctx)
+
+
+def _run(opts: FinetuneOptions, ctx: Context) -> Result:
     from headprune_cli.data.readers import read_data  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.checkpoint import load, save  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
@@ -262,7 +273,7 @@ def _merge_lora(opts: FinetuneOptions, adapted, ctx: Context):
 
     if opts.keep_adapter is not None and setup().main:
         save_adapter(adapted, opts.keep_adapter)
-        ctx.print(f"wrote {opts.keep_adapter}")
+        ctx.print(f"adapter ready: {opts.keep_adapter} appears with {opts.output}")
     return merge(adapted)
 
 
@@ -294,7 +305,7 @@ def _gating(opts: FinetuneOptions, model, constraints):
 def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context):
     """Close the learned gates and cut the closed heads out of `model` (in place)."""
     from headprune_cli.stages.objectives import default_objective  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-    from headprune_cli.stages.prune.stage import cut  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.stages.prune.cut import cut  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     config = {
         "method": "learned",
@@ -421,9 +432,30 @@ def run_finetune(model, train, cfg, dev=None, teacher=None, fingerprint=None, ct
     return result
 
 
+class _LazyProgress(Progress):
+    """A bar drawn from its first update on: a refusal before training starts (a resume state
+    saved under other settings) stays the one `Error:` line on stderr."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live.is_started:  # stopping prints a newline on a non-terminal stderr
+            self.stop()
+
+    def update(self, *args, **kwargs) -> None:
+        if not self.live.is_started and not self.disable:
+            self.start()
+        super().update(*args, **kwargs)
+
+    def refresh(self) -> None:
+        if self.live.is_started:  # before, a refresh would print an empty line
+            super().refresh()
+
+
 def _progress(console, show: bool):
 
-    return Progress(
+    return _LazyProgress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
@@ -450,6 +482,44 @@ def summary_table(result):
     return table
 
 
+# `headprune finetune --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Recover quality after pruning: AdamW with warmup and linear decay, on the checkpoint's own objective, optionally distilling from the unpruned model.
+
+    Loss with a teacher: (1 - a) * task + a * T^2 * KL(softmax(teacher/T) || softmax(student/T)); embedding models match the teacher's embeddings (1 - cosine). The output is written atomically at the end; the training state is saved every --save-every steps, and --resume continues from it with the same final weights as an uninterrupted run. Runs unchanged under torchrun (data parallel; --batch-size stays global).
+
+    Examples:
+
+      headprune finetune small.safetensors --data train.jsonl --eval-data dev.jsonl --epochs 3 -o small-ft.safetensors
+
+      headprune finetune small.safetensors --data train.jsonl --teacher auto --kd-weight 0.5 -o small-kd.safetensors
+
+      torchrun --nproc-per-node 2 -m headprune_cli finetune small.safetensors --data train.jsonl --steps 500 -o out.safetensors
+
+    At LLM scale: --lora trains low-rank adapters (peft) on the attention and FFN projections and merges them into the output (--keep-adapter DIR also writes peft's adapter folder); --fsdp under torchrun shards weights, gradients, AdamW state and the teacher (FSDP2, one unit per block; sharded resumable state); --recompute (default from 400 M parameters) and --autocast cut activation memory.
+
+      headprune finetune llama-pruned.safetensors --data train.txt --teacher auto --lora --lora-rank 16 --keep-adapter adapter -o llama-lora.safetensors
+
+      torchrun --nproc-per-node 8 -m headprune_cli finetune llama-pruned.safetensors --data train.txt --teacher auto --fsdp -o llama-kd.safetensors
+
+    Learned pruning (--learn-gates with --ratio, --target-params or --target-flops): hard-concrete gates on the heads (whole KV groups for GQA models), and with a FLOPs/params target on every FFN neuron (--gate-ffn) and every whole layer (--gate-layers), train with the model under the one budget; a Lagrangian (CoFi) drives the expected share removed to the target, which rises from 0 over --gate-warmup of the gate phase (the first 1 - --closed-share of the steps) and is then held. At the closing step, an expected share further than --gate-tolerance from the target trains up to --gate-extra-steps more gate steps, then refuses (nothing written). The gates then close as `headprune select` would choose from their open probabilities (with --min-heads, --multiple-of, --protect, --uniform, --min-ffn, --ffn-multiple-of; layers open with probability below 0.5 are dropped), the last --closed-share of the steps trains the model with them closed, and the output is the physically cut model. With a teacher, --hidden-weight (default 1 here) adds layer distillation: each block's output against the teacher's. --gates-out writes the open probabilities as scores (method `learned`) with the gates' report (expected vs target vs lambdas per step, expected vs closed share) under config.gates. --teacher auto on an unpruned model distils from the model itself. Not resumable, one process.
+
+    --head-dropout P zeroes each head's output with probability P per example while training (not rescaled: the condition a pruned model runs in), so the model becomes robust to removal.
+
+      headprune finetune model.safetensors --data train.jsonl --learn-gates --ratio 0.5 --teacher auto --gates-out gates.json -o small.safetensors
+
+      headprune finetune model.safetensors --data train.jsonl --learn-gates --ratio 0.85 --teacher auto --gate-warmup 0.5 --gate-tolerance 0.01 --gate-extra-steps 50 -o small.safetensors
+
+      headprune finetune model.safetensors --data train.jsonl --learn-gates --target-flops 0.5 --gate-ffn --gate-layers --teacher auto -o small.safetensors
+
+      headprune finetune model.safetensors --data train.jsonl --head-dropout 0.2 -o robust.safetensors
+
+    Lottery tickets: --rewind-to CKPT gives the kept heads, FFN neurons and layers the weights they have in CKPT (a headprune checkpoint or a Hugging Face folder of the same family and shape, typically the pre-trained base the model was fine-tuned from), by the original indices the pruned checkpoint records; tensors CKPT lacks (a classifier, when CKPT is the bare encoder) keep their values and are named. --reinit SEED re-initialises the kept structure with the model's own init instead. Then it trains as usual. The random-heads control: `headprune select --strategy random --seed S`.
+
+      headprune finetune pruned.safetensors --data train.jsonl --teacher auto --rewind-to init-folder/ -o ticket.safetensors
+
+      headprune finetune pruned.safetensors --data train.jsonl --teacher auto --reinit 0 -o reinit.safetensors
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
+
 STAGE = Stage(
     "finetune",
     FinetuneOptions,
@@ -466,4 +536,5 @@ STAGE = Stage(
             "run `headprune finetune --lora --keep-adapter DIR` for peft's adapter folder"
         )
     },
+    help=HELP,
 )

@@ -29,17 +29,27 @@ from headprune_cli.model.cost import count_params
 from headprune_cli.model.layout import info_of
 from headprune_cli.runtime import distributed
 from headprune_cli.runtime.device import cast_parameters, resolve_device, resolve_dtype, stored_dtype
+from headprune_cli.runtime.recompute import recomputed_blocks, wants_recompute
 from headprune_cli.stages.finetune import sharding
 from headprune_cli.stages.finetune import state as train_state
 from headprune_cli.stages.finetune.distill import kd_logits
 from headprune_cli.stages.finetune.gates import applied
 from headprune_cli.stages.finetune.hidden import captured, hidden_loss, pairs
-from headprune_cli.stages.finetune.losses import as_tensors, check_labels, fidelity_loss, predict, task_loss, trim
+from headprune_cli.stages.finetune.losses import (
+    as_tensors,
+    check_labels,
+    chunked_heads,
+    chunked_kd_loss,
+    chunked_task_loss,
+    fidelity_loss,
+    predict,
+    task_loss,
+    trim,
+)
 from headprune_cli.stages.finetune.precision import autocast_dtype, autocasting
 from headprune_cli.stages.objectives import higher_is_better as metric_higher_is_better
 from headprune_cli.stages.objectives import next_token_mask
 from headprune_cli.stages.options import RecoveryOptions
-from headprune_cli.stages.score.importance.recompute import recomputed_blocks, wants_recompute
 
 # Recovery starts from trained weights, so it uses about a tenth of the rate the model
 # size is usually fine-tuned at (BERT-base: ~2e-5 instead of 2e-4..5e-5 from scratch).
@@ -306,17 +316,23 @@ class _Loop:
         task = info_of(self.model).task
         gated = applied(self.model, gates, self.ctx.device) if gates else nullcontext()
         # Gates stay on through the backward: a recomputed block must see the same hooks.
-        with gated, recomputed_blocks(self.model, self.recompute):
+        # A causal LM's logits in chunks of tokens (one process: no wrapper owns the head's weights);
+        # `pred` and `ref` are then last hidden states.
+        chunked = chunked_heads(self.model, self.teacher, rows, alone=self.ctx.world == 1)
+        with gated, recomputed_blocks(self.model, self.recompute), chunked as heads:
             with autocasting(self.ctx.device, self.autocast), self._hidden(self.model) as student_states:
                 pred = predict(self.wrapped, rows, task, self.model)
             loss_sum = torch.zeros((), device=self.ctx.device)
-            if self.kd < 1.0 and task != "embedding":
-                loss_sum = loss_sum + (1.0 - self.kd) * task_loss(pred, rows, task)[0]
             if self.kd > 0.0 or task == "embedding" or self.paired:
                 with torch.no_grad(), autocasting(self.ctx.device, self.autocast), self._hidden(self.teacher) as states:
                     ref = predict(self.teacher, rows, task, self.teacher)
-            if self.kd > 0.0 or task == "embedding":
-                loss_sum = loss_sum + (1.0 if task == "embedding" else self.kd) * self._kd(pred, ref, rows, task)
+            with autocasting(self.ctx.device, self.autocast) if heads else nullcontext():  # the heads as in predict
+                if self.kd < 1.0 and task != "embedding":
+                    task_sum = task_loss(pred, rows, task)[0] if heads is None else chunked_task_loss(heads, pred, rows)
+                    loss_sum = loss_sum + (1.0 - self.kd) * task_sum
+                if self.kd > 0.0 or task == "embedding":
+                    weight_kd = 1.0 if task == "embedding" else self.kd
+                    loss_sum = loss_sum + weight_kd * self._kd(pred, ref, rows, task, heads)
             if self.paired:
                 per_row = task != "causal-lm"  # a row's tokens share one row's weight, as the row losses do
                 hidden = hidden_loss(student_states, states, self.paired, rows["attention_mask"], per_row)[0]
@@ -330,9 +346,11 @@ class _Loop:
         """Capture the block outputs of `model` while layer distillation is on (--hidden-weight)."""
         return captured(model) if self.paired else nullcontext([])
 
-    def _kd(self, pred, ref, rows, task):
+    def _kd(self, pred, ref, rows, task, heads=None):
         if task == "embedding":
             return fidelity_loss(pred, ref, rows)[0]
+        if heads is not None:
+            return chunked_kd_loss(heads, pred, ref, rows, self.cfg.kd_temperature)
         if task == "causal-lm":
             return kd_logits(pred[:, :-1], ref[:, :-1], self.cfg.kd_temperature, next_token_mask(rows))[0]
         return kd_logits(pred, ref, self.cfg.kd_temperature)[0]
@@ -389,14 +407,8 @@ class _Loop:
 
     def restore(self, fingerprint: dict) -> int:
         # validate() already refused --resume without a state folder.
-        state, best = self._load_state()
-        saved = state.get("fingerprint", {})
-        changed = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
-        if changed:
-            raise UsageError(
-                f"--resume: the saved training state used different settings ({', '.join(changed)}); "
-                "start over without --resume"
-            )
+        state, best = self._load_state(fingerprint)
+        train_state.check_settings(state, fingerprint)
         if not 1 <= state["step"] <= self.plan.total:
             raise UsageError(
                 f"--resume: the saved state is at step {state['step']}, "
@@ -418,10 +430,13 @@ class _Loop:
             "epoch_losses": self.epoch_losses,
         }
 
-    def _load_state(self):
+    def _load_state(self, fingerprint: dict):
         if not self.cfg.fsdp:
-            return train_state.load_state(self.cfg.state_dir, self.model, self.optimizer)
-        target, state = sharding.read_state(self.cfg.state_dir, sharding.plan(self.model, self.ctx.world))
+            return train_state.load_state(self.cfg.state_dir, self.model, self.optimizer, fingerprint)
+        target, state = sharding.read_state_agreed(
+            self.cfg.state_dir, sharding.plan(self.model, self.ctx.world), self.ctx
+        )
+        train_state.check_settings(state, fingerprint)
         like = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         return state, sharding.load_state(target, state, self.model, self.optimizer, self.ctx, like)
 

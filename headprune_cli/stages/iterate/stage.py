@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
@@ -11,10 +13,10 @@ from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget
-from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, schedule_of
+from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, check_schedule, schedule_of
 from headprune_cli.stages.options import BatchSize, LearningRate, RecoveryOptions, Schedule, SeedOptions, TokenOptions
 from headprune_cli.stages.score.importance.registry import METHOD_DEFAULT_HELP, ChosenMethod, check_ffn
-from headprune_cli.stages.unit import Context, Result, Stage, option
+from headprune_cli.stages.unit import Context, Result, Stage, comma_list, option
 
 RECOVERIES = ("finetune", "lstsq")  # rounds.RECOVERIES, without importing torch here
 LSTSQ_SAMPLES = 256  # as `prune --samples`
@@ -168,7 +170,7 @@ def _compensation(opts: IterateOptions, train):
         return None
     from headprune_cli.data.readers import batches  # noqa: PLC0415 (keeps torch out of this module's import)
     from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE  # noqa: PLC0415 (keeps torch out of this module's import)
-    from headprune_cli.stages.prune.stage import Compensation  # noqa: PLC0415 (keeps torch out of this module's import)
+    from headprune_cli.stages.prune.cut import Compensation  # noqa: PLC0415 (keeps torch out of this module's import)
 
     rows = train.select(0, min(opts.samples, len(train)))
     ridge = DEFAULT_RIDGE if opts.ridge is None else opts.ridge
@@ -207,6 +209,23 @@ def _table(result, budget=None):
     return table
 
 
+def _schedule(kind: str) -> Callable[[Any], None]:
+    key = "schedule" if kind == "heads" else f"target_{kind}"
+    return lambda value: check_schedule(comma_list(value, float, key), kind)
+
+
+# `headprune iterate --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Prune gradually: each round rescores the current model, removes heads up to the next fraction of the original heads (or, with --target-flops/--target-params, heads and with --ffn FFN neurons down to the next fraction of the original cost), and recovers; stops before the dev metric crosses the floor and writes the last model above it.
+
+    Examples:
+
+      headprune iterate model.safetensors --data train.jsonl --eval-data dev.jsonl --max-drop 1.0 -o small.safetensors
+
+      headprune iterate model.safetensors --data train.jsonl --eval-data dev.jsonl --schedule 0.2,0.4,0.6 --teacher self -o small.safetensors
+
+      headprune iterate model.safetensors --data train.jsonl --eval-data dev.jsonl --method fisher --ffn --target-flops 0.8,0.65,0.5 -o small.safetensors
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
+
 STAGE = Stage(
     "iterate",
     IterateOptions,
@@ -217,4 +236,6 @@ STAGE = Stage(
     outputs={"output": "{stem}.safetensors"},
     makes={"model": "output"},
     needs=("checkpoint", "data", "eval_data"),
+    checks={"schedule": _schedule("heads"), "target_flops": _schedule("flops"), "target_params": _schedule("params")},
+    help=HELP,
 )

@@ -13,10 +13,10 @@ from headprune_cli.errors import UsageError
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
 from headprune_cli.runtime.device import input_device, place, stored_dtype_name
+from headprune_cli.stages.model_latency import synthetic_inputs
 from headprune_cli.stages.profile import measure
 from headprune_cli.stages.profile.decode import decode_inputs, frozen_call
-from headprune_cli.stages.profile.schema import LatencyTableArtifact
-from headprune_cli.stages.report.latency import synthetic_inputs
+from headprune_cli.stages.profile.latency_artifact import LatencyTableArtifact
 
 DEFAULT_SEQ_LEN = 128
 CONFIG_KEYS = (

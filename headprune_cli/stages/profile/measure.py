@@ -31,7 +31,7 @@ from headprune_cli.errors import NumericalError
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.arch.base import HFModule, is_conv1d, keep_inputs, keep_outputs
 from headprune_cli.model.layout import info_of
-from headprune_cli.stages.profile.schema import LayerPoints
+from headprune_cli.stages.profile.latency_artifact import LayerPoints
 from headprune_cli.stages.timing import Latency, interleaved_samples, measure_interleaved, summarize
 
 if TYPE_CHECKING:

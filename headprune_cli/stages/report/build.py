@@ -29,10 +29,9 @@ from headprune_cli.model.llama_cpp_env import engine_python
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import input_device, place
 from headprune_cli.stages import objectives
+from headprune_cli.stages.model_latency import max_sequence, measure, synthetic_inputs
 from headprune_cli.stages.objectives import drop_unit, metric_dicts, worse_by, worse_than
-from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (registers the `report` kind)
 from headprune_cli.stages.report import serving, zero_shot
-from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs
 from headprune_cli.stages.report.latency_cost import latency_section, read_table
 from headprune_cli.stages.report.llama_cpp import check_task, load_gguf
 from headprune_cli.stages.report.settings import CONFIG_KEYS, ReportSettings

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -17,6 +18,7 @@ from headprune_cli.stages.score.importance import init_distributed, score_model,
 from headprune_cli.stages.score.importance.registry import (
     DEFAULT_LAYER_METHOD,
     HEAD_METHODS,
+    LAYER_METHOD_HELP,
     METHOD_DEFAULT_HELP,
     ChosenMethod,
     check_ffn,
@@ -24,13 +26,6 @@ from headprune_cli.stages.score.importance.registry import (
     layer_method,
 )
 from headprune_cli.stages.unit import Context, Result, Stage, option
-
-LAYER_METHOD_HELP = (
-    "refit (default: loss change when the layer is dropped and the rest refit briefly, what recovery can win back; "
-    "about 12 training steps per layer), loo (the loss change with no refit: one forward per layer; for cuts that "
-    "will not be finetuned) or cosine (block influence). refit and loo also measure each layer's attention, so "
-    "`select --target-*` can weigh heads against layers."
-)
 
 
 class ScoreOptions(ChosenMethod, SeedOptions, TokenOptions, RecomputeOptions, DeviceOptions):
@@ -47,7 +42,8 @@ class ScoreOptions(ChosenMethod, SeedOptions, TokenOptions, RecomputeOptions, De
     layers: bool = option(False, "Also score whole layers.")
     ffn: bool = option(
         False,
-        "Also score every FFN neuron (gradient, taylor, taylor-weight, fisher, activation, random), "
+        "Also score every FFN neuron (gradient, taylor, taylor-weight, fisher, activation, flap, wanda-sp, minitron, "
+        "llm-pruner, random), "
         "in the same pass: `select --target-*` then cuts heads, neurons and layers under one budget.",
     )
     layer_method: str | None = option(None, LAYER_METHOD_HELP)
@@ -153,6 +149,34 @@ def _finish_distributed() -> None:
         dist.destroy_process_group()
 
 
+def _method(value: Any) -> None:
+    from headprune_cli.stages.score.importance.api import make_scorer  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+
+    make_scorer(str(value))
+
+
+def _weights(value: Any) -> None:
+    from headprune_cli.stages.score.importance.baselines import parse_weights  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+
+    parse_weights([str(v) for v in value] if isinstance(value, list) else [str(value)], list(HEAD_METHODS))
+
+
+# `headprune score --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Score the importance of every attention head (and, with --layers, every layer; with --ffn, every FFN neuron).
+
+    Runs unchanged under `torchrun --nproc-per-node N -m headprune_cli score ...`: each
+    process scores a shard of the batches, sums are all-reduced, rank 0 writes.
+    Scores are summed in float64 whatever --dtype the model computes in.
+
+    Examples:
+
+      headprune score model.safetensors --data dev.jsonl --method taylor -o scores.json
+
+      headprune score lm.safetensors --data wiki.txt --method loo --layers --samples 256
+
+      headprune score emb.safetensors --data sentences.txt --method combined --weights taylor=1,entropy=0.5
+    """
+
 STAGE = Stage(
     "score",
     ScoreOptions,
@@ -162,4 +186,6 @@ STAGE = Stage(
     outputs={"output": "{stem}.json"},
     makes={"scores": "output"},
     needs=("checkpoint", "data"),
+    checks={"method": _method, "weights": _weights},
+    help=HELP,
 )

@@ -32,13 +32,13 @@ from headprune_cli.stages.score.importance import score_model
 from headprune_cli.stages.score.importance.registry import (
     DEFAULT_LAYER_METHOD,
     HEAD_METHODS,
+    LAYER_METHOD_HELP,
     METHOD_DEFAULT_HELP,
     ChosenMethod,
     check_ffn,
     head_method,
     layer_method,
 )
-from headprune_cli.stages.score.stage import LAYER_METHOD_HELP
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.search.judged import JUDGES
 from headprune_cli.stages.search.layer_rescore import check_reachable
@@ -358,6 +358,29 @@ def _plan(model, opts: SearchOptions, result, max_length: int, judge: str) -> di
     )
 
 
+# `headprune search --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Find a plan by measured quality: start from the greedy plan, try per-layer head counts (and layer drops) on held-out calibration data.
+
+    Each candidate is judged as `prune --compensate` will ship it (--compensate lstsq by
+    default: the refit solved from statistics collected once), by held-out accuracy for a
+    classifier (loss breaking ties) or by loss (--judge loss); at a local optimum the search
+    restarts from a random perturbation of the best plan until --evaluations (or --seconds)
+    is spent. Every candidate respects the same constraints as `select` (--min-heads, --multiple-of,
+    --protect, whole KV groups) and the same budget (--ratio of heads, or a
+    --target-flops/--target-params budget, where layers may be dropped too with
+    --layers). The result is a plan for `headprune prune --plan`.
+
+    Examples:
+
+      headprune search model.safetensors --data calib.jsonl --ratio 0.7 -o plan.json
+
+      headprune search model.safetensors --data calib.jsonl --target-flops 0.5 --layers --layer-method loo --evaluations 200 -o plan.json
+
+      headprune search m.safetensors --data calib.jsonl --ratio 0.85 --method fisher --compensate lstsq --evaluations 200 -o plan.json && headprune prune --plan plan.json --compensate lstsq --data calib.jsonl -o small.safetensors
+
+      headprune search m.safetensors --data calib.jsonl --ratio 0.5 --seconds 60 --compensate none | headprune prune -o small.safetensors
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
+
 STAGE = Stage(
     "search",
     SearchOptions,
@@ -367,4 +390,5 @@ STAGE = Stage(
     outputs={"output": "{stem}.json"},
     makes={"plan": "output"},
     needs=("checkpoint", "data"),
+    help=HELP,
 )

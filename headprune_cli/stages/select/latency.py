@@ -20,7 +20,6 @@ from headprune_cli.errors import UsageError
 from headprune_cli.model.cost_table import predict
 from headprune_cli.model.latency_table import LatencyTable, priced
 from headprune_cli.stages.budget import Budget, BudgetUnreachable, checked
-from headprune_cli.stages.profile import schema as latency_schema  # noqa: F401  (registers the `latency` kind)
 from headprune_cli.stages.select.plan import model_ref
 
 MAX_TIGHTENINGS = 8

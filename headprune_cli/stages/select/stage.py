@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from headprune_cli.artifacts.schema import input_ref, read_artifact, write_artifact
 from headprune_cli.errors import UsageError
@@ -13,7 +15,9 @@ from headprune_cli.stages.options import BudgetOptions, ConstraintOptions, SeedO
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select import latency as latency_select
 from headprune_cli.stages.select.amounts import check_latency_options
+from headprune_cli.stages.select.chains import parse_protect, parse_threshold
 from headprune_cli.stages.select.plan import make_plan
+from headprune_cli.stages.select.runtime import check_serves
 from headprune_cli.stages.select.strategies import select as choose
 from headprune_cli.stages.unit import Context, Result, Stage, option
 
@@ -75,6 +79,7 @@ def plan_from_scores(opts: SelectionOptions, source: str, scores=None, scores_sh
     """The plan artifact chosen from scores (read from `source` unless given parsed)."""
     if scores is None:
         scores, scores_sha = read_artifact(source, ("scores",))
+    check_serves(opts.runtime, scores, source)
     constraints = opts.constraints()
     latency = check_latency_options(opts)
     if latency is not None:
@@ -157,6 +162,36 @@ def summary(plan: dict) -> str:
     return f"plan ({plan['strategy']}): remove {heads} heads{ffn}, {len(plan['remove_layers'])} layers{shape}{cost}"
 
 
+# The selection options' values as select (and prune, which selects in place) parses them.
+SELECTION_CHECKS: dict[str, Callable[[Any], None]] = {
+    "protect": lambda value: parse_protect(str(value)),
+    "threshold": lambda value: parse_threshold(str(value)),
+}
+
+# `headprune select --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Choose the heads, FFN neurons and layers to remove from importance scores; writes a plan.
+
+    Every strategy respects every constraint: --min-heads per layer, --multiple-of,
+    whole KV groups for grouped-query attention, --protect, and with --uniform the same
+    number of heads and KV groups in every layer.
+
+    Examples:
+
+      headprune select scores.json --ratio 0.3 -o plan.json
+
+      headprune select scores.json --ratio 0.5 --strategy layer --multiple-of 2
+
+      headprune select scores.json --target-flops 0.7 --protect 0:3,5:1
+
+      headprune select scores.json --ratio 0.5 --uniform -o plan.json
+
+      headprune select scores.json --target-flops 0.6 --runtime vllm -o plan.json   # only plans vLLM loads
+
+      headprune select scores.json --target-flops 0.8 --runtime llama.cpp --gguf-type q4_0   # widths on q4_0's blocks
+
+      headprune score m.safetensors --method taylor --data d.jsonl | headprune select --ratio 0.3 | headprune prune -o small.safetensors
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
+
 STAGE = Stage(
     "select",
     SelectOptions,
@@ -166,4 +201,6 @@ STAGE = Stage(
     outputs={"output": "{stem}.json"},
     makes={"plan": "output"},
     needs=("scores",),
+    checks=SELECTION_CHECKS,
+    help=HELP,
 )

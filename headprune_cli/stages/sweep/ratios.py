@@ -1,15 +1,14 @@
 """`sweep`: quality versus heads removed, per importance method, without finetuning.
 
 Each method scores the model once on the calibration data; every ratio is then a
-selection from those scores (selection.select, global strategy), a deep copy of the
-model cut by prune.cut (with optional closed-form compensation), and an evaluation on
+selection from those scores (selection.select, global strategy), a copy of the
+model cut by prune_once (prune/cut.py) (with optional closed-form compensation), and an evaluation on
 the eval data with objectives.evaluate. The result names, per method,
 the largest ratio whose drop of the main metric stays within the budget.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 from torch import nn
@@ -22,12 +21,11 @@ from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget, checked
 from headprune_cli.stages.objectives import default_objective, evaluate, metric_dicts
 from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
-from headprune_cli.stages.prune.stage import Compensation, cut
+from headprune_cli.stages.prune.cut import Compensation, prune_once
 from headprune_cli.stages.report.build import main_metric
 from headprune_cli.stages.report.render import metric_value as fmt
 from headprune_cli.stages.score.importance.api import score_model
 from headprune_cli.stages.score.importance.registry import HEAD_METHODS
-from headprune_cli.stages.select.strategies import select
 from headprune_cli.stages.sweep.settings import SweepSettings
 
 
@@ -127,13 +125,11 @@ def knees(rows: list[dict], methods: list[str]) -> dict[str, dict | None]:
 
 def _pruned_copy(model: nn.Module, table, ratio: float, calib, opts: SweepSettings) -> tuple[nn.Module, int]:
 
-    selection = select(table, "global", budget=Budget("heads", ratio))
-    pruned = copy.deepcopy(model)
     compensation = (
         Compensation(opts.compensate, list(batches(calib, opts.batch_size))) if opts.compensate != "none" else None
     )
-    cut(pruned, selection, compensation)
-    return pruned, sum(len(h) for h in selection.remove_heads.values())
+    pruned = prune_once(model, Budget("heads", ratio), table, compensation=compensation)
+    return pruned.model, pruned.heads_removed
 
 
 def markdown(result: dict) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from headprune_cli.artifacts.schema import KINDS, envelope, input_ref, write_artifact
+from headprune_cli.artifacts.schema import envelope, input_ref, model_of, write_artifact
 from headprune_cli.data.readers import read_data
 from headprune_cli.files.outputs import check_folder, check_output, make_folder
 from headprune_cli.model.checkpoint import load
@@ -12,7 +12,6 @@ from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import place
 from headprune_cli.stages.options import DeviceOptions
 from headprune_cli.stages.report import render
-from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (registers the `sweep` kind)
 from headprune_cli.stages.sweep import budgets as sweep_budget
 from headprune_cli.stages.sweep.budgets import check_routes, run_budget_sweep
 from headprune_cli.stages.sweep.ratios import (
@@ -110,7 +109,7 @@ def _artifact(model, opts: SweepOptions, payload: dict) -> dict:
         input_ref("eval_data", opts.eval_data),
     ]
     artifact = {**envelope("sweep", inputs, opts.recorded()), **payload}
-    KINDS["sweep"].model_validate(artifact)  # never write what cannot be read back
+    model_of("sweep").model_validate(artifact)  # never write what cannot be read back
     return artifact
 
 
@@ -128,6 +127,19 @@ def _outputs(output: Path | None, force: bool, inputs) -> dict:
     return {key: check_output(output / name, force, inputs) for key, name in FILES.items()}
 
 
+# `headprune sweep --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Score once per method, prune at each ratio, evaluate (no finetuning): the quality curve.
+
+    Reports, per method, the largest ratio whose drop stays within --max-drop: the knee.
+
+    Examples:
+
+      headprune sweep model.safetensors --data calib.jsonl --eval-data dev.jsonl -o sweep/
+
+      headprune sweep model.safetensors --data calib.txt --eval-data dev.txt --methods taylor,random \\
+        --ratios 0.25,0.5,0.75 --compensate lstsq --max-drop 2 | jq .best
+    """
+
 STAGE = Stage(
     "sweep",
     SweepOptions,
@@ -137,4 +149,5 @@ STAGE = Stage(
     outputs={"output": "{stem}"},
     makes={"sweep": "output"},
     needs=("checkpoint", "data", "eval_data"),
+    help=HELP,
 )

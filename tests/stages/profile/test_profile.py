@@ -13,7 +13,6 @@ import torch
 
 from headprune_cli.artifacts.schema import read_artifact
 from headprune_cli.stages import timing
-from headprune_cli.stages.profile import schema  # noqa: F401  (registers the kind)
 from headprune_cli.stages.profile.measure import grid
 from headprune_cli.stages.profile.stage import ProfileOptions
 from tests.support import saved_model
