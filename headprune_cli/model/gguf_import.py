@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import torch
+import transformers
 from torch import nn
 
 from headprune_cli.errors import ArchitectureError, CheckpointError, HeadpruneError, first_line
@@ -90,9 +92,6 @@ def import_gguf(path: Path) -> nn.Module:
 
 
 def _load_model(path: Path) -> nn.Module:
-    import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
-
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent),
@@ -111,8 +110,6 @@ def _load_model(path: Path) -> nn.Module:
 
 def _tokenizer(path: Path) -> tuple[str | None, dict]:
     """tokenizer.json text and the special tokens, rebuilt from the GGUF's vocabulary."""
-    import transformers  # noqa: PLC0415
-
     try:
         tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
     except Exception as exc:
