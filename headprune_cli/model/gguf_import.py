@@ -51,12 +51,31 @@ def header(path: Path) -> dict:
         arch = reader.fields["general.architecture"].contents()
         file_type = reader.fields.get("general.file_type")
         types = Counter(t.tensor_type.name for t in reader.tensors)
+        _check_shape(path, reader, str(arch))
     except HeadpruneError:
         raise
     except Exception as exc:  # a truncated or foreign file: gguf raises whatever its parser hit
         raise CheckpointError(f"{path}: not a readable GGUF file ({first_line(exc)})") from None
     quant = _file_type_name(gguf, file_type.contents()) if file_type is not None else types.most_common(1)[0][0]
     return {"architecture": str(arch), "quantization": quant, "tensor_types": dict(sorted(types.items()))}
+
+
+def _check_shape(path: Path, reader, arch: str) -> None:
+    """The header's shape is the tensors' before transformers builds a model from it: the block
+    count is the blocks the file holds, the embedding width the token embedding's (a 150 KB file
+    that claims 30,000 blocks would otherwise make transformers allocate them first)."""
+    field = reader.fields.get(f"{arch}.block_count")
+    blocks = {int(t.name.split(".")[1]) for t in reader.tensors if t.name.startswith("blk.")}
+    if field is None or int(field.contents()) != len(blocks) or blocks != set(range(len(blocks))):
+        claimed = "no" if field is None else int(field.contents())
+        raise CheckpointError(f"{path}: its header states {claimed} blocks, its tensors hold {len(blocks)}")
+    width = reader.fields.get(f"{arch}.embedding_length")
+    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if width is None or embedding is None or int(embedding.shape[0]) != int(width.contents()):
+        found = "none" if embedding is None else int(embedding.shape[0])
+        raise CheckpointError(
+            f"{path}: its embedding width ({found}) is not the header's ({width and width.contents()})"
+        )
 
 
 def _file_type_name(gguf, value) -> str:
@@ -92,6 +111,8 @@ def import_gguf(path: Path) -> nn.Module:
 
 
 def _load_model(path: Path) -> nn.Module:
+    # transformers' own progress bar would print before a refusal's one line; the stage has its own output
+    transformers.utils.logging.disable_progress_bar()
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent),
@@ -104,6 +125,8 @@ def _load_model(path: Path) -> nn.Module:
         raise
     except Exception as exc:
         raise CheckpointError(f"{path}: transformers could not dequantize this GGUF ({first_line(exc)})") from None
+    finally:
+        transformers.utils.logging.enable_progress_bar()
     model.eval()
     return model
 

@@ -39,6 +39,8 @@ def run(opts: ImportOptions, ctx: Context) -> Result:
         model = import_folder(source)
     elif source.is_file():
         model = load(source)
+    elif source.exists():  # a FIFO, a device, a socket: nothing a model is read from
+        raise CheckpointError(f"{source}: not a regular file or a folder")
     else:
         raise CheckpointError(f"{source}: no such folder or file")
     digest = save(model, opts.output, overwrite=opts.force)
