@@ -8,8 +8,8 @@ quantizing alone (BENCHMARKS.md, "Which engine").
 Every cut runs through the CLI: `score --ffn --method fisher --objective causal-lm` on --calib
 (once), then per target and grid `select --target-flops T [--runtime llama.cpp --gguf-type G]`
 (G the type's quantization grid: q8_0 and q4_0 share the 32-grid, k-quants take 256; f16 has
-none) -> `prune --data --calib` (lstsq) -> `export --gguf --gguf-type TYPE`; the unpruned model is
-exported in every type too. llama.cpp (llama-cpp-python in its engine environment, where
+none and reuses the 32-grid cut) -> `prune --data CALIB --samples SCORE_ROWS` (lstsq) ->
+`export --gguf --gguf-type TYPE`; the unpruned model is exported in every type too. llama.cpp (llama-cpp-python in its engine environment, where
 headprune is not importable) then measures every file: perplexity on the first --eval-rows
 held-out lines (128 tokens each, llama.cpp's own tokenizer, the same tokens for every file),
 prefill tokens/s (a 128-token prompt in one batch) and decode tokens/s (--decode tokens, one at a
@@ -126,7 +126,8 @@ def make_files(args: argparse.Namespace) -> dict[tuple[str, str], Path]:
                 plan = cut.with_suffix(".json")
                 extra = ["--runtime", "llama.cpp", "--gguf-type", grid] if grid else []
                 headprune("select", scores, "--target-flops", target, *extra, "-o", plan)
-                headprune("prune", "--plan", plan, "--data", args.calib, "--max-length", 128, "-o", cut)
+                data = ["--data", args.calib, "--samples", args.score_rows, "--max-length", 128]
+                headprune("prune", "--plan", plan, *data, "-o", cut)
             out = work / f"cut-{target}-{kind}.gguf"
             if not out.exists():
                 headprune("export", cut, "--gguf", out, "--gguf-type", kind)
@@ -223,13 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
+    parser.add_argument("--files-only", action="store_true", help="make the cuts and GGUF files, measure nothing")
     args = parser.parse_args(argv)
     args.targets = [float(t) for t in args.targets.split(",")]
     args.types = args.types.split(",")
     unknown = [t for t in args.types if t not in GRIDS]
     if unknown:
         parser.error(f"unknown types {unknown}; known: {', '.join(GRIDS)}")
-    table = measure(args, make_files(args))
+    files = make_files(args)
+    if args.files_only:
+        return 0
+    table = measure(args, files)
     print(markdown(table))
     if args.json:
         args.json.write_text(json.dumps({"rows": table, "args": {k: str(v) for k, v in vars(args).items()}}, indent=2))
