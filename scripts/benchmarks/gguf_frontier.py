@@ -6,17 +6,19 @@ quantizing alone (BENCHMARKS.md, "Which engine").
         [--eval-rows 32] [--threads 2] [--repeats 3] --json out.json [--plot frontier.png]
 
 Every cut runs through the CLI: `score --ffn --method fisher --objective causal-lm` on --calib
-(once), then per target and grid `select --target-flops T [--runtime llama.cpp --gguf-type G]`
-(G the type's quantization grid: q8_0 and q4_0 share the 32-grid, k-quants take 256; f16 has
-none and reuses the 32-grid cut) -> `prune --data CALIB --samples SCORE_ROWS` (lstsq) ->
-`export --gguf --gguf-type TYPE`; the unpruned model is exported in every type too. llama.cpp
-(llama-cpp-python in its engine environment, where headprune is not importable) then measures every file: perplexity on the first --eval-rows
-held-out lines (128 tokens each, llama.cpp's own tokenizer, the same tokens for every file),
-prefill tokens/s (a 128-token prompt in one batch) and decode tokens/s (--decode tokens, one at a
-time), the best of --repeats rounds with the files interleaved within each round, so load on the
-machine hits them alike. Predicted decode speedup: the bytes a decoded token reads (every tensor
-but the token embedding, unless it is also the output head) of the unpruned file of the same type
-over the cut's; measured / predicted says how much of it llama.cpp delivers.
+(once), then per target and grid `select --target-flops T --runtime llama.cpp --gguf-type G` (G
+the type's quantization grid: q8_0 and q4_0 share the 32-grid cut, which f16 reuses; the
+k-quants share the 256-grid one) -> `prune --data CALIB --samples SCORE_ROWS` (lstsq) ->
+`export --gguf --gguf-type TYPE`; the unpruned model is exported in every type too.
+
+llama.cpp (llama-cpp-python in its engine environment, where headprune is not importable) then
+measures every file: perplexity on the first --eval-rows held-out lines (128 tokens each,
+llama.cpp's own tokenizer, the same tokens for every file), prefill tokens/s (a 128-token prompt
+in one batch) and decode tokens/s (--decode tokens, one at a time), the best of --repeats rounds
+with the files interleaved within each round, so load on the machine hits them alike. Predicted
+decode speedup: the bytes a decoded token reads (every tensor but the token embedding, unless it
+is also the output head) of the unpruned file of the same type over the cut's; measured /
+predicted says how much of it llama.cpp delivers.
 """
 
 from __future__ import annotations
