@@ -6,17 +6,19 @@ quantizing alone (BENCHMARKS.md, "Which engine").
         [--eval-rows 32] [--threads 2] [--repeats 3] --json out.json [--plot frontier.png]
 
 Every cut runs through the CLI: `score --ffn --method fisher --objective causal-lm` on --calib
-(once), then per target and grid `select --target-flops T [--runtime llama.cpp --gguf-type G]`
-(G the type's quantization grid: q8_0 and q4_0 share the 32-grid, k-quants take 256; f16 has
-none) -> `prune --data --calib` (lstsq) -> `export --gguf --gguf-type TYPE`; the unpruned model is
-exported in every type too. llama.cpp (llama-cpp-python in its engine environment, where
-headprune is not importable) then measures every file: perplexity on the first --eval-rows
-held-out lines (128 tokens each, llama.cpp's own tokenizer, the same tokens for every file),
-prefill tokens/s (a 128-token prompt in one batch) and decode tokens/s (--decode tokens, one at a
-time), the best of --repeats rounds with the files interleaved within each round, so load on the
-machine hits them alike. Predicted decode speedup: the bytes a decoded token reads (every tensor
-but the token embedding, unless it is also the output head) of the unpruned file of the same type
-over the cut's; measured / predicted says how much of it llama.cpp delivers.
+(once), then per target and grid `select --target-flops T --runtime llama.cpp --gguf-type G` (G
+the type's quantization grid: q8_0 and q4_0 share the 32-grid cut, which f16 reuses; the
+k-quants share the 256-grid one) -> `prune --data CALIB --samples SCORE_ROWS` (lstsq) ->
+`export --gguf --gguf-type TYPE`; the unpruned model is exported in every type too.
+
+llama.cpp (llama-cpp-python in its engine environment, where headprune is not importable) then
+measures every file: perplexity on the first --eval-rows held-out lines (128 tokens each,
+llama.cpp's own tokenizer, the same tokens for every file), prefill tokens/s (a 128-token prompt
+in one batch) and decode tokens/s (--decode tokens, one at a time), the best of --repeats rounds
+with the files interleaved within each round, so load on the machine hits them alike. Predicted
+decode speedup: the bytes a decoded token reads (every tensor but the token embedding, unless it
+is also the output head) of the unpruned file of the same type over the cut's; measured /
+predicted says how much of it llama.cpp delivers.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+# The grid each type's cut is chosen on: f16 has none of its own and reuses q8_0's 32-grid cut (a
+# width on the 32-grid costs f16 nothing, and one cut fewer is made); the k-quants share 256's.
 GRIDS = {
-    "f16": None,
-    "f32": None,
+    "f16": "q8_0",
+    "f32": "q8_0",
     "q8_0": "q8_0",
     "q4_0": "q8_0",
     "q4_K_M": "q4_K_M",
@@ -126,7 +130,8 @@ def make_files(args: argparse.Namespace) -> dict[tuple[str, str], Path]:
                 plan = cut.with_suffix(".json")
                 extra = ["--runtime", "llama.cpp", "--gguf-type", grid] if grid else []
                 headprune("select", scores, "--target-flops", target, *extra, "-o", plan)
-                headprune("prune", "--plan", plan, "--data", args.calib, "--max-length", 128, "-o", cut)
+                data = ["--data", args.calib, "--samples", args.score_rows, "--max-length", 128]
+                headprune("prune", "--plan", plan, *data, "-o", cut)
             out = work / f"cut-{target}-{kind}.gguf"
             if not out.exists():
                 headprune("export", cut, "--gguf", out, "--gguf-type", kind)
@@ -223,13 +228,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
+    parser.add_argument("--files-only", action="store_true", help="make the cuts and GGUF files, measure nothing")
     args = parser.parse_args(argv)
     args.targets = [float(t) for t in args.targets.split(",")]
     args.types = args.types.split(",")
     unknown = [t for t in args.types if t not in GRIDS]
     if unknown:
         parser.error(f"unknown types {unknown}; known: {', '.join(GRIDS)}")
-    table = measure(args, make_files(args))
+    files = make_files(args)
+    if args.files_only:
+        return 0
+    table = measure(args, files)
     print(markdown(table))
     if args.json:
         args.json.write_text(json.dumps({"rows": table, "args": {k: str(v) for k, v in vars(args).items()}}, indent=2))
