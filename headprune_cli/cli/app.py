@@ -24,7 +24,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from headprune_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, Interrupted, report
+from headprune_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, Interrupted, UsageError, report
 from headprune_cli.files.outputs import own_claims
 from headprune_cli.files.temps import forget_sweeps, sweep
 from headprune_cli.files.watcher import watched
@@ -41,6 +41,7 @@ COMMANDS = {
     "select": ("select_cmd", "select"),
     "search": ("search_cmd", "search"),
     "prune": ("prune_cmd", "prune"),
+    "learn": ("learn_cmd", "learn"),
     "finetune": ("finetune_cmd", "finetune_command"),
     "iterate": ("iterate_cmd", "iterate"),
     "report": ("report_cmd", "report"),
@@ -99,7 +100,25 @@ class LazyCommands(TyperGroup):
     def resolve_command(self, ctx: click.Context, args: list[str]):
         if args and args[0] not in COMMANDS and not args[0].startswith("-"):
             ctx.fail(f"No such command {args[0]!r}.{did_you_mean(args[0], COMMANDS)}")
+        if args:
+            refuse_moved(args[0], args[1:])
         return super().resolve_command(ctx, args)
+
+
+def refuse_moved(command: str, args: list[str]) -> None:
+    """An option that moved to another command (the stage's `moved`) is refused with one line
+    naming that command, where click would only call it unknown."""
+    from headprune_cli.stages import unit  # noqa: PLC0415 (the stage's declaration only when a command runs)
+
+    if command not in unit.NAMES:
+        return
+    moved = unit.get(command).moved
+    given = {arg.split("=", 1)[0][2:].replace("-", "_") for arg in args if arg.startswith("--")}
+    name = next((name for name in moved if name in given), None)
+    if name is not None:
+        new = moved[name]
+        flag = "--" + name.replace("_", "-")
+        raise UsageError(f"{command} {flag}: moved to `headprune {new}` (see `headprune {new} --help`)")
 
 
 app = typer.Typer(

@@ -12,6 +12,8 @@ from headprune_cli.stages.finetune import stage
 def finetune_command(opts: stage.FinetuneOptions):
     """Recover quality after pruning: AdamW with warmup and linear decay, on the checkpoint's own objective, optionally distilling from the unpruned model.
 
+    Recovery keeps the model's shape; learned-gate pruning (formerly --learn-gates) is `headprune learn`.
+
     Loss with a teacher: (1 - a) * task + a * T^2 * KL(softmax(teacher/T) || softmax(student/T)); embedding models match the teacher's embeddings (1 - cosine). The output is written atomically at the end; the training state is saved every --save-every steps, and --resume continues from it with the same final weights as an uninterrupted run. Runs unchanged under torchrun (data parallel; --batch-size stays global).
 
     Examples:
@@ -28,15 +30,7 @@ def finetune_command(opts: stage.FinetuneOptions):
 
       torchrun --nproc-per-node 8 -m headprune_cli finetune llama-pruned.safetensors --data train.txt --teacher auto --fsdp -o llama-kd.safetensors
 
-    Learned pruning (--learn-gates with --ratio, --target-params or --target-flops): hard-concrete gates on the heads (whole KV groups for GQA models), and with a FLOPs/params target on every FFN neuron (--gate-ffn) and every whole layer (--gate-layers), train with the model under the one budget; a Lagrangian (CoFi) drives the expected share removed to the target, which rises from 0 over --gate-warmup of the gate phase (the first 1 - --closed-share of the steps) and is then held. At the closing step, an expected share further than --gate-tolerance from the target trains up to --gate-extra-steps more gate steps, then refuses (nothing written). The gates then close as `headprune select` would choose from their open probabilities (with --min-heads, --multiple-of, --protect, --uniform, --min-ffn, --ffn-multiple-of; layers open with probability below 0.5 are dropped), the last --closed-share of the steps trains the model with them closed, and the output is the physically cut model. With a teacher, --hidden-weight (default 1 here) adds layer distillation: each block's output against the teacher's. --gates-out writes the open probabilities as scores (method `learned`) with the gates' report (expected vs target vs lambdas per step, expected vs closed share) under config.gates. --teacher auto on an unpruned model distils from the model itself. Not resumable, one process.
-
     --head-dropout P zeroes each head's output with probability P per example while training (not rescaled: the condition a pruned model runs in), so the model becomes robust to removal.
-
-      headprune finetune model.safetensors --data train.jsonl --learn-gates --ratio 0.5 --teacher auto --gates-out gates.json -o small.safetensors
-
-      headprune finetune model.safetensors --data train.jsonl --learn-gates --ratio 0.85 --teacher auto --gate-warmup 0.5 --gate-tolerance 0.01 --gate-extra-steps 50 -o small.safetensors
-
-      headprune finetune model.safetensors --data train.jsonl --learn-gates --target-flops 0.5 --gate-ffn --gate-layers --teacher auto -o small.safetensors
 
       headprune finetune model.safetensors --data train.jsonl --head-dropout 0.2 -o robust.safetensors
 

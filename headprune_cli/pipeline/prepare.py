@@ -147,7 +147,8 @@ def _check_stages(entries, specs, problems: list[str]) -> list[Stage]:
 
 def _check_options(entry: dict, spec, where: str, problems: list[str]) -> None:
     declared = unit.get(spec.name)
-    refused = declared.refused
+    moved = {key: f"moved to the `{stage}` stage (`command: {stage}`)" for key, stage in declared.moved.items()}
+    refused = {**declared.refused, **moved}
     not_settable = set(declared.outputs) | {"force"} | set(refused)  # a stage entry may not set these
     reserved = not_settable | set(declared.optional_outputs)
     taken = sorted(k for k in entry if k in not_settable)

@@ -119,7 +119,9 @@ class Stage:
     `outputs` maps an option to the file it writes inside the pipeline's folder
     (`{stem}` = the stage's name); `makes` names the roles its outputs become; `needs` the
     options that must end up set. `optional_outputs` are extra files a stage entry may
-    switch on with `KEY: true`; `refused` options its pipeline stage cannot take, and why.
+    switch on with `KEY: true`; `refused` options its pipeline stage cannot take, and why;
+    `moved` options it no longer has, each with the stage that took it over (the command
+    line and the pipeline refuse them with a line naming that stage).
     """
 
     name: str
@@ -132,6 +134,7 @@ class Stage:
     needs: tuple[str, ...] = ()
     optional_outputs: dict[str, str] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
+    moved: dict[str, str] = field(default_factory=dict)
     in_pipeline: bool = True
 
 
@@ -145,6 +148,7 @@ NAMES = (
     "select",
     "search",
     "prune",
+    "learn",
     "finetune",
     "iterate",
     "report",

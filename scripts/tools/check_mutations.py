@@ -41,13 +41,13 @@ MUTATIONS = {
         "tests/stages/report/test_policy.py::test_min_speedup_passes_at_the_threshold_and_fails_one_ulp_above",
     ),
     "finetune returns the last epoch": (
-        "headprune_cli/stages/finetune/train.py",
+        "headprune_cli/stages/training/train.py",
         "        if self.best is not None:\n            self.model.load_state_dict(self.best)",
         "        pass",
         "tests/stages/finetune/test_training.py::test_the_returned_weights_are_the_best_epochs",
     ),
     "torchrun gradients halved": (
-        "headprune_cli/stages/finetune/train.py",
+        "headprune_cli/stages/training/train.py",
         "(loss_sum * self.ctx.world / grand).backward()",
         "(loss_sum / grand).backward()",
         "tests/stages/finetune/test_command.py::test_torchrun_sgd_updates_match_one_process_far_below_the_update_size",

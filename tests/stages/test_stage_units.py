@@ -19,9 +19,9 @@ from headprune_cli.files.io import sha256_file
 from headprune_cli.stages import objectives
 from headprune_cli.stages.export import stage as export_stage
 from headprune_cli.stages.finetune import stage as finetune_stage
-from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
 from headprune_cli.stages.import_ import stage as import_stage
 from headprune_cli.stages.report import stage as report_stage
+from headprune_cli.stages.training.train import FinetuneConfig, finetune
 from headprune_cli.stages.unit import Context
 from tests.support import TINY, VOCAB
 

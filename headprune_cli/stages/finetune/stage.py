@@ -1,32 +1,32 @@
-"""The `finetune` stage: a (pruned) checkpoint -> a recovered checkpoint.
+"""The `finetune` stage: a (pruned) checkpoint -> a recovered checkpoint of the same shape.
 
-The options, what the stage checks before the slow parts, and the display while it
-trains: a progress bar (loss, lr, metric) and a summary table on the context's console
-(stderr), so that `headprune finetune` and a pipeline's finetune stage show the same.
-torch and the checkpoint code load inside `run`: the options are read without them.
+Recovery only: full training, LoRA, FSDP, distillation, resume, head dropout and lottery
+rewinding; it never changes which heads, neurons or layers the model has (learned-gate
+pruning is the `learn` stage). The options are the training loop's (training/options.py)
+plus recovery's own; what the stage checks before the slow parts, and the run around the
+loop (training/run.py). torch and the checkpoint code load inside `run`.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
-
-from headprune_cli.artifacts.schema import dumps, write_artifact
 from headprune_cli.errors import UsageError
-from headprune_cli.files.io import sha256_bytes
 from headprune_cli.files.outputs import check_distinct, check_folder, check_output, remove_folder
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import dtype_name
-from headprune_cli.stages.budget import Budget, checked, given
-from headprune_cli.stages.finetune.learn import check_learning, close_gates, make_gates
-from headprune_cli.stages.select.chains import Constraints, parse_protect
-from headprune_cli.stages.select.stage import ratio_option, target_flops_option, target_params_option
-from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, option
+from headprune_cli.stages.training import run as training
+from headprune_cli.stages.training.options import TrainingOptions
+from headprune_cli.stages.unit import Context, Result, Stage, option
 
-# The options that only mean something with --learn-gates (check_learning refuses them without it).
-CONSTRAINTS = (
+# The options of learned-gate pruning, which `finetune --learn-gates` took before it was a
+# stage of its own: given to finetune, they are refused with a line naming `learn`.
+MOVED_TO_LEARN = (
+    "learn_gates",
+    "ratio",
+    "target_params",
+    "target_flops",
     "min_heads",
     "multiple_of",
     "protect",
@@ -35,15 +35,16 @@ CONSTRAINTS = (
     "gate_layers",
     "min_ffn",
     "ffn_multiple_of",
+    "gates_out",
+    "gate_lr",
+    "gate_warmup",
+    "closed_share",
+    "gate_tolerance",
+    "gate_extra_steps",
 )
 
 
-class FinetuneOptions(Options):
-    checkpoint: Path = option(..., "The (pruned) checkpoint to recover.", argument=True)
-    data: Path = option(..., "Training data (JSONL/CSV/text/safetensors).")
-    output: Path = option(..., "Where to write the recovered checkpoint.", "-o", "--output")
-    eval_data: Path | None = option(None, "Dev set: evaluated every epoch; the best epoch is kept.")
-    teacher: str | None = option(None, "Distil from this checkpoint, or `auto` = the root model in CKPT's provenance.")
+class FinetuneOptions(TrainingOptions):
     rewind_to: Path | None = option(
         None,
         "Lottery ticket: before training, give the kept heads, FFN neurons and layers the weights they have in this "
@@ -54,20 +55,6 @@ class FinetuneOptions(Options):
         None,
         "Lottery-ticket control: before training, re-initialise the kept structure (the model's own init), seeded.",
     )
-    epochs: int | None = option(None, "Passes over the training data (default 1 unless --steps).")
-    steps: int | None = option(None, "Optimizer steps (instead of --epochs).")
-    lr: float | None = option(
-        None,
-        "Peak learning rate (default: about a tenth of the usual fine-tuning rate for the model's size; "
-        "with --lora, 10x that).",
-    )
-    batch_size: int = option(16, "Rows per micro-batch, over all processes.", ge=1)
-    grad_accum: int = option(1, "Micro-batches per optimizer step.", ge=1)
-    warmup: float = option(0.1, "Warmup: a fraction of the steps (<1) or a step count.", ge=0)
-    kd_weight: float | None = option(None, "Weight a of the distillation term (default 0.5 with a teacher).")
-    kd_temperature: float = option(2.0, "Softmax temperature T for distillation.", ge=0.01)
-    seed: int = option(0, "Seed for data order and dropout.")
-    max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
     state_dir: Path | None = option(
         None,
         "Training-state folder (default OUT.state); removed after success; a new, empty or headprune-made folder.",
@@ -75,111 +62,13 @@ class FinetuneOptions(Options):
     )
     save_every: int = option(50, "Save the training state every N steps.", ge=1)
     resume: bool = option(False, "Continue from the saved training state.")
-    force: bool = option(False, "Overwrite OUT if it exists.")
-    device: str = device_option()
-    dtype: str = option(
-        "auto",
-        "Training dtype: auto (stored), float32 (float32 master weights for a bf16 model), bfloat16, float16; "
-        "the output keeps the stored dtype.",
-    )
     head_dropout: float = option(
         0.0, "Pruning-aware training: drop each head's output with probability P per example (unscaled), in [0, 1)."
-    )
-    learn_gates: bool = option(
-        False,
-        "Learned pruning: train hard-concrete head gates (KV groups for GQA) "
-        "with the model towards --ratio/--target-*, then cut the closed heads.",
-    )
-    ratio: float | None = ratio_option()
-    target_params: float | None = target_params_option()
-    target_flops: float | None = target_flops_option()
-    min_heads: int = option(1, "--learn-gates: heads every layer keeps at least.", ge=1)
-    multiple_of: int = option(1, "--learn-gates: heads kept per layer must be a multiple of this.", ge=1)
-    protect: str | None = option(None, "--learn-gates: heads never removed: LAYER:HEAD,... (original indices).")
-    uniform: bool = option(
-        False, "--learn-gates: keep the same number of heads (and KV groups, and FFN width) in every layer."
-    )
-    gate_ffn: bool = option(
-        False, "--learn-gates: gate every FFN neuron too, under the same --target-flops/--target-params budget."
-    )
-    gate_layers: bool = option(
-        False,
-        "--learn-gates: gate every whole layer too (a closed layer is dropped), under the same "
-        "--target-flops/--target-params budget.",
-    )
-    min_ffn: int | None = option(
-        None, "--learn-gates --gate-ffn: FFN neurons every layer keeps at least (default: --ffn-multiple-of).", ge=1
-    )
-    ffn_multiple_of: int = option(8, "--learn-gates --gate-ffn: FFN widths kept are multiples of this.", ge=1)
-    gates_out: Path | None = option(
-        None, "--learn-gates: also write the final gate open probabilities as a scores JSON (method `learned`)."
-    )
-    gate_lr: float = option(0.3, "--learn-gates: Adam rate of the gate logits and of the Lagrange multipliers.", ge=0.0)
-    # BENCHMARKS.md section 21: a target that rises over the first half of the gate phase and is
-    # held for the second half, with 60% of the steps for the gates, reaches the target before
-    # the gates close (section 15: a 20% rise and a 20% hold reached 0.73 of an 0.85 target).
-    gate_warmup: float = option(
-        0.5,
-        "--learn-gates: share of the gate phase (the steps before the gates close) over which the target "
-        "rises from 0; it is held at the target for the rest.",
-        ge=0.0,
-        le=1.0,
-    )
-    closed_share: float = option(
-        0.4,
-        "--learn-gates: share of the last steps trained with the gates closed (the cut model recovers).",
-        ge=0.0,
-        le=1.0,
-    )
-    # BENCHMARKS.md section 21: 0.01 (one more head's worth of gate steps at 72 heads) lost 0.4-0.6 points
-    # less than 0.02 on both Debian classifiers at --ratio 0.85.
-    gate_tolerance: float = option(
-        0.01,
-        "--learn-gates: how far (as a share of the budget) the expected share removed may be from the target "
-        "when the gates close; further, the gate phase goes on (--gate-extra-steps), then the run refuses.",
-        ge=0.0,
-        le=1.0,
-    )
-    gate_extra_steps: int = option(
-        50, "--learn-gates: at most this many extra gate-phase steps to reach the --gate-tolerance.", ge=0
-    )
-    hidden_weight: float | None = option(
-        None,
-        "Weight of layer distillation: each block's output against the teacher's (relative squared error); "
-        "default 1 with --learn-gates and a teacher, else 0.",
-        ge=0.0,
-    )
-
-    lora: bool = option(
-        False,
-        "Train low-rank adapters (peft) on the attention and FFN projections instead of every weight; "
-        "they are merged into the output.",
-    )
-    lora_rank: int = option(8, "--lora: adapter rank r (at most the narrowest targeted projection's width).")
-    lora_alpha: float | None = option(None, "--lora: scaling alpha (the update is scaled by alpha / r; default 2 r).")
-    lora_dropout: float = option(0.0, "--lora: dropout on the adapters' input, in [0, 1).")
-    lora_targets: str | None = option(
-        None,
-        "--lora: projections to adapt, NAME[,NAME] matched as a module-name suffix (default: every block's "
-        "attention and FFN projections, e.g. q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj).",
     )
     keep_adapter: Path | None = option(
         None,
         "--lora: also write the unmerged adapter here, in peft's format (a folder; applies to CHECKPOINT).",
         folder=True,
-    )
-    recompute: bool | None = option(
-        None,
-        "Recompute each block's activations in the backward instead of keeping them (less memory, "
-        "one more forward per micro-batch, the same gradients). Default: on from 400 M parameters.",
-        negative="--no-recompute",
-    )
-
-    autocast: bool | None = option(
-        None,
-        "Run the forward passes under bf16 autocast (weights, gradients and AdamW state keep their dtype). "
-        "Default: on where the device computes bf16 natively (CUDA), off on CPU.",
-        negative="--no-autocast",
     )
     fsdp: bool = option(
         False,
@@ -188,73 +77,33 @@ class FinetuneOptions(Options):
         "with the same process count.",
     )
 
-    def lora_spec(self):
-        from headprune_cli.stages.finetune.lora import LoraSpec  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-
-        targets = (
-            None if self.lora_targets is None else tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
-        )
-        return LoraSpec(self.lora_rank, self.lora_alpha, self.lora_dropout, targets)
-
-    def targets(self) -> list[Budget]:
-        """The learned-pruning budgets given (check_learning accepts exactly one)."""
-        return given(ratio=self.ratio, target_params=self.target_params, target_flops=self.target_flops)
-
-    def budget(self) -> Budget | None:
-        found = self.targets()
-        return checked(found[0]) if len(found) == 1 else None
-
-    def constraints(self):
-
-        return Constraints(
-            min_heads=self.min_heads,
-            multiple_of=self.multiple_of,
-            protect=parse_protect(self.protect),
-            uniform=self.uniform,
-            min_ffn=self.min_ffn,
-            ffn_multiple_of=self.ffn_multiple_of,
-        )
-
-    def constraints_given(self) -> list[str]:
-        return [name for name in CONSTRAINTS if getattr(self, name) != FinetuneOptions.model_fields[name].default]
-
     def check(self) -> None:
-        """The option combinations learned pruning and head dropout refuse."""
-
-        gates_out = ["gates_out"] if self.gates_out else []
-        check_learning(
-            self.learn_gates, self.targets(), self.head_dropout, self.resume, self.constraints_given() + gates_out
-        )
-        _check_lora_options(self)
+        """The option combinations recovery refuses."""
+        if not (math.isfinite(self.head_dropout) and 0.0 <= self.head_dropout < 1.0):
+            raise UsageError(
+                f"--head-dropout {self.head_dropout} is outside [0, 1) (the probability of dropping a head)"
+            )
+        if self.keep_adapter is not None and not self.lora:
+            raise UsageError("--keep-adapter writes the LoRA adapter; it needs --lora")
+        self.check_lora()
         if self.rewind_to is not None and self.reinit is not None:
             raise UsageError("--rewind-to and --reinit both reset the weights; give one of them")
 
 
 def run(opts: FinetuneOptions, ctx: Context) -> Result:
-    from headprune_cli.data.readers import read_data  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.checkpoint import load, save  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
-    from headprune_cli.stages.finetune.losses import check_labels  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-    from headprune_cli.stages.finetune.train import FinetuneConfig  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
 
     opts.check()
     if opts.fsdp:
-        from headprune_cli.stages.finetune.sharding import check_fsdp  # noqa: PLC0415 (keeps torch out of this module's import)
+        from headprune_cli.stages.training.sharding import check_fsdp  # noqa: PLC0415 (keeps torch out of this module's import)
 
-        check_fsdp(setup(), opts.lora, opts.learn_gates)
-    constraints = opts.constraints()
-    inputs = [
-        opts.checkpoint,
-        opts.data,
-        opts.eval_data,
-        opts.teacher,
-        opts.rewind_to,
-    ]  # `auto` reaches the root through the checkpoint's provenance
+        check_fsdp(setup(), opts.lora)
+    # `auto` reaches the root through the checkpoint's provenance
+    inputs = [opts.checkpoint, opts.data, opts.eval_data, opts.teacher, opts.rewind_to]
     check_output(opts.output, opts.force, inputs)
-    if opts.gates_out is not None:
-        check_output(opts.gates_out, opts.force, inputs)
     if opts.keep_adapter is not None:
-        from headprune_cli.stages.finetune.lora import check_adapter_folder  # noqa: PLC0415 (keeps torch out of this module's import)
+        from headprune_cli.stages.training.lora import check_adapter_folder  # noqa: PLC0415 (keeps torch out of this module's import)
 
         check_adapter_folder(opts.keep_adapter, opts.force, inputs)
     check_device(opts.device, opts.dtype)
@@ -262,37 +111,39 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
         opts.state_dir or opts.output.with_name(opts.output.name + ".state"), inputs, "--state-dir"
     )
     check_distinct(
-        [opts.output, state_dir, *([opts.gates_out] if opts.gates_out else []), *filter(None, [opts.keep_adapter])]
+        [opts.output, state_dir, *filter(None, [opts.keep_adapter])]
     )  # the state folder is deleted at the end
     model = load(opts.checkpoint)
     reset = _reset_weights(opts, model, ctx)
-    lr = chosen_lr(opts, model)  # before the adapters join the model's parameters
-    adapted = _attach_lora(opts, model)
-    teacher = _teacher(opts.teacher, opts.checkpoint, model, root_teaches_itself=opts.learn_gates)
-    train = read_data(opts.data, model, max_length=opts.max_length, seed=opts.seed)
-    dev = read_data(opts.eval_data, model, max_length=opts.max_length) if opts.eval_data is not None else None
-    if dev is not None:
-        check_labels(model, {"labels": dev.labels} if dev.labels is not None else {}, f"{opts.eval_data}")
-    cfg = FinetuneConfig(
-        epochs=opts.epochs,
-        steps=opts.steps,
-        lr=lr,
-        batch_size=opts.batch_size,
-        grad_accum=opts.grad_accum,
-        warmup=opts.warmup,
-        kd_weight=opts.kd_weight,
-        kd_temperature=opts.kd_temperature,
-        hidden_weight=_hidden_weight(opts),
-        seed=opts.seed,
+    lr = training.chosen_lr(opts, model)  # before the adapters join the model's parameters
+    adapted = training.attach_lora(opts, model)
+    teacher = training.teacher_of(opts.teacher, opts.checkpoint, model)
+    train, dev = training.read_sets(opts, model)
+    cfg = training.loop_config(
+        opts,
+        lr,
+        opts.hidden_weight or 0.0,
         resume=opts.resume,
         save_every=opts.save_every,
-        state_dir=None if opts.learn_gates else state_dir,  # gates are not resumable
-        device=opts.device,
-        dtype=opts.dtype,
-        recompute=opts.recompute,
+        state_dir=state_dir,
         fsdp=opts.fsdp,
-        autocast=opts.autocast,
     )
+    result = training.run_training(
+        model, train, cfg, dev, teacher, _fingerprint(opts, model, cfg, reset), ctx, _gating(opts, model)
+    )
+    if adapted is not None:
+        result.model = training.merge_lora(adapted, opts.keep_adapter, ctx)
+    if setup().main:
+        save(result.model.to("cpu"), opts.output, plan_sha=None, overwrite=opts.force)
+        remove_folder(state_dir)
+        ctx.print(f"wrote {opts.output}")
+    setup().barrier()
+    outputs = [str(opts.output)] + ([str(opts.keep_adapter)] if opts.keep_adapter is not None else [])
+    return Result(outputs, value=result)
+
+
+def _fingerprint(opts: FinetuneOptions, model, cfg, reset: str | None) -> dict:
+    """What a saved training state must match to be resumed."""
     fingerprint = {
         "checkpoint": model.headprune.loaded_from[1],
         "data": str(opts.data),
@@ -313,40 +164,7 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
         fingerprint["fsdp"] = True
     if opts.autocast:
         fingerprint["autocast"] = True
-    gating = _gating(opts, model, constraints)
-    result = run_finetune(model, train, cfg, dev, teacher, fingerprint, ctx, gating=gating)
-    if adapted is not None:
-        result.model = _merge_lora(opts, adapted, ctx)
-    closed = _close(opts, result.model, gating, constraints, train, ctx) if opts.learn_gates else None
-    result.gates = None if closed is None else closed.report
-    if setup().main:
-        plan_sha = None if closed is None else sha256_bytes(dumps(closed.plan).encode())
-        save(result.model.to("cpu"), opts.output, plan_sha=plan_sha, overwrite=opts.force)
-        if cfg.state_dir is not None:
-            remove_folder(cfg.state_dir)
-        ctx.print(f"wrote {opts.output}")
-        if closed is not None and opts.gates_out is not None:
-            write_artifact(closed.scores, opts.gates_out)
-            ctx.print(f"wrote {opts.gates_out}")
-    setup().barrier()
-    outputs = [str(opts.output), *([str(opts.gates_out)] if closed is not None and opts.gates_out else [])]
-    outputs += [str(opts.keep_adapter)] if opts.keep_adapter is not None else []
-    return Result(outputs, value=result)
-
-
-def _check_lora_options(opts: FinetuneOptions) -> None:
-
-    if opts.keep_adapter is not None and not opts.lora:
-        raise UsageError("--keep-adapter writes the LoRA adapter; it needs --lora")
-    if opts.keep_adapter is not None and opts.learn_gates:
-        raise UsageError("--keep-adapter with --learn-gates: the adapter would not fit the cut model; drop one of them")
-    given = [
-        f
-        for f in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
-        if getattr(opts, f) != FinetuneOptions.model_fields[f].default
-    ]
-    if given and not opts.lora:
-        raise UsageError(f"{', '.join('--' + f.replace('_', '-') for f in given)}: LoRA settings need --lora")
+    return fingerprint
 
 
 def _reset_weights(opts: FinetuneOptions, model, ctx: Context) -> str | None:
@@ -364,219 +182,13 @@ def _reset_weights(opts: FinetuneOptions, model, ctx: Context) -> str | None:
     return f"rewind {done.sha256}"
 
 
-def chosen_lr(opts: FinetuneOptions, model) -> float | None:
-    """--lr; else with --lora, LORA_LR_FACTOR x full training's default (adapters start at zero
-    and move a few parameters, so they take larger steps); else None: train.py's default_lr."""
-    if opts.lr is not None or not opts.lora:
-        return opts.lr
-    from headprune_cli.stages.finetune.lora import LORA_LR_FACTOR  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-    from headprune_cli.stages.finetune.train import default_lr  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-
-    return LORA_LR_FACTOR * default_lr(model)
-
-
-def _attach_lora(opts: FinetuneOptions, model):
-    """With --lora: the PeftModel around `model` (adapted in place), else None."""
-    if not opts.lora:
+def _gating(opts: FinetuneOptions, model):
+    """Head dropout's gates on the training forward passes, or none."""
+    if not opts.head_dropout:
         return None
-    from headprune_cli.stages.finetune.lora import attach  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.stages.training.gating import HeadDropout  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
-    return attach(model, opts.lora_spec(), opts.seed)
-
-
-def _merge_lora(opts: FinetuneOptions, adapted, ctx: Context):
-    """--keep-adapter's folder first (rank 0), then the adapters merged into the dense weights."""
-    from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
-    from headprune_cli.stages.finetune.lora import merge, save_adapter  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-
-    if opts.keep_adapter is not None and setup().main:
-        save_adapter(adapted, opts.keep_adapter)
-        ctx.print(f"wrote {opts.keep_adapter}")
-    return merge(adapted)
-
-
-def _gating(opts: FinetuneOptions, model, constraints):
-    """The gates of the training forward passes: learned, head dropout, or none."""
-    from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
-    from headprune_cli.stages.finetune.gates import HeadDropout  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-
-    if opts.learn_gates:
-        if setup().active:
-            raise UsageError("--learn-gates runs in one process; start it without torchrun")
-        return make_gates(
-            model,
-            opts.budget(),
-            constraints,
-            seed=opts.seed,
-            seq_len=opts.max_length,
-            lr=opts.gate_lr,
-            warmup=opts.gate_warmup,
-            closed_share=opts.closed_share,
-            tolerance=opts.gate_tolerance,
-            extra_steps=opts.gate_extra_steps,
-            ffn=opts.gate_ffn,
-            layers=opts.gate_layers,
-        )
-    return HeadDropout(model, opts.head_dropout, opts.seed) if opts.head_dropout else None
-
-
-def _close(opts: FinetuneOptions, model, gates, constraints, train, ctx: Context):
-    """Close the learned gates and cut the closed heads out of `model` (in place)."""
-    from headprune_cli.stages.objectives import default_objective  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-    from headprune_cli.stages.prune.stage import cut  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-
-    config = {
-        "method": "learned",
-        "seed": opts.seed,
-        "gate_lr": opts.gate_lr,
-        "gate_warmup": opts.gate_warmup,
-        "closed_share": opts.closed_share,
-        "gate_tolerance": opts.gate_tolerance,
-        "gate_extra_steps": opts.gate_extra_steps,
-        "hidden_weight": _hidden_weight(opts),
-        "gate_ffn": opts.gate_ffn,
-        "gate_layers": opts.gate_layers,
-        "ratio": opts.ratio,
-        "target_params": opts.target_params,
-        "target_flops": opts.target_flops,
-        "kd_weight": opts.kd_weight,
-        "teacher": opts.teacher,
-    }
-    closed = close_gates(
-        model,
-        gates,
-        constraints,
-        opts.budget(),
-        checkpoint=opts.checkpoint,
-        data=opts.data,
-        max_length=opts.max_length,
-        objective=default_objective(model),
-        samples=len(train),
-        config=config,
-    )
-    report = closed.report
-    ctx.print(gate_table(report))
-    ctx.print(
-        f"learned gates: expected share removed {report['expected_at_close']:.3f} when they closed at step "
-        f"{report['closed_at_step']} ({report['extra_steps']} extra), closed {report['closed']:.3f} "
-        f"(target {report['target']:.3f}, {report['budget']}); closed {_closed_units(report)}"
-    )
-    cut(model, closed.selection)
-    return closed
-
-
-def _closed_units(report: dict) -> str:
-    """'40 of 72 heads, 4096 of 9216 FFN neurons, 1 of 6 layers': what the closing removed (the
-    heads and neurons of a dropped layer count as closed)."""
-    names = {"heads": "heads", "neurons": "FFN neurons", "layers": "layers"}
-    return ", ".join(f"{u['closed']} of {u['of']} {names[kind]}" for kind, u in report["units"].items())
-
-
-def gate_table(report: dict, rows: int = 10):
-    """The gate phase at about `rows` evenly spaced steps: expected share vs target vs the multipliers."""
-    trace = report["trace"]
-    table = Table(title="learned gates: expected share removed vs target")
-    for column in ["step", "expected", "target", "lambda1", "lambda2"]:
-        table.add_column(column, justify="right")
-    picks = sorted({round(i * (len(trace) - 1) / max(1, rows - 1)) for i in range(rows)}) if trace else []
-    for r in (trace[i] for i in picks):
-        table.add_row(
-            str(r["step"]),
-            f"{r['expected_sparsity']:.3f}",
-            f"{r['target']:.3f}",
-            f"{r['lambda1']:.3f}",
-            f"{r['lambda2']:.3f}",
-        )
-    return table
-
-
-def _hidden_weight(opts: FinetuneOptions) -> float:
-    """--hidden-weight, or its default: on for learned gates with a teacher (CoFi distils layers too)."""
-    if opts.hidden_weight is not None:
-        return opts.hidden_weight
-    return 1.0 if opts.learn_gates and opts.teacher is not None else 0.0
-
-
-def _teacher(spec: str | None, checkpoint: Path, student, root_teaches_itself: bool = False):
-    from headprune_cli.stages.finetune.distill import load_teacher, resolve_teacher  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-
-    path = resolve_teacher(spec, checkpoint, root_teaches_itself)
-    return load_teacher(path, student) if path is not None else None
-
-
-def run_finetune(model, train, cfg, dev=None, teacher=None, fingerprint=None, ctx: Context | None = None, gating=None):
-    """finetune() on the model's own objective, evaluated on `dev` after every epoch,
-    with a progress bar and a summary table on `ctx`'s console (the main process only;
-    no bar when ctx.progress is False). Returns the FinetuneResult."""
-    from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
-    from headprune_cli.stages.finetune.train import finetune, validate  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
-    from headprune_cli.stages.objectives import default_objective, evaluate  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-
-    ctx = ctx or Context()
-    objective = default_objective(model)
-    eval_fn = None
-    if dev is not None:
-
-        def eval_fn(m):
-            return {x.name: x.value for x in evaluate(m, dev, objective, reference=teacher)}
-
-    validate(model, train, cfg, teacher)  # errors before the progress bar appears
-    main = setup().main
-    with _progress(ctx.console, show=main and ctx.progress) as bar:
-        task = bar.add_task("finetune", total=None, loss="", metric="")
-
-        def on_step(step, total, loss, rate):
-            bar.update(task, completed=step, total=total, loss=f"loss {loss:.4f}  lr {rate:.2e}")
-
-        def on_epoch(record):
-            if record.metrics:
-                name, value = next(iter(record.metrics.items()))
-                bar.update(task, metric=f"{name} {value:.4f} (epoch {record.epoch})")
-
-        # The direction of the first metric (which epoch is best) comes from its name.
-        result = finetune(
-            model,
-            train,
-            cfg,
-            eval_fn,
-            teacher=teacher,
-            on_step=on_step,
-            on_epoch=on_epoch,
-            fingerprint=fingerprint,
-            gating=gating,
-        )
-    if main:
-        ctx.print(summary_table(result))
-    return result
-
-
-def _progress(console, show: bool):
-
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[loss]}"),
-        TextColumn("{task.fields[metric]}"),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not show,
-        transient=False,
-    )
-
-
-def summary_table(result):
-    """Epoch, step, train loss, the dev metrics and which epoch was kept, as a rich Table."""
-
-    names = list(result.history[0].metrics) if result.history and result.history[0].metrics else []
-    table = Table(title=f"finetune: {result.steps} steps, lr {result.lr:g}, kd weight {result.kd_weight:g}")
-    for column in ["epoch", "step", "train loss", *names, "kept"]:
-        table.add_column(column, justify="right")
-    for r in result.history:
-        loss = "-" if r.train_loss is None else f"{r.train_loss:.4f}"
-        kept = "best" if r.epoch == result.best_epoch else ""
-        table.add_row(str(r.epoch), str(r.step), loss, *(f"{r.metrics.get(n, float('nan')):.4f}" for n in names), kept)
-    return table
+    return HeadDropout(model, opts.head_dropout, opts.seed)
 
 
 STAGE = Stage(
@@ -588,11 +200,11 @@ STAGE = Stage(
     outputs={"output": "{stem}.safetensors"},
     makes={"model": "output"},
     needs=("checkpoint", "data"),
-    optional_outputs={"gates_out": "{stem}.gates.json"},
     refused={
         "keep_adapter": (
             "the pipeline keeps the merged checkpoint; "
             "run `headprune finetune --lora --keep-adapter DIR` for peft's adapter folder"
         )
     },
+    moved={name: "learn" for name in MOVED_TO_LEARN},
 )

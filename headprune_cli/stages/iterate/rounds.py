@@ -37,13 +37,13 @@ from headprune_cli.model.cost_table import predict
 from headprune_cli.model.layout import info_of
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget
-from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
 from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, schedule_of
 from headprune_cli.stages.objectives import Metric, check_objective, evaluate, worse_by
 from headprune_cli.stages.prune.stage import Compensation, cut
 from headprune_cli.stages.score.importance import score_model
 from headprune_cli.stages.select.chains import Constraints, Selection
 from headprune_cli.stages.select.strategies import select
+from headprune_cli.stages.training.train import FinetuneConfig, finetune
 
 RECOVERIES = ("finetune", "lstsq")
 

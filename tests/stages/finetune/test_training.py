@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from headprune_cli.errors import DataError, NumericalError, UsageError
-from headprune_cli.stages.finetune.distill import check_compatible
-from headprune_cli.stages.finetune.train import FinetuneConfig, Plan, default_lr, finetune
+from headprune_cli.stages.training.distill import check_compatible
+from headprune_cli.stages.training.train import FinetuneConfig, Plan, default_lr, finetune
 from tests.support import TINY, VOCAB
 
 
@@ -184,7 +184,7 @@ def test_teacher_of_another_family_or_vocabulary_is_refused():
 
 
 def test_kd_gradient_matches_autograd():
-    from headprune_cli.stages.finetune.distill import kd_logits
+    from headprune_cli.stages.training.distill import kd_logits
 
     s = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
     t = torch.randn(4, 5, dtype=torch.float64)

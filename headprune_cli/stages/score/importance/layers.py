@@ -126,7 +126,7 @@ class LayerRefit:
     BATCH = 16
 
     def __call__(self, ctx: ScoreContext) -> torch.Tensor:
-        from headprune_cli.stages.finetune.train import FinetuneConfig, finetune  # noqa: PLC0415 (keeps numpy, safetensors out of this module's import)
+        from headprune_cli.stages.training.train import FinetuneConfig, finetune  # noqa: PLC0415 (keeps numpy, safetensors out of this module's import)
 
         n = len(ctx.dataset)
         if n < 4:
