@@ -20,6 +20,7 @@ from headprune_cli.stages import objectives
 from headprune_cli.stages.export import stage as export_stage
 from headprune_cli.stages.finetune import stage as finetune_stage
 from headprune_cli.stages.import_ import stage as import_stage
+from headprune_cli.stages.learn import stage as learn_stage
 from headprune_cli.stages.report import stage as report_stage
 from headprune_cli.stages.training.train import FinetuneConfig, finetune
 from headprune_cli.stages.unit import Context
@@ -98,12 +99,14 @@ def test_stage_defaults_agree_with_the_library_dataclasses():
 
     finetune_pairs = _shared_defaults(finetune_stage.FinetuneOptions, FinetuneConfig)
     report_pairs = _shared_defaults(report_stage.ReportStageOptions, ReportOptions)
+    learn_pairs = _shared_defaults(learn_stage.LearnOptions, FinetuneConfig)
     assert len(finetune_pairs) == 18 and len(report_pairs) == len(dataclasses.fields(ReportOptions)) == 17
-    # --hidden-weight's default depends on the mode (1 for --learn-gates with a teacher, else the
+    assert len(learn_pairs) == 14  # the training loop's options; recovery's own state, resume and FSDP are not learn's
+    # --hidden-weight's default depends on the stage (1 in `learn` with a teacher, else the
     # library's 0), so the stage resolves it before the config sees it.
     mode_dependent = {"hidden_weight": (None, 0.0)}
-    pairs = {**finetune_pairs, **report_pairs}
-    assert {k: v for k, v in pairs.items() if v[0] != v[1] and mode_dependent.get(k) != v} == {}
+    for pairs in (finetune_pairs, report_pairs, learn_pairs):
+        assert {k: v for k, v in pairs.items() if v[0] != v[1] and mode_dependent.get(k) != v} == {}
     # A table profiled with the defaults compares with a report run with the defaults.
     from headprune_cli.stages.profile.build import DEFAULT_SEQ_LEN as PROFILE_SEQ
     from headprune_cli.stages.profile.stage import ProfileOptions

@@ -49,7 +49,7 @@ class LearnOptions(TrainingOptions):
         None, "Also write the final gate open probabilities as a scores JSON (method `learned`)."
     )
     gate_lr: float = option(0.3, "Adam rate of the gate logits and of the Lagrange multipliers.", ge=0.0)
-    # BENCHMARKS.md, "Learned gates": a target that rises over the first half of the gate phase
+    # Lab notes of rounds one to four (docs/experiments), §21: a target that rises over the first half of the gate phase
     # and is held for the second half, with 60% of the steps for the gates, reaches the target
     # before the gates close (a 20% rise and a 20% hold reached 0.73 of an 0.85 target).
     gate_warmup: float = option(
@@ -65,7 +65,7 @@ class LearnOptions(TrainingOptions):
         ge=0.0,
         le=1.0,
     )
-    # BENCHMARKS.md, "Learned gates": 0.01 (one more head's worth of gate steps at 72 heads) lost
+    # The same notes, §21: 0.01 (one more head's worth of gate steps at 72 heads) lost
     # 0.4-0.6 points less than 0.02 on both Debian classifiers at --ratio 0.85.
     gate_tolerance: float = option(
         0.01,

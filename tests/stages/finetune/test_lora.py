@@ -168,7 +168,8 @@ def test_recompute_changes_no_gradient(lora):
 
 
 def test_lora_defaults_to_ten_times_full_trainings_rate_and_an_explicit_lr_wins(tmp_path):
-    from headprune_cli.stages.finetune.stage import FinetuneOptions, chosen_lr
+    from headprune_cli.stages.finetune.stage import FinetuneOptions
+    from headprune_cli.stages.training.run import chosen_lr
     from headprune_cli.stages.training.train import default_lr
 
     model = _pruned("llama-gqa")
