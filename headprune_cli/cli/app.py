@@ -113,8 +113,8 @@ def refuse_moved(command: str, args: list[str]) -> None:
     if command not in unit.NAMES:
         return
     moved = unit.get(command).moved
-    given = {arg.split("=", 1)[0][2:].replace("-", "_") for arg in args if arg.startswith("--")}
-    name = next((name for name in moved if name in given), None)
+    given = [arg.split("=", 1)[0][2:].replace("-", "_") for arg in args if arg.startswith("--")]
+    name = next((name for name in given if name in moved), None)  # the first one on the line
     if name is not None:
         new = moved[name]
         flag = "--" + name.replace("_", "-")

@@ -44,7 +44,7 @@ MUTATIONS = {
         "headprune_cli/stages/training/train.py",
         "        if self.best is not None:\n            self.model.load_state_dict(self.best)",
         "        pass",
-        "tests/stages/finetune/test_training.py::test_the_returned_weights_are_the_best_epochs",
+        "tests/stages/training/test_training.py::test_the_returned_weights_are_the_best_epochs",
     ),
     "torchrun gradients halved": (
         "headprune_cli/stages/training/train.py",

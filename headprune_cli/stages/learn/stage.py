@@ -140,7 +140,7 @@ def run(opts: LearnOptions, ctx: Context) -> Result:
         ffn=opts.gate_ffn,
         layers=opts.gate_layers,
     )
-    result = training.run_training(model, train, cfg, dev, teacher, ctx=ctx, gating=gates)
+    result = training.run_training(model, train, cfg, dev, teacher, ctx=ctx, gating=gates, name="learn")
     if adapted is not None:
         result.model = training.merge_lora(adapted, None, ctx)
     closed = _close(opts, result.model, gates, constraints, len(train), ctx)

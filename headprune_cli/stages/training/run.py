@@ -92,10 +92,20 @@ def loop_config(opts: TrainingOptions, lr: float | None, hidden_weight: float, *
     )
 
 
-def run_training(model, train, cfg, dev=None, teacher=None, fingerprint=None, ctx: Context | None = None, gating=None):
+def run_training(
+    model,
+    train,
+    cfg,
+    dev=None,
+    teacher=None,
+    fingerprint=None,
+    ctx: Context | None = None,
+    gating=None,
+    name="finetune",
+):
     """train.finetune() on the model's own objective, evaluated on `dev` after every epoch,
-    with a progress bar and a summary table on `ctx`'s console (the main process only;
-    no bar when ctx.progress is False). Returns the FinetuneResult."""
+    with a progress bar and a summary table titled `name` on `ctx`'s console (the main process
+    only; no bar when ctx.progress is False). Returns the FinetuneResult."""
     from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
     from headprune_cli.stages.objectives import default_objective, evaluate  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.stages.training.train import finetune, validate  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
@@ -111,7 +121,7 @@ def run_training(model, train, cfg, dev=None, teacher=None, fingerprint=None, ct
     validate(model, train, cfg, teacher)  # errors before the progress bar appears
     main = setup().main
     with _progress(ctx.console, show=main and ctx.progress) as bar:
-        task = bar.add_task("finetune", total=None, loss="", metric="")
+        task = bar.add_task(name, total=None, loss="", metric="")
 
         def on_step(step, total, loss, rate):
             bar.update(task, completed=step, total=total, loss=f"loss {loss:.4f}  lr {rate:.2e}")
@@ -134,7 +144,7 @@ def run_training(model, train, cfg, dev=None, teacher=None, fingerprint=None, ct
             gating=gating,
         )
     if main:
-        ctx.print(summary_table(result))
+        ctx.print(summary_table(result, name))
     return result
 
 
@@ -153,11 +163,11 @@ def _progress(console, show: bool):
     )
 
 
-def summary_table(result):
+def summary_table(result, name: str = "finetune"):
     """Epoch, step, train loss, the dev metrics and which epoch was kept, as a rich Table."""
 
     names = list(result.history[0].metrics) if result.history and result.history[0].metrics else []
-    table = Table(title=f"finetune: {result.steps} steps, lr {result.lr:g}, kd weight {result.kd_weight:g}")
+    table = Table(title=f"{name}: {result.steps} steps, lr {result.lr:g}, kd weight {result.kd_weight:g}")
     for column in ["epoch", "step", "train loss", *names, "kept"]:
         table.add_column(column, justify="right")
     for r in result.history:
