@@ -169,14 +169,16 @@ def _fingerprint(opts: FinetuneOptions, model, cfg, reset: str | None) -> dict:
 
 def _reset_weights(opts: FinetuneOptions, model, ctx: Context) -> str | None:
     """--rewind-to / --reinit (lottery tickets), before anything trains; what was done, for the fingerprint."""
-    if opts.rewind_to is None and opts.reinit is None:
-        return None
-    from headprune_cli.stages.finetune.rewind import reinit, rewind  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-
     if opts.reinit is not None:
+        from headprune_cli.stages.finetune.rewind import reinit  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+
         reinit(model, opts.reinit)
         ctx.print(f"re-initialised every kept weight (the model's own init, seed {opts.reinit})")
         return f"reinit {opts.reinit}"
+    if opts.rewind_to is None:
+        return None
+    from headprune_cli.stages.finetune.rewind import rewind  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+
     done = rewind(model, opts.rewind_to)
     ctx.print(done.summary(model.headprune.provenance.get("root")), soft_wrap=True, markup=False)
     return f"rewind {done.sha256}"
