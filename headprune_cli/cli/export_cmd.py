@@ -29,7 +29,10 @@ def export(opts: stage.ExportOptions):
 
     --vllm DIR writes a folder vLLM serves (`vllm serve DIR --trust-remote-code`)
     for LLaMA/Mistral/Qwen2 cuts with one query-head count and per-layer KV heads
-    and FFN widths (`select --runtime vllm`); --gguf FILE one llama.cpp loads.
+    and FFN widths (`select --runtime vllm`); --gguf FILE one llama.cpp loads
+    (--gguf-type q8_0/q4_0/...: a cut chosen with `select --runtime llama.cpp
+    --gguf-type T`, whose widths are on T's quantization blocks; q4_K_M/q5_K_M/q6_K
+    are quantized by llama.cpp's own quantizer in its engine environment).
 
     Examples:
 
@@ -42,5 +45,7 @@ def export(opts: stage.ExportOptions):
       headprune export small-minilm.safetensors --hf small-minilm/   # + onnx/model.onnx
 
       headprune export small-llama.safetensors --vllm small-llama-vllm/   # nemotron-nas folder for vLLM
+
+      headprune export small-llama.safetensors --gguf small-q4km.gguf --gguf-type q4_K_M   # llama.cpp
     """
     return stage.run(opts, context())

@@ -27,6 +27,8 @@ def select(opts: stage.SelectOptions):
 
       headprune select scores.json --target-flops 0.6 --runtime vllm -o plan.json   # only plans vLLM loads
 
+      headprune select scores.json --target-flops 0.8 --runtime llama.cpp --gguf-type q4_0   # widths on q4_0's blocks
+
       headprune score m.safetensors --method taylor --data d.jsonl | headprune select --ratio 0.3 | headprune prune -o small.safetensors
     """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
     return stage.run(opts, context())

@@ -12,7 +12,10 @@ those architectures rotate adjacent pairs, transformers rotates the two halves o
 Removed layers are simply absent (block_count counts the kept ones).
 
 Weights stream from the checkpoint one tensor at a time into a file written beside the output
-and renamed over it (fileio.atomic_write), so memory stays at about one tensor.
+and renamed over it (fileio.atomic_write), so memory stays at about one tensor. The k-quants
+(gguf_grid.LLAMA_CPP_TYPES) are llama.cpp's own: the file is first written at the checkpoint's
+precision beside the output, then quantized by llama.cpp's quantizer in its engine environment.
+A cut whose pruned widths are off the type's quantization grid is refused (gguf_grid).
 """
 
 from __future__ import annotations
@@ -28,13 +31,13 @@ import torch
 
 from headprune_cli.errors import ArchitectureError, PlanError, UsageError
 from headprune_cli.files.io import atomic_write
+from headprune_cli.files.temps import make_temp
+from headprune_cli.model import llama_cpp_env
+from headprune_cli.model.gguf_grid import LLAMA_CPP_TYPES, check_gguf_type, check_on_grid
 from headprune_cli.model.gguf_vocab import GgufVocab, gguf_vocab
 from headprune_cli.model.layout import ModelInfo, info_of
 from headprune_cli.model.tensorfile import Spec
 
-# --gguf-type: the ggml type of 2-D weights (norms and other 1-D tensors stay f32, as in
-# llama.cpp's converter). The quantized ones are those gguf-py quantizes in numpy.
-GGUF_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # model_type values --gguf writes
 _ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -58,13 +61,8 @@ class GgufExport:
     arch: str
     gguf_type: str
     tensors: int
-    fallback: list[str] = field(default_factory=list)  # matrices kept in f16: rows off the quantization block
-
-
-def check_gguf_type(name: str) -> str:
-    if name not in GGUF_TYPES and name != "auto":
-        raise UsageError(f"unknown --gguf-type {name!r}; supported: auto, {', '.join(GGUF_TYPES)}")
-    return name
+    # matrices kept in f16: rows the unpruned model already had off the quantization block
+    fallback: list[str] = field(default_factory=list)
 
 
 def gguf_plan(info: ModelInfo) -> GgufPlan:
@@ -139,37 +137,59 @@ class _Tensor:
     ggml: str  # the ggml type written: f32, f16, bf16 or a quantized type
 
 
-def export_gguf(model, specs: list[Spec], out: str | os.PathLike, gguf_type: str = "auto") -> GgufExport:
+def export_gguf(
+    model, specs: list[Spec], out: str | os.PathLike, gguf_type: str = "auto", engine: Path | None = None
+) -> GgufExport:
     """Write the (meta) `model` whose tensors `specs` produce as a GGUF file at `out`, atomically.
-    The caller has checked `out` (outputs.check_output). Tensor infos come from the shapes, so
-    the header is written first and then each tensor is read, converted and written in turn."""
-    import gguf  # noqa: PLC0415 (keeps gguf out of this module's import)
-
+    The caller has checked `out` (outputs.check_output), and for a k-quant found llama.cpp's
+    `engine` python. Tensor infos come from the shapes, so the header is written first and then
+    each tensor is read, converted and written in turn."""
     info = info_of(model)
     plan = gguf_plan(info)
     check_gguf_type(gguf_type)
+    if gguf_type != "auto":
+        check_on_grid(info.layout.layers, plan.n_head, plan.n_ff, plan.head_dim, info.config, gguf_type)
     vocab = gguf_vocab(info.tokenizer, info.tokenizer_config, info.config["vocab_size"])
-    if gguf_type == "auto":  # the checkpoint's own precision: lossless
-        gguf_type = {torch.float16: "f16", torch.bfloat16: "bf16"}.get(specs[0].dtype, "f32")
-    tensors = _tensors(specs, plan, info, gguf_type)
-    fallback = [t.name for t in tensors if t.ggml == "f16" and gguf_type not in ("f16", "f32", "bf16")]
+    own = {torch.float16: "f16", torch.bfloat16: "bf16"}.get(specs[0].dtype, "f32")  # the checkpoint's: lossless
+    if gguf_type == "auto":
+        gguf_type = own
+    written = own if gguf_type in LLAMA_CPP_TYPES else gguf_type
+    tensors = _tensors(specs, plan, info, written)
+    fallback = [t.name for t in tensors if t.ggml == "f16" and written not in ("f16", "f32", "bf16")]
 
     def write(tmp: str) -> None:
-        writer = gguf.GGUFWriter(tmp, plan.arch)
-        _write_metadata(writer, info, plan, vocab, gguf_type)
-        for t in tensors:
-            qtype = gguf.GGMLQuantizationType[t.ggml.upper()]
-            nbytes = math.prod(gguf.quants.quant_shape_to_byte_shape(t.shape, qtype))
-            writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32), nbytes, raw_dtype=qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for t in tensors:
-            writer.write_tensor_data(_converted(t, plan))
-        writer.close()
+        _write_file(tmp, tensors, info, plan, vocab, written)
 
-    atomic_write(out, write)
+    def write_and_quantize(tmp: str) -> None:
+        source, lock = make_temp(Path(out))  # the checkpoint's precision, beside the output
+        try:
+            write(source)
+            if engine is None:
+                raise UsageError(f"--gguf-type {gguf_type} is quantized by llama.cpp: its engine python is needed")
+            llama_cpp_env.quantize(engine, source, tmp, gguf_type)
+        finally:
+            Path(source).unlink(missing_ok=True)
+            os.close(lock)
+
+    atomic_write(out, write_and_quantize if gguf_type in LLAMA_CPP_TYPES else write)
     return GgufExport(Path(out), plan.arch, gguf_type, len(tensors), fallback)
+
+
+def _write_file(tmp: str, tensors: list[_Tensor], info: ModelInfo, plan: GgufPlan, vocab: GgufVocab, kind: str) -> None:
+    import gguf  # noqa: PLC0415 (keeps gguf out of this module's import)
+
+    writer = gguf.GGUFWriter(tmp, plan.arch)
+    _write_metadata(writer, info, plan, vocab, kind)
+    for t in tensors:
+        qtype = gguf.GGMLQuantizationType[t.ggml.upper()]
+        nbytes = math.prod(gguf.quants.quant_shape_to_byte_shape(t.shape, qtype))
+        writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32), nbytes, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in tensors:
+        writer.write_tensor_data(_converted(t, plan))
+    writer.close()
 
 
 def _tensors(specs: list[Spec], plan: GgufPlan, info: ModelInfo, gguf_type: str) -> list[_Tensor]:
@@ -197,7 +217,8 @@ def _tensors(specs: list[Spec], plan: GgufPlan, info: ModelInfo, gguf_type: str)
 
 def _ggml_type(shape, gguf_type: str) -> str:
     """1-D tensors stay f32 (llama.cpp's converter does the same); a quantized matrix whose rows
-    are not a whole number of blocks (a pruned width off the 32-grid) falls back to f16."""
+    are not a whole number of blocks falls back to f16 (only widths the unpruned model already
+    had off the grid get here: export_gguf refuses a cut that moved one off it)."""
     import gguf  # noqa: PLC0415 (keeps gguf out of this module's import)
 
     if len(shape) == 1:

@@ -11,6 +11,7 @@ Run: `python -m pytest -m engines tests/engines` (deselected from the default su
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ import headprune_cli
 from headprune_cli.model.layout import info_of
 from tests.support import run_without_headprune
 from tests.support.engines import llama_cpp_python
-from tests.support.gguf_models import NON_UNIFORM, UNIFORM, tiny_llama, write_checkpoint
+from tests.support.gguf_models import NON_UNIFORM, NON_UNIFORM_GRID, UNIFORM, tiny_llama, write_checkpoint
 
 pytestmark = pytest.mark.engines
 
@@ -39,6 +40,9 @@ TEXTS = [
 # the bounds leave about 2x. (Against headprune's f32 weights instead, the whole quantization
 # loss: q8_0 3.9e-2, q4_0 0.46 on these random-weight models.)
 BOUNDS = {"f32": 1e-5, "f16": 2e-3, "q8_0": 4e-2, "q4_0": 5e-2}
+# k-quants against headprune on the file's own dequantized weights: measured 4.9e-2 (q4_K_M and q6_K,
+# 2026-12-04, llama-cpp-python 0.3.36; llama.cpp rounds activations to 8-bit blocks for k-quant products).
+K_QUANT_BOUND = 8e-2
 
 ENGINE = """
 import json, sys
@@ -70,6 +74,7 @@ def checkpoints(tmp_path_factory):
     return {
         "uniform": write_checkpoint(folder / "uniform.safetensors", UNIFORM),
         "non-uniform": write_checkpoint(folder / "non_uniform.safetensors", NON_UNIFORM),
+        "non-uniform-grid": write_checkpoint(folder / "non_uniform_grid.safetensors", NON_UNIFORM_GRID),
         # Qwen2 goes out as `llama` (with its q/k/v biases), Qwen3 as `qwen3` (q/k norms, no permutation).
         "qwen2-uniform": write_checkpoint(
             folder / "qwen2.safetensors", UNIFORM, tiny_llama(T.Qwen2ForCausalLM, T.Qwen2Config)
@@ -129,8 +134,8 @@ def export(cli, checkpoint, kind: str):
         ("non-uniform", "f32", "deci"),
         ("uniform", "q8_0", "llama"),
         ("non-uniform", "f16", "deci"),
-        ("non-uniform", "q8_0", "deci"),
-        ("non-uniform", "q4_0", "deci"),
+        ("non-uniform-grid", "q8_0", "deci"),
+        ("non-uniform-grid", "q4_0", "deci"),
         ("qwen2-uniform", "f32", "llama"),
         ("qwen3-uniform", "f32", "qwen3"),
     ],
@@ -150,3 +155,81 @@ def test_llama_cpp_tokenizes_and_computes_as_headprune(engine, checkpoints, cli,
     )
     assert top1 >= (1.0 if kind == "f32" else 0.9), top1
     assert worst < BOUNDS[kind], worst
+
+
+@pytest.fixture(scope="module")
+def k_quant_checkpoints(tmp_path_factory):
+    """A LLaMA wide enough for k-quant blocks (hidden 256, FFN 512: rows of 256), unpruned and cut
+    per layer on the 256-grid (256 FFN neurons out of layer 1; a KV group out would leave 128 values
+    of attention output, off the grid, and be refused), as `select
+    --runtime llama.cpp --gguf-type q4_K_M` keeps a cut."""
+    folder = tmp_path_factory.mktemp("k-quants")
+    shape = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    return {
+        "unpruned": write_checkpoint(folder / "wide.safetensors", model=tiny_llama(num_hidden_layers=2, **shape)),
+        "cut": write_checkpoint(
+            folder / "wide-cut.safetensors",
+            ({}, [], {1: list(range(0, 512, 2))}),
+            tiny_llama(num_hidden_layers=2, **shape),
+        ),
+    }
+
+
+def weights_of_file(checkpoint, path):
+    """The checkpoint's model with every weight replaced by what the GGUF file at `path` holds
+    (gguf-py dequantizes the k-quants it cannot write), Q/K rows back in transformers' order."""
+    import gguf
+
+    model = headprune_cli.load(checkpoint)
+    reader = gguf.GGUFReader(path)
+    arch = {"llama": gguf.MODEL_ARCH.LLAMA, "deci": gguf.MODEL_ARCH.DECI}[
+        reader.fields["general.architecture"].contents()
+    ]
+    layers = info_of(model).layout
+    names = gguf.get_tensor_name_map(arch, len(layers.layers))
+    found = {t.name: t for t in reader.tensors}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            t = found[names.get_name(name, try_suffixes=(".weight", ".bias"))]
+            data = gguf.quants.dequantize(t.data, t.tensor_type).reshape(p.shape)
+            kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+            if kind in ("attn_q", "attn_k"):  # undo the writer's rotary interleave
+                pos = int(t.name.split(".")[1])
+                heads = len((layers.heads if kind == "attn_q" else layers.kv_heads)[pos])
+                rows = data.shape[0]
+                data = data.reshape(heads, rows // heads // 2, 2, -1).swapaxes(1, 2).reshape(data.shape)
+            p.copy_(torch.from_numpy(np.ascontiguousarray(data)))
+    return model
+
+
+@pytest.mark.parametrize("kind", ["q4_K_M", "q6_K"])
+@pytest.mark.parametrize("cut", ["unpruned", "cut"])
+def test_k_quants_are_llama_cpps_own_and_compute_the_checkpoint(
+    engine, k_quant_checkpoints, cli, monkeypatch, cut, kind
+):
+    """`export --gguf-type q4_K_M|q6_K` quantizes with llama.cpp's quantizer (its file type and its
+    per-tensor mix), and llama.cpp computes what headprune computes on the same weights (gguf-py
+    cannot write k-quants, only read them, so
+    the file's dequantized weights run in headprune: what is left is llama.cpp's arithmetic, which
+    rounds activations to 8-bit blocks for k-quant products)."""
+    import gguf
+
+    monkeypatch.setenv("HEADPRUNE_LLAMA_CPP_ENV", str(Path(engine).parent.parent))
+    path = export(cli, k_quant_checkpoints[cut], kind)
+    reader = gguf.GGUFReader(path)
+    assert reader.fields["general.file_type"].contents() == int(gguf.LlamaFileType[f"MOSTLY_{kind.upper()}"])
+    matrices = {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}
+    assert matrices <= {"Q4_K", "Q5_K", "Q6_K"} and ("Q4_K" in matrices) == (kind == "q4_K_M"), matrices
+    theirs = llama_cpp_run(engine, path)
+    assert theirs["arch"] == ("llama" if cut == "unpruned" else "deci")
+    model = weights_of_file(k_quant_checkpoints[cut], path)  # headprune running the file's own weights
+    tokenizer = Tokenizer.from_str(info_of(model).tokenizer)
+    with torch.no_grad():
+        ours = [model(torch.tensor([tokenizer.encode(text).ids])).logits[0].double().numpy() for text in TEXTS]
+    pairs = [(np.asarray(run["logits"]), mine) for run, mine in zip(theirs["runs"], ours)]
+    worst = max(np.abs(got - want).max() / np.abs(want).max() for got, want in pairs)
+    top1 = np.mean(np.concatenate([got.argmax(-1) == want.argmax(-1) for got, want in pairs]))
+    print(
+        f"{cut} {kind}: max |llama.cpp - headprune on the file's weights| / max |logit| = {worst:.2e}, top-1 {top1:.3f}"
+    )
+    assert worst < K_QUANT_BOUND and top1 >= 0.9, (worst, top1)

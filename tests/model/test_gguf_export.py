@@ -13,7 +13,15 @@ import torch
 import transformers as T
 
 import headprune_cli
-from tests.support.gguf_models import NON_UNIFORM, UNIFORM, VOCAB, bpe_tokenizer, tiny_llama, write_checkpoint
+from tests.support.gguf_models import (
+    NON_UNIFORM,
+    NON_UNIFORM_GRID,
+    UNIFORM,
+    VOCAB,
+    bpe_tokenizer,
+    tiny_llama,
+    write_checkpoint,
+)
 from tests.support.models import TINY
 from tests.support.refusals import assert_refused
 
@@ -103,35 +111,50 @@ def test_tokenizer_metadata_is_the_checkpoints(non_uniform, tmp_path, cli):
     assert meta["tokenizer.ggml.add_bos_token"] is True
 
 
+@pytest.fixture(scope="module")
+def on_grid(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("gguf-grid") / "on-grid.safetensors", NON_UNIFORM_GRID)
+
+
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
-def test_quantized_types_and_f16_fallback_off_the_block_grid(non_uniform, tmp_path, cli, kind):
+def test_quantized_types_write_every_matrix_of_a_cut_on_the_grid_in_the_type(on_grid, tmp_path, cli, kind):
     out = tmp_path / "q.gguf"
-    result = cli("export", non_uniform, "--gguf", out, "--gguf-type", kind)
+    result = cli("export", on_grid, "--gguf", out, "--gguf-type", kind)
     assert result.code == 0, result
-    assert "1 matrix off the block grid kept in f16" in result.err + result.out
+    assert "off the block grid" not in result.err + result.out
     reader = gguf.GGUFReader(out)
     assert fields(reader)["general.file_type"] == gguf.LlamaFileType[f"MOSTLY_{kind.upper()}"]
+    assert fields(reader)["deci.feed_forward_length"] == [128, 64, 96]
     found = tensors(reader)
     qtype = gguf.GGMLQuantizationType[kind.upper()]
     for name, t in found.items():
-        if len(t.shape) == 1:
-            want = gguf.GGMLQuantizationType.F32
-        elif name.startswith("blk.2.ffn_") and name != "blk.2.ffn_norm.weight":  # width 83: gate, up, down
-            want = gguf.GGMLQuantizationType.F16 if name == "blk.2.ffn_down.weight" else qtype
-        else:
-            want = qtype
-        assert t.tensor_type == want, name
-    # gate/up rows are 64 long (the hidden size) and quantize; down's rows are 83 long and fall back.
-    state = headprune_cli.load(non_uniform).state_dict()
-    weight = state["model.layers.0.mlp.down_proj.weight"].numpy()
-    back = gguf.quants.dequantize(found["blk.0.ffn_down.weight"].data, qtype).reshape(weight.shape)
+        assert t.tensor_type == (gguf.GGMLQuantizationType.F32 if len(t.shape) == 1 else qtype), name
+    state = headprune_cli.load(on_grid).state_dict()
     bound = {"q8_0": 0.01, "q4_0": 0.15}[kind]
-    assert np.abs(back - weight).max() <= bound * np.abs(weight).max()
+    for pos, layer in ((0, 0), (2, 3)):  # the full width and the cut one
+        weight = state[f"model.layers.{pos}.mlp.down_proj.weight"].numpy()
+        back = gguf.quants.dequantize(found[f"blk.{pos}.ffn_down.weight"].data, qtype).reshape(weight.shape)
+        assert np.abs(back - weight).max() <= bound * np.abs(weight).max(), layer
 
 
-def test_same_input_gives_byte_identical_gguf(non_uniform, tmp_path, cli):
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+def test_a_cut_off_the_block_grid_is_refused_naming_the_layer_and_the_fix(non_uniform, tmp_path, cli, kind):
+    """Layer 3 keeps 83 FFN neurons: its down projection's rows are not whole 32-blocks. Written in
+    f16 beside quantized matrices it made the cut slower than the unpruned file at the same type."""
+    out = tmp_path / "q.gguf"
+    result = cli("export", non_uniform, "--gguf", out, "--gguf-type", kind)
+    assert_refused(
+        result,
+        1,
+        f"layer 3's FFN width 83 is not a multiple of 32 ({kind}'s block): select with --runtime llama.cpp "
+        f"--gguf-type {kind}",
+    )
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_same_input_gives_byte_identical_gguf(on_grid, tmp_path, cli):
     for name in ("a.gguf", "b.gguf"):
-        assert cli("export", non_uniform, "--gguf", tmp_path / name, "--gguf-type", "q8_0").code == 0
+        assert cli("export", on_grid, "--gguf", tmp_path / name, "--gguf-type", "q8_0").code == 0
     assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
 
 

@@ -29,6 +29,9 @@ NON_UNIFORM = (
     [1],
     {2: list(range(0, 128, 2)), 3: list(range(3, 48))},
 )
+# NON_UNIFORM with layer 3 at 96 FFN neurons: every width on the 32-grid, so q8_0/q4_0 exports take it
+# (83 neurons are refused by a quantized export: gguf_grid.py).
+NON_UNIFORM_GRID = (NON_UNIFORM[0], NON_UNIFORM[1], {**NON_UNIFORM[2], 3: list(range(3, 35))})
 # Uniform: every layer keeps 3 of 4 KV groups and 96 FFN neurons; layer 2 is dropped.
 UNIFORM = (
     {layer: [2, 3] for layer in (0, 1, 3)},

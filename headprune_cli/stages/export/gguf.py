@@ -10,22 +10,27 @@ from pathlib import Path
 
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
+from headprune_cli.model.gguf_grid import LLAMA_CPP_TYPES, check_gguf_type
+from headprune_cli.model.llama_cpp_env import engine_python as engine_python_of
 from headprune_cli.stages.unit import Context, Result
 
 
-def export_gguf_file(checkpoint: Path, out: Path, gguf_type: str, force: bool, ctx: Context) -> Result:
-    from headprune_cli.model.gguf_export import check_gguf_type  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-
+def export_gguf_file(
+    checkpoint: Path, out: Path, gguf_type: str, force: bool, ctx: Context, engine_python: Path | None = None
+) -> Result:
     check_gguf_type(gguf_type)
     _require_gguf()
+    # The k-quants are llama.cpp's own quantizer's: its environment is found before anything is read.
+    engine = engine_python_of(engine_python, f"--gguf-type {gguf_type}") if gguf_type in LLAMA_CPP_TYPES else None
     check_output(out, force, inputs=[checkpoint])
     from headprune_cli.model.gguf_export import export_gguf  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     model, specs = export_specs(checkpoint)
-    result = export_gguf(model, specs, out, gguf_type)
+    result = export_gguf(model, specs, out, gguf_type, engine)
     n = len(result.fallback)
-    fallback = f"; {n} {'matrix' if n == 1 else 'matrices'} off the block grid kept in f16" if n else ""
+    fallback = f"; {n} {'matrix' if n == 1 else 'matrices'} of the model's own widths off the block grid kept in f16"
+    fallback = fallback if n else ""
     ctx.print(
         f"wrote {out} (llama.cpp architecture {result.arch}, {result.gguf_type}, {result.tensors} tensors{fallback})",
         soft_wrap=True,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
+from headprune_cli.model.llama_cpp_env import ENGINE_PYTHON_HELP
 from headprune_cli.stages.unit import Context, Options, Result, Stage, option
 
 # As model.tensorfile.DEFAULT_MAX_SHARD (a test holds them equal); written out here so
@@ -32,8 +33,12 @@ class ExportOptions(Options):
         "LLaMA, Mistral, Qwen2 causal LMs).",
     )
     gguf_type: str = option(
-        "auto", "--gguf: weight type: auto (the checkpoint's), f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0."
+        "auto",
+        "--gguf: weight type: auto (the checkpoint's), f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0, or llama.cpp's "
+        "k-quants q6_K, q5_K_M, q4_K_M (quantized by llama.cpp's own quantizer in its engine environment). A cut "
+        "whose pruned widths are off the type's blocks is refused: select it with --runtime llama.cpp --gguf-type T.",
     )
+    engine_python: Path | None = option(None, "--gguf-type q6_K|q5_K_M|q4_K_M: " + ENGINE_PYTHON_HELP)
     with_onnx: bool | None = option(
         None,
         "With --hf: also write DIR/onnx/model.onnx (default: for sentence-transformers models).",
@@ -73,7 +78,7 @@ def run(opts: ExportOptions, ctx: Context) -> Result:
     if opts.gguf is not None:
         from headprune_cli.stages.export.gguf import export_gguf_file  # noqa: PLC0415 (keeps torch out of this module's import)
 
-        return export_gguf_file(opts.checkpoint, opts.gguf, opts.gguf_type, opts.force, ctx)
+        return export_gguf_file(opts.checkpoint, opts.gguf, opts.gguf_type, opts.force, ctx, opts.engine_python)
     if opts.vllm is not None:
         from headprune_cli.stages.export.vllm import export_vllm_folder  # noqa: PLC0415 (keeps torch out of this module's import)
 

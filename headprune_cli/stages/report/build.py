@@ -25,6 +25,7 @@ from headprune_cli.files.io import sha256_file
 from headprune_cli.model.checkpoint import load, read_info
 from headprune_cli.model.cost import count_params, flops_per_token
 from headprune_cli.model.layout import ModelInfo, info_of
+from headprune_cli.model.llama_cpp_env import engine_python
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import input_device, place
 from headprune_cli.stages import objectives
@@ -33,7 +34,7 @@ from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (
 from headprune_cli.stages.report import serving
 from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs
 from headprune_cli.stages.report.latency_cost import latency_section, read_table
-from headprune_cli.stages.report.llama_cpp import check_task, engine_python, load_gguf
+from headprune_cli.stages.report.llama_cpp import check_task, load_gguf
 from headprune_cli.stages.report.shipped import checkpoint_metrics, load_shipped
 
 # The metric a gate reads, per task, and whether its drop is stated in points (x100).

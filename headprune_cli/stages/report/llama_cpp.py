@@ -33,12 +33,11 @@ from torch import nn
 from headprune_cli.errors import ArchitectureError, CheckpointError, UsageError
 from headprune_cli.files.io import sha256_file
 from headprune_cli.model.gguf_export import gguf_plan
+from headprune_cli.model.gguf_grid import GGUF_TYPES
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.report.shipped import check_shipped_file
 
 ENGINE = "llama.cpp"
-ENV_VARIABLE = "HEADPRUNE_LLAMA_CPP_ENV"
-BUILD_HINT = "build it with `bash scripts/engines/llama_cpp.sh`"
 MAGIC = b"GGUF"
 # A file of another model gives logits unrelated to the checkpoint's (correlation near 0); q4_0 of
 # a random-weight test model still correlates above 0.85, a trained model's far higher.
@@ -92,26 +91,6 @@ def check_gguf_options(gguf: Path | None, onnx: Path | None, device: str, dtype:
     with open(gguf, "rb") as handle:
         if handle.read(len(MAGIC)) != MAGIC:
             raise CheckpointError(f"--gguf {gguf}: not a GGUF file (it does not start with {MAGIC.decode()})")
-
-
-def engine_python(option: Path | None) -> Path:
-    """--engine-python, else $HEADPRUNE_LLAMA_CPP_ENV/bin/python, else the repository's
-    .engines/llama-cpp (where scripts/engines/llama_cpp.sh builds it; an installed package
-    has no repository, and then the option or the variable must say where)."""
-    if option is not None:
-        python = option
-    elif os.environ.get(ENV_VARIABLE):
-        python = Path(os.environ[ENV_VARIABLE]) / "bin" / "python"
-    else:
-        root = Path(__file__).resolve().parents[3]
-        if not (root / "scripts" / "engines" / "llama_cpp.sh").is_file():
-            raise UsageError(
-                f"--gguf needs llama.cpp's engine environment: pass --engine-python PATH or set {ENV_VARIABLE}"
-            )
-        python = root / ".engines" / "llama-cpp" / "bin" / "python"
-    if not python.is_file():
-        raise UsageError(f"--gguf: llama.cpp engine environment absent ({python} not found); {BUILD_HINT}")
-    return python
 
 
 def check_task(info) -> None:
@@ -229,10 +208,10 @@ def _file_type(number: int) -> str | None:
     import gguf  # noqa: PLC0415 (keeps gguf out of this module's import)
 
     try:
-        name = gguf.LlamaFileType(number).name
+        name = gguf.LlamaFileType(number).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     except ValueError:
         return None
-    return name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()
+    return next((kind for kind in GGUF_TYPES if kind.upper() == name), name.lower())
 
 
 def _check_matches(model: GgufModel, checkpoint: nn.Module, plan, info) -> float:

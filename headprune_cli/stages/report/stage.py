@@ -14,6 +14,7 @@ from pathlib import Path
 from headprune_cli.artifacts.schema import portable_path, write_artifact
 from headprune_cli.errors import EXIT_GATE_FAILED, UsageError
 from headprune_cli.files.outputs import check_distinct, check_folder, check_output, make_folder
+from headprune_cli.model.llama_cpp_env import ENGINE_PYTHON_HELP
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.stages.report import render
 from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
@@ -86,11 +87,7 @@ class ReportStageOptions(Options):
         "The shipped GGUF file exported from --model (`export --gguf`, a causal LM): evaluated, timed and gated "
         "in llama.cpp (CPU, f32 KV cache) in place of the PyTorch model.",
     )
-    engine_python: Path | None = option(
-        None,
-        "With --gguf: the python of llama.cpp's engine environment (default: $HEADPRUNE_LLAMA_CPP_ENV/bin/python, "
-        "else the repository's .engines/llama-cpp, built by scripts/engines/llama_cpp.sh).",
-    )
+    engine_python: Path | None = option(None, "With --gguf: " + ENGINE_PYTHON_HELP)
 
     def check(self) -> None:
         if self.min_speedup is not None and self.repeats == 0:

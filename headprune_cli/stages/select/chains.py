@@ -32,6 +32,7 @@ class Constraints:
     ffn_multiple_of: int = 8  # kept FFN widths are multiples of this (GPU matrix tiles want multiples of 8)
     uniform_heads: bool = False  # the same heads and KV groups in every kept layer, FFN widths free (vLLM)
     runtime: str | None = None  # the engine the plan is chosen for (runtime.py), recorded
+    gguf_type: str | None = None  # with runtime llama.cpp: the GGUF type whose grid ffn_multiple_of keeps
 
     def to_dict(self, ffn: bool = False) -> dict:
         """As plans record them; the FFN keys only for plans that may cut FFN neurons, so
@@ -40,7 +41,7 @@ class Constraints:
         out["protect"] = [f"{layer}:{head}" for layer, head in self.protect]
         if not ffn:
             del out["min_ffn"], out["ffn_multiple_of"]
-        for key in ("uniform_heads", "runtime"):  # recorded when set: plans without them keep their bytes
+        for key in ("uniform_heads", "runtime", "gguf_type"):  # recorded when set: plans keep their bytes
             if not out[key]:
                 del out[key]
         return out

@@ -8,6 +8,7 @@ from pathlib import Path
 from headprune_cli.artifacts.schema import input_ref, read_artifact, write_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
+from headprune_cli.model.gguf_grid import grid_ffn_multiple
 from headprune_cli.stages.budget import Budget, given
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select import latency as latency_select
@@ -56,9 +57,17 @@ class ConstraintOptions(Options):
         "Choose only plans this engine loads: transformers (one shape for all layers, as --uniform), vllm (one "
         "head count, FFN widths per layer), llama.cpp or onnxruntime (any per-layer shapes).",
     )
+    gguf_type: str | None = option(
+        None,
+        "With --runtime llama.cpp: the GGUF type the cut will ship in (q8_0, q4_0, q4_K_M, ...); FFN widths are kept "
+        "on its quantization blocks (32 values, 256 for k-quants), so no matrix of the file falls back to a wider "
+        "type and runs slower than the unpruned model's.",
+    )
 
     def constraints(self) -> Constraints:
         rules = shape_rules(check_runtime(self.runtime))
+        if self.gguf_type is not None and self.runtime != "llama.cpp":
+            raise UsageError("--gguf-type goes with --runtime llama.cpp (the GGUF file's quantization grid)")
         return Constraints(
             min_heads=self.min_heads,
             multiple_of=self.multiple_of,
@@ -68,9 +77,10 @@ class ConstraintOptions(Options):
             gqa_unit=self.gqa_unit,
             uniform=self.uniform or rules["uniform"],
             min_ffn=self.min_ffn,
-            ffn_multiple_of=self.ffn_multiple_of,
+            ffn_multiple_of=grid_ffn_multiple(self.ffn_multiple_of, self.gguf_type),
             uniform_heads=rules["uniform_heads"],
             runtime=self.runtime,
+            gguf_type=self.gguf_type,
         )
 
 
