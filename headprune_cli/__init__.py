@@ -60,15 +60,15 @@ _PUBLIC = {
     "rewind": ("headprune_cli.stages.finetune.rewind", "rewind"),
     "reinit": ("headprune_cli.stages.finetune.rewind", "reinit"),
     # speed: latency of a forward, and the serving (prefill / decode) measurements report makes
-    "measure_latency": ("headprune_cli.stages.report.latency", "measure"),
-    "synthetic_inputs": ("headprune_cli.stages.report.latency", "synthetic_inputs"),
-    "max_sequence": ("headprune_cli.stages.report.latency", "max_sequence"),
+    "measure_latency": ("headprune_cli.stages.model_latency", "measure"),
+    "synthetic_inputs": ("headprune_cli.stages.model_latency", "synthetic_inputs"),
+    "max_sequence": ("headprune_cli.stages.model_latency", "max_sequence"),
     "LatencyTable": ("headprune_cli.model.latency_table", "LatencyTable"),
     "layout_counts": ("headprune_cli.stages.profile.build", "layout_counts"),
     # export and the shipped formats
-    "export_onnx": ("headprune_cli.model.export", "export_onnx"),
-    "export_hf": ("headprune_cli.model.export", "export_hf"),
-    "export_quantized": ("headprune_cli.model.onnx_quantize", "export_quantized"),
+    "export_onnx": ("headprune_cli.model.formats.onnx", "export_onnx"),
+    "export_hf": ("headprune_cli.model.formats.hf", "export_hf"),
+    "export_quantized": ("headprune_cli.model.formats.onnx_quantize", "export_quantized"),
     "OnnxModel": ("headprune_cli.stages.report.shipped", "OnnxModel"),
     "build_report": ("headprune_cli.stages.report.build", "build_report"),
     "run_sweep": ("headprune_cli.stages.sweep.ratios", "run_sweep"),
@@ -76,7 +76,7 @@ _PUBLIC = {
     # modules: the training loop, the serving measurements, losses and metrics
     "finetune": ("headprune_cli.stages.training.train", None),
     "serving": ("headprune_cli.stages.report.serving", None),
-    "latency": ("headprune_cli.stages.report.latency", None),
+    "latency": ("headprune_cli.stages.model_latency", None),
     "objectives": ("headprune_cli.stages.objectives", None),
     # The module names the README documented before the layout grouped them:
     "checkpoint": ("headprune_cli.model.checkpoint", None),
@@ -87,7 +87,7 @@ _PUBLIC = {
     "iterative": ("headprune_cli.stages.iterate.rounds", None),
     "report": ("headprune_cli.stages.report.build", None),
     "sweep": ("headprune_cli.stages.sweep.ratios", None),
-    "export": ("headprune_cli.model.export", None),
+    "export": ("headprune_cli.model.formats.hf", None),
 }
 
 __all__ = ["__version__", *_PUBLIC]

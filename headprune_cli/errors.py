@@ -59,10 +59,20 @@ class Interrupted(BaseException):
     it while every `finally` and `except BaseException` on the way out removes temporaries."""
 
 
+MAX_LINE = 500  # an error line's length at most: values in it are cut to 80 (shorten), this is the net
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type name when empty), for one-line errors."""
     lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+    return one_line(lines[0]) if lines else type(exc).__name__
+
+
+def one_line(text: str) -> str:
+    """`text` as one line of at most MAX_LINE characters: a message that quotes a value its
+    writer forgot to shorten still never floods the terminal or a CI log."""
+    text = " ".join(str(text).split("\n"))
+    return text if len(text) <= MAX_LINE else text[: MAX_LINE - 3] + "..."
 
 
 def shorten(value, limit: int = 80) -> str:
@@ -87,8 +97,8 @@ def describe(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, MemoryError):
         return EXIT_ERROR, "Error: out of memory"
     if isinstance(exc, OSError):
-        return EXIT_ERROR, f"Error: {os_error_line(exc)}"
-    detail = (str(exc).strip().splitlines() or [""])[0]
+        return EXIT_ERROR, f"Error: {one_line(os_error_line(exc))}"
+    detail = one_line((str(exc).strip().splitlines() or [""])[0])
     message = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
     return EXIT_INTERNAL, f"Internal error: {message} (please report; HEADPRUNE_DEBUG=1 for the traceback)"
 

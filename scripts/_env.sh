@@ -22,7 +22,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   if ! python -c "import torch" 2>/dev/null; then
     python -m pip install -q ${HEADPRUNE_TORCH_INDEX:+--index-url "$HEADPRUNE_TORCH_INDEX"} "${HEADPRUNE_TORCH:-torch==2.13.0}" >&2
   fi
-  python -m pip install -q -e ".[test,plot]" >&2
+  python -m pip install -q -e ".[test,plot,peer]" >&2
   echo "$WANT" > "$STAMP"
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false

@@ -205,6 +205,103 @@ def test_the_package_has_no_import_circles():
     assert _cycles(_package_imports()) == []
 
 
+# The allowed direction between packages, top to bottom: a package imports only packages on a
+# lower row. Stage packages (stages/<name>/, and shared ones such as a training loop) share a row:
+# between them only library modules, never another stage's entry file stage.py, and no circle.
+# A module's package is scripts/tools/package_graph.py's package_of (a stage with its subpackages).
+LAYERS = [
+    ("headprune_cli",),  # the public API (its __init__) and the entry point
+    ("headprune_cli.cli",),
+    ("headprune_cli.pipeline",),
+    ("headprune_cli.stages.<name>",),
+    ("headprune_cli.stages",),  # shared stage modules at stages/ top: unit, budget, objectives, timing, ...
+    ("headprune_cli.runtime", "headprune_cli.data", "headprune_cli.artifacts"),
+    ("headprune_cli.model",),
+    ("headprune_cli.files",),
+    ("headprune_cli.errors", "headprune_cli.names", "headprune_cli.ranges"),
+]
+STAGE_ROW = 3
+
+
+def _row(package: str) -> int:
+    for number, row in enumerate(LAYERS):
+        if package in row:
+            return number
+    if package.startswith("headprune_cli.stages."):
+        return STAGE_ROW
+    raise AssertionError(f"{package} has no row in LAYERS: give the new package its place in the direction")
+
+
+def _packages() -> dict[str, set[str]]:
+    from scripts.tools.package_graph import package_graph
+
+    return package_graph(_package_imports())
+
+
+# Upward imports not yet undone: the shared option groups (stages/options.py) build select's
+# Constraints and finetune's LoraSpec inside their methods. The list may only shrink.
+UPWARD_IMPORTS_LEFT = [
+    "headprune_cli.stages -> headprune_cli.stages.finetune",
+    "headprune_cli.stages -> headprune_cli.stages.select",
+]
+
+
+def test_packages_import_only_downwards():
+    upwards = sorted(
+        f"{a} -> {b}"
+        for a, targets in _packages().items()
+        for b in targets
+        if not (_row(a) < _row(b) or _row(a) == _row(b) == STAGE_ROW)
+    )
+    assert upwards == UPWARD_IMPORTS_LEFT
+
+
+# Package circles not yet undone: score's layer refit trains with finetune's loop
+# (score/importance/layers.py -> finetune/train.py) until the loop moves into a shared training
+# package beside the learned-gate stage; the shared options module reaches up into select and
+# finetune (UPWARD_IMPORTS_LEFT). The list may only shrink; empty it when it does.
+PACKAGE_CIRCLES_LEFT = [
+    [
+        "headprune_cli.stages",
+        "headprune_cli.stages.finetune",
+        "headprune_cli.stages.prune",
+        "headprune_cli.stages.score",
+        "headprune_cli.stages.select",
+    ]
+]
+
+
+def test_packages_import_each_other_in_no_circle():
+    # Function-level imports count, as for modules.
+    assert _cycles(_packages()) == PACKAGE_CIRCLES_LEFT
+
+
+# Imports of another stage's entry file not yet undone: the selection options (and select's
+# plan_from_scores) that prune and tasks build on live in select/stage.py.
+ENTRY_FILE_IMPORTS_LEFT = [
+    "headprune_cli.stages.prune.stage -> headprune_cli.stages.select.stage",
+    "headprune_cli.stages.tasks.plans -> headprune_cli.stages.select.stage",
+    "headprune_cli.stages.tasks.stage -> headprune_cli.stages.select.stage",
+]
+
+
+def test_no_stage_imports_another_stages_entry_file():
+    """Code two stages share lives in a module of its own (prune/cut.py, a shared stages/ module),
+    never in one stage's stage.py: that file is the stage's options, run and STAGE."""
+    from scripts.tools.package_graph import package_of
+
+    found = sorted(
+        f"{a} -> {b}"
+        for a, targets in _package_imports().items()
+        for b in targets
+        if b.endswith(".stage")
+        and b.startswith("headprune_cli.stages.")
+        and package_of(a) != package_of(b)
+        and package_of(a).startswith("headprune_cli.stages.")
+    )
+    assert found == ENTRY_FILE_IMPORTS_LEFT
+
+
 def test_the_circle_finder_finds_a_circle_hidden_in_a_function():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c"]]
@@ -234,7 +331,9 @@ def test_every_stage_is_a_package_found_by_the_registry_rule():
     assert sorted(p.name for p in stages.glob("*.py")) == [
         "__init__.py",
         "budget.py",
+        "model_latency.py",
         "objectives.py",
+        "options.py",
         "timing.py",
         "unit.py",
     ]

@@ -8,6 +8,7 @@ refuse an unknown kind or version, non-finite numbers and out-of-range indices.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -213,18 +214,26 @@ def ffn_fields(remove_ffn: dict[int, list[int]], num_ffn: list[int]) -> dict:
     return {"remove_ffn": {str(k): cut[k] for k in sorted(cut)}, "num_ffn": list(num_ffn)}
 
 
-KINDS: dict[str, type[Envelope]] = {"scores": Scores, "plan": Plan}
+# Every kind's payload model, as "module:Model": the module is imported the first time an
+# artifact of that kind is read or checked, so reading a plan never imports the report's models
+# and no stage has to be imported for its side effect. Size limits sit beside: kinds whose
+# largest real artifact is far below MAX_ARTIFACT_BYTES (a latency table: a few dozen points
+# per curve) are refused on their file size, before a byte is parsed.
+KINDS: dict[str, str] = {
+    "scores": "headprune_cli.artifacts.schema:Scores",
+    "plan": "headprune_cli.artifacts.schema:Plan",
+    "latency": "headprune_cli.stages.profile.latency_artifact:LatencyTableArtifact",
+    "report": "headprune_cli.stages.report.report_artifact:Report",
+    "sweep": "headprune_cli.stages.sweep.sweep_artifact:Sweep",
+    "tasks": "headprune_cli.stages.tasks.tasks_artifact:TasksArtifact",
+}
+MAX_BYTES: dict[str, int] = {"latency": 4 * 1024 * 1024, "tasks": 64 * 1024 * 1024}
 
 
-# Kinds whose largest real artifact is far below MAX_ARTIFACT_BYTES (a latency table: a few
-# dozen points per curve) are refused on their file size, before a byte is parsed.
-MAX_BYTES: dict[str, int] = {}
-
-
-def register_kind(kind: str, model: type[Envelope], max_bytes: int = MAX_ARTIFACT_BYTES) -> None:
-    """Later stages (report, ...) add their payload models here (and how large one may be)."""
-    KINDS[kind] = model
-    MAX_BYTES[kind] = max_bytes
+def model_of(kind: str) -> type[Envelope]:
+    """The payload model of an artifact kind (KeyError for a kind not in KINDS)."""
+    module, _, name = KINDS[kind].partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 # --- writing --------------------------------------------------------------------------
@@ -339,7 +348,7 @@ def parse_artifact(text: str, name: str, kinds: tuple[str, ...]) -> Envelope:
             f"{name}: {kind} schema_version {data.get('schema_version')!r} is not supported (need {SCHEMA_VERSION})"
         )
     try:
-        return KINDS[kind].model_validate(data)
+        return model_of(kind).model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = "".join(f"{p}: " for p in [".".join(str(p) for p in first["loc"])] if p)

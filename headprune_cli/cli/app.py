@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
@@ -24,40 +25,53 @@ import click
 import typer
 from typer.core import TyperGroup
 
+from headprune_cli.cli.command import from_options
+from headprune_cli.cli.common import context
 from headprune_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, Interrupted, UsageError, report
 from headprune_cli.files.outputs import own_claims
 from headprune_cli.files.temps import forget_sweeps, sweep
 from headprune_cli.files.watcher import watched
 from headprune_cli.names import did_you_mean
+from headprune_cli.runtime.allocator import return_freed_memory
+from headprune_cli.stages import unit
 
-# In pipeline order, which is also the order `headprune --help` lists them: command name ->
-# (module in this package, function). Modules load only when their command runs, so a
-# JSON stage such as `select` never imports torch (it starts in well under 1 s, BENCHMARKS.md §9).
-COMMANDS = {
-    "import": ("import_cmd", "import_model"),
-    "inspect": ("inspect_cmd", "inspect"),
-    "profile": ("profile_cmd", "profile"),
-    "score": ("score_cmd", "score"),
-    "select": ("select_cmd", "select"),
-    "search": ("search_cmd", "search"),
-    "prune": ("prune_cmd", "prune"),
-    "learn": ("learn_cmd", "learn"),
-    "finetune": ("finetune_cmd", "finetune_command"),
-    "iterate": ("iterate_cmd", "iterate"),
-    "report": ("report_cmd", "report"),
-    "sweep": ("sweep_cmd", "sweep"),
-    "tasks": ("tasks_cmd", "tasks"),
-    "export": ("export_cmd", "export"),
-    "run": ("run_cmd", "run"),
-}
+# The commands that are not stages: command name -> (module in this package, function).
+TOOLS = {"inspect": ("inspect_cmd", "inspect"), "run": ("run_cmd", "run")}
+
+
+def _command_names() -> tuple[str, ...]:
+    """Every stage of the registry (stages/unit.py NAMES) in pipeline order, which is also the
+    order `headprune --help` lists them, with `inspect` after `import` (it reads what import
+    writes) and `run` (all the stages at once) last."""
+    names = list(unit.NAMES)
+    names.insert(names.index("import") + 1, "inspect")
+    return (*names, "run")
+
+
+# Command modules load only when their command runs, so a JSON stage such as `select` never
+# imports torch (it starts in well under 1 s, BENCHMARKS.md §9).
+COMMANDS = _command_names()
+
+
+def command_function(name: str) -> Callable:
+    """The Typer function of command `name`: a stage's is made from its unit (options, run,
+    help), a tool's is its module's function. Imports what the command needs."""
+    if name in TOOLS:
+        module_name, function = TOOLS[name]
+        return getattr(importlib.import_module(f"{__package__}.{module_name}"), function)
+    stage = unit.get(name)
+
+    def body(opts):
+        return stage.run(opts, context())
+
+    body.__doc__, body.__name__, body.__qualname__ = stage.help, name, name
+    return from_options(stage.options)(body)
 
 
 def load_command(name: str) -> click.Command:
     """The real click command for `name`: imports its module (and what that needs)."""
-    module_name, function = COMMANDS[name]
-    module = importlib.import_module(f"{__package__}.{module_name}")
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
-    single.command(name)(getattr(module, function))
+    single.command(name)(command_function(name))
     return typer.main.get_command(single)
 
 
@@ -67,11 +81,28 @@ def all_commands() -> dict[str, click.Command]:
 
 
 def _short_help(name: str) -> str:
-    """The first line of a command's docstring, read from its source without importing it."""
-    module_name, function = COMMANDS[name]
-    source = Path(importlib.util.find_spec(f"{__package__}.{module_name}").origin).read_text()
-    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == function)
-    return (ast.get_docstring(node) or "").strip().splitlines()[0]
+    """The first line of a command's help, read from its source without importing it (a stage
+    module may import torch): a tool's docstring, or the HELP its stage module declares."""
+    if name in TOOLS:
+        module_name, function = TOOLS[name]
+        source = _source(f"{__package__}.{module_name}")
+        node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == function)
+        return (ast.get_docstring(node) or "").strip().splitlines()[0]
+    source = _source(unit.module_of(name))
+    help_text = next(
+        n.value.value
+        for n in ast.parse(source).body
+        if isinstance(n, ast.Assign)
+        and [getattr(t, "id", None) for t in n.targets] == ["HELP"]
+        and isinstance(n.value, ast.Constant)
+    )
+    return str(help_text).strip().splitlines()[0]
+
+
+def _source(module: str) -> str:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, module  # a registered module is in the package
+    return Path(spec.origin).read_text()
 
 
 class LazyCommands(TyperGroup):
@@ -108,8 +139,6 @@ class LazyCommands(TyperGroup):
 def refuse_moved(command: str, args: list[str]) -> None:
     """An option that moved to another command (the stage's `moved`) is refused with one line
     naming that command, where click would only call it unknown."""
-    from headprune_cli.stages import unit  # noqa: PLC0415 (the stage's declaration only when a command runs)
-
     if command not in unit.NAMES:
         return
     moved = unit.get(command).moved
@@ -190,6 +219,7 @@ def _signals_interrupt():
 
 def main(argv: list[str] | None = None) -> int:
     _quiet_transformers()
+    return_freed_memory()  # peak memory is what is alive, not what glibc kept
     forget_sweeps()
     try:
         with _signals_interrupt(), own_claims():

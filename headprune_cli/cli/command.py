@@ -17,14 +17,14 @@ import typer
 from pydantic import ValidationError
 
 from headprune_cli.errors import UsageError
-from headprune_cli.stages.unit import Options
+from headprune_cli.stages.unit import Options, public_fields, text_form
 
 
 def from_options(options: type[Options]) -> Callable:
     """Decorator: `body(opts) -> Result | None` becomes a Typer command function."""
 
     def decorate(body: Callable) -> Callable:
-        parameters = [_parameter(name, info) for name, info in options.model_fields.items()]
+        parameters = [_parameter(name, info) for name, info in public_fields(options).items()]
 
         def command(**values):
             try:
@@ -47,7 +47,8 @@ def from_options(options: type[Options]) -> Callable:
 
 def _parameter(name: str, info) -> inspect.Parameter:
     extra = info.json_schema_extra or {}
-    default = ... if info.is_required() else info.default
+    annotation, default = text_form(info)
+    default = ... if info.is_required() else default
     if extra.get("argument"):
         param = typer.Argument(default, help=info.description)
     else:
@@ -56,7 +57,7 @@ def _parameter(name: str, info) -> inspect.Parameter:
             flags = [f"{flags[-1]}/{extra['negative']}", *flags[:-1]]
         low, high = bounds(info)
         param = typer.Option(default, *flags, help=info.description, min=low, max=high)
-    return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=param, annotation=info.annotation)
+    return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=param, annotation=annotation)
 
 
 def flags_of(name: str, info) -> list[str]:

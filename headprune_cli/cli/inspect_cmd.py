@@ -11,7 +11,7 @@ from rich.table import Table
 from headprune_cli.cli.common import console, print_json
 from headprune_cli.model.checkpoint import read_layout_only
 from headprune_cli.model.describe import describe
-from headprune_cli.model.engines import serving, serving_line
+from headprune_cli.model.formats.engines import serving, serving_line
 from headprune_cli.model.layout import info_of
 
 

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from headprune_cli.cli.common import console, context
-from headprune_cli.errors import EXIT_USAGE
+from headprune_cli.errors import EXIT_USAGE, one_line
 from headprune_cli.pipeline.config import ConfigError
 from headprune_cli.pipeline.execute import RESOLVED_FILE, STATE_FILE, execute, exit_code, run_stage
 from headprune_cli.pipeline.prepare import prepare
@@ -56,7 +56,7 @@ def run(
     except ConfigError as exc:
         # One line per problem: the CLI's single-line error mapping would hide all but one.
         for problem in exc.problems:
-            print(f"Error: {problem}", file=sys.stderr)
+            print(f"Error: {one_line(problem)}", file=sys.stderr)
         raise typer.Exit(EXIT_USAGE) from None
     if check:
         for stage in pipeline.stages:

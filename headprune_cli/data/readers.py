@@ -65,6 +65,10 @@ class Dataset:
             None if self.token_type_ids is None else self.token_type_ids[pick],
         )
 
+    def batches(self, batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
+        """batches(self, batch_size), for code below data/ (model/) that is handed a Dataset."""
+        return batches(self, batch_size)
+
 
 def batches(dataset: Dataset, batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
     """Model-ready dicts in dataset order; trailing all-padding columns are trimmed."""

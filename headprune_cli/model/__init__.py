@@ -1,1 +1,1 @@
-"""The model: family adapters (arch/), layout, surgery, cost, the checkpoint file, import and export."""
+"""The model: family adapters (arch/), layout, surgery, cost, the checkpoint file, import; engine formats (formats/)."""

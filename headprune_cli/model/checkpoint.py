@@ -309,7 +309,7 @@ FOLDER_FORMAT = "headprune-folder"
 FOLDER_INFO = "headprune.json"  # the layout and everything else transformers' config.json cannot say
 FOLDER_WEIGHTS = "model.safetensors"
 # headprune.json's "weights" names the file: model.safetensors when transformers can load the
-# folder, headprune.safetensors when it cannot (hf_config.py); older folders have no key.
+# folder, headprune.safetensors when it cannot (formats/hf_config.py); older folders have no key.
 FOLDER_WEIGHT_NAMES = (FOLDER_WEIGHTS, "headprune.safetensors")
 
 

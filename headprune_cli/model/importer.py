@@ -100,7 +100,7 @@ def _tokenizer_config(folder: Path) -> dict:
 
 def _pooling(folder: Path) -> dict:
     """Sentence-transformers folders: the pooling mode, whether embeddings are normalised,
-    and the max_seq_length that export writes back (st_export.py)."""
+    and the max_seq_length that export writes back (formats/sentence_transformers.py)."""
     modules = folder / "modules.json"
     if not modules.is_file():
         return {}

@@ -17,13 +17,13 @@ ENV_VARIABLE = "HEADPRUNE_LLAMA_CPP_ENV"
 BUILD_HINT = "build it with `bash scripts/engines/llama_cpp.sh`"
 ENGINE_PYTHON_HELP = (
     "The python of llama.cpp's engine environment (default: $HEADPRUNE_LLAMA_CPP_ENV/bin/python, or the "
-    "repository's .engines/llama-cpp, where scripts/engines/llama_cpp.sh builds it)."
+    "repository's .engines/llama-cpp, which scripts/engines/llama_cpp.sh links to its build)."
 )
 
 
 def engine_python(option: Path | None, what: str = "--gguf") -> Path:
     """--engine-python, else $HEADPRUNE_LLAMA_CPP_ENV/bin/python, else the repository's
-    .engines/llama-cpp (where scripts/engines/llama_cpp.sh builds it; an installed package
+    .engines/llama-cpp (which scripts/engines/llama_cpp.sh links to its build; an installed package
     has no repository, and then the option or the variable must say where)."""
     if option is not None:
         python = option

@@ -25,7 +25,7 @@ from headprune_cli.errors import UsageError, shorten
 from headprune_cli.files.io import check_regular
 from headprune_cli.names import did_you_mean
 from headprune_cli.pipeline.yamlsafe import MAX_CONFIG_BYTES, UnsafeYaml, safe_load
-from headprune_cli.stages.unit import all_stages
+from headprune_cli.stages.unit import all_stages, public_fields, text_form
 
 # Pipeline-level defaults live here and nowhere else.
 DEFAULT_OUT = "out/run"
@@ -88,7 +88,7 @@ def stage_specs() -> dict[str, CommandSpec]:
 
 def _command_spec(name: str, options) -> CommandSpec:
     spec = CommandSpec(name)
-    for param, info in options.model_fields.items():
+    for param, info in public_fields(options).items():
         extra = info.json_schema_extra or {}
         flags = list(extra.get("flags") or ["--" + param.replace("_", "-")])
         longs = [f for f in flags if f.startswith("--")]
@@ -96,12 +96,13 @@ def _command_spec(name: str, options) -> CommandSpec:
         key = (flag.lstrip("-") if flag else param).replace("-", "_")
         low = next((m.ge for m in info.metadata if hasattr(m, "ge")), None)
         high = next((m.le for m in info.metadata if hasattr(m, "le")), None)
-        base = [a for a in typing.get_args(info.annotation) if a is not type(None)] or [info.annotation]
+        annotation = text_form(info)[0]
+        base = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
         spec.options[key] = OptionSpec(
             key=key,
             param=param,
             flag=flag,
-            annotation=info.annotation,
+            annotation=annotation,
             is_flag=flag is not None and base == [bool],
             negative=extra.get("negative"),
             multiple=any(typing.get_origin(a) in (list, tuple) for a in base),
@@ -191,9 +192,11 @@ PATH_KEYS = ("model", "data", "train_data", "eval_data", "out")
 ENV_VAR = re.compile(r"\$\{(\w+)\}")  # only the braced form: a file may be named `a$b.json`
 
 
-def expand_env(data: dict) -> list[str]:
+def expand_env(data: dict, unset: set[int] | None = None) -> list[str]:
     """`${VAR}` in top-level paths and in stage options, so a config can name a model
-    installed elsewhere; an unset variable is a problem found before any stage runs."""
+    installed elsewhere; an unset variable is a problem found before any stage runs. The
+    stages that use one are added to `unset`: their options are not checked further, since
+    every later refusal would only repeat this one in other words."""
     problems = []
     for key in PATH_KEYS:
         if key in data:
@@ -204,6 +207,8 @@ def expand_env(data: dict) -> list[str]:
             stage[key] = _expand(f"stages.{i}.{key}", value, problems)
             if len(problems) > found:
                 stage[key] = None  # reported once here, not again as a bad value
+                if unset is not None:
+                    unset.add(i)
     return problems
 
 

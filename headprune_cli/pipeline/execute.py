@@ -79,7 +79,7 @@ def _execute(pipeline: Pipeline, out: Path, invoke: Runner, force: bool, log: Lo
             results.append(StageResult(stage.name, stage.command, "skipped", before["code"], 0.0, stage.outputs))
             continue
         dirty = True  # a redone stage redoes everything after it
-        log(f"[{stage.name}] headprune {' '.join(stage.argv)}")
+        log(f"[{stage.name}] headprune {' '.join(a if len(a) <= 80 else a[:77] + '...' for a in stage.argv)}")
         start = time.perf_counter()
         code = invoke(stage)
         seconds = time.perf_counter() - start

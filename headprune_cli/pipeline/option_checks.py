@@ -2,7 +2,8 @@
 stage runs: a bad `protect:` or a NaN ratio in the last stage must not cost the
 scoring and fine-tuning before it (and must never be mistaken for a path to hash).
 
-Each check is the parser the command itself uses, so the two cannot disagree; and once
+Each check is the parser the command itself uses, declared by the stage (`Stage.checks`), so
+the two cannot disagree and a new stage brings its own; and once
 the stages are wired, each stage's options are built as its `run` will build them and
 their own `check()` is called (check_stage_options), so every refusal a stage makes from
 its options alone comes before the first stage runs.
@@ -10,86 +11,19 @@ its options alone comes before the first stage runs.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
-from headprune_cli.errors import HeadpruneError, first_line, shorten
+from headprune_cli.errors import HeadpruneError, first_line
 from headprune_cli.pipeline.config import format_errors
 from headprune_cli.stages import unit
-from headprune_cli.stages.iterate.schedule import check_schedule
-from headprune_cli.stages.score.importance import HEAD_METHODS
-from headprune_cli.stages.select.chains import parse_protect, parse_threshold
-from headprune_cli.stages.unit import comma_list
-
-
-def _protect(value: Any) -> None:
-
-    parse_protect(str(value))
-
-
-def _threshold(value: Any) -> None:
-
-    parse_threshold(str(value))
-
-
-def _fraction(value: Any) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or not 0 <= value <= 1
-    ):
-        raise HeadpruneError(f"must be a fraction within [0, 1], got {shorten(value)}")
-
-
-def _method(value: Any) -> None:
-    from headprune_cli.stages.score.importance.api import make_scorer  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-
-    make_scorer(str(value))
-
-
-def _weights(value: Any) -> None:
-    from headprune_cli.stages.score.importance.baselines import parse_weights  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-
-    parse_weights([str(v) for v in value] if isinstance(value, list) else [str(value)], list(HEAD_METHODS))
-
-
-def _schedule(value: Any) -> None:
-
-    check_schedule(comma_list(value, float, "schedule"))
-
-
-def _cost_schedule(budget: str) -> Callable[[Any], None]:
-    def check(value: Any) -> None:
-
-        check_schedule(comma_list(value, float, f"target_{budget}"), budget)
-
-    return check
-
-
-CHECKS: dict[tuple[str, str], Callable[[Any], None]] = {
-    **{(command, "protect"): _protect for command in ("select", "prune")},
-    **{(command, "threshold"): _threshold for command in ("select", "prune")},
-    **{
-        (command, key): _fraction
-        for command in ("select", "prune")
-        for key in ("ratio", "target_params", "target_flops")
-    },
-    ("score", "method"): _method,
-    ("score", "weights"): _weights,
-    ("iterate", "schedule"): _schedule,
-    ("iterate", "target_flops"): _cost_schedule("flops"),
-    ("iterate", "target_params"): _cost_schedule("params"),
-}
 
 
 def check_values(command: str, options: dict[str, Any], where: str, problems: list[str]) -> None:
     """Append one problem per option value its command would refuse."""
     for key, value in options.items():
-        check = CHECKS.get((command, key))
+        check = unit.get(command).checks.get(key)
         if check is None or value is None:
             continue
         try:

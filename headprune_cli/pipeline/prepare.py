@@ -76,10 +76,11 @@ def prepare(source: str | Path | dict, overrides: Sequence[str] = (), out: str |
     problems = apply_overrides(raw, list(overrides))
     if out is not None:
         raw["out"] = out
-    problems += expand_env(raw)
+    unset: set[int] = set()
+    problems += expand_env(raw, unset)
     config = _top_level(raw, problems)
     specs = stage_specs()
-    stages = _check_stages(raw.get("stages"), specs, problems)
+    stages = _check_stages(raw.get("stages"), specs, problems, unset)
     if isinstance(config.model, str) and Path(config.model).is_dir():
         stages.insert(0, Stage("import", "import", {}))  # an HF folder: import it first
     _check_files(config, stages, specs, problems)
@@ -104,7 +105,7 @@ def _top_level(raw: dict, problems: list[str]) -> PipelineConfig:
         return PipelineConfig.model_construct(**{**defaults, "model": None, "stages": [], **good})
 
 
-def _check_stages(entries, specs, problems: list[str]) -> list[Stage]:
+def _check_stages(entries, specs, problems: list[str], unset: set[int]) -> list[Stage]:
     if not isinstance(entries, list):
         return []
     stages, seen = [], set()
@@ -141,7 +142,7 @@ def _check_stages(entries, specs, problems: list[str]) -> list[Stage]:
         options = {
             k: v for k, v in entry.items() if k in specs[command].options or k in unit.get(command).optional_outputs
         }
-        stages.append(Stage(name, command, options, checked=len(problems) == found))
+        stages.append(Stage(name, command, options, checked=len(problems) == found and i not in unset))
     return stages
 
 

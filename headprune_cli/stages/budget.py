@@ -14,6 +14,7 @@ point) catches exactly that and lets real misuse through.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from headprune_cli.errors import UsageError
@@ -98,7 +99,8 @@ class Budget:
 
 
 def checked(budget: Budget) -> Budget:
-    """`budget`, or a UsageError saying why its value is out of range."""
+    """`budget`, or a UsageError saying why its value is out of range: the one range check of
+    every budget, wherever it is read (options, YAML, schedules, latency targets)."""
     value = budget.value
     if budget.kind not in KINDS:
         raise UsageError(f"unknown budget kind {budget.kind!r}")
@@ -108,10 +110,10 @@ def checked(budget: Budget) -> Budget:
     if budget.kind == "heads" and not 0 <= value <= 1:
         raise UsageError(f"--ratio {value} is outside [0, 1] (the fraction of kept heads to remove)")
     if budget.kind in ("params", "flops") and not 0 < value <= 1:
-        raise UsageError(f"target {value} is outside (0, 1] (the fraction of the cost to keep)")
+        raise UsageError(f"{budget.option} {value} is outside (0, 1] (the fraction of the cost to keep)")
     if budget.kind == "latency" and not 0 < value <= 1:
         raise UsageError(f"--target-latency {value} is outside (0, 1] (the fraction of the profiled latency to keep)")
-    if budget.kind == "ms" and not value > 0:
+    if budget.kind == "ms" and not (math.isfinite(value) and value > 0):
         raise UsageError(f"--target-ms {value} must be a positive number of milliseconds")
     return budget
 

@@ -21,15 +21,17 @@ from pydantic.json_schema import JsonDict
 
 from headprune_cli.errors import UsageError
 from headprune_cli.names import did_you_mean
-from headprune_cli.runtime.device import DEVICE_HELP, DTYPE_HELP
 
 
 class Options(BaseModel):
-    """Base of every stage's options. Unknown keys and NaN are refused (NaN passes every
-    bound: nan < 1 and nan > 0 are both false); numbers given where text is expected
-    (`threshold: 0.01`, `schedule: 0.5` in YAML) are read as their text."""
+    """Base of every stage's options. Unknown keys, NaN and infinities are refused (NaN passes
+    every bound: nan < 1 and nan > 0 are both false; no option means an infinite number);
+    numbers given where text is expected (`threshold: 0.01`, `schedule: 0.5` in YAML) are
+    read as their text."""
 
-    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        extra="forbid", coerce_numbers_to_str=True, arbitrary_types_allowed=True, allow_inf_nan=False
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -68,16 +70,34 @@ def option(
     return Field(default, description=help, ge=ge, le=le, json_schema_extra=extra)
 
 
-def device_option(help: str | None = None) -> Any:
-    """--device, stated once: where a stage computes (runtime/device.py resolves it)."""
+def internal(default: Any) -> Any:
+    """A field a library caller (or a test) may set but no command line or YAML stage can:
+    neither the Typer command nor the pipeline offers it."""
+    return Field(default, json_schema_extra={"internal": True})
 
-    return option("auto", help or DEVICE_HELP)
+
+class CommaSeparated:
+    """Marks a list field that the command line and YAML spell as one comma-separated text
+    ('0.9,0.8'): its command-line option takes that text, and the model splits it."""
 
 
-def dtype_option(help: str | None = None) -> Any:
-    """--dtype, stated once: the compute dtype; what is saved keeps the stored dtype."""
+def text_form(info) -> tuple[Any, Any]:
+    """(annotation, default) of a field as the command line and YAML spell it: a
+    comma-separated list field is one text; any other field is itself."""
+    optional = [getattr(a, "__metadata__", ()) for a in typing.get_args(info.annotation)]  # `X | None`
+    if not any(isinstance(m, CommaSeparated) for m in [*info.metadata, *(m for ms in optional for m in ms)]):
+        return info.annotation, info.default
+    default = info.default if info.default is None else ",".join(str(v) for v in info.default)
+    return (str | None) if default is None else str, default
 
-    return option("auto", help or DTYPE_HELP)
+
+def public_fields(options: type[BaseModel]) -> dict[str, Any]:
+    """The fields that are options of the command and keys of its pipeline stage."""
+    return {
+        name: info
+        for name, info in options.model_fields.items()
+        if not (isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("internal"))
+    }
 
 
 def _is_list(annotation) -> bool:
@@ -122,6 +142,9 @@ class Stage:
     switch on with `KEY: true`; `refused` options its pipeline stage cannot take, and why;
     `moved` options it no longer has, each with the stage that took it over (the command
     line and the pipeline refuse them with a line naming that stage).
+    `checks` maps an option to the parser its command reads it with: `headprune run` runs it on
+    the YAML value before any stage runs (raising HeadpruneError on a value the command refuses).
+    The command line is made from the same unit (cli/app.py): a stage needs no command module.
     """
 
     name: str
@@ -136,6 +159,8 @@ class Stage:
     refused: dict[str, str] = field(default_factory=dict)
     moved: dict[str, str] = field(default_factory=dict)
     in_pipeline: bool = True
+    checks: dict[str, Callable[[Any], None]] = field(default_factory=dict)  # option -> its parser, for raw YAML
+    help: str = ""  # `headprune NAME --help` (its first line: the command list); cli/ builds the command from this unit
 
 
 # The stages, in pipeline order. Stage NAME is defined by the module

@@ -1,4 +1,4 @@
-"""Deep heads + FFN cuts without training (issue #40): one-shot against `iterate --recover lstsq`.
+"""Deep heads + FFN cuts without training: one-shot against `iterate --recover lstsq`.
 
 Rows, per Debian-sections classifier (seed 0 and 1; dev.jsonl (471 rows) only evaluates;
 32 tokens), `--method fisher --ffn` throughout, per FLOPs target T:

@@ -1,4 +1,4 @@
-"""Greedy + lstsq against `search` judged after lstsq (issue #40), on the Debian-sections classifiers.
+"""Greedy + lstsq against `search` judged after lstsq, on the Debian-sections classifiers.
 
 Rows, per model (seed 0 and seed 1; calib.jsonl (233 rows) scores, searches and compensates,
 dev.jsonl (471 rows) only evaluates; 32 tokens), fisher scores throughout:

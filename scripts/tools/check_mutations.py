@@ -82,6 +82,85 @@ MUTATIONS = {
         "        return _fail(str(exc), EXIT_ERROR)",
         "tests/cli/test_error_mapping.py::test_bug_is_an_internal_error_not_a_refusal",
     ),
+    # The bugs of issue 48: each one small and plausible, each caught by a test against an independent reference.
+    "lora alpha set to the rank": (
+        "headprune_cli/stages/training/lora.py",
+        "lora_alpha=spec.scale_alpha,",
+        "lora_alpha=spec.rank,",
+        "tests/stages/finetune/test_lora.py::test_merged_update_is_b_times_a_scaled_by_alpha_over_rank",
+    ),
+    "gguf llama3 rope_freqs branches swapped": (
+        "headprune_cli/model/formats/gguf.py",
+        "            factors.append(1.0)\n        elif wavelen > low_wavelen:\n            factors.append(factor)",
+        "            factors.append(factor)\n        elif wavelen > low_wavelen:\n            factors.append(1.0)",
+        "tests/model/formats/test_gguf.py::test_rope_of_each_type_gives_transformers_frequencies",
+    ),
+    "vllm config.json without rope": (
+        "headprune_cli/model/formats/vllm.py",
+        '        "rope_theta",\n        "rope_scaling",\n        "rope_parameters",\n',
+        "",
+        "tests/model/formats/test_vllm.py::test_config_json_gives_transformers_rope_of_each_type",
+    ),
+    "tasks shared plan from the first task only": (
+        "headprune_cli/stages/tasks/plans.py",
+        "choose(shared_table(tables), ",
+        "choose(shared_table(tables[:1]), ",
+        "tests/stages/tasks/test_tasks_stage.py::test_shared_plan_is_select_on_the_summed_normalised_scores",
+    ),
+    "tasks shared importance_kept on the own kept set": (
+        "headprune_cli/stages/tasks/payload.py",
+        '"importance_kept": retained(table, shared),',
+        '"importance_kept": retained(table, own[n]),',
+        "tests/stages/tasks/test_tasks_stage.py::test_shared_plan_is_select_on_the_summed_normalised_scores",
+    ),
+    "iterate lstsq pruned metric = refit metric": (
+        "headprune_cli/stages/iterate/rounds.py",
+        "    return refit, before, metric(refit)",
+        "    return refit, metric(refit), metric(refit)",
+        "tests/stages/iterate/test_lstsq_rounds.py::test_lstsq_rounds_report_the_plain_cuts_metric_then_the_refits",
+    ),
+    "iterate finetune pruned metric = last epoch": (
+        "headprune_cli/stages/iterate/rounds.py",
+        "pruned_value = trained.history[0].metrics[base.name]",
+        "pruned_value = trained.history[-1].metrics[base.name]",
+        "tests/stages/iterate/test_iterate.py::test_finetune_rounds_report_the_cut_before_training",
+    ),
+    "select runtime FFN step by max": (
+        "headprune_cli/stages/select/runtime.py",
+        "state[min(steps)[1]][1] += 1",
+        "state[max(steps)[1]][1] += 1",
+        "tests/stages/select/test_runtime.py::test_vllm_ffn_steps_go_to_the_least_loss_per_cost_saved",
+    ),
+    "gate space per_kind counts GQA units": (
+        "headprune_cli/stages/learn/gate_space.py",
+        "heads = torch.tensor([len(hs) for _, hs in self.head_units], dtype=torch.float64)\n        counts",
+        "heads = torch.ones(len(self.head_units), dtype=torch.float64)\n        counts",
+        "tests/stages/learn/test_gate_space.py::test_per_kind_counts_query_heads_neurons_and_layers",
+    ),
+    "int8-static runs quantize_dynamic": (
+        "headprune_cli/model/formats/onnx_quantize.py",
+        'if kind == "int8-dynamic":\n                q.quantize_dynamic(',
+        'if kind in ("int8-dynamic", "int8-static"):\n                q.quantize_dynamic(',
+        "tests/model/formats/test_onnx_quantize.py::test_static_is_qdq_with_calibrated_ranges_and_dynamic_quantizes_at_run_time",
+    ),
+    "gradient scale without world (one rank)": (
+        "headprune_cli/stages/training/train.py",
+        "(loss_sum * self.ctx.world / grand).backward()",
+        "(loss_sum / grand).backward()",
+        "tests/stages/training/test_training.py::test_a_rank_backpropagates_its_rows_loss_sum_times_world_over_the_global_count",
+    ),
+    "rewind reads the source's heads by position": (
+        "headprune_cli/stages/finetune/rewind.py",
+        "layer: [h for h in have.heads[have.position(layer)] if h not in target.heads[pos]]",
+        "layer: [h for h in have.heads[pos] if h not in target.heads[pos]]",
+        "tests/stages/finetune/test_rewind.py::test_rewind_onto_a_partly_pruned_source_reads_each_layer_by_its_original_index",
+    ),
+    "fsdp resume without each rank's RNG": (
+        "headprune_cli/stages/training/sharding.py",
+        '        torch.set_rng_state(load_file(str(target / f"rng-{ctx.rank}.safetensors"))["rng.torch"])',
+        "        pass",
+        "tests/stages/training/test_fsdp.py::test_fsdp_over_two_processes_equals_one_process_and_resumes_exactly",
+    ),
 }
 
 

@@ -31,7 +31,7 @@ CASES = {
     # learned gates cut the model after training: an adapter of the uncut one would not fit it
     "--keep-adapter with learned gates": (
         lambda f: ["--lora", "--ratio", "0.25", "--keep-adapter", f / "ad"],
-        "No such option: --keep-adapter",
+        "--keep-adapter: learn cuts the model after training; the adapter would not fit it",
         "learn",
     ),
     "--keep-adapter onto a user's folder": (

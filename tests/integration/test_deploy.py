@@ -116,7 +116,7 @@ def test_layouts_no_config_states_are_refused_by_transformers(tmp_path, cli, fam
 
 def test_unpruned_heads_with_dropped_layers_stay_plain(tmp_path):
     """Dropping whole layers is expressible for every transformers family."""
-    from headprune_cli.model.export import export_hf
+    from headprune_cli.model.formats.hf import export_hf
 
     for family in ("bert", "gpt2", "mistral"):
         model = apply_plan(TINY[family](), {}, [1])
@@ -129,7 +129,7 @@ def test_unpruned_heads_with_dropped_layers_stay_plain(tmp_path):
 def test_other_llama_family_configs_state_uniform_layouts(tmp_path, family):
     """The subprocess test covers LLaMA-GQA and Qwen3; here the remaining config classes
     (Qwen2's config has no head_dim field of its own, Mistral's does)."""
-    from headprune_cli.model.export import export_hf
+    from headprune_cli.model.formats.hf import export_hf
 
     model = apply_plan(TINY[family](), {0: [0, 1], 1: [2, 3], 2: [0, 1]}, [])
     folder = export_hf(model, tmp_path / family)

@@ -15,7 +15,7 @@ import transformers as T
 from headprune_cli import load, save
 from headprune_cli.model import checkpoint, tensorfile
 from headprune_cli.model.describe import describe
-from headprune_cli.model.export import export_hf
+from headprune_cli.model.formats.hf import export_hf
 from headprune_cli.model.streaming import prune_file
 from headprune_cli.model.surgery import HeadGates, apply_plan, removal_gates
 from tests.support import TINY, model_inputs, model_output, snapshot

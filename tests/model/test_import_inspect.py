@@ -328,7 +328,7 @@ def _edited_export(folder, tmp_path, name, edit):
 
 def test_an_export_folder_is_read_with_its_tokenizer_and_a_broken_one_is_refused_with_its_reason(tmp_path, cli):
     from headprune_cli.model.checkpoint import read_info
-    from headprune_cli.model.export import export_hf
+    from headprune_cli.model.formats.hf import export_hf
 
     model = TINY["bert"]()
     info_of(model).tokenizer = json.dumps(

@@ -23,8 +23,9 @@ def test_one_of_reads_the_one_budget_the_options_name():
     "budget, message",
     [
         (Budget("heads", 1.5), "--ratio 1.5 is outside [0, 1]"),
-        (Budget("flops", 0.0), "target 0.0 is outside (0, 1]"),
-        (Budget("params", math.nan), "target nan is outside (0, 1]"),
+        (Budget("flops", 0.0), "--target-flops 0.0 is outside (0, 1]"),
+        (Budget("params", math.nan), "--target-params nan is outside (0, 1]"),
+        (Budget("ms", math.inf), "--target-ms inf must be a positive number"),
         (Budget("latency", 2.0), "--target-latency 2.0 is outside (0, 1]"),
         (Budget("ms", -1.0), "--target-ms -1.0 must be a positive number"),
         (Budget("heads", True), "--ratio True is not a number"),

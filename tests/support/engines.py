@@ -1,11 +1,14 @@
 """Where the engines' own environments live (built by scripts/engines/*.sh), for the engine tests.
 
-An engine test skips only when its environment is absent, and CI (HEADPRUNE_REQUIRE_ENGINES=1,
-set by .ci/run after building them) turns that skip into a failure."""
+$VARIABLE when set; else the clone's .engines/NAME (a link the build script makes); else the
+machine's engine cache folder the build script names (`--where`), so a fresh clone finds an env
+another clone built. An engine test skips only when its environment is absent, and CI
+(HEADPRUNE_REQUIRE_ENGINES=1, set by .ci/run after building them) turns that skip into a failure."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,10 +28,20 @@ def vllm_python() -> str:
 
 def _engine_python(engine: str, variable: str, folder: str, script: str) -> str:
     env = Path(os.environ.get(variable, ROOT / ".engines" / folder))
+    if variable not in os.environ and not (env / "bin" / "python").is_file():
+        env = _cached(script)
     python = env / "bin" / "python"
-    if not python.is_file():
+    if not python.is_file() or not (env / ".headprune-built").is_file():
         reason = f"{engine} engine env absent ({env}): build it with `bash scripts/engines/{script}`"
         if os.environ.get("HEADPRUNE_REQUIRE_ENGINES") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
     return str(python)
+
+
+def _cached(script: str) -> Path:
+    """The cache folder the build script would build or reuse (it builds nothing with --where)."""
+    where = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "engines" / script), "--where"], capture_output=True, text=True, check=True
+    )
+    return Path(where.stdout.strip())

@@ -39,6 +39,22 @@ UNIFORM = (
     {layer: list(range(96, 128)) for layer in (0, 1, 3)},
 )
 
+# One RoPE setting of each type the exports write, for tests against transformers' own frequencies.
+ROPES = {
+    "default": {"rope_type": "default", "rope_theta": 5000.0},
+    "linear": {"rope_type": "linear", "rope_theta": 5000.0, "factor": 4.0},
+    # original_max_position_embeddings 64 puts head_dim 16's wavelengths on all three llama3 branches
+    # (kept: 6.3, smoothed: 19.9 and 62.8, divided by the factor: 199 and beyond).
+    "llama3": {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+}
+
 
 def bpe_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers

@@ -70,24 +70,24 @@ class ExportOptions(Options):
 
 
 def run(opts: ExportOptions, ctx: Context) -> Result:
-    from headprune_cli.model.export import check_folder_output  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.model.onnx_quantize import check_quantization  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.model.formats.hf import check_folder_output  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.formats.onnx_quantize import check_quantization  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.tensorfile import parse_size  # noqa: PLC0415 (keeps numpy, torch out of this module's import)
 
     opts.check()
     if opts.gguf is not None:
-        from headprune_cli.stages.export.gguf import export_gguf_file  # noqa: PLC0415 (keeps torch out of this module's import)
+        from headprune_cli.stages.export.gguf_file import export_gguf_file  # noqa: PLC0415 (keeps torch out of this module's import)
 
         return export_gguf_file(opts.checkpoint, opts.gguf, opts.gguf_type, opts.force, ctx, opts.engine_python)
     if opts.vllm is not None:
-        from headprune_cli.stages.export.vllm import export_vllm_folder  # noqa: PLC0415 (keeps torch out of this module's import)
+        from headprune_cli.stages.export.vllm_folder import export_vllm_folder  # noqa: PLC0415 (keeps torch out of this module's import)
 
         return export_vllm_folder(opts.checkpoint, opts.vllm, opts.force, opts.max_shard_size, ctx)
     check_quantization(opts.quantize, opts.onnx, opts.calib_data)
     if opts.onnx is not None:
         check_output(opts.onnx, opts.force, inputs=[opts.checkpoint, opts.calib_data])
         if opts.quantize is not None:
-            from headprune_cli.stages.export.quantized import export_quantized_onnx  # noqa: PLC0415 (keeps torch out of this module's import)
+            from headprune_cli.stages.export.onnx_int8 import export_quantized_onnx  # noqa: PLC0415 (keeps torch out of this module's import)
 
             return export_quantized_onnx(opts, ctx)
         return _export_onnx(opts, ctx)
@@ -98,7 +98,7 @@ def run(opts: ExportOptions, ctx: Context) -> Result:
 
 def _export_onnx(opts: ExportOptions, ctx: Context) -> Result:
     from headprune_cli.model.checkpoint import load  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.model.export import export_onnx  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.formats.onnx import export_onnx  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     model = load(opts.checkpoint)
     result = export_onnx(
@@ -120,11 +120,11 @@ def _export_onnx(opts: ExportOptions, ctx: Context) -> Result:
 
 def _export_folder(opts: ExportOptions, ctx: Context) -> Result:
     from headprune_cli.model.checkpoint import load, read_info  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.model.engines import serving, serving_line  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.model.export import export_hf, weights_written  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.model.hf_config import folder_config, remedy  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.model.formats.engines import serving, serving_line  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.formats.hf import export_hf, weights_written  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.formats.hf_config import folder_config, remedy  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.model.formats.sentence_transformers import is_sentence_transformer  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-    from headprune_cli.model.st_export import is_sentence_transformer  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     hf, checkpoint = opts.hf, opts.checkpoint
@@ -164,6 +164,47 @@ def _export_folder(opts: ExportOptions, ctx: Context) -> Result:
     return Result([str(hf)])
 
 
+# `headprune export --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Export a (pruned) checkpoint for deployment: an ONNX file or an HF-style folder.
+
+    The ONNX file takes input_ids + attention_mask (pixel_values for ViT) and returns
+    logits (last_hidden_state for base models); a causal LM's file also takes
+    position_ids and past_key_values.N.key/value and returns present.N.key/value, so
+    onnxruntime can decode. Each file is checked against PyTorch in onnxruntime before it
+    is written; models of 2 GB or more keep their weights in FILE.data beside it.
+    --quantize int8-dynamic|int8-static (encoders) writes it through
+    onnxruntime's quantizer, run in onnxruntime before it is moved into
+    place; `report --onnx` measures what it kept.
+
+    The folder loads back with `headprune_cli.load(DIR)` and re-imports with
+    `headprune import DIR -o x.safetensors`. A LLaMA/Mistral/Qwen model whose layers keep
+    the same heads (`select --uniform`) also loads in plain transformers
+    (AutoModelForCausalLM.from_pretrained(DIR)); other layouts are kept from loading
+    there with wrong shapes and serve through DIR/onnx/model.onnx (--with-onnx).
+    Sentence-transformers models get modules.json, pooling and onnx/model.onnx.
+
+    --vllm DIR writes a folder vLLM serves (`vllm serve DIR --trust-remote-code`)
+    for LLaMA/Mistral/Qwen2 cuts with one query-head count and per-layer KV heads
+    and FFN widths (`select --runtime vllm`); --gguf FILE one llama.cpp loads
+    (--gguf-type q8_0/q4_0/...: a cut chosen with `select --runtime llama.cpp
+    --gguf-type T`, whose widths are on T's quantization blocks; q4_K_M/q5_K_M/q6_K
+    are quantized by llama.cpp's own quantizer in its engine environment).
+
+    Examples:
+
+      headprune export small.safetensors --onnx small.onnx
+
+      headprune export small.safetensors --onnx small-int8.onnx --quantize int8-dynamic   # encoders: int8 weights
+
+      headprune export small.safetensors --hf small-model/
+
+      headprune export small-minilm.safetensors --hf small-minilm/   # + onnx/model.onnx
+
+      headprune export small-llama.safetensors --vllm small-llama-vllm/   # nemotron-nas folder for vLLM
+
+      headprune export small-llama.safetensors --gguf small-q4km.gguf --gguf-type q4_K_M   # llama.cpp
+    """
+
 STAGE = Stage(
     "export",
     ExportOptions,
@@ -182,4 +223,5 @@ STAGE = Stage(
         ),
         "calib_data": "it goes with --quantize int8-static, which the export stage does not take",
     },
+    help=HELP,
 )

@@ -2,9 +2,9 @@
 
 Recovery only: full training, LoRA, FSDP, distillation, resume, head dropout and lottery
 rewinding; it never changes which heads, neurons or layers the model has (learned-gate
-pruning is the `learn` stage). The options are the training loop's (training/options.py)
-plus recovery's own; what the stage checks before the slow parts, and the run around the
-loop (training/run.py). torch and the checkpoint code load inside `run`.
+pruning is the `learn` stage). The options are the shared groups (stages/options.py) plus
+recovery's own; what the stage checks before the slow parts, and the run around the shared
+training loop (stages/training/run.py). torch and the checkpoint code load inside `run`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_distinct, check_folder, check_output, remove_folder
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import dtype_name
+from headprune_cli.stages.options import Finite, LoraOptions, RecoveryOptions, Seed, TokenOptions, TrainFilesOptions
 from headprune_cli.stages.training import run as training
-from headprune_cli.stages.training.options import TrainingOptions
 from headprune_cli.stages.unit import Context, Result, Stage, option
 
 # The options of learned-gate pruning, which `finetune --learn-gates` took before it was a
@@ -44,37 +44,19 @@ MOVED_TO_LEARN = (
 )
 
 
-class FinetuneOptions(TrainingOptions):
+class FinetuneOptions(TrainFilesOptions, RecoveryOptions, TokenOptions, LoraOptions):
     rewind_to: Path | None = option(
         None,
         "Lottery ticket: before training, give the kept heads, FFN neurons and layers the weights they have in this "
         "checkpoint (a headprune checkpoint or a Hugging Face folder of the same architecture, e.g. the pre-trained "
         "base), by original index; tensors it lacks keep CKPT's values.",
     )
-    reinit: int | None = option(
+    reinit: Seed | None = option(
         None,
         "Lottery-ticket control: before training, re-initialise the kept structure (the model's own init), seeded.",
     )
-    state_dir: Path | None = option(
-        None,
-        "Training-state folder (default OUT.state); removed after success; a new, empty or headprune-made folder.",
-        folder=True,
-    )
-    save_every: int = option(50, "Save the training state every N steps.", ge=1)
-    resume: bool = option(False, "Continue from the saved training state.")
-    head_dropout: float = option(
+    head_dropout: Finite = option(
         0.0, "Pruning-aware training: drop each head's output with probability P per example (unscaled), in [0, 1)."
-    )
-    keep_adapter: Path | None = option(
-        None,
-        "--lora: also write the unmerged adapter here, in peft's format (a folder; applies to CHECKPOINT).",
-        folder=True,
-    )
-    fsdp: bool = option(
-        False,
-        "Under torchrun: shard weights, gradients, AdamW state and the teacher over the processes "
-        "(FSDP2, one unit per block) instead of a full copy in each; the state is saved sharded and resumes "
-        "with the same process count.",
     )
 
     def check(self) -> None:
@@ -83,8 +65,6 @@ class FinetuneOptions(TrainingOptions):
             raise UsageError(
                 f"--head-dropout {self.head_dropout} is outside [0, 1) (the probability of dropping a head)"
             )
-        if self.keep_adapter is not None and not self.lora:
-            raise UsageError("--keep-adapter writes the LoRA adapter; it needs --lora")
         self.check_lora()
         if self.rewind_to is not None and self.reinit is not None:
             raise UsageError("--rewind-to and --reinit both reset the weights; give one of them")
@@ -119,18 +99,10 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
     adapted = training.attach_lora(opts, model)
     teacher = training.teacher_of(opts.teacher, opts.checkpoint, model)
     train, dev = training.read_sets(opts, model)
-    cfg = training.loop_config(
-        opts,
-        lr,
-        opts.hidden_weight or 0.0,
-        resume=opts.resume,
-        save_every=opts.save_every,
-        state_dir=state_dir,
-        fsdp=opts.fsdp,
-    )
-    result = training.run_training(
-        model, train, cfg, dev, teacher, _fingerprint(opts, model, cfg, reset), ctx, _gating(opts, model)
-    )
+    # The options are what training reads, with the defaults that depend on the model resolved.
+    cfg = opts.model_copy(update={"lr": lr, "hidden_weight": opts.hidden_weight or 0.0, "state_dir": state_dir})
+    fingerprint = _fingerprint(opts, model, cfg, reset)
+    result = training.run_training(model, train, cfg, dev, teacher, fingerprint, ctx, _gating(opts, model))
     if adapted is not None:
         result.model = training.merge_lora(adapted, opts.keep_adapter, ctx)
     if setup().main:
@@ -193,6 +165,38 @@ def _gating(opts: FinetuneOptions, model):
     return HeadDropout(model, opts.head_dropout, opts.seed)
 
 
+# `headprune finetune --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Recover quality after pruning: AdamW with warmup and linear decay, on the checkpoint's own objective, optionally distilling from the unpruned model.
+
+    Recovery keeps the model's shape; learned-gate pruning (formerly --learn-gates) is `headprune learn`.
+
+    Loss with a teacher: (1 - a) * task + a * T^2 * KL(softmax(teacher/T) || softmax(student/T)); embedding models match the teacher's embeddings (1 - cosine). The output is written atomically at the end; the training state is saved every --save-every steps, and --resume continues from it with the same final weights as an uninterrupted run. Runs unchanged under torchrun (data parallel; --batch-size stays global).
+
+    Examples:
+
+      headprune finetune small.safetensors --data train.jsonl --eval-data dev.jsonl --epochs 3 -o small-ft.safetensors
+
+      headprune finetune small.safetensors --data train.jsonl --teacher auto --kd-weight 0.5 -o small-kd.safetensors
+
+      torchrun --nproc-per-node 2 -m headprune_cli finetune small.safetensors --data train.jsonl --steps 500 -o out.safetensors
+
+    At LLM scale: --lora trains low-rank adapters (peft) on the attention and FFN projections and merges them into the output (--keep-adapter DIR also writes peft's adapter folder); --fsdp under torchrun shards weights, gradients, AdamW state and the teacher (FSDP2, one unit per block; sharded resumable state); --recompute (default from 400 M parameters) and --autocast cut activation memory.
+
+      headprune finetune llama-pruned.safetensors --data train.txt --teacher auto --lora --lora-rank 16 --keep-adapter adapter -o llama-lora.safetensors
+
+      torchrun --nproc-per-node 8 -m headprune_cli finetune llama-pruned.safetensors --data train.txt --teacher auto --fsdp -o llama-kd.safetensors
+
+    --head-dropout P zeroes each head's output with probability P per example while training (not rescaled: the condition a pruned model runs in), so the model becomes robust to removal.
+
+      headprune finetune model.safetensors --data train.jsonl --head-dropout 0.2 -o robust.safetensors
+
+    Lottery tickets: --rewind-to CKPT gives the kept heads, FFN neurons and layers the weights they have in CKPT (a headprune checkpoint or a Hugging Face folder of the same family and shape, typically the pre-trained base the model was fine-tuned from), by the original indices the pruned checkpoint records; tensors CKPT lacks (a classifier, when CKPT is the bare encoder) keep their values and are named. --reinit SEED re-initialises the kept structure with the model's own init instead. Then it trains as usual. The random-heads control: `headprune select --strategy random --seed S`.
+
+      headprune finetune pruned.safetensors --data train.jsonl --teacher auto --rewind-to init-folder/ -o ticket.safetensors
+
+      headprune finetune pruned.safetensors --data train.jsonl --teacher auto --reinit 0 -o reinit.safetensors
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
+
 STAGE = Stage(
     "finetune",
     FinetuneOptions,
@@ -209,4 +213,5 @@ STAGE = Stage(
         )
     },
     moved={name: "learn" for name in MOVED_TO_LEARN},
+    help=HELP,
 )

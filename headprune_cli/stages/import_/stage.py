@@ -41,6 +41,16 @@ def run(opts: ImportOptions, ctx: Context) -> Result:
     return Result([str(opts.output)], value=digest)
 
 
+# `headprune import --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Make one self-describing headprune checkpoint from a model folder.
+
+    Examples:
+
+      headprune import ./all-MiniLM-L6-v2 -o minilm.safetensors
+
+      headprune import old.safetensors -o copy.safetensors
+    """
+
 STAGE = Stage(
     "import",
     ImportOptions,
@@ -50,4 +60,5 @@ STAGE = Stage(
     outputs={"output": "model.safetensors"},
     makes={"model": "output", "baseline": "output"},
     needs=("source",),
+    help=HELP,
 )

@@ -39,10 +39,8 @@ from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, schedule_of
 from headprune_cli.stages.objectives import Metric, check_objective, evaluate, worse_by
-from headprune_cli.stages.prune.stage import Compensation, cut
-from headprune_cli.stages.score.importance import score_model
+from headprune_cli.stages.prune.cut import Compensation, choose, cut, prune_once
 from headprune_cli.stages.select.chains import Constraints, Selection
-from headprune_cli.stages.select.strategies import select
 from headprune_cli.stages.training.train import FinetuneConfig, finetune
 
 RECOVERIES = ("finetune", "lstsq")
@@ -141,7 +139,17 @@ def iterative_prune(
         scoring = {"batch_size": score_batch_size, "seed": seed, "ffn": ffn, "seq_len": seq_len if budget else None}
         if recover == "lstsq":
             assert compensation is not None  # checked above; tells mypy
-            selection = _select_round(current, score_data or train, method, objective, amount, constraints, scoring)
+            # Per-layer normalisation of gradient scores would put heads and neurons on different scales.
+            selection = choose(
+                current,
+                amount,
+                method,
+                constraints,
+                data=score_data or train,
+                objective=objective,
+                normalize=not ffn,
+                **scoring,
+            )
             union = _union(union, selection)
             recovered, pruned_value, value = _compensated_round(model, union, compensation, dev, objective, teacher)
         else:
@@ -180,17 +188,11 @@ def iterative_prune(
 def _prune_round(model, data, method, objective, amount: Budget, constraints, scoring: dict):
     """Rescore the current model and cut, on a copy, a share of its kept heads or down to a
     fraction of its cost; returns (the cut copy, the selection)."""
-    chosen = _select_round(model, data, method, objective, amount, constraints, scoring)
-    candidate = copy.deepcopy(model)
-    cut(candidate, chosen)
-    return candidate, chosen
-
-
-def _select_round(model, data, method, objective, amount: Budget, constraints, scoring: dict) -> Selection:
-    """Rescore the current model and choose what to remove from it (original indices)."""
     # Per-layer normalisation of gradient scores would put heads and neurons on different scales.
-    scores = score_model(model, data, method, objective, normalize=not scoring["ffn"], **scoring)
-    return select(scores, "global" if amount.kind == "heads" else "budget", budget=amount, constraints=constraints)
+    pruned = prune_once(
+        model, amount, method, constraints, data=data, objective=objective, normalize=not scoring["ffn"], **scoring
+    )
+    return pruned.model, pruned.selection
 
 
 def _union(done: Selection, more: Selection) -> Selection:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
@@ -11,29 +13,30 @@ from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget
-from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, schedule_of
+from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, check_schedule, schedule_of
+from headprune_cli.stages.options import BatchSize, LearningRate, RecoveryOptions, Schedule, SeedOptions, TokenOptions
 from headprune_cli.stages.score.importance.registry import METHOD_DEFAULT_HELP, ChosenMethod, check_ffn
-from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, option
+from headprune_cli.stages.unit import Context, Result, Stage, comma_list, option
 
 RECOVERIES = ("finetune", "lstsq")  # rounds.RECOVERIES, without importing torch here
 LSTSQ_SAMPLES = 256  # as `prune --samples`
 
 
-class IterateOptions(ChosenMethod, Options):
+class IterateOptions(ChosenMethod, SeedOptions, TokenOptions):
     checkpoint: Path = option(..., "The model to prune (usually unpruned).", argument=True)
     data: Path = option(..., "Training data for recovery (and scoring unless --score-data).")
     eval_data: Path = option(..., "Dev set that decides the quality floor.")
     output: Path = option(..., "Where to write the last model above the floor.", "-o", "--output")
-    schedule: str | None = option(
+    schedule: Schedule | None = option(
         None,
         f"Fractions of the ORIGINAL heads removed after each round (default {','.join(map(str, DEFAULT_SCHEDULE))}).",
     )
-    target_flops: str | None = option(
+    target_flops: Schedule | None = option(
         None,
         "Instead of --schedule: fractions of the ORIGINAL FLOPs per token to keep after each round, "
         "falling (e.g. 0.9,0.8,0.7); each round cuts under that budget.",
     )
-    target_params: str | None = option(
+    target_params: Schedule | None = option(
         None, "Instead of --schedule: fractions of the ORIGINAL parameters to keep after each round, falling."
     )
     ffn: bool = option(
@@ -58,12 +61,10 @@ class IterateOptions(ChosenMethod, Options):
     samples: int = option(LSTSQ_SAMPLES, "lstsq: calibration examples to read from --data.", ge=1)
     ridge: float | None = option(None, "lstsq: ridge strength, as `prune --ridge` (default: prune's).", ge=0.0)
     epochs: int = option(1, "Recovery epochs per round.", ge=1)
-    lr: float | None = option(None, "Recovery learning rate (default by model size).")
-    batch_size: int = option(16, "", ge=1)
+    lr: LearningRate | None = option(None, "Recovery learning rate (default by model size).")
+    batch_size: BatchSize = 16
     teacher: str | None = option(None, "Distil from a checkpoint, or `self` = the input model.")
     kd_weight: float | None = option(None, "Distillation weight (default 0.5 with a teacher).")
-    seed: int = option(0, "")
-    max_length: int = option(128, "Tokens per example (also the sequence length FLOPs are priced at).", ge=1)
     force: bool = option(False, "Overwrite OUT if it exists.")
 
     def check(self) -> None:
@@ -88,9 +89,9 @@ class IterateOptions(ChosenMethod, Options):
         """The schedule: head fractions removed, or FLOPs or params fractions kept."""
 
         targets = [
-            (name, text)
-            for name, text in (("flops", self.target_flops), ("params", self.target_params))
-            if text is not None
+            (name, values)
+            for name, values in (("flops", self.target_flops), ("params", self.target_params))
+            if values is not None
         ]
         if len(targets) > 1:
             raise UsageError("give --target-flops or --target-params, not both")
@@ -104,9 +105,9 @@ class IterateOptions(ChosenMethod, Options):
             )
         if self.ffn:
             check_ffn(self.chosen_method())
-        default = ",".join(map(str, DEFAULT_SCHEDULE))
-        budget, text = targets[0] if targets else (None, default if self.schedule is None else self.schedule)
-        return schedule_of(comma_list(text, float, f"--target-{budget}" if budget else "--schedule"), budget or "heads")
+        default = list(DEFAULT_SCHEDULE)
+        budget, values = targets[0] if targets else (None, default if self.schedule is None else self.schedule)
+        return schedule_of(values, budget or "heads")
 
 
 def run(opts: IterateOptions, ctx: Context) -> Result:
@@ -116,7 +117,6 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
     from headprune_cli.stages.iterate.rounds import iterative_prune  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
     from headprune_cli.stages.objectives import check_objective, needs_labels  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.stages.training.distill import load_teacher, resolve_teacher  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.stages.training.train import FinetuneConfig  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
 
     schedule = opts.schedule_budgets()
     opts.check_recovery()
@@ -134,9 +134,9 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
         if opts.score_data
         else None
     )
-    cfg = FinetuneConfig(
-        epochs=opts.epochs, lr=opts.lr, batch_size=opts.batch_size, kd_weight=opts.kd_weight, seed=opts.seed
-    )
+    # Each round's recovery reads the options iterate shares with finetune's by name (epochs,
+    # lr, batch size, distillation weight, seed); the rest keep recovery's defaults.
+    cfg = RecoveryOptions(**opts.model_dump(include=set(RecoveryOptions.model_fields)))
     result = iterative_prune(
         model,
         train,
@@ -170,7 +170,7 @@ def _compensation(opts: IterateOptions, train):
         return None
     from headprune_cli.data.readers import batches  # noqa: PLC0415 (keeps torch out of this module's import)
     from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE  # noqa: PLC0415 (keeps torch out of this module's import)
-    from headprune_cli.stages.prune.stage import Compensation  # noqa: PLC0415 (keeps torch out of this module's import)
+    from headprune_cli.stages.prune.cut import Compensation  # noqa: PLC0415 (keeps torch out of this module's import)
 
     rows = train.select(0, min(opts.samples, len(train)))
     ridge = DEFAULT_RIDGE if opts.ridge is None else opts.ridge
@@ -209,6 +209,23 @@ def _table(result, budget=None):
     return table
 
 
+def _schedule(kind: str) -> Callable[[Any], None]:
+    key = "schedule" if kind == "heads" else f"target_{kind}"
+    return lambda value: check_schedule(comma_list(value, float, key), kind)
+
+
+# `headprune iterate --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Prune gradually: each round rescores the current model, removes heads up to the next fraction of the original heads (or, with --target-flops/--target-params, heads and with --ffn FFN neurons down to the next fraction of the original cost), and recovers; stops before the dev metric crosses the floor and writes the last model above it.
+
+    Examples:
+
+      headprune iterate model.safetensors --data train.jsonl --eval-data dev.jsonl --max-drop 1.0 -o small.safetensors
+
+      headprune iterate model.safetensors --data train.jsonl --eval-data dev.jsonl --schedule 0.2,0.4,0.6 --teacher self -o small.safetensors
+
+      headprune iterate model.safetensors --data train.jsonl --eval-data dev.jsonl --method fisher --ffn --target-flops 0.8,0.65,0.5 -o small.safetensors
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
+
 STAGE = Stage(
     "iterate",
     IterateOptions,
@@ -219,4 +236,6 @@ STAGE = Stage(
     outputs={"output": "{stem}.safetensors"},
     makes={"model": "output"},
     needs=("checkpoint", "data", "eval_data"),
+    checks={"schedule": _schedule("heads"), "target_flops": _schedule("flops"), "target_params": _schedule("params")},
+    help=HELP,
 )

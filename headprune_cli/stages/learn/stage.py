@@ -19,47 +19,43 @@ from headprune_cli.errors import UsageError
 from headprune_cli.files.io import sha256_bytes
 from headprune_cli.files.outputs import check_distinct, check_output
 from headprune_cli.runtime.device import check as check_device
-from headprune_cli.stages.budget import Budget, checked, given
+from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.learn.learn import check_learning, close_gates, make_gates
-from headprune_cli.stages.select.chains import Constraints, parse_protect
-from headprune_cli.stages.select.stage import ratio_option, target_flops_option, target_params_option
+from headprune_cli.stages.options import (
+    BudgetOptions,
+    LearningRate,
+    LoraOptions,
+    ShapeOptions,
+    Share,
+    TokenOptions,
+    TrainFilesOptions,
+    TrainingOptions,
+)
 from headprune_cli.stages.training import run as training
-from headprune_cli.stages.training.options import TrainingOptions
 from headprune_cli.stages.unit import Context, Result, Stage, option
 
 
-class LearnOptions(TrainingOptions):
-    ratio: float | None = ratio_option()
-    target_params: float | None = target_params_option()
-    target_flops: float | None = target_flops_option()
-    min_heads: int = option(1, "Heads every layer keeps at least.", ge=1)
-    multiple_of: int = option(1, "Heads kept per layer must be a multiple of this.", ge=1)
-    protect: str | None = option(None, "Heads never removed: LAYER:HEAD,... (original indices).")
-    uniform: bool = option(False, "Keep the same number of heads (and KV groups, and FFN width) in every layer.")
+class LearnOptions(TrainFilesOptions, TrainingOptions, TokenOptions, LoraOptions, BudgetOptions, ShapeOptions):
     gate_ffn: bool = option(False, "Gate every FFN neuron too, under the same --target-flops/--target-params budget.")
     gate_layers: bool = option(
         False,
         "Gate every whole layer too (a closed layer is dropped), under the same --target-flops/--target-params budget.",
     )
-    min_ffn: int | None = option(
-        None, "--gate-ffn: FFN neurons every layer keeps at least (default: --ffn-multiple-of).", ge=1
-    )
-    ffn_multiple_of: int = option(8, "--gate-ffn: FFN widths kept are multiples of this.", ge=1)
     gates_out: Path | None = option(
         None, "Also write the final gate open probabilities as a scores JSON (method `learned`)."
     )
-    gate_lr: float = option(0.3, "Adam rate of the gate logits and of the Lagrange multipliers.", ge=0.0)
-    # Lab notes of rounds one to four (docs/experiments), §21: a target that rises over the first half of the gate phase
-    # and is held for the second half, with 60% of the steps for the gates, reaches the target
-    # before the gates close (a 20% rise and a 20% hold reached 0.73 of an 0.85 target).
-    gate_warmup: float = option(
+    gate_lr: LearningRate = option(0.3, "Adam rate of the gate logits and of the Lagrange multipliers.", ge=0.0)
+    # Lab notes of rounds one to four (docs/experiments), §21: a target that rises over the first
+    # half of the gate phase and is held for the second half, with 60% of the steps for the gates,
+    # reaches the target before the gates close (a 20% rise and a 20% hold reached 0.73 of 0.85).
+    gate_warmup: Share = option(
         0.5,
         "Share of the gate phase (the steps before the gates close) over which the target "
         "rises from 0; it is held at the target for the rest.",
         ge=0.0,
         le=1.0,
     )
-    closed_share: float = option(
+    closed_share: Share = option(
         0.4,
         "Share of the last steps trained with the gates closed (the cut model recovers).",
         ge=0.0,
@@ -67,7 +63,7 @@ class LearnOptions(TrainingOptions):
     )
     # The same notes, §21: 0.01 (one more head's worth of gate steps at 72 heads) lost
     # 0.4-0.6 points less than 0.02 on both Debian classifiers at --ratio 0.85.
-    gate_tolerance: float = option(
+    gate_tolerance: Share = option(
         0.01,
         "How far (as a share of the budget) the expected share removed may be from the target "
         "when the gates close; further, the gate phase goes on (--gate-extra-steps), then the run refuses.",
@@ -78,20 +74,7 @@ class LearnOptions(TrainingOptions):
 
     def budget(self) -> Budget:
         """The one budget the gates aim at (check() refuses none or several)."""
-        return checked(self.targets()[0])
-
-    def targets(self) -> list[Budget]:
-        return given(ratio=self.ratio, target_params=self.target_params, target_flops=self.target_flops)
-
-    def constraints(self) -> Constraints:
-        return Constraints(
-            min_heads=self.min_heads,
-            multiple_of=self.multiple_of,
-            protect=parse_protect(self.protect),
-            uniform=self.uniform,
-            min_ffn=self.min_ffn,
-            ffn_multiple_of=self.ffn_multiple_of,
-        )
+        return self.budgets()[0]
 
     def hidden(self) -> float:
         """--hidden-weight, or its default: on with a teacher (CoFi distils layers too)."""
@@ -102,8 +85,10 @@ class LearnOptions(TrainingOptions):
     def check(self) -> None:
         """The option combinations learned pruning refuses."""
         flags = ("gate_ffn", "min_ffn", "ffn_multiple_of")
-        check_learning(self.targets(), [f for f in flags if getattr(self, f) != LearnOptions.model_fields[f].default])
+        check_learning(self.budgets(), [f for f in flags if getattr(self, f) != LearnOptions.model_fields[f].default])
         self.check_lora()
+        if self.keep_adapter is not None:
+            raise UsageError("--keep-adapter: learn cuts the model after training; the adapter would not fit it")
 
 
 def run(opts: LearnOptions, ctx: Context) -> Result:
@@ -156,7 +141,7 @@ def run(opts: LearnOptions, ctx: Context) -> Result:
 def _close(opts: LearnOptions, model, gates, constraints, samples: int, ctx: Context):
     """Close the learned gates and cut the closed units out of `model` (in place)."""
     from headprune_cli.stages.objectives import default_objective  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-    from headprune_cli.stages.prune.stage import cut  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.stages.prune.cut import cut  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     config = {
         "method": "learned",
@@ -223,6 +208,20 @@ def gate_table(report: dict, rows: int = 10):
     return table
 
 
+# `headprune learn --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Prune by learned gates: hard-concrete gates train with the model under one budget, then the closed heads, neurons and layers are cut.
+
+    Gates on the heads (whole KV groups for GQA models), and with a FLOPs/params target on every FFN neuron (--gate-ffn) and every whole layer (--gate-layers), train with the model under the one budget (--ratio, --target-params or --target-flops); a Lagrangian (CoFi) drives the expected share removed to the target, which rises from 0 over --gate-warmup of the gate phase (the first 1 - --closed-share of the steps) and is then held. At the closing step, an expected share further than --gate-tolerance from the target trains up to --gate-extra-steps more gate steps, then refuses (nothing written). The gates then close as `headprune select` would choose from their open probabilities (with --min-heads, --multiple-of, --protect, --uniform, --min-ffn, --ffn-multiple-of; layers open with probability below 0.5 are dropped), the last --closed-share of the steps trains the model with them closed, and the output is the physically cut model. With a teacher, --hidden-weight (default 1 here) adds layer distillation: each block's output against the teacher's. --gates-out writes the open probabilities as scores (method `learned`) with the gates' report (expected vs target vs lambdas per step, expected vs closed share) under config.gates. --teacher auto on an unpruned model distils from the model itself. The training options are finetune's (--steps, --lr, --kd-weight, --lora, ...); not resumable, one process. Recover further with `headprune finetune`.
+
+    Examples:
+
+      headprune learn model.safetensors --data train.jsonl --ratio 0.5 --teacher auto --gates-out gates.json -o small.safetensors
+
+      headprune learn model.safetensors --data train.jsonl --ratio 0.85 --teacher auto --gate-warmup 0.5 --gate-tolerance 0.01 --gate-extra-steps 50 -o small.safetensors
+
+      headprune learn model.safetensors --data train.jsonl --target-flops 0.5 --gate-ffn --gate-layers --teacher auto -o small.safetensors
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
+
 STAGE = Stage(
     "learn",
     LearnOptions,
@@ -233,4 +232,5 @@ STAGE = Stage(
     makes={"model": "output"},
     needs=("checkpoint", "data"),
     optional_outputs={"gates_out": "{stem}.gates.json"},
+    help=HELP,
 )

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from headprune_cli.artifacts.schema import MAX_BYTES
+
 MAX_POINTS = 64  # profile --points allows at most 64
 MAX_LAYERS = 1024  # model/config_check.py: a model has 1 to 1024 layers
-MAX_TABLE_BYTES = 64 * 1024 * 1024
+MAX_TABLE_BYTES = MAX_BYTES["latency"]  # the artifact reader's size check
 MIN_MS = 1e-6  # a nanosecond: nothing a device times is faster
 MAX_MS = 1e9  # about 11 days for one block: beyond any measurement, far from overflow
 WHOLE_BLOCK_TOLERANCE = 1e-6  # relative: profile writes the two curves' last point as one value

@@ -13,10 +13,10 @@ from headprune_cli.errors import UsageError
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
 from headprune_cli.runtime.device import input_device, place, stored_dtype_name
+from headprune_cli.stages.model_latency import synthetic_inputs
 from headprune_cli.stages.profile import measure
 from headprune_cli.stages.profile.decode import decode_inputs, frozen_call
-from headprune_cli.stages.profile.schema import LatencyTableArtifact
-from headprune_cli.stages.report.latency import synthetic_inputs
+from headprune_cli.stages.profile.latency_artifact import LatencyTableArtifact
 
 DEFAULT_SEQ_LEN = 128
 CONFIG_KEYS = (
@@ -43,7 +43,7 @@ def profile_checkpoint(opts, advance=lambda total=None: None) -> tuple[dict, Lat
     model = load(opts.model)
     placement = place(model, opts.device, opts.dtype)
     seq = opts.seq_len or min(DEFAULT_SEQ_LEN, adapter_for(model).max_positions(model) or DEFAULT_SEQ_LEN)
-    settings = measure.Settings(opts.rounds, opts.warmup, opts.min_time, opts.threads, opts.every_layer)
+    settings = opts  # the timing reads the profile options themselves
     inputs, seq = synthetic_inputs(model, opts.batch_size, seq)
     inputs = {k: v.to(input_device(model)) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     grids = lambda pos: layer_grids(model, pos, opts.points, opts.multiple_of, opts.ffn_multiple_of)  # noqa: E731

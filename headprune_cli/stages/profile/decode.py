@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from headprune_cli.model.arch import adapter_for
-from headprune_cli.stages.report.latency import cache_name, prefill, prompt_ids
+from headprune_cli.stages.model_latency import cache_name, prefill, prompt_ids
 
 
 class FrozenCache:

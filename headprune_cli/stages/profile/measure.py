@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -31,8 +31,11 @@ from headprune_cli.errors import NumericalError
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.arch.base import HFModule, is_conv1d, keep_inputs, keep_outputs
 from headprune_cli.model.layout import info_of
-from headprune_cli.stages.profile.schema import LayerPoints
+from headprune_cli.stages.profile.latency_artifact import LayerPoints
 from headprune_cli.stages.timing import Latency, interleaved_samples, measure_interleaved, summarize
+
+if TYPE_CHECKING:
+    from headprune_cli.stages.profile.stage import ProfileOptions
 
 RETRIES = 2  # remeasurements of a layer whose points are not monotone beyond their spread
 # The whole block anchors both of a layer's curves: every cut is priced as a saving from it,
@@ -40,15 +43,6 @@ RETRIES = 2  # remeasurements of a layer whose points are not monotone beyond th
 # table 35% off). It is timed this many times per round, spread from the round's start to
 # its end, and the samples are pooled.
 FULL_TIMINGS = 3
-
-
-@dataclass(frozen=True)
-class Settings:
-    rounds: int = 5
-    warmup: int = 2
-    min_run_time: float = 0.05  # seconds per timed round of one point
-    threads: int | None = None
-    every_layer: bool = False
 
 
 def grid(total: int, points: int, multiple_of: int = 1) -> list[int]:
@@ -160,7 +154,13 @@ def measured_layers(model: nn.Module, every_layer: bool) -> dict[int, int]:
 
 
 def layer_points(
-    model: nn.Module, pos: int, unit_grid: list[int], width_grid: list[int], call_args, settings: Settings, advance
+    model: nn.Module,
+    pos: int,
+    unit_grid: list[int],
+    width_grid: list[int],
+    call_args,
+    settings: ProfileOptions,
+    advance,
 ) -> dict:
     """Attention and FFN points of the block at `pos`; `call_args(block)` gives its call."""
     block = adapter_for(model).layer_list(model)[pos]
@@ -175,9 +175,7 @@ def layer_points(
         for kind, n in keys
     }
     calls = {key: call_args(v) for key, v in variants.items()}
-    samples = interleaved_samples(
-        calls, settings.rounds, settings.warmup, settings.threads, settings.min_run_time, advance
-    )
+    samples = interleaved_samples(calls, settings.rounds, settings.warmup, settings.threads, settings.min_time, advance)
     del variants, calls
     timed = {key: summarize(samples[key]) for key in cut_units + cut_widths}
     full = summarize([ms for key in whole for ms in samples[key]])
@@ -195,7 +193,9 @@ def _spread_among(extra: list, keys: list) -> list:
     return out
 
 
-def steady_points(model: nn.Module, pos: int, unit_grid, width_grid, call_args, settings: Settings, advance) -> dict:
+def steady_points(
+    model: nn.Module, pos: int, unit_grid, width_grid, call_args, settings: ProfileOptions, advance
+) -> dict:
     """layer_points, measured again (with twice the rounds) while more units take less time
     than fewer beyond the spread: a busy machine's drift. Refuses after RETRIES."""
 
@@ -206,7 +206,7 @@ def steady_points(model: nn.Module, pos: int, unit_grid, width_grid, call_args, 
             unit_grid,
             width_grid,
             call_args,
-            replace(settings, rounds=settings.rounds * 2**attempt),
+            settings.model_copy(update={"rounds": settings.rounds * 2**attempt}),
             advance,
         )
         problem = LayerPoints.problem(points)
@@ -233,7 +233,7 @@ def profile_phase(
     inputs: dict,
     call_args_for,
     grids: Callable[[int], tuple[list[int], list[int]]],
-    settings: Settings,
+    settings: ProfileOptions,
     advance=lambda: None,
 ) -> dict:
     """The outside and every layer of one phase. `call_args_for(args, kwargs)` turns the
@@ -246,7 +246,7 @@ def profile_phase(
         settings.rounds,
         settings.warmup,
         settings.threads,
-        settings.min_run_time,
+        settings.min_time,
         advance,
     )["outside"]
     layers: dict[str, dict] = {}

@@ -14,9 +14,9 @@ from headprune_cli.artifacts.schema import write_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.model.latency_table import LatencyTable
-from headprune_cli.runtime.device import DEVICE_HELP
 from headprune_cli.runtime.device import check as check_device
-from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
+from headprune_cli.stages.options import DeviceOptions, TimingOptions
+from headprune_cli.stages.unit import Context, Result, Stage, option
 
 GRID_HELP = (
     "Grid points per layer for attention and for the FFN (default 9: the smallest allowed count, every eighth of the "
@@ -26,16 +26,13 @@ GRID_HELP = (
 )
 
 
-class ProfileOptions(Options):
+class ProfileOptions(TimingOptions, DeviceOptions):
     model: Path = option(
         ..., "Checkpoint to profile (the unpruned model that `score` and `select` will see).", argument=True
     )
     output: Path | None = option(None, "Latency JSON to write (default: stdout).", "-o", "--output")
-    device: str = device_option("Where to measure: " + DEVICE_HELP)
-    dtype: str = dtype_option()
     batch_size: int = option(8, "Sequences per forward (match `report --batch-size` and how you serve).", ge=1)
     seq_len: int | None = option(None, "Tokens per sequence (default: 128, or the model's maximum when smaller).", ge=1)
-    threads: int = option(2, "CPU threads while timing (as `report --threads`).", ge=1)
     points: int = option(9, GRID_HELP, ge=2, le=64)
     multiple_of: int = option(
         1,
@@ -49,7 +46,6 @@ class ProfileOptions(Options):
         None, "Causal LMs: also profile decode, one token per sequence against a KV cache of this many tokens.", ge=1
     )
     rounds: int = option(5, "Interleaved timing rounds per point; the table keeps their median and quartiles.", ge=1)
-    warmup: int = option(2, "Untimed calls per point before the rounds.", ge=0)
     min_time: float = option(
         0.05, "Seconds each round of each point runs at least (torch.utils.benchmark blocked_autorange).", ge=0.0
     )
@@ -121,6 +117,25 @@ def check_context(opts: ProfileOptions, task: str) -> None:
         )
 
 
+# `headprune profile --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Measure each layer's latency at a grid of kept heads (KV groups) and FFN widths; writes a latency table.
+
+    Each layer's block is timed (torch.utils.benchmark, interleaved rounds,
+    medians after warm-up) as copies sliced to k heads or w neurons, one
+    layer at a time; layers of one shape share a measurement unless
+    --every-layer. The default grid is 9 points per layer: the smallest
+    count, every eighth of the full count and all (aligned to --multiple-of and
+    --ffn-multiple-of); `select` and `report` interpolate between them.
+
+    Examples:
+
+      headprune profile model.safetensors -o latency.json
+
+      headprune profile model.safetensors --device cuda --dtype bf16 --batch-size 1 --context 1024 -o latency.json
+
+      headprune select scores.json --latency latency.json --target-latency 0.7 -o plan.json
+    """
+
 STAGE = Stage(
     "profile",
     ProfileOptions,
@@ -130,4 +145,5 @@ STAGE = Stage(
     outputs={"output": "{stem}.json"},
     makes={"latency": "output"},
     needs=("model",),
+    help=HELP,
 )

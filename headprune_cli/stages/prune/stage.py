@@ -1,14 +1,12 @@
-"""The `prune` stage, and `cut`: the one function that cuts a model by a selection.
+"""The `prune` stage: a checkpoint cut by a plan (or by scores selected in place).
 
-`prune`, `sweep` and `iterate` all cut through `cut(model, selection, compensation)`:
-optional closed-form compensation on the gated model first, then the physical removal.
-`prune` without compensation never builds the model: it slices the checkpoint tensor by
-tensor (model/streaming.py), which gives the same file.
+With compensation the model is built and cut by prune/cut.py's `cut`, the function every
+stage cuts with; without, it is never built: the checkpoint is sliced tensor by tensor
+(model/streaming.py), which gives the same file.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from headprune_cli.artifacts.schema import dumps, parse_artifact, read_text
@@ -16,61 +14,19 @@ from headprune_cli.data.readers import batches, read_data
 from headprune_cli.errors import UsageError
 from headprune_cli.files.io import sha256_bytes
 from headprune_cli.files.outputs import check_output
-from headprune_cli.model.surgery import apply_plan
 from headprune_cli.names import did_you_mean
-from headprune_cli.runtime.device import DEVICE_HELP, place, restore
 from headprune_cli.runtime.device import check as check_device
-from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE, compensate
+from headprune_cli.stages.options import BatchSize, DeviceOptions, TokenOptions
+from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE
 from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
+from headprune_cli.stages.prune.cut import Compensation, cut
 from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.select.plan import check_model, find_model, selection_of
-from headprune_cli.stages.select.stage import SelectionOptions, plan_from_scores
+from headprune_cli.stages.select.stage import SELECTION_CHECKS, SelectionOptions, plan_from_scores
 from headprune_cli.stages.unit import Context, Result, Stage, option
 
 
-@dataclass
-class Compensation:
-    """Closed-form compensation before the cut: `method` bias|lstsq on calibration `batches`."""
-
-    method: str
-    batches: list
-    ridge: float = DEFAULT_RIDGE
-
-
-def cut(
-    model,
-    selection: Selection,
-    compensation: Compensation | None = None,
-    *,
-    device: str | None = None,
-    dtype: str = "auto",
-):
-    """Cut `model` in place by `selection`; returns the compensation's result (or None).
-
-    With `device`, compensation computes there (in `dtype`) and the model comes back to
-    the CPU in its stored dtype before the cut (what `save` writes)."""
-
-    result = None
-    if compensation is not None and compensation.method != "none":
-        placement = None
-        if device is not None:
-            placement = place(model, device, dtype, keep_originals=True)
-        result = compensate(
-            model,
-            selection.remove_heads,
-            selection.remove_layers,
-            compensation.batches,
-            method=compensation.method,
-            ridge=compensation.ridge,
-            remove_ffn=selection.remove_ffn,
-        )
-        if placement is not None:
-            restore(model, placement)
-    apply_plan(model, selection.remove_heads, selection.remove_layers, remove_ffn=selection.remove_ffn)
-    return result
-
-
-class PruneOptions(SelectionOptions):
+class PruneOptions(SelectionOptions, TokenOptions, DeviceOptions):
     checkpoint: Path | None = option(
         None, "Checkpoint to prune (default: the model the plan/scores name).", argument=True
     )
@@ -83,20 +39,14 @@ class PruneOptions(SelectionOptions):
         "--compensate",
     )
     data: Path | None = option(None, "Calibration data for compensation (a few hundred examples).")
-    samples: int = option(256, "Calibration examples to read from --data.")
-    max_length: int = option(128, "Tokens per calibration example.")
-    batch_size: int = option(16, "Calibration batch size.")
+    samples: int = option(256, "Calibration examples to read from --data.", ge=1)
+    batch_size: BatchSize = 16
     ridge: float = option(
         DEFAULT_RIDGE,
         "lstsq: strength of the pull towards the current weights, relative to the mean input energy.",
         ge=0.0,
     )
     force: bool = option(False, "Overwrite OUTPUT if it exists.")
-    device: str = option("auto", "Where --compensate computes: " + DEVICE_HELP)
-    dtype: str = option(
-        "auto",
-        "Compensation's compute dtype: auto (stored), float32, bfloat16, float16; the output keeps the stored dtype.",
-    )
 
     def check(self) -> None:
         _check(self)
@@ -213,6 +163,23 @@ def _tell(result, ctx: Context) -> None:
             )
 
 
+# `headprune prune --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Remove heads, FFN neurons and layers physically (smaller dense matrices); optionally compensate.
+
+    With neither --plan nor --scores, a plan or a scores JSON is read from stdin.
+    Compensation (retraining-free, seconds): `bias` adds the removed heads' mean
+    contribution to the output-projection bias; `lstsq` refits the kept columns of each
+    pruned layer's output projection to match the unpruned layer on --data.
+
+    Examples:
+
+      headprune prune model.safetensors --plan plan.json -o small.safetensors
+
+      headprune prune --scores scores.json --ratio 0.3 --compensate lstsq --data calib.txt -o small.safetensors
+
+      headprune score m.safetensors --method taylor --data d.jsonl | headprune prune --ratio 0.3 --min-heads 1 -o small.safetensors
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
+
 STAGE = Stage(
     "prune",
     PruneOptions,
@@ -227,4 +194,6 @@ STAGE = Stage(
     outputs={"output": "{stem}.safetensors"},
     makes={"model": "output"},
     needs=("checkpoint",),
+    checks=SELECTION_CHECKS,
+    help=HELP,
 )

@@ -29,12 +29,12 @@ from headprune_cli.model.llama_cpp_env import engine_python
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import input_device, place
 from headprune_cli.stages import objectives
+from headprune_cli.stages.model_latency import max_sequence, measure, synthetic_inputs
 from headprune_cli.stages.objectives import drop_unit, metric_dicts, worse_by, worse_than
-from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (registers the `report` kind)
 from headprune_cli.stages.report import serving
-from headprune_cli.stages.report.latency import max_sequence, measure, synthetic_inputs
 from headprune_cli.stages.report.latency_cost import latency_section, read_table
 from headprune_cli.stages.report.llama_cpp import check_task, load_gguf
+from headprune_cli.stages.report.settings import CONFIG_KEYS, ReportSettings
 from headprune_cli.stages.report.shipped import checkpoint_metrics, load_shipped
 
 # The metric a gate reads, per task, and whether its drop is stated in points (x100).
@@ -295,34 +295,13 @@ def _on_device(model: nn.Module, inputs: dict, seq_len: int) -> tuple[dict, int]
 DEFAULT_SEQ_LEN = 128
 
 
-@dataclass
-class ReportOptions:
-    batch_size: int = 8
-    seq_len: int | None = None  # None: 128, or the model's maximum positions when smaller
-    threads: int = 2
-    repeats: int = 10
-    warmup: int = 2
-    max_drop: float | None = None
-    max_rel_drop: float | None = None
-    min_speedup: float | None = None
-    device: str = "auto"  # where both models are evaluated and timed (device.place)
-    dtype: str = "auto"  # their compute dtype (auto: as stored)
-    decode_prompt: int | None = None  # causal LMs: None = 128, or fewer to fit the model's positions
-    decode_tokens: int = serving.DEFAULT_TOKENS  # 0 = no decode measurement
-    decode_batch: int = serving.DEFAULT_BATCH
-    latency: str | None = None  # the baseline's latency table (`profile`): cost.latency
-    onnx: str | None = None  # the shipped ONNX file: evaluated and timed in onnxruntime for the pruned side
-    gguf: str | None = None  # the shipped GGUF file: evaluated and timed in llama.cpp for the pruned side
-    engine_python: str | None = None  # llama.cpp's environment (llama_cpp.engine_python); not in the report
-
-
-def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportOptions, warn=lambda message: None) -> dict:
+def build_report(pruned_path, baseline_arg, data, scores_path, opts: ReportSettings, warn=lambda message: None) -> dict:
     """Load, compare, measure and gate; returns the report artifact (a plain dict)."""
     with ExitStack() as cleanup:
         return _build(pruned_path, baseline_arg, data, scores_path, opts, warn, cleanup)
 
 
-def _build(pruned_path, baseline_arg, data, scores_path, opts: ReportOptions, warn, cleanup: ExitStack) -> dict:
+def _build(pruned_path, baseline_arg, data, scores_path, opts: ReportSettings, warn, cleanup: ExitStack) -> dict:
 
     baseline_path = resolve_baseline(pruned_path, baseline_arg)
     base_info, new_info = read_info(baseline_path), read_info(pruned_path)
@@ -398,12 +377,12 @@ def _build(pruned_path, baseline_arg, data, scores_path, opts: ReportOptions, wa
         inputs.append(input_ref("latency", opts.latency, table[1]))  # hashed once, by read_table
     if shipped is not None:
         inputs.append(input_ref("shipped", opts.onnx or opts.gguf, shipped["sha256"]))
-    config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()}
+    config = {}
+    for key in CONFIG_KEYS:  # engine_python is where this machine keeps llama.cpp, not what was compared
+        value = getattr(opts, key)
+        if value is not None or key not in ("onnx", "gguf"):  # reports without them keep their bytes
+            config[key] = str(value) if isinstance(value, Path) else value
     config["baseline"] = str(baseline_arg)
-    for key in ("onnx", "gguf"):  # reports without them keep the bytes they had before the options
-        if config[key] is None:
-            del config[key]
-    del config["engine_python"]  # where this machine keeps llama.cpp, not what was compared
     return {
         **envelope("report", inputs, config),
         "task": new_info.task,

@@ -15,7 +15,6 @@ from headprune_cli.artifacts.schema import read_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.model.latency_table import LatencyTable
 from headprune_cli.runtime.device import input_device, stored_dtype_name
-from headprune_cli.stages.profile import schema as latency_schema  # noqa: F401  (registers the `latency` kind)
 from headprune_cli.stages.profile.build import device_facts, layout_counts
 from headprune_cli.stages.select.latency import check_belongs
 

@@ -32,8 +32,8 @@ from torch import nn
 
 from headprune_cli.errors import ArchitectureError, CheckpointError, UsageError
 from headprune_cli.files.io import sha256_file
-from headprune_cli.model.gguf_export import gguf_plan
-from headprune_cli.model.gguf_grid import GGUF_TYPES
+from headprune_cli.model.formats.gguf import gguf_plan
+from headprune_cli.model.formats.gguf_grid import GGUF_TYPES
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.report.shipped import check_shipped_file
 

@@ -21,7 +21,7 @@ from torch import nn
 from headprune_cli.errors import UsageError
 from headprune_cli.model.cost import decode_cost, kv_cache_bytes, prefill_flops
 from headprune_cli.model.layout import info_of
-from headprune_cli.stages.report.latency import max_sequence, measure_generation
+from headprune_cli.stages.model_latency import max_sequence, measure_generation
 
 DEFAULT_PROMPT = 128
 DEFAULT_TOKENS = 32

@@ -24,9 +24,9 @@ from torch import nn
 from headprune_cli.data import readers as data_mod
 from headprune_cli.errors import CheckpointError, HeadpruneError, UsageError, first_line
 from headprune_cli.files.io import sha256_file
+from headprune_cli.model.formats.onnx import example_inputs, require_onnx
+from headprune_cli.model.formats.onnx_quantize import QUANTIZATION_KEY, SOURCE_KEY, read_stamp
 from headprune_cli.model.layout import info_of
-from headprune_cli.model.onnx_export import example_inputs, require_onnx
-from headprune_cli.model.onnx_quantize import QUANTIZATION_KEY, SOURCE_KEY, read_stamp
 from headprune_cli.stages import objectives
 from headprune_cli.stages.objectives import metric_dicts
 

@@ -8,46 +8,24 @@ inside `run`, so the options read without it.
 
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
 
 from headprune_cli.artifacts.schema import portable_path, write_artifact
 from headprune_cli.errors import EXIT_GATE_FAILED, UsageError
 from headprune_cli.files.outputs import check_distinct, check_folder, check_output, make_folder
-from headprune_cli.model.llama_cpp_env import ENGINE_PYTHON_HELP
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.stages.report import render
-from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
+from headprune_cli.stages.report.settings import ReportSettings
+from headprune_cli.stages.unit import Context, Result, Stage, option
 
 
-class ReportStageOptions(Options):
+class ReportStageOptions(ReportSettings):
     model: Path = option(..., "The pruned checkpoint.")
     data: Path = option(..., "Evaluation data (JSONL/CSV/text/safetensors) for the model's task.")
     baseline: str = option(
         "auto", "Baseline checkpoint, or 'auto' for the root model named in the pruned model's provenance."
     )
     scores: Path | None = option(None, "Scores JSON: adds importance to the head map and its heatmap.")
-    max_drop: float | None = option(
-        None,
-        "Gate: largest allowed drop of the main metric, in points (accuracy/F1/fidelity x100) or in perplexity.",
-        ge=0,
-    )
-    max_rel_drop: float | None = option(
-        None, "Gate: largest allowed relative drop of the main metric (0.02 = 2%).", ge=0
-    )
-    min_speedup: float | None = option(
-        None, "Gate: smallest allowed measured speedup (baseline median / pruned median).", ge=0
-    )
-    batch_size: int = option(8, "Batch size for evaluation and latency.", ge=1)
-    seq_len: int | None = option(
-        None,
-        "Sequence length for FLOPs, latency, and the evaluation's max length (default: 128, "
-        "or the model's maximum when smaller).",
-        ge=1,
-    )
-    threads: int = option(2, "CPU threads while timing (torch.set_num_threads).", ge=1)
-    repeats: int = option(10, "Timed runs per model after warm-up; 0 skips latency.", ge=0)
-    warmup: int = option(2, "Untimed warm-up runs per model.", ge=0)
     json_out: str | None = option(None, "Write the report JSON here ('-' for stdout).", "--json")
     markdown_out: Path | None = option(None, "Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY).", "--markdown")
     plot_dir: Path | None = option(
@@ -58,36 +36,6 @@ class ReportStageOptions(Options):
     )
     junit_out: Path | None = option(None, "Write JUnit XML, one test case per gate.", "--junit")
     force: bool = option(False, "Overwrite existing output files.")
-    device: str = device_option()
-    dtype: str = dtype_option()
-    # Serving a causal LM (ignored for encoders): KV cache on, prefill then decode, timed like --repeats.
-    decode_prompt: int | None = option(
-        None,
-        "Causal LMs: prompt tokens prefilled before decoding (default: 128, or fewer to fit the model's positions).",
-        ge=1,
-    )
-    decode_tokens: int = option(
-        32,
-        "Causal LMs: tokens generated one by one with the KV cache, timed as decode throughput; 0 skips decode.",
-        ge=0,
-    )
-    decode_batch: int = option(1, "Causal LMs: sequences decoded together.", ge=1)
-    latency: Path | None = option(
-        None,
-        "The baseline's latency table (`headprune profile`): adds its predicted speedup beside "
-        "the measured one (cost.latency).",
-    )
-    onnx: Path | None = option(
-        None,
-        "The shipped ONNX file exported from --model (`export --onnx`, int8 with --quantize): evaluated, timed and "
-        "gated in onnxruntime (CPU) in place of the PyTorch model.",
-    )
-    gguf: Path | None = option(
-        None,
-        "The shipped GGUF file exported from --model (`export --gguf`, a causal LM): evaluated, timed and gated "
-        "in llama.cpp (CPU, f32 KV cache) in place of the PyTorch model.",
-    )
-    engine_python: Path | None = option(None, "With --gguf: " + ENGINE_PYTHON_HELP)
 
     def check(self) -> None:
         if self.min_speedup is not None and self.repeats == 0:
@@ -95,7 +43,7 @@ class ReportStageOptions(Options):
 
 
 def run(opts: ReportStageOptions, ctx: Context) -> Result:
-    from headprune_cli.stages.report.build import ReportOptions, build_report  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.stages.report.build import build_report  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     inputs = [
         opts.model,
@@ -114,13 +62,10 @@ def run(opts: ReportStageOptions, ctx: Context) -> Result:
     check_gguf_options(opts.gguf, opts.onnx, opts.device, opts.dtype)
     check_onnx_options(opts.onnx, opts.device, opts.dtype)
     check_device(opts.device, opts.dtype)
-    # The report's `config` holds these, in ReportOptions' order.
-    settings = ReportOptions(**{f.name: getattr(opts, f.name) for f in fields(ReportOptions)})
-    if opts.onnx is not None:  # the baseline runs where onnxruntime does, for a fair comparison
-        settings.device, settings.onnx = "cpu", str(opts.onnx)
-    if opts.gguf is not None:  # likewise where llama.cpp runs
-        settings.device, settings.gguf = "cpu", str(opts.gguf)
-        settings.engine_python = None if opts.engine_python is None else str(opts.engine_python)
+    settings: ReportSettings = opts
+    if opts.onnx is not None or opts.gguf is not None:
+        # the baseline runs where onnxruntime or llama.cpp does, for a fair comparison
+        settings = opts.model_copy(update={"device": "cpu"})
     report = build_report(opts.model, opts.baseline, opts.data, opts.scores, settings)
     _portable_model_paths(report, outputs.get("json") or outputs.get("markdown"))
     if opts.json_out is not None:
@@ -172,6 +117,35 @@ def _check_outputs(opts: ReportStageOptions, inputs: list) -> dict[str, Path]:
     return outputs
 
 
+# `headprune report --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Compare a pruned model with its baseline: quality, size, FLOPs, measured speed; gate CI.
+
+    For causal LMs it also states KV-cache bytes per token and measures prefill and
+    decode (tokens/s with the KV cache on), each beside its prediction.
+
+    With --onnx FILE (an `export --onnx` file of --model) that file, run in onnxruntime,
+    stands for the pruned model in quality, latency and gates: the gate covers what ships.
+    --gguf FILE (an `export --gguf` file of a causal LM) does the same in llama.cpp, run from
+    its own environment (--engine-python, $HEADPRUNE_LLAMA_CPP_ENV, or the repository's
+    .engines/llama-cpp, which `bash scripts/engines/llama_cpp.sh` links to its build).
+
+    Exit codes: 0 every gate passed (or none given), 3 a gate failed (the model got worse
+    than the budget), 1 an error, 2 a usage error. Outputs are written before exit 3.
+
+    Examples:
+
+      headprune report --model small.safetensors --data dev.jsonl --max-drop 1.0
+
+      headprune report --model small.safetensors --baseline base.safetensors --data dev.jsonl \\
+        --min-speedup 1.3 --json report.json --markdown report.md --junit gates.xml
+
+      cat report.md >> "$GITHUB_STEP_SUMMARY"
+
+      headprune report --model small.safetensors --onnx small-int8.onnx --data dev.jsonl --max-drop 1.0   # the shipped file
+
+      headprune report --model small-llama.safetensors --gguf small-llama-q8_0.gguf --data valid.txt --max-rel-drop 0.01
+    """  # noqa: E501 (help text: the example line stays whole, as the user copies it)
+
 STAGE = Stage(
     "report",
     ReportStageOptions,
@@ -188,4 +162,5 @@ STAGE = Stage(
     makes={"report": "json"},
     needs=("model", "data"),
     optional_outputs={"plot": "{stem}-plots", "junit": "{stem}.junit.xml"},
+    help=HELP,
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -12,27 +13,22 @@ from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import dtype_name, place
+from headprune_cli.stages.options import BatchSize, DeviceOptions, RecomputeOptions, Samples, SeedOptions, TokenOptions
 from headprune_cli.stages.score.importance import init_distributed, score_model, scores_artifact, world
 from headprune_cli.stages.score.importance.registry import (
     DEFAULT_LAYER_METHOD,
     HEAD_METHODS,
+    LAYER_METHOD_HELP,
     METHOD_DEFAULT_HELP,
     ChosenMethod,
     check_ffn,
     head_method,
     layer_method,
 )
-from headprune_cli.stages.unit import Context, Options, Result, Stage, device_option, dtype_option, option
-
-LAYER_METHOD_HELP = (
-    "refit (default: loss change when the layer is dropped and the rest refit briefly, what recovery can win back; "
-    "about 12 training steps per layer), loo (the loss change with no refit: one forward per layer; for cuts that "
-    "will not be finetuned) or cosine (block influence). refit and loo also measure each layer's attention, so "
-    "`select --target-*` can weigh heads against layers."
-)
+from headprune_cli.stages.unit import Context, Result, Stage, option
 
 
-class ScoreOptions(ChosenMethod, Options):
+class ScoreOptions(ChosenMethod, SeedOptions, TokenOptions, RecomputeOptions, DeviceOptions):
     checkpoint: Path = option(..., "A headprune checkpoint.", argument=True)
     data: Path = option(
         ..., "JSONL/CSV (text[, text_pair][, label]), plain text, or a tokenized .safetensors set.", "--data", "-d"
@@ -41,29 +37,20 @@ class ScoreOptions(ChosenMethod, Options):
         None, f"Importance method: {', '.join(HEAD_METHODS)}. {METHOD_DEFAULT_HELP}", "--method", "-m"
     )
     objective: str | None = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
-    samples: int | None = option(None, "Use the first N examples.", ge=1)
-    batch_size: int = option(32, "Examples per forward pass.", ge=1)
-    max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
-    seed: int = option(0, "Seed for random, fidelity probes and anything stochastic.")
+    samples: Samples = None
+    batch_size: BatchSize = 32
     layers: bool = option(False, "Also score whole layers.")
     ffn: bool = option(
         False,
-        "Also score every FFN neuron (gradient, taylor, taylor-weight, fisher, activation, random), "
+        "Also score every FFN neuron (gradient, taylor, taylor-weight, fisher, activation, flap, wanda-sp, minitron, "
+        "llm-pruner, random), "
         "in the same pass: `select --target-*` then cuts heads, neurons and layers under one budget.",
     )
     layer_method: str | None = option(None, LAYER_METHOD_HELP)
     weights: list[str] | None = option(None, "For combined: METHOD=WEIGHT[,METHOD=WEIGHT] (default taylor=1,loo=1).")
     normalize: bool = option(True, "gradient: divide each layer's scores by their L2 norm.", negative="--no-normalize")
-    recompute: bool | None = option(
-        None,
-        "Gradient methods: recompute each block's activations in the backward instead of keeping them (less memory, "
-        "one more forward per batch, the same scores). Default: on for models of 400 M parameters or more.",
-        negative="--no-recompute",
-    )
     output: Path | None = option(None, "Write the scores JSON here (default: stdout).", "--output", "-o")
     force: bool = option(False, "Overwrite an existing output file.")
-    device: str = device_option()
-    dtype: str = dtype_option()
 
     def check(self) -> None:
         """Refusals that need neither the model nor the data."""
@@ -162,6 +149,34 @@ def _finish_distributed() -> None:
         dist.destroy_process_group()
 
 
+def _method(value: Any) -> None:
+    from headprune_cli.stages.score.importance.api import make_scorer  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+
+    make_scorer(str(value))
+
+
+def _weights(value: Any) -> None:
+    from headprune_cli.stages.score.importance.baselines import parse_weights  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+
+    parse_weights([str(v) for v in value] if isinstance(value, list) else [str(value)], list(HEAD_METHODS))
+
+
+# `headprune score --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Score the importance of every attention head (and, with --layers, every layer; with --ffn, every FFN neuron).
+
+    Runs unchanged under `torchrun --nproc-per-node N -m headprune_cli score ...`: each
+    process scores a shard of the batches, sums are all-reduced, rank 0 writes.
+    Scores are summed in float64 whatever --dtype the model computes in.
+
+    Examples:
+
+      headprune score model.safetensors --data dev.jsonl --method taylor -o scores.json
+
+      headprune score lm.safetensors --data wiki.txt --method loo --layers --samples 256
+
+      headprune score emb.safetensors --data sentences.txt --method combined --weights taylor=1,entropy=0.5
+    """
+
 STAGE = Stage(
     "score",
     ScoreOptions,
@@ -171,4 +186,6 @@ STAGE = Stage(
     outputs={"output": "{stem}.json"},
     makes={"scores": "output"},
     needs=("checkpoint", "data"),
+    checks={"method": _method, "weights": _weights},
+    help=HELP,
 )

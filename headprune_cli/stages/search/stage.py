@@ -18,27 +18,34 @@ from headprune_cli.errors import DataError, UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import place
-from headprune_cli.stages.budget import Budget, one_of
+from headprune_cli.stages.options import (
+    BatchSize,
+    BudgetOptions,
+    ConstraintOptions,
+    DeviceOptions,
+    Samples,
+    Seconds,
+    SeedOptions,
+    TokenOptions,
+)
 from headprune_cli.stages.score.importance import score_model
 from headprune_cli.stages.score.importance.registry import (
     DEFAULT_LAYER_METHOD,
     HEAD_METHODS,
+    LAYER_METHOD_HELP,
     METHOD_DEFAULT_HELP,
     ChosenMethod,
     check_ffn,
     head_method,
     layer_method,
 )
-from headprune_cli.stages.score.stage import LAYER_METHOD_HELP
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.search.judged import JUDGES
 from headprune_cli.stages.search.layer_rescore import check_reachable
 from headprune_cli.stages.search.local import search
-from headprune_cli.stages.select.amounts import check_fractions
 from headprune_cli.stages.select.plan import plan_artifact
-from headprune_cli.stages.select.stage import ConstraintOptions, ratio_option, target_flops_option, target_params_option
 from headprune_cli.stages.select.strategies import select
-from headprune_cli.stages.unit import Context, Result, Stage, device_option, dtype_option, option
+from headprune_cli.stages.unit import Context, Result, Stage, option
 
 DEFAULT_EVALUATIONS = 100  # about a minute on all-MiniLM-L6-v2 with 64 held-out texts (BENCHMARKS.md)
 MAX_EVALUATIONS = 100_000
@@ -51,7 +58,7 @@ DEFAULT_COMPENSATION = "lstsq"
 DEFAULT_RIDGE = 0.1  # prune/compensation.py DEFAULT_RIDGE (a test keeps the two equal)
 
 
-class SearchOptions(ChosenMethod, ConstraintOptions):
+class SearchOptions(ChosenMethod, BudgetOptions, SeedOptions, TokenOptions, DeviceOptions, ConstraintOptions):
     checkpoint: Path = option(..., "A headprune checkpoint.", argument=True)
     data: Path = option(
         ...,
@@ -59,16 +66,13 @@ class SearchOptions(ChosenMethod, ConstraintOptions):
         "--data",
         "-d",
     )
-    ratio: float | None = ratio_option()
-    target_params: float | None = target_params_option()
-    target_flops: float | None = target_flops_option()
     evaluations: int | None = option(
         None,
         f"Candidates judged at most, the start included (default {DEFAULT_EVALUATIONS} unless --seconds is given).",
         ge=1,
         le=MAX_EVALUATIONS,
     )
-    seconds: float | None = option(
+    seconds: Seconds | None = option(
         None,
         "Stop searching after this many seconds (with --evaluations: whichever comes first); "
         "a time budget is not byte-deterministic.",
@@ -105,18 +109,10 @@ class SearchOptions(ChosenMethod, ConstraintOptions):
     )
     layer_method: str | None = option(None, LAYER_METHOD_HELP)
     objective: str | None = option(None, "classification, causal-lm or fidelity (default: from the model's task).")
-    samples: int | None = option(None, "Use the first N examples of --data.", ge=1)
-    batch_size: int = option(32, "Examples per forward pass.", ge=1)
-    max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
-    seed: int = option(0, "Seed of the search order (and of anything stochastic in scoring).")
+    samples: Samples = None
+    batch_size: BatchSize = 32
     output: Path | None = option(None, "Plan JSON to write (default: stdout).", "-o", "--output")
     force: bool = option(False, "Overwrite OUTPUT if it exists.")
-    device: str = device_option()
-    dtype: str = dtype_option()
-
-    def budget(self) -> Budget | None:
-        """The one head or cost budget the search spends (None when none was given)."""
-        return one_of(ratio=self.ratio, target_params=self.target_params, target_flops=self.target_flops)
 
     def evaluation_limit(self) -> int:
         if self.evaluations is not None:
@@ -124,8 +120,6 @@ class SearchOptions(ChosenMethod, ConstraintOptions):
         return MAX_EVALUATIONS if self.seconds is not None else DEFAULT_EVALUATIONS
 
     def check(self) -> None:
-        if self.seconds is not None and not self.seconds > 0:
-            raise UsageError(f"--seconds must be above 0 (got {self.seconds:g})")
         if self.compensation not in COMPENSATIONS:
             raise UsageError(f"--compensate must be one of {', '.join(COMPENSATIONS)} (got {self.compensation!r})")
         if self.judge is not None and self.judge not in JUDGES:
@@ -156,7 +150,6 @@ class SearchOptions(ChosenMethod, ConstraintOptions):
                 f"search does not take --runtime {self.runtime}: that engine loads one head count for every "
                 f"layer, which leaves nothing per layer to search; use select --runtime {self.runtime}"
             )
-        check_fractions(self.ratio, self.target_params, self.target_flops)
         _check_method(self)
 
 
@@ -365,6 +358,29 @@ def _plan(model, opts: SearchOptions, result, max_length: int, judge: str) -> di
     )
 
 
+# `headprune search --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Find a plan by measured quality: start from the greedy plan, try per-layer head counts (and layer drops) on held-out calibration data.
+
+    Each candidate is judged as `prune --compensate` will ship it (--compensate lstsq by
+    default: the refit solved from statistics collected once), by held-out accuracy for a
+    classifier (loss breaking ties) or by loss (--judge loss); at a local optimum the search
+    restarts from a random perturbation of the best plan until --evaluations (or --seconds)
+    is spent. Every candidate respects the same constraints as `select` (--min-heads, --multiple-of,
+    --protect, whole KV groups) and the same budget (--ratio of heads, or a
+    --target-flops/--target-params budget, where layers may be dropped too with
+    --layers). The result is a plan for `headprune prune --plan`.
+
+    Examples:
+
+      headprune search model.safetensors --data calib.jsonl --ratio 0.7 -o plan.json
+
+      headprune search model.safetensors --data calib.jsonl --target-flops 0.5 --layers --layer-method loo --evaluations 200 -o plan.json
+
+      headprune search m.safetensors --data calib.jsonl --ratio 0.85 --method fisher --compensate lstsq --evaluations 200 -o plan.json && headprune prune --plan plan.json --compensate lstsq --data calib.jsonl -o small.safetensors
+
+      headprune search m.safetensors --data calib.jsonl --ratio 0.5 --seconds 60 --compensate none | headprune prune -o small.safetensors
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
+
 STAGE = Stage(
     "search",
     SearchOptions,
@@ -374,4 +390,5 @@ STAGE = Stage(
     outputs={"output": "{stem}.json"},
     makes={"plan": "output"},
     needs=("checkpoint", "data"),
+    help=HELP,
 )

@@ -1,5 +1,5 @@
 """The amount a selection spends, checked from the options alone (no scores, no table read):
-the ranges of --ratio and the cost targets, and the latency options' pairing.
+the latency options' pairing (their ranges are budget.checked's, as every budget's).
 
 `select`, `prune --scores` and `search` call these from their options' `check()`, which
 their `run` calls first and `headprune run` calls for every stage before the first runs
@@ -10,16 +10,10 @@ the ones the selection itself gives (strategies.py, latency.py).
 from __future__ import annotations
 
 from headprune_cli.errors import UsageError
-from headprune_cli.stages.budget import Budget, checked, given
+from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.select.latency import latency_budget
 
 LATENCY_PHASES = ("forward", "decode")
-
-
-def check_fractions(ratio: float | None, target_params: float | None, target_flops: float | None) -> None:
-    """--ratio within [0, 1]; --target-params and --target-flops within (0, 1] (budget.checked)."""
-    for budget in given(ratio=ratio, target_params=target_params, target_flops=target_flops):
-        checked(budget)
 
 
 def check_latency_options(opts) -> Budget | None:

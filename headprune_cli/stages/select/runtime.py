@@ -3,7 +3,7 @@
 What each engine loads of a LLaMA-family cut (what its export writes; docs/serving.md):
 - transformers: one config for all layers, so one query-head count, one KV-head count and one
   FFN width (`uniform`, the rule of a plain config).
-- vllm: nemotron-nas blocks (model/vllm_export.py): one query-head count for every layer, KV
+- vllm: nemotron-nas blocks (model/formats/vllm.py): one query-head count for every layer, KV
   heads and FFN widths per layer (`uniform_heads`). Every layer's KV groups keep one size, so
   with one query-head count per layer the KV-head count is one too: heads are uniform, FFN
   widths are chosen per layer (choose_same_heads below).

@@ -3,102 +3,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from headprune_cli.artifacts.schema import input_ref, read_artifact, write_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
-from headprune_cli.model.gguf_grid import grid_ffn_multiple
-from headprune_cli.stages.budget import Budget, given
+from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.options import BudgetOptions, ConstraintOptions, SeedOptions
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select import latency as latency_select
-from headprune_cli.stages.select.amounts import check_fractions, check_latency_options
-from headprune_cli.stages.select.chains import Constraints, parse_protect
+from headprune_cli.stages.select.amounts import check_latency_options
+from headprune_cli.stages.select.chains import parse_protect, parse_threshold
 from headprune_cli.stages.select.plan import make_plan
-from headprune_cli.stages.select.runtime import check_runtime, shape_rules
 from headprune_cli.stages.select.strategies import select as choose
-from headprune_cli.stages.unit import Context, Options, Result, Stage, option
+from headprune_cli.stages.unit import Context, Result, Stage, option
 
 
-def ratio_option():
-    return option(None, "Fraction of the kept heads to remove, in [0, 1].")
-
-
-def target_params_option():
-    return option(None, "Keep this fraction of the parameters.")
-
-
-def target_flops_option():
-    return option(None, "Keep this fraction of the FLOPs per token.")
-
-
-class ConstraintOptions(Options):
-    """What every candidate plan must respect, whoever chooses it (select, prune, search)."""
-
-    min_heads: int = option(1, "Heads every layer keeps at least (drop a whole layer with --drop-layers).", ge=1)
-    multiple_of: int = option(1, "Heads kept per layer must be a multiple of this.", ge=1)
-    protect: str | None = option(None, "Heads never removed: LAYER:HEAD,... (original indices).")
-    gqa_unit: str = option("group", "GQA layers: remove whole KV 'group's, or query 'head's evenly from every group.")
-    uniform: bool = option(
-        False,
-        "Keep the same number of heads (and KV groups, and FFN width) in every layer, chosen by score: "
-        "LLaMA/Mistral/Qwen models then export as plain transformers folders.",
-    )
-    min_ffn: int | None = option(
-        None,
-        "FFN neurons every layer keeps at least, when the scores hold neuron scores (default: --ffn-multiple-of).",
-        ge=1,
-    )
-    ffn_multiple_of: int = option(
-        8, "FFN widths kept are multiples of this (8: what GPU matrix kernels tile by; 1 on CPUs costs nothing).", ge=1
-    )
-    runtime: str | None = option(
-        None,
-        "Choose only plans this engine loads: transformers (one shape for all layers, as --uniform), vllm (one "
-        "head count, FFN widths per layer), llama.cpp or onnxruntime (any per-layer shapes).",
-    )
-    gguf_type: str | None = option(
-        None,
-        "With --runtime llama.cpp: the GGUF type the cut will ship in (q8_0, q4_0, q4_K_M, ...); FFN widths are kept "
-        "on its quantization blocks (32 values, 256 for k-quants), so no matrix of the file falls back to a wider "
-        "type and runs slower than the unpruned model's.",
-    )
-
-    def constraints(self) -> Constraints:
-        rules = shape_rules(check_runtime(self.runtime))
-        if self.gguf_type is not None and self.runtime != "llama.cpp":
-            raise UsageError("--gguf-type goes with --runtime llama.cpp (the GGUF file's quantization grid)")
-        return Constraints(
-            min_heads=self.min_heads,
-            multiple_of=self.multiple_of,
-            protect=parse_protect(self.protect),
-            drop_layers=getattr(self, "drop_layers", 0),
-            layer_threshold=getattr(self, "layer_threshold", None),
-            gqa_unit=self.gqa_unit,
-            uniform=self.uniform or rules["uniform"],
-            min_ffn=self.min_ffn,
-            ffn_multiple_of=grid_ffn_multiple(self.ffn_multiple_of, self.gguf_type),
-            uniform_heads=rules["uniform_heads"],
-            runtime=self.runtime,
-            gguf_type=self.gguf_type,
-        )
-
-
-class SelectionOptions(ConstraintOptions):
+class SelectionOptions(BudgetOptions, SeedOptions, ConstraintOptions):
     """How to choose from scores: the amount (one of ratio, threshold, targets) and the constraints."""
 
-    ratio: float | None = ratio_option()
     strategy: str | None = option(
         None,
         "global | layer | threshold | budget | joint | random (default: from the amount given; "
         "a --target-* with loss-scale layer scores is joint; random: a seeded control, --ratio only).",
     )
-    seed: int | None = option(None, "--strategy random: seed of the draw (default 0; other strategies ignore it).")
     drop_layers: int = option(0, "Also drop the N least important layers (needs layer scores).", ge=0)
     layer_threshold: float | None = option(None, "Also drop layers scoring below T.")
     threshold: str | None = option(None, "Remove heads scoring below T, or below the P-th percentile ('25%').")
-    target_params: float | None = target_params_option()
-    target_flops: float | None = target_flops_option()
     latency: str | None = option(
         None,
         "Latency table from `headprune profile`: price the budget in measured milliseconds (with "
@@ -115,7 +48,7 @@ class SelectionOptions(ConstraintOptions):
     def budget(self) -> Budget | None:
         """The one cost or head budget these options name (None with --threshold or none).
         Latency budgets are priced by their table (`_latency_plan`)."""
-        found = given(ratio=self.ratio, target_params=self.target_params, target_flops=self.target_flops)
+        found = self.budgets()
         if len(found) > 1 or (found and self.threshold is not None):
             raise UsageError("give exactly one of --ratio, --threshold, --target-params, --target-flops")
         return found[0] if found else None
@@ -123,7 +56,7 @@ class SelectionOptions(ConstraintOptions):
     def check(self) -> None:
         """Refusals that need no file: the amount's range and the latency options' pairing."""
 
-        check_fractions(self.ratio, self.target_params, self.target_flops)
+        self.budget()
         check_latency_options(self)
 
     def selection_given(self) -> list[str]:
@@ -171,7 +104,7 @@ def _config(opts: SelectionOptions, selection, constraints, scores, **latency) -
         "target_flops": opts.target_flops,
         **latency,
         **constraints.to_dict(ffn=getattr(scores, "ffn", None) is not None),
-        **({"seed": 0 if opts.seed is None else opts.seed} if selection.strategy == "random" else {}),
+        **({"seed": opts.seed} if selection.strategy == "random" else {}),
     }
 
 
@@ -227,6 +160,36 @@ def summary(plan: dict) -> str:
     return f"plan ({plan['strategy']}): remove {heads} heads{ffn}, {len(plan['remove_layers'])} layers{shape}{cost}"
 
 
+# The selection options' values as select (and prune, which selects in place) parses them.
+SELECTION_CHECKS: dict[str, Callable[[Any], None]] = {
+    "protect": lambda value: parse_protect(str(value)),
+    "threshold": lambda value: parse_threshold(str(value)),
+}
+
+# `headprune select --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Choose the heads, FFN neurons and layers to remove from importance scores; writes a plan.
+
+    Every strategy respects every constraint: --min-heads per layer, --multiple-of,
+    whole KV groups for grouped-query attention, --protect, and with --uniform the same
+    number of heads and KV groups in every layer.
+
+    Examples:
+
+      headprune select scores.json --ratio 0.3 -o plan.json
+
+      headprune select scores.json --ratio 0.5 --strategy layer --multiple-of 2
+
+      headprune select scores.json --target-flops 0.7 --protect 0:3,5:1
+
+      headprune select scores.json --ratio 0.5 --uniform -o plan.json
+
+      headprune select scores.json --target-flops 0.6 --runtime vllm -o plan.json   # only plans vLLM loads
+
+      headprune select scores.json --target-flops 0.8 --runtime llama.cpp --gguf-type q4_0   # widths on q4_0's blocks
+
+      headprune score m.safetensors --method taylor --data d.jsonl | headprune select --ratio 0.3 | headprune prune -o small.safetensors
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
+
 STAGE = Stage(
     "select",
     SelectOptions,
@@ -236,4 +199,6 @@ STAGE = Stage(
     outputs={"output": "{stem}.json"},
     makes={"plan": "output"},
     needs=("scores",),
+    checks=SELECTION_CHECKS,
+    help=HELP,
 )

@@ -2,7 +2,7 @@
 
 A uniform layout is what a plain transformers config can say (`num_attention_heads`,
 `num_key_value_heads`), so `export --hf` can write a folder that loads without headprune
-(see model/hf_config.py). Which heads a layer loses still follows its scores: a layer
+(see model/formats/hf_config.py). Which heads a layer loses still follows its scores: a layer
 always loses a prefix of its chain (chains.py). Uniformity only restricts *how many*:
 the candidates are the kept counts that every layer's chain allows (its constraints
 included), and a strategy picks one of these levels for all layers at once.

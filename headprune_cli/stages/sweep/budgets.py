@@ -4,14 +4,13 @@ A route is what a FLOPs budget may remove: `heads` (heads only), `heads+ffn` (he
 FFN neurons under one budget) or `heads+ffn+layers` (whole layers too, priced on the loss
 scale by loo layer scores). Each method scores the model once per route on the calibration
 data; every target is a selection from those scores (selection.select), a copy cut by
-prune.cut (with the sweep's compensation), an evaluation, and, with `repeats`, the
+prune_once (with the sweep's compensation), an evaluation, and, with `repeats`, the
 measured speedup over the unpruned model (interleaved, as `report` measures it). This is
 what a user trades: how much quality each route keeps at each speed.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import torch
@@ -23,17 +22,17 @@ from headprune_cli.model.cost import count_params, flops_per_token
 from headprune_cli.model.layout import info_of
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget, BudgetUnreachable
+from headprune_cli.stages.model_latency import max_sequence
 from headprune_cli.stages.objectives import default_objective, evaluate, metric_dicts
-from headprune_cli.stages.prune.stage import Compensation, cut
+from headprune_cli.stages.prune.cut import Compensation, prune_once
 from headprune_cli.stages.report.build import main_metric, measure_speed
-from headprune_cli.stages.report.latency import max_sequence
 from headprune_cli.stages.report.render import metric_value as fmt
 from headprune_cli.stages.score.importance.api import score_model
 from headprune_cli.stages.score.importance.registry import check_ffn
-from headprune_cli.stages.select.strategies import select
 from headprune_cli.stages.sweep.ratios import payload_head
+from headprune_cli.stages.sweep.settings import ROUTE_NAMES
 
-ROUTES = {"heads": {}, "heads+ffn": {"ffn": True}, "heads+ffn+layers": {"ffn": True, "layers": "loo"}}
+ROUTES = dict(zip(ROUTE_NAMES, ({}, {"ffn": True}, {"ffn": True, "layers": "loo"}), strict=True))
 
 
 def check_routes(routes: list[str], methods: list[str]) -> None:
@@ -71,16 +70,19 @@ def run_budget_sweep(
                 normalize=False,
                 **ROUTES[route],
             )
-            for target in sorted(opts.targets, reverse=True):
+            for target in sorted(opts.target_flops, reverse=True):
                 progress(f"{method} ({route}): FLOPs {target:g}")
                 try:
-                    selection = select(
-                        table, "joint" if "layers" in route else "budget", budget=Budget("flops", target)
-                    )
+                    pruned = prune_once(
+                        model,
+                        Budget("flops", target),
+                        table,
+                        compensation=_compensation(calib, opts),
+                        strategy="joint" if "layers" in route else "budget",
+                    ).model
                 except BudgetUnreachable as exc:  # beyond what the route can remove: a gap in its curve
                     progress(f"{method} ({route}): FLOPs {target:g} not reachable ({exc})")
                     continue
-                pruned = _cut_copy(model, selection, calib, opts)
                 metrics = metric_dicts(
                     evaluate(pruned, eval_data, objective, reference=model, batch_size=opts.batch_size)
                 )
@@ -112,14 +114,8 @@ def run_budget_sweep(
     }
 
 
-def _cut_copy(model, selection, calib, opts):
-
-    pruned = copy.deepcopy(model)
-    compensation = (
-        Compensation(opts.compensate, list(batches(calib, opts.batch_size))) if opts.compensate != "none" else None
-    )
-    cut(pruned, selection, compensation)
-    return pruned
+def _compensation(calib, opts) -> Compensation | None:
+    return Compensation(opts.compensate, list(batches(calib, opts.batch_size))) if opts.compensate != "none" else None
 
 
 def _speedup(model, pruned, opts) -> float | None:

@@ -1,17 +1,15 @@
 """`sweep`: quality versus heads removed, per importance method, without finetuning.
 
 Each method scores the model once on the calibration data; every ratio is then a
-selection from those scores (selection.select, global strategy), a deep copy of the
-model cut by prune.cut (with optional closed-form compensation), and an evaluation on
+selection from those scores (selection.select, global strategy), a copy of the
+model cut by prune_once (prune/cut.py) (with optional closed-form compensation), and an evaluation on
 the eval data with objectives.evaluate. The result names, per method,
 the largest ratio whose drop of the main metric stays within the budget.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 
 from torch import nn
 
@@ -20,34 +18,15 @@ from headprune_cli.errors import UsageError
 from headprune_cli.model.cost import count_params, flops_per_token
 from headprune_cli.model.layout import info_of
 from headprune_cli.names import did_you_mean
-from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.budget import Budget, checked
 from headprune_cli.stages.objectives import default_objective, evaluate, metric_dicts
 from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
-from headprune_cli.stages.prune.stage import Compensation, cut
+from headprune_cli.stages.prune.cut import Compensation, prune_once
 from headprune_cli.stages.report.build import main_metric
 from headprune_cli.stages.report.render import metric_value as fmt
 from headprune_cli.stages.score.importance.api import score_model
 from headprune_cli.stages.score.importance.registry import HEAD_METHODS
-from headprune_cli.stages.select.strategies import select
-
-DEFAULT_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
-
-
-@dataclass
-class SweepSettings:
-    """What a sweep runs (the `sweep` stage builds it from its options)."""
-
-    methods: list[str]
-    ratios: list[float] = field(default_factory=lambda: list(DEFAULT_RATIOS))
-    compensate: str = "none"
-    max_drop: float = 1.0
-    batch_size: int = 16
-    max_length: int = 128
-    samples: int | None = None
-    seed: int = 0
-    targets: list[float] = field(default_factory=list)  # FLOPs fractions: a budget sweep (budgets.py) instead of ratios
-    routes: list[str] = field(default_factory=list)
-    repeats: int = 0  # timed runs per model for the measured speedup (budget sweep); 0 skips
+from headprune_cli.stages.sweep.settings import SweepSettings
 
 
 def check_options(opts: SweepSettings) -> None:
@@ -60,9 +39,8 @@ def check_options(opts: SweepSettings) -> None:
     bad = [r for r in opts.ratios if not 0 < r < 1]
     if bad:
         raise UsageError(f"--ratios must lie strictly between 0 and 1 (got {bad[0]:g})")
-    bad = [t for t in opts.targets if not 0 < t <= 1]
-    if bad:
-        raise UsageError(f"--target-flops must lie in (0, 1] (got {bad[0]:g})")
+    for target in opts.target_flops or []:
+        checked(Budget("flops", target))
 
 
 def run_sweep(
@@ -147,13 +125,11 @@ def knees(rows: list[dict], methods: list[str]) -> dict[str, dict | None]:
 
 def _pruned_copy(model: nn.Module, table, ratio: float, calib, opts: SweepSettings) -> tuple[nn.Module, int]:
 
-    selection = select(table, "global", budget=Budget("heads", ratio))
-    pruned = copy.deepcopy(model)
     compensation = (
         Compensation(opts.compensate, list(batches(calib, opts.batch_size))) if opts.compensate != "none" else None
     )
-    cut(pruned, selection, compensation)
-    return pruned, sum(len(h) for h in selection.remove_heads.values())
+    pruned = prune_once(model, Budget("heads", ratio), table, compensation=compensation)
+    return pruned.model, pruned.heads_removed
 
 
 def markdown(result: dict) -> str:
@@ -196,13 +172,4 @@ def curves(result: dict) -> dict[str, list[tuple[float, float]]]:
     out: dict[str, list[tuple[float, float]]] = {}
     for r in result["rows"]:
         out.setdefault(r["method"], [(0.0, start)]).append((r["fraction_removed"], r["main"]))
-    return out
-
-
-def options_dict(opts: SweepSettings) -> dict:
-    """The settings as the artifact records them: a ratio sweep's keys, or a budget sweep's."""
-    out = asdict(opts)
-    budget = ("targets", "routes", "repeats")
-    for key in ("ratios",) if opts.targets else budget:
-        del out[key]
     return out

@@ -4,95 +4,55 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from headprune_cli.artifacts.schema import KINDS, envelope, input_ref, write_artifact
+from headprune_cli.artifacts.schema import envelope, input_ref, model_of, write_artifact
 from headprune_cli.data.readers import read_data
 from headprune_cli.files.outputs import check_folder, check_output, make_folder
 from headprune_cli.model.checkpoint import load
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import place
+from headprune_cli.stages.options import DeviceOptions
 from headprune_cli.stages.report import render
-from headprune_cli.stages.report import schema as report_schema  # noqa: F401  (registers the `sweep` kind)
 from headprune_cli.stages.sweep import budgets as sweep_budget
-from headprune_cli.stages.sweep.budgets import ROUTES, check_routes, run_budget_sweep
+from headprune_cli.stages.sweep.budgets import check_routes, run_budget_sweep
 from headprune_cli.stages.sweep.ratios import (
-    DEFAULT_RATIOS,
-    SweepSettings,
     check_options,
     curves,
     markdown,
-    options_dict,
     run_sweep,
 )
-from headprune_cli.stages.unit import Context, Options, Result, Stage, comma_list, device_option, dtype_option, option
+from headprune_cli.stages.sweep.settings import SweepSettings
+from headprune_cli.stages.unit import Context, Result, Stage, option
 
 FILES = {"json": "sweep.json", "md": "sweep.md", "png": "curve.png"}
 
 
-class SweepOptions(Options):
+class SweepOptions(SweepSettings, DeviceOptions):
     checkpoint: Path = option(..., "The model to sweep (a headprune checkpoint).", argument=True)
     data: Path = option(..., "Calibration data: scoring (and compensation).")
     eval_data: Path = option(..., "Evaluation data for the quality curve.")
-    methods: str = option("taylor,gradient,random", "Comma-separated importance methods, e.g. taylor,gradient,random.")
-    ratios: str = option(",".join(f"{r:g}" for r in DEFAULT_RATIOS), "Comma-separated fractions of heads to remove.")
-    target_flops: str | None = option(
-        None,
-        "Comma-separated fractions of the FLOPs to keep (e.g. 0.8,0.6,0.5): "
-        "sweep FLOPs budgets per --routes instead of head ratios.",
-    )
-    routes: str = option(
-        ",".join(ROUTES),
-        "With --target-flops: what a budget may remove, comma-separated: heads, heads+ffn, heads+ffn+layers.",
-    )
-    repeats: int = option(5, "With --target-flops: timed runs per model for the measured speedup (0 skips).", ge=0)
-    compensate: str = option("none", "none | bias | lstsq (closed-form, on --data).")
-    max_drop: float = option(1.0, "Budget: largest allowed drop of the main metric (points, or perplexity).", ge=0)
-    batch_size: int = option(16, "", ge=1)
-    max_length: int = option(128, "Tokens per example (also the FLOPs sequence length).", ge=1)
-    samples: int | None = option(None, "Use the first N calibration examples.", ge=1)
-    seed: int = option(0, "")
     output: Path | None = option(
         None, "Folder for sweep.json, sweep.md and curve.png (else JSON on stdout).", "-o", "--output"
     )
     force: bool = option(False, "Overwrite existing output files.")
-    device: str = device_option()
-    dtype: str = dtype_option()
-
-    def settings(self) -> SweepSettings:
-        budget = self.target_flops is not None
-        settings = SweepSettings(
-            methods=comma_list(self.methods, str, "--methods"),
-            ratios=comma_list(self.ratios, float, "--ratios"),
-            compensate=self.compensate,
-            max_drop=self.max_drop,
-            batch_size=self.batch_size,
-            max_length=self.max_length,
-            samples=self.samples,
-            seed=self.seed,
-            targets=comma_list(self.target_flops, float, "--target-flops") if self.target_flops is not None else [],
-            routes=comma_list(self.routes, str, "--routes") if budget else [],
-            repeats=self.repeats if budget else 0,
-        )
-        check_options(settings)
-        if budget:
-            check_routes(settings.routes, settings.methods)
-        return settings
 
     def check(self) -> None:
-        self.settings()
+        check_options(self)
+        if self.target_flops is not None:
+            check_routes(self.routes, self.methods)
 
 
 def run(opts: SweepOptions, ctx: Context) -> Result:
 
-    settings = opts.settings()
+    opts.check()
     check_device(opts.device, opts.dtype)
     outputs = _outputs(opts.output, opts.force, [opts.checkpoint, opts.data, opts.eval_data])
     model = load(opts.checkpoint)
     place(model, opts.device, opts.dtype)
     calib = read_data(opts.data, model, max_length=opts.max_length, samples=opts.samples)
     evaluation = read_data(opts.eval_data, model, max_length=opts.max_length)
-    sweep = run_budget_sweep if settings.targets else run_sweep
-    payload = sweep(model, calib, evaluation, settings, progress=lambda m: ctx.print(f"[dim]{m}[/]", highlight=False))
-    artifact = _artifact(model, opts, settings, payload)
+    sweep = run_budget_sweep if opts.target_flops is not None else run_sweep
+    payload = sweep(model, calib, evaluation, opts, progress=lambda m: ctx.print(f"[dim]{m}[/]", highlight=False))
+    artifact = _artifact(model, opts, payload)
     if opts.output is None:
         write_artifact(artifact, None)
     else:
@@ -141,15 +101,15 @@ def _tell(payload: dict, ctx: Context) -> None:
         )
 
 
-def _artifact(model, opts: SweepOptions, settings: SweepSettings, payload: dict) -> dict:
+def _artifact(model, opts: SweepOptions, payload: dict) -> dict:
 
     inputs = [
         input_ref("model", opts.checkpoint, model.headprune.loaded_from[1]),
         input_ref("data", opts.data),
         input_ref("eval_data", opts.eval_data),
     ]
-    artifact = {**envelope("sweep", inputs, options_dict(settings)), **payload}
-    KINDS["sweep"].model_validate(artifact)  # never write what cannot be read back
+    artifact = {**envelope("sweep", inputs, opts.recorded()), **payload}
+    model_of("sweep").model_validate(artifact)  # never write what cannot be read back
     return artifact
 
 
@@ -167,6 +127,19 @@ def _outputs(output: Path | None, force: bool, inputs) -> dict:
     return {key: check_output(output / name, force, inputs) for key, name in FILES.items()}
 
 
+# `headprune sweep --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Score once per method, prune at each ratio, evaluate (no finetuning): the quality curve.
+
+    Reports, per method, the largest ratio whose drop stays within --max-drop: the knee.
+
+    Examples:
+
+      headprune sweep model.safetensors --data calib.jsonl --eval-data dev.jsonl -o sweep/
+
+      headprune sweep model.safetensors --data calib.txt --eval-data dev.txt --methods taylor,random \\
+        --ratios 0.25,0.5,0.75 --compensate lstsq --max-drop 2 | jq .best
+    """
+
 STAGE = Stage(
     "sweep",
     SweepOptions,
@@ -176,4 +149,5 @@ STAGE = Stage(
     outputs={"output": "{stem}"},
     makes={"sweep": "output"},
     needs=("checkpoint", "data", "eval_data"),
+    help=HELP,
 )

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from headprune_cli.artifacts.schema import Scores, dumps, read_artifact
 from headprune_cli.files.io import sha256_bytes
 from headprune_cli.stages.select.plan import check_model
 from headprune_cli.stages.tasks.spec import TaskSpec
+
+if TYPE_CHECKING:
+    from headprune_cli.stages.tasks.stage import TasksOptions
 
 
 @dataclass
@@ -19,19 +23,7 @@ class TaskScores:
     path: str  # where the scores are (or will be) on disk
 
 
-@dataclass(frozen=True)
-class ScoreSettings:
-    method: str
-    ffn: bool
-    samples: int | None
-    batch_size: int
-    max_length: int
-    seed: int
-    device: str
-    dtype: str
-
-
-def task_scores(spec: TaskSpec, settings: ScoreSettings, out_path: str) -> TaskScores:
+def task_scores(spec: TaskSpec, settings: TasksOptions, out_path: str) -> TaskScores:
     if spec.scores is not None:
         artifact, sha = read_artifact(spec.scores, ("scores",))
         assert isinstance(artifact, Scores)  # read_artifact gives the kind asked for
@@ -42,8 +34,9 @@ def task_scores(spec: TaskSpec, settings: ScoreSettings, out_path: str) -> TaskS
     return TaskScores(spec, Scores.model_validate(data), sha256_bytes(text.encode()), text, out_path)
 
 
-def score_here(spec: TaskSpec, s: ScoreSettings) -> dict:
-    """The scores artifact of one task, with the options `headprune score` would take."""
+def score_here(spec: TaskSpec, s: TasksOptions) -> dict:
+    """The scores artifact of one task, with the options `headprune score` would take (the
+    stage's own: method, ffn, samples, batch size, max length, seed, device, dtype)."""
     from headprune_cli.data.readers import position_limit, read_data  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.checkpoint import load  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.runtime.device import place  # noqa: PLC0415 (keeps torch out of this module's import)

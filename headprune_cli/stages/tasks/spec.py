@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from headprune_cli.errors import UsageError
+from headprune_cli.errors import UsageError, shorten
 from headprune_cli.names import did_you_mean
 
 KEYS = ("name", "model", "data", "objective", "scores")
@@ -30,26 +30,27 @@ class TaskSpec:
 
 def parse_task(text: str, base: Path | None = None) -> TaskSpec:
     """One --task; without model= the task's model is `base` (the label-free task on the base)."""
+    where = f"--task {shorten(text)}"  # a value quoted in an error is cut to 80 characters
     fields: dict[str, str] = {}
     for part in str(text).split(","):
         key, sep, value = part.partition("=")
         key = key.strip()
         if not sep or not value.strip():
-            raise UsageError(f"--task {text!r}: expected KEY=VALUE pairs separated by commas (keys: {', '.join(KEYS)})")
+            raise UsageError(f"{where}: expected KEY=VALUE pairs separated by commas (keys: {', '.join(KEYS)})")
         if key not in KEYS:
-            raise UsageError(f"--task {text!r}: unknown key {key!r}{did_you_mean(key, KEYS)}")
+            raise UsageError(f"{where}: unknown key {key!r}{did_you_mean(key, KEYS)}")
         if key in fields:
-            raise UsageError(f"--task {text!r}: {key} is given twice")
+            raise UsageError(f"{where}: {key} is given twice")
         fields[key] = value.strip()
     missing = [k for k in REQUIRED if k not in fields]
     if missing:
-        raise UsageError(f"--task {text!r}: needs {' and '.join(missing)}")
+        raise UsageError(f"{where}: needs {' and '.join(missing)}")
     if "model" not in fields and base is None:
-        raise UsageError(f"--task {text!r}: needs model= (or give --base: a task without model= is on the base)")
+        raise UsageError(f"{where}: needs model= (or give --base: a task without model= is on the base)")
     if not NAME.fullmatch(fields["name"]):
-        raise UsageError(f"--task {text!r}: a name is letters, digits, '.', '_' or '-' (it names the task's files)")
+        raise UsageError(f"{where}: a name is letters, digits, '.', '_' or '-' (it names the task's files)")
     if "data" not in fields and "scores" not in fields:
-        raise UsageError(f"--task {text!r}: needs data= (to score on) or scores= (a scores artifact of the model)")
+        raise UsageError(f"{where}: needs data= (to score on) or scores= (a scores artifact of the model)")
     return TaskSpec(
         name=fields["name"],
         model=Path(fields["model"]) if "model" in fields else Path(str(base)),

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from headprune_cli.artifacts.schema import KINDS, envelope, input_ref, write_artifact
+from headprune_cli.artifacts.schema import envelope, input_ref, model_of, write_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_folder, check_output, make_folder
+from headprune_cli.stages.options import BatchSize, DeviceOptions, Samples, TokenOptions
 from headprune_cli.stages.score.importance.registry import check_ffn, head_method
 from headprune_cli.stages.select.stage import SelectionOptions
-from headprune_cli.stages.tasks import schema as _schema  # noqa: F401  (registers the `tasks` kind)
 from headprune_cli.stages.tasks.spec import TaskSpec, input_paths, parse_tasks, spelled
-from headprune_cli.stages.unit import Context, Result, Stage, device_option, dtype_option, option
+from headprune_cli.stages.unit import Context, Result, Stage, option
 
 TASK_HELP = (
     "A task: name=NAME,model=CKPT,data=DATA[,objective=OBJECTIVE][,scores=SCORES_JSON] "
@@ -27,7 +27,40 @@ TASK_HELP = (
 )
 
 
-class TasksOptions(SelectionOptions):
+# The artifact's `config`: every option but the files and the device, in the order tasks.json
+# has always recorded them (so that its bytes stay), then the tasks as resolved.
+CONFIG_KEYS = (
+    "min_heads",
+    "multiple_of",
+    "protect",
+    "gqa_unit",
+    "uniform",
+    "min_ffn",
+    "ffn_multiple_of",
+    "runtime",
+    "gguf_type",
+    "ratio",
+    "strategy",
+    "seed",
+    "drop_layers",
+    "layer_threshold",
+    "threshold",
+    "target_params",
+    "target_flops",
+    "latency",
+    "target_latency",
+    "target_ms",
+    "latency_phase",
+    "method",
+    "ffn",
+    "samples",
+    "batch_size",
+    "max_length",
+)
+NOT_RECORDED = ("task", "base", "output", "force", "device", "dtype")
+
+
+class TasksOptions(SelectionOptions, TokenOptions, DeviceOptions):
     task: list[str] | None = option(None, TASK_HELP, "--task")
     base: Path | None = option(
         None,
@@ -36,16 +69,12 @@ class TasksOptions(SelectionOptions):
     )
     method: str = option("fisher", "Importance method for the tasks scored here (score --method).", "--method", "-m")
     ffn: bool = option(True, "Score FFN neurons too, and cut them under the budget.", negative="--no-ffn")
-    samples: int | None = option(None, "Score on the first N examples of each task's data.", ge=1)
-    batch_size: int = option(32, "Examples per forward pass.", ge=1)
-    max_length: int = option(128, "Truncate sequences to this many tokens.", ge=1)
-    seed: int = option(0, "Seed for anything stochastic in scoring.")
+    samples: Samples = None
+    batch_size: BatchSize = 32
     output: Path = option(
         ..., "Folder for tasks.json, tasks.md, tasks.png, and every task's scores and plans.", "-o", "--output"
     )
     force: bool = option(False, "Replace an earlier run's files in OUTPUT.")
-    device: str = device_option()
-    dtype: str = dtype_option()
 
     def check(self) -> None:
         super().check()
@@ -83,7 +112,7 @@ def run(opts: TasksOptions, ctx: Context) -> Result:
     from headprune_cli.stages.tasks.base import check_shared_base  # noqa: PLC0415 (keeps torch out of `tasks --help`)
     from headprune_cli.stages.tasks.payload import build  # noqa: PLC0415 (keeps numpy out of `tasks --help`)
     from headprune_cli.stages.tasks.plans import all_plans  # noqa: PLC0415 (keeps numpy out of `tasks --help`)
-    from headprune_cli.stages.tasks.scoring import ScoreSettings, task_scores  # noqa: PLC0415 (keeps torch out of `tasks --help`)
+    from headprune_cli.stages.tasks.scoring import task_scores  # noqa: PLC0415 (keeps torch out of `tasks --help`)
 
     opts.check()
     tasks = parse_tasks(opts.task, opts.base)
@@ -92,17 +121,14 @@ def run(opts: TasksOptions, ctx: Context) -> Result:
     check_device(opts.device, opts.dtype)
     paths = _outputs(opts.output, opts.force, tasks, opts.base)
     base = check_shared_base(tasks, opts.base)  # before any model is built or any data read
-    settings = ScoreSettings(
-        opts.method, opts.ffn, opts.samples, opts.batch_size, opts.max_length, opts.seed, opts.device, opts.dtype
-    )
     # Scores given as artifacts are read and checked first: a wrong one is refused before
     # any task is scored (and no line but the refusal reaches stderr).
-    given = {t.name: task_scores(t, settings, "") for t in tasks if t.scores is not None}
-    scored = [given.get(t.name) or task_scores(t, settings, str(paths[f"scores:{t.name}"])) for t in tasks]
+    given = {t.name: task_scores(t, opts, "") for t in tasks if t.scores is not None}
+    scored = [given.get(t.name) or task_scores(t, opts, str(paths[f"scores:{t.name}"])) for t in tasks]
     plans = all_plans(scored, opts, budget)
     payload = build(scored, plans, base, budget, file_names(tasks))
     artifact = {**envelope("tasks", _input_refs(scored), _config(opts)), **payload}
-    KINDS["tasks"].model_validate(artifact)  # never write what cannot be read back
+    model_of("tasks").model_validate(artifact)  # never write what cannot be read back
     _write(opts.output, paths, scored, plans, artifact)
     ctx.print(_summary(artifact), highlight=False)
     return Result([str(opts.output)], value=artifact)
@@ -120,9 +146,9 @@ def _input_refs(scored) -> list[dict]:
 
 
 def _config(opts: TasksOptions) -> dict:
-    skip = {"task", "base", "output", "force", "device", "dtype"}
     resolved = spelled(parse_tasks(opts.task, opts.base))
-    return {k: v for k, v in opts.model_dump().items() if k not in skip} | {"tasks": resolved}
+    dumped = opts.model_dump()
+    return {k: dumped[k] for k in CONFIG_KEYS} | {"tasks": resolved}
 
 
 def _write(folder: Path, paths: dict[str, Path], scored, plans, artifact: dict) -> None:
@@ -146,6 +172,18 @@ def _summary(art: dict) -> str:
     return f"kept: {', '.join(parts)}; every task keeps {every} heads; shared plan {art['shared']['heads_kept']} heads"
 
 
+# `headprune tasks --help`: the command's text (cli/ builds the command from STAGE).
+HELP = """Prune several tasks fine-tuned from one base under one budget, and compare them.
+
+    Every task's model must name the same pre-trained base (provenance base, or root); others are refused. Each task is scored (or its --task ...,scores=S.json read) and cut as `select` would cut it. The folder gets every task's plan, a shared plan for serving all tasks from one pruned backbone (the mean of the tasks' normalised importance, cut under the same budget), and tasks.json / tasks.md / tasks.png: the heads and FFN neurons every task keeps, those only one keeps, Spearman correlation of importance and Jaccard overlap of the kept sets.
+
+    Examples:
+
+      headprune tasks --task name=sections,model=sections.safetensors,data=sections-calib.jsonl --task name=kinds,model=kinds.safetensors,data=kinds-calib.jsonl --task name=fidelity,model=minilm.safetensors,data=text.txt,objective=fidelity --target-flops 0.6 -o tasks/
+
+      headprune prune --plan tasks/plan-shared-sections.json --compensate lstsq --data sections-calib.jsonl -o sections-small.safetensors
+    """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
+
 STAGE = Stage(
     "tasks",
     TasksOptions,
@@ -154,4 +192,5 @@ STAGE = Stage(
     inputs={"base": ("model",)},
     outputs={"output": "{stem}"},
     makes={"tasks": "output"},
+    help=HELP,
 )

@@ -95,6 +95,11 @@ def kd_logits(
     return per.sum(), torch.tensor(float(per.numel()))
 
 
+def soft_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """T^2 * KL(softmax(teacher/T) || softmax(student/T)) per row of float logits, analytic gradient."""
+    return _SoftKL.apply(student, teacher, temperature)
+
+
 class _SoftKL(torch.autograd.Function):
     """T^2 * KL(softmax(t/T) || softmax(s/T)) over the last axis, with the analytic gradient
     T * (softmax(s/T) - softmax(t/T)). Autograd's own gradient leaves rounding noise

@@ -8,6 +8,8 @@ the differentiable training terms.
 
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,7 +17,8 @@ from torch import nn
 from headprune_cli.data.readers import used_width
 from headprune_cli.errors import DataError
 from headprune_cli.model.layout import info_of
-from headprune_cli.stages import objectives
+from headprune_cli.stages import lm_chunks, objectives
+from headprune_cli.stages.training.distill import soft_kl
 
 
 def predict(module: nn.Module, rows: dict[str, torch.Tensor], task: str, model: nn.Module) -> torch.Tensor:
@@ -36,6 +39,39 @@ def task_loss(pred: torch.Tensor, rows: dict[str, torch.Tensor], task: str) -> t
         nll, count = objectives.token_nll(pred, rows)
         return nll.sum(), count.sum()
     raise DataError(f"no task loss for {task!r} models; they are trained against a teacher")
+
+
+def chunked_heads(model: nn.Module, teacher: nn.Module | None, rows: dict[str, torch.Tensor], alone: bool):
+    """A context giving (student head, teacher head or None) with both models' heads off while a
+    causal LM's batch is too large for whole logits (stages.lm_chunks), else None. `alone`: the
+    student is called directly (no DDP/FSDP wrapper that owns the head's parameters)."""
+    on = alone and lm_chunks.wants_chunks(model, rows)
+    if not on or (teacher is not None and lm_chunks.head_name(teacher) is None):
+        return nullcontext(None)
+    return _heads_off(model, teacher)
+
+
+@contextmanager
+def _heads_off(model: nn.Module, teacher: nn.Module | None):
+    with lm_chunks.head_off(model) as head:
+        if teacher is None:
+            yield head, None
+            return
+        with lm_chunks.head_off(teacher) as teacher_head:
+            yield head, teacher_head
+
+
+def chunked_task_loss(heads: tuple, hidden: torch.Tensor, rows: dict[str, torch.Tensor]) -> torch.Tensor:
+    """task_loss's sum for a causal LM from its last hidden states, a chunk of tokens at a time."""
+    return lm_chunks.chunked_nll(heads[0], hidden, rows)[0].sum()
+
+
+def chunked_kd_loss(
+    heads: tuple, hidden: torch.Tensor, teacher_hidden: torch.Tensor, rows: dict[str, torch.Tensor], temperature: float
+) -> torch.Tensor:
+    """distill.kd_logits's sum over next tokens from both models' last hidden states, in chunks."""
+    mask = objectives.next_token_mask(rows)
+    return lm_chunks.chunked_kd(heads[0], hidden, heads[1], teacher_hidden, temperature, mask, soft_kl)
 
 
 def fidelity_loss(

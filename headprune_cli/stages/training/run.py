@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from headprune_cli.stages.training.options import TrainingOptions
+from headprune_cli.stages.options import RecoveryOptions, TrainingOptions
 from headprune_cli.stages.unit import Context
 
 
@@ -26,7 +26,7 @@ def teacher_of(spec: str | None, checkpoint: Path, student, root_teaches_itself:
     return load_teacher(path, student) if path is not None else None
 
 
-def chosen_lr(opts: TrainingOptions, model) -> float | None:
+def chosen_lr(opts, model) -> float | None:
     """--lr; else with --lora, LORA_LR_FACTOR x full training's default (adapters start at zero
     and move a few parameters, so they take larger steps); else None: train.py's default_lr."""
     if opts.lr is not None or not opts.lora:
@@ -37,7 +37,7 @@ def chosen_lr(opts: TrainingOptions, model) -> float | None:
     return LORA_LR_FACTOR * default_lr(model)
 
 
-def attach_lora(opts: TrainingOptions, model):
+def attach_lora(opts, model):
     """With --lora: the PeftModel around `model` (adapted in place), else None."""
     if not opts.lora:
         return None
@@ -57,8 +57,9 @@ def merge_lora(adapted, keep_adapter: Path | None, ctx: Context):
     return merge(adapted)
 
 
-def read_sets(opts: TrainingOptions, model):
-    """(train, dev): the training rows (shuffled by the seed's order later) and the dev set, if any."""
+def read_sets(opts, model):
+    """(train, dev) of a stage's files and token options: the training rows (in the seed's order
+    later) and the dev set, if any."""
     from headprune_cli.data.readers import read_data  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.stages.training.losses import check_labels  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
@@ -69,27 +70,11 @@ def read_sets(opts: TrainingOptions, model):
     return train, dev
 
 
-def loop_config(opts: TrainingOptions, lr: float | None, hidden_weight: float, **recovery):
-    """The loop's settings from the options; `recovery` adds finetune's own (state, resume, FSDP)."""
-    from headprune_cli.stages.training.train import FinetuneConfig  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
-
-    return FinetuneConfig(
-        epochs=opts.epochs,
-        steps=opts.steps,
-        lr=lr,
-        batch_size=opts.batch_size,
-        grad_accum=opts.grad_accum,
-        warmup=opts.warmup,
-        kd_weight=opts.kd_weight,
-        kd_temperature=opts.kd_temperature,
-        hidden_weight=hidden_weight,
-        seed=opts.seed,
-        device=opts.device,
-        dtype=opts.dtype,
-        recompute=opts.recompute,
-        autocast=opts.autocast,
-        **recovery,
-    )
+def loop_config(opts: TrainingOptions, lr: float | None, hidden_weight: float) -> RecoveryOptions:
+    """What the loop reads, from a stage's TrainingOptions field by field (their names are the
+    loop's), with the defaults that depend on the model resolved; no resumable state."""
+    values = {name: getattr(opts, name) for name in TrainingOptions.model_fields}
+    return RecoveryOptions.model_validate({**values, "lr": lr, "hidden_weight": hidden_weight})
 
 
 def run_training(

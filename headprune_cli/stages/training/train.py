@@ -19,7 +19,6 @@ import math
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -30,15 +29,26 @@ from headprune_cli.model.cost import count_params
 from headprune_cli.model.layout import info_of
 from headprune_cli.runtime import distributed
 from headprune_cli.runtime.device import cast_parameters, resolve_device, resolve_dtype, stored_dtype
+from headprune_cli.runtime.recompute import recomputed_blocks, wants_recompute
 from headprune_cli.stages.objectives import higher_is_better as metric_higher_is_better
 from headprune_cli.stages.objectives import next_token_mask
-from headprune_cli.stages.score.importance.recompute import recomputed_blocks, wants_recompute
+from headprune_cli.stages.options import RecoveryOptions
 from headprune_cli.stages.training import sharding
 from headprune_cli.stages.training import state as train_state
 from headprune_cli.stages.training.distill import kd_logits
 from headprune_cli.stages.training.gating import applied
 from headprune_cli.stages.training.hidden import captured, hidden_loss, pairs
-from headprune_cli.stages.training.losses import as_tensors, check_labels, fidelity_loss, predict, task_loss, trim
+from headprune_cli.stages.training.losses import (
+    as_tensors,
+    check_labels,
+    chunked_heads,
+    chunked_kd_loss,
+    chunked_task_loss,
+    fidelity_loss,
+    predict,
+    task_loss,
+    trim,
+)
 from headprune_cli.stages.training.precision import autocast_dtype, autocasting
 
 # Recovery starts from trained weights, so it uses about a tenth of the rate the model
@@ -58,29 +68,9 @@ def default_lr(model: nn.Module) -> float:
     return lr * DEEP_CUT_FACTOR if len(layout.layers) < layout.num_layers else lr
 
 
-@dataclass
-class FinetuneConfig:
-    epochs: int | None = None  # exactly one of epochs / steps; neither = 1 epoch
-    steps: int | None = None
-    lr: float | None = None  # None: default_lr(model)
-    batch_size: int = 16  # global rows per micro-batch
-    grad_accum: int = 1
-    warmup: float = 0.1  # < 1: fraction of the steps; >= 1: a step count
-    weight_decay: float = 0.0  # recovery stays near the trained weights
-    max_grad_norm: float = 1.0
-    kd_weight: float | None = None  # None: 0.5 with a teacher, 0 without (fidelity: 1)
-    kd_temperature: float = 2.0
-    hidden_weight: float = 0.0  # weight of the layer distillation term (hidden.py); needs a teacher
-    seed: int = 0
-    state_dir: Path | None = None
-    save_every: int = 50
-    resume: bool = False
-    stop_after: int | None = None  # stop as if interrupted after this many steps (tests)
-    device: str = "auto"  # device.resolve_device; under torchrun each process uses its LOCAL_RANK device
-    dtype: str = "auto"  # compute dtype of student and teacher; the returned model is cast back
-    recompute: bool | None = None  # activation checkpointing per block; None: on from 400 M parameters
-    fsdp: bool = False  # FSDP2 under torchrun (sharding.py) instead of DDP
-    autocast: bool | None = None  # bf16 autocast of the forward passes; None: where the device computes bf16 natively
+# What training reads is the recovery options themselves (stages/options.py), the options
+# object `finetune` hands over; library callers build one directly.
+FinetuneConfig = RecoveryOptions
 
 
 @dataclass
@@ -208,6 +198,11 @@ def finetune(
     return FinetuneResult(final, loop.step, lr, kd, loop.history, loop.best_epoch, completed, loop.first_loss)
 
 
+def hidden_weight(cfg: FinetuneConfig) -> float:
+    """The layer distillation weight (None: the stage left it unset, which is none)."""
+    return cfg.hidden_weight or 0.0
+
+
 def validate(model: nn.Module, train, cfg: FinetuneConfig, teacher: nn.Module | None) -> tuple[float, Plan]:
     """Check everything before training starts; returns (kd weight, step plan)."""
     task = info_of(model).task
@@ -222,10 +217,8 @@ def validate(model: nn.Module, train, cfg: FinetuneConfig, teacher: nn.Module | 
         raise UsageError(
             "an embedding model is recovered by matching a teacher's embeddings; pass --teacher auto or a checkpoint"
         )
-    if cfg.hidden_weight > 0 and teacher is None:
+    if hidden_weight(cfg) > 0 and teacher is None:
         raise UsageError("--hidden-weight > 0 needs a teacher (--teacher auto or a checkpoint)")
-    if not (math.isfinite(cfg.hidden_weight) and cfg.hidden_weight >= 0):
-        raise UsageError(f"--hidden-weight must be a finite number >= 0 (got {cfg.hidden_weight})")
     if kd > 0 and teacher is None:
         raise UsageError("--kd-weight > 0 needs a teacher (--teacher auto or a checkpoint)")
     if not 0.0 <= kd <= 1.0:
@@ -243,7 +236,7 @@ class _Loop:
         self.model, self.train, self.plan, self.optimizer, self.ctx = model, train, plan, optimizer, ctx
         self.teacher, self.kd, self.cfg, self.eval_fn, self.higher = teacher, kd, cfg, eval_fn, higher
         self.gating = gating
-        self.paired = pairs(model, teacher) if teacher is not None and cfg.hidden_weight > 0 else []
+        self.paired = pairs(model, teacher) if teacher is not None and hidden_weight(cfg) > 0 else []
         self.recompute = wants_recompute(model, cfg.recompute)
         self.autocast = autocast_dtype(ctx.device, cfg.autocast)
         self.wrapped = model if cfg.fsdp else _wrap(model, ctx)
@@ -323,21 +316,27 @@ class _Loop:
         task = info_of(self.model).task
         gated = applied(self.model, gates, self.ctx.device) if gates else nullcontext()
         # Gates stay on through the backward: a recomputed block must see the same hooks.
-        with gated, recomputed_blocks(self.model, self.recompute):
+        # A causal LM's logits in chunks of tokens (one process: no wrapper owns the head's weights);
+        # `pred` and `ref` are then last hidden states.
+        chunked = chunked_heads(self.model, self.teacher, rows, alone=self.ctx.world == 1)
+        with gated, recomputed_blocks(self.model, self.recompute), chunked as heads:
             with autocasting(self.ctx.device, self.autocast), self._hidden(self.model) as student_states:
                 pred = predict(self.wrapped, rows, task, self.model)
             loss_sum = torch.zeros((), device=self.ctx.device)
-            if self.kd < 1.0 and task != "embedding":
-                loss_sum = loss_sum + (1.0 - self.kd) * task_loss(pred, rows, task)[0]
             if self.kd > 0.0 or task == "embedding" or self.paired:
                 with torch.no_grad(), autocasting(self.ctx.device, self.autocast), self._hidden(self.teacher) as states:
                     ref = predict(self.teacher, rows, task, self.teacher)
-            if self.kd > 0.0 or task == "embedding":
-                loss_sum = loss_sum + (1.0 if task == "embedding" else self.kd) * self._kd(pred, ref, rows, task)
+            with autocasting(self.ctx.device, self.autocast) if heads else nullcontext():  # the heads as in predict
+                if self.kd < 1.0 and task != "embedding":
+                    task_sum = task_loss(pred, rows, task)[0] if heads is None else chunked_task_loss(heads, pred, rows)
+                    loss_sum = loss_sum + (1.0 - self.kd) * task_sum
+                if self.kd > 0.0 or task == "embedding":
+                    weight_kd = 1.0 if task == "embedding" else self.kd
+                    loss_sum = loss_sum + weight_kd * self._kd(pred, ref, rows, task, heads)
             if self.paired:
                 per_row = task != "causal-lm"  # a row's tokens share one row's weight, as the row losses do
                 hidden = hidden_loss(student_states, states, self.paired, rows["attention_mask"], per_row)[0]
-                loss_sum = loss_sum + self.cfg.hidden_weight * hidden
+                loss_sum = loss_sum + hidden_weight(self.cfg) * hidden
             loss_sum = loss_sum * weight
             # DDP averages gradients over processes, hence the factor world.
             (loss_sum * self.ctx.world / grand).backward()
@@ -347,9 +346,11 @@ class _Loop:
         """Capture the block outputs of `model` while layer distillation is on (--hidden-weight)."""
         return captured(model) if self.paired else nullcontext([])
 
-    def _kd(self, pred, ref, rows, task):
+    def _kd(self, pred, ref, rows, task, heads=None):
         if task == "embedding":
             return fidelity_loss(pred, ref, rows)[0]
+        if heads is not None:
+            return chunked_kd_loss(heads, pred, ref, rows, self.cfg.kd_temperature)
         if task == "causal-lm":
             return kd_logits(pred[:, :-1], ref[:, :-1], self.cfg.kd_temperature, next_token_mask(rows))[0]
         return kd_logits(pred, ref, self.cfg.kd_temperature)[0]

@@ -177,3 +177,37 @@ def test_lora_defaults_to_ten_times_full_trainings_rate_and_an_explicit_lr_wins(
     assert chosen_lr(FinetuneOptions(**common, lora=True), model) == pytest.approx(10 * default_lr(model))
     assert chosen_lr(FinetuneOptions(**common, lora=True, lr=3e-4), model) == 3e-4
     assert chosen_lr(FinetuneOptions(**common), model) is None  # full training: train.py's default_lr
+
+
+@pytest.mark.parametrize(("rank", "alpha", "scale"), [(2, 6.0, 3.0), (4, 1.0, 0.25), (3, None, 2.0)])
+def test_merged_update_is_b_times_a_scaled_by_alpha_over_rank(rank, alpha, scale):
+    """The merged weight is W + (alpha / r) B A, computed here by hand: an explicit --lora-alpha,
+    or 2 r when absent (scale 2). Independent of peft's own bookkeeping."""
+    model = TINY["llama-gqa"]()
+    name = "model.layers.1.self_attn.q_proj"
+    before = dict(model.named_modules())[name].weight.detach().clone()
+    adapted = attach(model, LoraSpec(rank=rank, alpha=alpha), seed=0)
+    wrapped = dict(model.named_modules())[name]
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        a = torch.randn(wrapped.lora_A["default"].weight.shape, generator=gen)
+        b = torch.randn(wrapped.lora_B["default"].weight.shape, generator=gen)
+        wrapped.lora_A["default"].weight.copy_(a)
+        wrapped.lora_B["default"].weight.copy_(b)
+    assert a.shape == (rank, before.shape[1]) and b.shape == (before.shape[0], rank)
+    merged = dict(merge(adapted).named_modules())[name].weight.detach()
+    torch.testing.assert_close(merged, before + scale * (b @ a), rtol=1e-5, atol=1e-5)
+
+
+def test_cli_lora_alpha_reaches_the_kept_adapter(cli, tmp_path):
+    import json
+
+    save(TINY["llama-gqa"](), tmp_path / "m.safetensors")
+    train = tensor_set(tmp_path / "train.safetensors", labels=False)
+    common = ["finetune", tmp_path / "m.safetensors", "--data", train, "--steps", "1", "--lora", "--lora-rank", "4"]
+    for extra, expected in (([], 8.0), (["--lora-alpha", "3"], 3.0)):
+        folder = tmp_path / f"ad{len(extra)}"
+        res = cli(*common, *extra, "--keep-adapter", folder, "-o", tmp_path / f"o{len(extra)}.safetensors")
+        assert res.code == 0, res.err
+        config = json.loads((folder / "adapter_config.json").read_text())
+        assert (config["r"], config["lora_alpha"]) == (4, expected)

@@ -193,3 +193,33 @@ def test_rewind_to_a_gqa_model_slices_kv_groups(tmp_path):
     assert torch.equal(attn.k_proj.weight, src.k_proj.weight[8:16])  # head_dim 8: KV head 1
     assert torch.equal(attn.q_proj.weight, src.q_proj.weight[16:32])  # query heads 2 and 3
     assert torch.equal(attn.o_proj.weight, src.o_proj.weight[:, 16:32])
+
+
+def test_rewind_onto_a_partly_pruned_source_reads_each_layer_by_its_original_index(tmp_path):
+    """The source already lost head 3 of layer 2 and some of layer 2's neurons; the model dropped
+    layer 1 and keeps heads 0 and 2 of layer 2 (position 1 now): each kept unit gets the source's
+    value of the same original layer and head, not of the layer at the same position."""
+    base = TINY["bert"]()
+    source = copy.deepcopy(base)
+    apply_plan(source, {2: [3]}, [], {2: list(range(40, 48))})
+    save(source, tmp_path / "source.safetensors")
+    tuned = copy.deepcopy(base)
+    with torch.no_grad():
+        for param in tuned.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    apply_plan(tuned, {0: [1], 2: [1, 3]}, [1], {2: list(range(24, 48))})
+    save(tuned, tmp_path / "pruned.safetensors")
+    model = load(tmp_path / "pruned.safetensors")
+    rewind(model, tmp_path / "source.safetensors")
+    assert len(model.bert.encoder.layer) == 2
+    for pos, layer, heads in ((0, 0, [0, 2, 3]), (1, 2, [0, 2])):
+        mine, theirs = model.bert.encoder.layer[pos], base.bert.encoder.layer[layer]
+        rows = _rows(heads)
+        for name in ("query", "key", "value"):
+            assert torch.equal(
+                getattr(mine.attention.self, name).weight, getattr(theirs.attention.self, name).weight[rows]
+            )
+        assert torch.equal(mine.attention.output.dense.weight, theirs.attention.output.dense.weight[:, rows])
+    mine, theirs = model.bert.encoder.layer[1], base.bert.encoder.layer[2]
+    assert torch.equal(mine.intermediate.dense.weight, theirs.intermediate.dense.weight[:24])
+    assert torch.equal(mine.output.dense.weight, theirs.output.dense.weight[:, :24])

@@ -206,3 +206,30 @@ def test_iterate_command_cuts_ffn_neurons_under_a_flops_schedule(cli, tmp_path):
         bad = cli("iterate", tmp_path / "m.safetensors", *common, *extra, "-o", tmp_path / "bad.safetensors")
         assert bad.code == 2 and message in bad.err, (extra, bad.err)
         assert not (tmp_path / "bad.safetensors").exists()
+
+
+def test_finetune_rounds_report_the_cut_before_training():
+    """Round 1's "pruned" metric is the input model cut by the round's removals, measured here."""
+    import copy
+
+    from headprune_cli.stages.objectives import evaluate
+    from headprune_cli.stages.prune.cut import cut
+    from headprune_cli.stages.select.chains import Selection
+
+    model, dev = TINY["reference"](), dataset(16, 1)
+    cfg = FinetuneConfig(steps=4, lr=3e-4, batch_size=16)
+    result = iterative_prune(
+        model,
+        dataset(32, 0),
+        dev,
+        schedule=schedule_of((0.3,)),
+        finetune_config=cfg,
+        objective="fidelity",
+        teacher=model,
+    )
+    (first,) = result.rounds
+    plain = copy.deepcopy(model)
+    cut(plain, Selection("r", first.remove_heads, []))
+    assert first.metric_pruned == evaluate(plain, dev, "fidelity", reference=model)[0].value
+    assert first.metric_recovered == evaluate(result.model, dev, "fidelity", reference=model)[0].value
+    assert first.metric_pruned != first.metric_recovered

@@ -107,3 +107,24 @@ def test_protected_heads_keep_their_unit_and_their_layer_open():
     assert heads.sum() == 1 and not neurons.any() and layers.tolist() == [False, False, True]
     nothing = Selection("budget", {}, [])
     assert space.closed(nothing).all()
+
+
+def test_per_kind_counts_query_heads_neurons_and_layers():
+    """llama-gqa: 3 layers of 8 query heads in 2 KV groups (a head unit is a group of 4 query
+    heads) and 48 FFN neurons; layer 0 has lost KV group 0 before the gates are made."""
+    from headprune_cli.model.surgery import apply_plan
+
+    model = TINY["llama-gqa"]()
+    apply_plan(model, {0: [0, 1, 2, 3]}, [])
+    space = GateSpace(model, Budget("flops", 0.5), 8, ffn=True, layers=True)
+    assert space.sizes == {"heads": 5, "neurons": 144, "layers": 3}
+    assert space.per_kind(torch.ones(space.size)) == {"heads": 20.0, "neurons": 144.0, "layers": 3.0}
+    closed = torch.zeros(space.size)
+    closed[[0, 1]] = 1.0  # layer 0's only unit (4 heads) and layer 1's first (4 heads)
+    closed[[5, 6, 7]] = 1.0  # three neurons
+    closed[-1] = 1.0  # the last layer
+    assert space.per_kind(closed) == {"heads": 8.0, "neurons": 3.0, "layers": 1.0}
+    half = torch.full((space.size,), 0.5)  # expected counts: each unit's count times its share closed
+    assert space.per_kind(half) == {"heads": 10.0, "neurons": 72.0, "layers": 1.5}
+    heads_only = GateSpace(model, Budget("heads", 0.5), 8)
+    assert heads_only.per_kind(torch.ones(heads_only.size)) == {"heads": 20.0}

@@ -177,12 +177,29 @@ def test_heads_neurons_and_layers_under_one_flops_budget_close_as_select_would(c
     )  # fmt: skip
     assert res.code == 0, res.err
     assert abs(shares_removed(res.err) - 0.5) <= 0.01  # within --gate-tolerance when the gates closed
-    assert re.search(
-        r"closed\s+\d+\s+of\s+\d+\s+heads,\s+\d+\s+of\s+\d+\s+FFN\s+neurons,\s+\d+\s+of\s+3\s+layers", res.err
-    )
     scores = parse_artifact(gates.read_text(), str(gates), ("scores",))
     report = scores.config["gates"]
     assert set(report["units"]) == {"heads", "neurons", "layers"} and report["closed"] >= 0.5 - 1e-9
+    # The counts, from the two checkpoints: query heads (not GQA units), neurons and layers gone.
+    counts = {}
+    for kind, model in (("of", load(ckpt)), ("kept", load(out))):
+        lay = model.headprune.layout
+        counts[kind] = {
+            "heads": sum(len(h) for h in lay.heads),
+            "neurons": sum(len(lay.kept_neurons(layer)) for layer in lay.layers),
+            "layers": len(lay.layers),
+        }
+    for kind, units in report["units"].items():
+        assert (units["closed"], units["of"]) == (counts["of"][kind] - counts["kept"][kind], counts["of"][kind])
+        assert 0 <= units["expected"] <= units["of"]
+    said = re.search(
+        r"closed\s+(\d+)\s+of\s+(\d+)\s+heads,\s+(\d+)\s+of\s+(\d+)\s+FFN\s+neurons,\s+(\d+)\s+of\s+(\d+)\s+layers",
+        res.err,
+    )
+    assert said, res.err
+    units = report["units"]
+    expected = [units[k][f] for k in ("heads", "neurons", "layers") for f in ("closed", "of")]
+    assert [int(n) for n in said.groups()] == expected
     # `select` on the gates artifact with the closing's constraints gives the cut that was made.
     plan = cli("select", gates, "--target-flops", "0.5", "--layer-threshold", "0.5", "--ffn-multiple-of", "1")
     assert plan.code == 0, plan.err

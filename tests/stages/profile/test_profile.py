@@ -13,8 +13,8 @@ import torch
 
 from headprune_cli.artifacts.schema import read_artifact
 from headprune_cli.stages import timing
-from headprune_cli.stages.profile import schema  # noqa: F401  (registers the kind)
 from headprune_cli.stages.profile.measure import grid
+from headprune_cli.stages.profile.stage import ProfileOptions
 from tests.support import saved_model
 from tests.support.latency import MacTimer
 
@@ -217,7 +217,7 @@ def test_the_whole_block_is_timed_several_times_a_round_and_pooled(monkeypatch):
 
     monkeypatch.setattr(timing, "make_timer", Stub)
     ticks = []
-    settings = measure.Settings(rounds=4, warmup=1, min_run_time=0.0, threads=1)
+    settings = ProfileOptions(model="m.safetensors", rounds=4, warmup=1, min_time=0.0, threads=1)
     units, widths = [1, 2, 4], [8, 24, 48]
     points = measure.layer_points(model, 0, units, widths, call_args, settings, lambda: ticks.append(1))
     whole = [t for t in made if t.fn.__self__ is block]

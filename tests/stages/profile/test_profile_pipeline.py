@@ -72,9 +72,9 @@ def test_profile_help_states_the_default_grid_and_its_examples_run(tmp_path, cli
     assert result.code == 0
     text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.out).split())
     assert "default 9: the smallest allowed count, every eighth of the full count, and all" in text
-    from headprune_cli.cli.profile_cmd import profile
+    from headprune_cli.stages.profile.stage import HELP
 
-    examples = [line.strip() for line in profile.__doc__.splitlines() if line.strip().startswith("headprune ")]
+    examples = [line.strip() for line in HELP.splitlines() if line.strip().startswith("headprune ")]
     assert len(examples) == 3 and all(example.split(" -o ")[0][:40] in text for example in examples)
     monkeypatch.chdir(tmp_path)
     model = TINY["bert"]()

@@ -12,7 +12,6 @@ from headprune_cli import load, save
 from headprune_cli.artifacts.schema import read_artifact
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.stages.report.schema import Report  # noqa: F401  (registers the kind)
 from tests.support import FAST_REPORT, ROOT, TINY, give_tokenizer, run_report, snapshot, write_text
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -17,8 +17,7 @@ from headprune_cli.artifacts.schema import read_artifact
 from headprune_cli.model.cost import decode_cost, kv_cache_bytes, prefill_flops, weight_bytes
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.stages.report.latency import cache_name
-from headprune_cli.stages.report.schema import Report  # noqa: F401  (registers the kind)
+from headprune_cli.stages.model_latency import cache_name
 from tests.support import CAUSAL, ROOT, TINY, VOCAB, counted_macs, give_tokenizer, write_text
 
 FAST = ("--seq-len", "16", "--repeats", "2", "--warmup", "0", "--batch-size", "4")

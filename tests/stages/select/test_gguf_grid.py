@@ -1,6 +1,6 @@
 """Widths on the quantization grid: `select --runtime llama.cpp --gguf-type T` keeps every FFN
 width a multiple of T's block, so `export --gguf --gguf-type T` writes every matrix in T; a cut
-that left the grid is refused by the export, naming the layer and the fix (model/gguf_grid.py)."""
+that left the grid is refused by the export, naming the layer and the fix (model/formats/gguf_grid.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import gguf
 import pytest
 
 import headprune_cli
-from headprune_cli.model.gguf_grid import block_of, grid_ffn_multiple, off_grid
+from headprune_cli.model.formats.gguf_grid import block_of, grid_ffn_multiple, off_grid
 from tests.support.gguf_models import VOCAB, bpe_tokenizer, tiny_llama
 from tests.support.refusals import assert_refused
 

@@ -8,9 +8,9 @@ import pytest
 
 from headprune_cli import save
 from headprune_cli.data.readers import read_data
+from headprune_cli.model.formats.vllm import nas_plan
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.model.vllm_export import nas_plan
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.score.importance import score_model
 from headprune_cli.stages.select.chains import Constraints
@@ -84,3 +84,49 @@ def test_an_unknown_runtime_is_refused_before_anything_is_written(scored, cli):
     result = cli("select", scores, "--ratio", "0.3", "--runtime", "tgi", "-o", tmp_path / "p.json")
     assert_refused(result, 2, "unknown --runtime 'tgi'")
     assert not (tmp_path / "p.json").exists()
+
+
+class _Neurons:
+    def __init__(self, steps: int):
+        self.allowed = list(range(steps))  # allowed prefixes: index f removes f steps of neurons
+
+
+class _Layer:
+    """A layer whose f-th FFN step costs `neuron_paid[f]` of loss and saves 10 units of cost."""
+
+    def __init__(self, neuron_paid: list[float]):
+        self.neuron_paid = neuron_paid
+        self.neurons = _Neurons(len(neuron_paid))
+
+    def price(self, h: int, f: int) -> float:
+        return 100.0 - 10.0 * f
+
+    def paid(self, h: int, f: int) -> float:
+        return self.neuron_paid[f]
+
+
+@pytest.mark.parametrize(
+    ("limit", "expected"),
+    [
+        (190.0, {0: [0, 1], 1: [0, 0]}),  # one step: layer 0's costs 1 / 10, layer 1's 5 / 10
+        (180.0, {0: [0, 1], 1: [0, 1]}),  # layer 0's second step costs 6 / 10: layer 1's is cheaper
+        (170.0, {0: [0, 1], 1: [0, 2]}),  # then layer 1's second (5 / 10) before layer 0's (6 / 10)
+        (160.0, {0: [0, 2], 1: [0, 2]}),
+    ],
+)
+def test_vllm_ffn_steps_go_to_the_least_loss_per_cost_saved(limit, expected):
+    from headprune_cli.stages.select.runtime import _fill_ffn
+
+    layers = {0: _Layer([0.0, 1.0, 7.0, 8.0]), 1: _Layer([0.0, 5.0, 10.0, 30.0])}
+    state = {0: [0, 0], 1: [0, 0]}
+    assert _fill_ffn(layers, state, lambda s: sum(layers[l].price(*s[l]) for l in s) <= limit)
+    assert state == expected
+
+
+def test_vllm_ffn_steps_run_out_when_nothing_fits():
+    from headprune_cli.stages.select.runtime import _fill_ffn
+
+    layers = {0: _Layer([0.0, 1.0]), 1: _Layer([0.0, 2.0])}
+    state = {0: [0, 0], 1: [0, 0]}
+    assert not _fill_ffn(layers, state, lambda s: False)
+    assert state == {0: [0, 1], 1: [0, 1]}  # every step taken before giving up

@@ -12,7 +12,6 @@ from headprune_cli.data.readers import read_data
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.objectives import evaluate
-from headprune_cli.stages.report.schema import Sweep  # noqa: F401  (registers the kind)
 from tests.support import TINY, give_tokenizer, write_jsonl, write_text
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from headprune_cli.artifacts.neuron_scores import decode, encode
 from headprune_cli.artifacts.schema import read_artifact
 from headprune_cli.model.checkpoint import read_info
 from tests.stages.tasks.conftest import task_args
@@ -160,3 +162,67 @@ def test_run_config_drives_the_tasks_stage_from_its_model(shared_base: Path, cli
     assert result.code == 0, result
     art = json.loads((shared_base / "run" / "tasks" / "tasks.json").read_text())
     assert [t["name"] for t in art["tasks"]] == ["a", "b", "fid"] and art["budget"]["value"] == 0.6
+
+
+def _scores_by_unit(scores: dict) -> dict[tuple[str, int, int], float]:
+    """Every scored unit of a scores artifact: ("heads" | "ffn", layer, index) -> score."""
+    out = {("heads", int(layer), int(head)): s for layer, heads in scores["heads"].items() for head, s in heads.items()}
+    for layer, entry in scores["ffn"]["layers"].items():
+        kept = [n for start, stop in entry["kept"] for n in range(start, stop)]
+        for neuron, s in zip(kept, decode(entry["scores"], len(kept)), strict=True):
+            out[("ffn", int(layer), neuron)] = s
+    return out
+
+
+def _kept_units(plan: dict, units) -> set:
+    heads = {int(k): set(v) for k, v in plan["remove_heads"].items()}
+    ffn = {int(k): set(v) for k, v in (plan.get("remove_ffn") or {}).items()}
+    removed = {"heads": heads, "ffn": ffn}
+    return {u for u in units if u[1] not in plan["remove_layers"] and u[2] not in removed[u[0]].get(u[1], set())}
+
+
+def test_shared_plan_is_select_on_the_summed_normalised_scores(shared_base: Path, cli):
+    """Reference built here from the tasks' own scores files: each task's scores divided by their
+    total, summed (the mean picks the same units), selected by `headprune select` under the same
+    budget. importance_kept and Spearman are recomputed from the same files."""
+    data, raw, args = shared_base / "data.safetensors", {}, []
+    for name in ("a", "b"):
+        path = shared_base / f"s-{name}.json"
+        model = shared_base / f"{name}.safetensors"
+        assert cli("score", model, "--data", data, "--method", "fisher", "--ffn", "-o", path).code == 0
+        raw[name] = json.loads(path.read_text())
+        args += ["--task", f"name={name},model={model},scores={path}"]
+    out = shared_base / "out"
+    assert cli("tasks", *args, *BUDGET, "-o", out).code == 0
+    units = {n: _scores_by_unit(raw[n]) for n in raw}
+    norm = {n: {u: s / sum(abs(v) for v in units[n].values()) for u, s in units[n].items()} for n in raw}
+    summed = {u: norm["a"][u] + norm["b"][u] for u in norm["a"]}
+    reference = json.loads(json.dumps(raw["a"]))  # a's cost table: both tasks share one architecture
+    reference["heads"] = {
+        layer: {head: summed[("heads", int(layer), int(head))] for head in heads}
+        for layer, heads in raw["a"]["heads"].items()
+    }
+    for layer, entry in reference["ffn"]["layers"].items():
+        kept = [n for start, stop in entry["kept"] for n in range(start, stop)]
+        entry["scores"] = encode([summed[("ffn", int(layer), n)] for n in kept])
+    (shared_base / "summed.json").write_text(json.dumps(reference))
+    assert cli("select", shared_base / "summed.json", *BUDGET, "-o", shared_base / "ref.json").code == 0
+    expected = json.loads((shared_base / "ref.json").read_text())
+    art = json.loads((out / "tasks.json").read_text())
+    differs = False
+    for name in raw:
+        shared = json.loads((out / f"plan-shared-{name}.json").read_text())
+        own = json.loads((out / f"plan-{name}.json").read_text())
+        for key in ("remove_heads", "remove_ffn", "remove_layers"):
+            assert shared[key] == expected[key], key
+        entry = next(t for t in art["tasks"] if t["name"] == name)
+        kept_shared, kept_own = _kept_units(shared, norm[name]), _kept_units(own, norm[name])
+        differs |= kept_shared != kept_own
+        assert entry["shared"]["importance_kept"] == pytest.approx(sum(norm[name][u] for u in kept_shared), rel=1e-6)
+        assert entry["own"]["importance_kept"] == pytest.approx(sum(norm[name][u] for u in kept_own), rel=1e-6)
+    assert differs  # otherwise the shared and own kept sets could be confused unseen
+    heads = sorted(u for u in units["a"] if u[0] == "heads")
+    a, b = (np.array([units[n][u] for u in heads]) for n in ("a", "b"))
+    assert len(set(a)) == len(a) and len(set(b)) == len(b)  # no ties: ranks are argsort's
+    rho = np.corrcoef(a.argsort().argsort(), b.argsort().argsort())[0, 1]
+    assert art["pairs"][0]["spearman_heads"] == pytest.approx(rho, abs=1e-12)

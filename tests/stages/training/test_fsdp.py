@@ -33,8 +33,11 @@ from headprune_cli.stages.training.train import FinetuneConfig, finetune
 student, root, data, out, state = sys.argv[1:6]
 ctx = setup()
 
-def run(folder, **extra):
+def run(folder, dropout=0.0, **extra):
     model = load(student)
+    for module in model.modules():  # LLaMA's attention dropout: random draws the resumed run must repeat
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = dropout
     cfg = FinetuneConfig(steps=4, lr=3e-3, warmup=0, batch_size=8, grad_accum=2, seed=1, kd_weight=0.5,
                          fsdp=ctx.active, state_dir=Path(folder), save_every=1, **extra)
     return finetune(model, load_file(data), cfg, teacher=load_teacher(root, model)).model
@@ -47,6 +50,10 @@ write(run(state + "/straight"), out)
 if ctx.active:
     run(state + "/stopped", stop_after=2)
     write(run(state + "/stopped", resume=True), out + ".resumed")
+if ctx.active and sys.argv[6:] == ["dropout"]:  # every rank's random stream is saved and restored too
+    write(run(state + "/drop", dropout=0.5), out + ".drop")
+    run(state + "/drop-stopped", dropout=0.5, stop_after=2)
+    write(run(state + "/drop-stopped", dropout=0.5, resume=True), out + ".drop.resumed")
 """
 
 
@@ -81,6 +88,7 @@ def test_fsdp_over_two_processes_equals_one_process_and_resumes_exactly(tmp_path
             *args,
             str(tmp_path / "two.safetensors"),
             str(tmp_path / "st2"),
+            *(["dropout"] if family == "llama-gqa" else []),
         ]
     )
     one, two = load_file(str(tmp_path / "one.safetensors")), load_file(str(tmp_path / "two.safetensors"))
@@ -92,6 +100,12 @@ def test_fsdp_over_two_processes_equals_one_process_and_resumes_exactly(tmp_path
     resumed = load_file(str(tmp_path / "two.safetensors.resumed"))
     for name in two:
         torch.testing.assert_close(resumed[name], two[name], rtol=0, atol=0)
+    if family == "llama-gqa":  # with dropout the draws differ per step: resuming must restore each rank's RNG
+        drop = load_file(str(tmp_path / "two.safetensors.drop"))
+        assert any(not torch.equal(drop[k], two[k]) for k in two)  # the dropout drew
+        drop_resumed = load_file(str(tmp_path / "two.safetensors.drop.resumed"))
+        for name in drop:
+            torch.testing.assert_close(drop_resumed[name], drop[name], rtol=0, atol=0)
     # The sharded state names its plan: another world size is refused before anything is read.
     saved = tmp_path / "st2" / "stopped"
     units = sharding.plan(load(student), 2)["units"]

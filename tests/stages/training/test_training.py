@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -193,3 +194,48 @@ def test_kd_gradient_matches_autograd():
     log_s, log_t = torch.log_softmax(ref / 2, -1), torch.log_softmax(t / 2, -1)
     (4 * (log_t.exp() * (log_t - log_s)).sum()).backward()
     torch.testing.assert_close(s.grad.float(), ref.grad.float(), rtol=1e-5, atol=1e-6)
+
+
+class _RankZeroOfTwo:
+    """Rank 0 of a two-process run, without the process group: sums stay local."""
+
+    rank, world, device, main, active = 0, 2, torch.device("cpu"), True, True
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def barrier(self) -> None:
+        pass
+
+
+def test_a_rank_backpropagates_its_rows_loss_sum_times_world_over_the_global_count(monkeypatch):
+    """DDP and FSDP average gradients over processes, so each rank's backward carries world x
+    (its rows' loss sum) / (the global count): averaged over 2 ranks, the global mean's gradient.
+    Checked on rank 0 against cross-entropy written out here, on rows 0, 2, 4, ... of the batch."""
+    from headprune_cli.stages.training import train as train_module
+
+    monkeypatch.setattr(train_module, "_wrap", lambda model, ctx: model)  # no DDP without a process group
+    model = TINY["reference"]()
+    reference = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(2, 60, (6, 8), generator=gen)
+    rows = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids[:, 0] % 2}
+    cfg = FinetuneConfig(steps=1, batch_size=6)
+    loop = train_module._Loop(
+        model, rows, train_module.Plan(6, cfg, 1e-3), None, _RankZeroOfTwo(), None, 0.0, cfg, None, None
+    )
+    model.train()
+    loop.micro_step(torch.arange(6), 6.0, 6.0)
+    reference.train()
+    mine = {k: v[0::2] for k, v in rows.items()}
+    logits = reference(input_ids=mine["input_ids"], attention_mask=mine["attention_mask"]).logits
+    (2 * torch.nn.functional.cross_entropy(logits, mine["labels"], reduction="sum") / 6.0).backward()
+    expected = dict(reference.named_parameters())
+    checked = 0
+    for name, param in model.named_parameters():
+        if expected[name].grad is None:
+            assert param.grad is None or not param.grad.any(), name
+            continue
+        torch.testing.assert_close(param.grad, expected[name].grad, rtol=1e-5, atol=1e-8)
+        checked += 1
+    assert checked > 10

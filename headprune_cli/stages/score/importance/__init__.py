@@ -1,10 +1,11 @@
-"""Importance of every head (and layer): one small scorer class per method, a registry.
+"""Importance of every head, FFN neuron and layer: one small class per method, one registry.
 
-A scorer is a callable `scorer(ctx) -> list[Tensor]` (one float64 tensor per kept layer,
-in the model's current head order; higher = more important). `score_model` turns that
-into a ScoreTable in original indices; `scores_artifact` wraps it in the versioned JSON
-envelope. The registry (registry.py) needs no torch, so selection can read what a
-method's scores mean without loading it; the rest loads on first use.
+Every method is an `Importance` (protocol.py): `heads(ctx)` / `neurons(ctx)` return one
+float64 tensor per kept layer in the model's current order, `layers(ctx)` one score per kept
+layer; higher = more important. registry.py declares each method once (class, units,
+scale, options). `score_model` turns the scores into a ScoreTable in original indices;
+`scores_artifact` wraps it in the versioned JSON envelope. The registry needs no torch, so
+selection can read what a method's scores mean without loading it; the rest loads on first use.
 """
 
 from importlib import import_module
@@ -12,6 +13,7 @@ from importlib import import_module
 from headprune_cli.stages.score.importance.registry import HEAD_METHODS, LAYER_METHODS
 
 _LAZY = {
+    "Importance": "protocol",
     "make_scorer": "api",
     "score_model": "api",
     "scores_artifact": "api",

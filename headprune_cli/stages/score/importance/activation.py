@@ -14,12 +14,14 @@ import torch
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.arch.base import is_conv1d
 from headprune_cli.stages.score.importance.context import ScoreContext
+from headprune_cli.stages.score.importance.neurons import activation_neurons
+from headprune_cli.stages.score.importance.protocol import Importance
 
 
-class Activation:
+class Activation(Importance):
     name = "activation"
 
-    def __call__(self, ctx: ScoreContext) -> list[torch.Tensor]:
+    def heads(self, ctx: ScoreContext) -> list[torch.Tensor]:
         adapter = adapter_for(ctx.model)
         views = [adapter.attention(block) for block in adapter.layer_list(ctx.model)]
         squares = [torch.zeros(len(h), dtype=torch.float64, device=ctx.device) for h in ctx.layout.heads]
@@ -51,3 +53,6 @@ class Activation:
             norms = w.reshape(len(heads), view.head_dim, -1).pow(2).sum(dim=(1, 2)).sqrt()
             out.append(norms.to(ctx.device) * x2.sqrt())
         return out
+
+    def neurons(self, ctx: ScoreContext) -> list[torch.Tensor]:
+        return activation_neurons(ctx)

@@ -10,26 +10,23 @@ from torch import nn
 
 from headprune_cli.artifacts.neuron_scores import ffn_block
 from headprune_cli.artifacts.schema import envelope, input_ref
-from headprune_cli.data.readers import Dataset
+from headprune_cli.data.readers import Dataset, used_width
 from headprune_cli.errors import DataError, UsageError
 from headprune_cli.model import cost
 from headprune_cli.model.layout import info_of
+from headprune_cli.runtime.recompute import tokens_per_pass, wants_recompute
 from headprune_cli.stages.objectives import check_objective, needs_labels
 from headprune_cli.stages.score.importance.context import ProgressFactory, ScoreContext, no_progress
-from headprune_cli.stages.score.importance.gradients import gradient_stats
 from headprune_cli.stages.score.importance.layers import attention_loss, ffn_loss
-from headprune_cli.stages.score.importance.neurons import activation_stats, neuron_scores
-from headprune_cli.stages.score.importance.recompute import wants_recompute
+from headprune_cli.stages.score.importance.protocol import Importance
 from headprune_cli.stages.score.importance.registry import check_ffn, head_method, layer_method
 from headprune_cli.stages.score.table import ScoreTable
 
 
-def make_scorer(method: str, *, normalize: bool = True, weights: Mapping[str, float] | None = None):
-    """The scorer for `method`, given the settings its registry entry declares it takes."""
+def make_scorer(method: str, **settings) -> Importance:
+    """The scorer for `method`, given those of `settings` its registry entry declares it takes."""
     entry = head_method(method)
-    settings = {"normalize": normalize, "weights": weights, "make": lambda m: make_scorer(m, normalize=normalize)}
-    wanted = {"weights": ("weights", "make"), "normalize": ("normalize",)}
-    return entry.make(**{key: settings[key] for option in entry.options for key in wanted[option]})
+    return entry.make(**{key: value for key, value in settings.items() if key in entry.options})
 
 
 def score_model(
@@ -55,8 +52,9 @@ def score_model(
     `ffn` scores every FFN neuron too, in the same passes (and, with loo/refit layers, the
     loss of removing each layer's whole FFN). `recompute` runs gradient passes with each block
     recomputed in the backward (less memory, the same scores; None: on for models of 400 M
-    parameters or more, see importance.recompute). Under torchrun every process must call this
-    with the same arguments.
+    parameters or more and for causal LMs whose batch would outgrow their activation budget,
+    see runtime.recompute; such a batch is also run a few rows at a time). Under torchrun
+    every process must call this with the same arguments.
     """
     objective = check_objective(objective, model)
     if needs_labels(objective) and dataset.labels is None:
@@ -66,22 +64,28 @@ def score_model(
     scorer = make_scorer(method, normalize=normalize, weights=weights)
     if ffn:
         check_ffn(method)
-        if method == "gradient" and normalize:
-            raise UsageError(
-                "--ffn with gradient needs --no-normalize: per-layer normalisation would put heads "
-                "and neurons on different scales"
-            )
+    scorer.check(ffn)
     layer_entry = layer_method(layers) if layers else None
     torch.manual_seed(seed)
+    batch_tokens = min(batch_size, len(dataset)) * used_width(dataset.attention_mask)
+    recompute = wants_recompute(model, recompute, batch_tokens)
     ctx = ScoreContext(
-        model, dataset, objective, batch_size, seed, progress, ffn=ffn, recompute=wants_recompute(model, recompute)
+        model,
+        dataset,
+        objective,
+        batch_size,
+        seed,
+        progress,
+        ffn=ffn,
+        recompute=recompute,
+        tokens_per_pass=tokens_per_pass(model, recompute),
     )
     was_training = model.training
     model.eval()  # dropout off: scores must be deterministic
     try:
-        per_layer = scorer(ctx)
-        neurons = _neuron_scores(method, ctx) if ffn else None
-        layer_scores = layer_entry.make()(ctx) if layer_entry else None
+        per_layer = scorer.heads(ctx)
+        neurons = scorer.neurons(ctx) if ffn else None
+        layer_scores = layer_entry.make().layers(ctx) if layer_entry else None
         measured = layer_entry is not None and layer_entry.measures_attention
         attention = attention_loss(ctx) if measured else None
         whole_ffn = ffn_loss(ctx) if measured and ffn else None
@@ -92,11 +96,7 @@ def score_model(
         layer: {head: float(value) for head, value in zip(kept, scores.tolist())}
         for layer, kept, scores in zip(layout.layers, layout.heads, per_layer)
     }
-    config = {"method": method, "objective": objective, "batch_size": batch_size, "seed": seed}
-    if method == "gradient":
-        config["normalize"] = normalize
-    if method == "combined":
-        config["weights"] = dict(sorted(scorer.weights.items()))
+    config = {"method": method, "objective": objective, "batch_size": batch_size, "seed": seed, **scorer.settings()}
     if layers:
         config["layers"] = layers
     if ffn:
@@ -115,17 +115,6 @@ def score_model(
         config=config,
         **({} if neurons is None else _ffn_fields(layout, neurons, whole_ffn)),
     )
-
-
-def _neuron_scores(method: str, ctx: ScoreContext) -> list[torch.Tensor]:
-    """Per kept layer, one score per kept neuron, from the passes the head scores made."""
-    if method == "activation":
-        stats = activation_stats(ctx)
-    elif method == "random":
-        stats = {}
-    else:
-        stats = gradient_stats(ctx, weights=method == "taylor-weight")
-    return neuron_scores(method, ctx, stats)
 
 
 def _ffn_fields(layout, neurons: list[torch.Tensor], whole: torch.Tensor | None) -> dict:

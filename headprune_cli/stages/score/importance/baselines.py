@@ -3,26 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
 from headprune_cli.errors import UsageError
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.score.importance.context import ScoreContext
+from headprune_cli.stages.score.importance.neurons import random_scores
+from headprune_cli.stages.score.importance.protocol import Importance
 
 DEFAULT_WEIGHTS = {"taylor": 1.0, "loo": 1.0}
 
 
-class Random:
+class Random(Importance):
     """Uniform [0, 1) per ORIGINAL (layer, head): a pruned model's heads keep their draws."""
 
     name = "random"
 
-    def __call__(self, ctx: ScoreContext) -> list[torch.Tensor]:
+    def heads(self, ctx: ScoreContext) -> list[torch.Tensor]:
         layout = ctx.layout
         gen = torch.Generator().manual_seed(ctx.seed)
         table = torch.rand(layout.num_layers, max(layout.num_heads), generator=gen, dtype=torch.float64)
         return [table[layer, heads].to(ctx.device) for layer, heads in zip(layout.layers, layout.heads)]
+
+    def neurons(self, ctx: ScoreContext) -> list[torch.Tensor]:
+        return random_scores(ctx)
 
 
 def min_max(scores: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -32,27 +38,32 @@ def min_max(scores: list[torch.Tensor]) -> list[torch.Tensor]:
     return [(s - low) / span if span > 0 else torch.zeros_like(s) for s in scores]
 
 
-class Combined:
+class Combined(Importance):
     """sum_m w_m * min_max(score_m): methods share one gradient pass where they can."""
 
     name = "combined"
 
-    def __init__(self, weights: Mapping[str, float] | None, make: Callable[[str], object]):
+    def __init__(self, weights: Mapping[str, float] | None = None, normalize: bool = True):
+        from headprune_cli.stages.score.importance.api import make_scorer  # noqa: PLC0415 (api builds this class: a top-level import would be a circle)
+
         self.weights = dict(weights or DEFAULT_WEIGHTS)
-        self.make = make
+        self.make: Callable[[str], Importance] = lambda method: make_scorer(method, normalize=normalize)
         if not self.weights:
             raise UsageError("combined needs at least one METHOD=WEIGHT")
         for method in self.weights:
             if method == "combined":
                 raise UsageError("combined cannot include itself")
-            make(method)  # an unknown name fails here, before any work
+            self.make(method)  # an unknown name fails here, before any work
 
-    def __call__(self, ctx: ScoreContext) -> list[torch.Tensor]:
+    def heads(self, ctx: ScoreContext) -> list[torch.Tensor]:
         total = None
         for method, weight in sorted(self.weights.items()):
-            part = [weight * s for s in min_max(self.make(method)(ctx))]
+            part = [weight * s for s in min_max(self.make(method).heads(ctx))]
             total = part if total is None else [a + b for a, b in zip(total, part)]
         return total
+
+    def settings(self) -> dict[str, Any]:
+        return {"weights": dict(sorted(self.weights.items()))}
 
 
 def parse_weights(items: list[str] | None, known: list[str]) -> dict[str, float] | None:

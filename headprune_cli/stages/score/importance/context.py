@@ -9,6 +9,7 @@ the order of float64 additions.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ class ScoreContext:
     cache: dict = field(default_factory=dict)  # shared passes (gradient statistics) for `combined`
     ffn: bool = False  # also gather FFN neuron statistics (`score --ffn`)
     recompute: bool = False  # gradient passes recompute each block in the backward (`score --recompute`)
+    tokens_per_pass: int = sys.maxsize  # gradient passes split a batch into rows holding at most this many tokens
 
     @property
     def device(self) -> torch.device:
@@ -79,6 +81,17 @@ class ScoreContext:
             batch = as_batch(self.dataset.select(start, start + self.batch_size))
             yield number, start, {k: v.to(self.device) for k, v in batch.items()}
             advance()
+
+    def pieces(self, start: int, batch: dict) -> Iterator[tuple[int, dict]]:
+        """(index of its first example, rows) of `batch` a few rows at a time within
+        `tokens_per_pass` (the whole batch when it fits): per-example statistics add up the same."""
+        size, width = batch["input_ids"].shape[:2]
+        rows = max(1, self.tokens_per_pass // max(1, width))
+        if rows >= size:
+            yield start, batch
+            return
+        for first in range(0, size, rows):
+            yield start + first, {k: v[first : first + rows] for k, v in batch.items()}
 
     def reduce(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Sum float64 tensors over all processes (identity for one process)."""

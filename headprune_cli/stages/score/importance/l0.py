@@ -26,17 +26,18 @@ from headprune_cli.data.readers import as_batch, num_batches
 from headprune_cli.model.surgery import HeadGates
 from headprune_cli.stages.objectives import check_finite, embed, per_example_loss
 from headprune_cli.stages.score.importance.context import ScoreContext, trainable_only, world
+from headprune_cli.stages.score.importance.protocol import Importance
 
 BETA, GAMMA, ZETA = 2.0 / 3.0, -0.1, 1.1
 
 
-class L0:
+class L0(Importance):
     name = "l0"
 
     def __init__(self, steps: int = 100, lr: float = 0.1, penalty: float = 0.5, init: float = 3.0):
         self.steps, self.lr, self.penalty, self.init = steps, lr, penalty, init
 
-    def __call__(self, ctx: ScoreContext) -> list[torch.Tensor]:
+    def heads(self, ctx: ScoreContext) -> list[torch.Tensor]:
         counts = ctx.head_counts()
         log_alpha = torch.full((sum(counts),), self.init, dtype=torch.float32, device=ctx.device, requires_grad=True)
         optimizer = torch.optim.Adam([log_alpha], lr=self.lr)

@@ -21,12 +21,13 @@ from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, NeuronGates, apply_plan, skip_layers
 from headprune_cli.stages.objectives import check_finite, embed, per_example_loss
 from headprune_cli.stages.score.importance.context import ScoreContext
+from headprune_cli.stages.score.importance.protocol import Importance
 
 
-class BlockInfluence:
+class BlockInfluence(Importance):
     name = "cosine"
 
-    def __call__(self, ctx: ScoreContext) -> torch.Tensor:
+    def layers(self, ctx: ScoreContext) -> torch.Tensor:
         blocks = adapter_for(ctx.model).layer_list(ctx.model)
         sums = torch.zeros(len(blocks), dtype=torch.float64, device=ctx.device)
         seen: dict[int, torch.Tensor] = {}
@@ -56,10 +57,10 @@ class BlockInfluence:
         return sums / len(ctx.dataset)
 
 
-class LayerLeaveOneOut:
+class LayerLeaveOneOut(Importance):
     name = "loo"
 
-    def __call__(self, ctx: ScoreContext) -> torch.Tensor:
+    def layers(self, ctx: ScoreContext) -> torch.Tensor:
         layers = ctx.layout.layers
         diffs = torch.zeros(len(layers), dtype=torch.float64, device=ctx.device)
         with torch.no_grad():
@@ -110,7 +111,7 @@ def _whole_block_loss(ctx: ScoreContext, gating, counts: list[int], description:
     return diffs / len(ctx.dataset)
 
 
-class LayerRefit:
+class LayerRefit(Importance):
     """Loss after removing the block AND a short refit, minus the loss before (ShortGPT's
     question asked the way recovery answers it; cf. Kim et al. 2024, Shortened LLaMA, whose
     loss-based criterion beats cosine once the model is retrained).
@@ -125,7 +126,7 @@ class LayerRefit:
     REFIT_STEPS = 12
     BATCH = 16
 
-    def __call__(self, ctx: ScoreContext) -> torch.Tensor:
+    def layers(self, ctx: ScoreContext) -> torch.Tensor:
         from headprune_cli.stages.training.train import FinetuneConfig, finetune  # noqa: PLC0415 (keeps numpy, safetensors out of this module's import)
 
         n = len(ctx.dataset)

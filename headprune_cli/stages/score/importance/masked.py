@@ -17,6 +17,7 @@ import torch
 from headprune_cli.model.surgery import HeadGates
 from headprune_cli.stages.objectives import check_finite, embed, per_example_loss
 from headprune_cli.stages.score.importance.context import ScoreContext
+from headprune_cli.stages.score.importance.protocol import Importance
 
 COPIES_PER_FORWARD = 8  # batch copies (one masked head each) in one loo forward
 
@@ -38,10 +39,10 @@ def replica_losses(ctx: ScoreContext, big: dict, size: int, masks: list, referen
     return out, losses.double().view(copies, size)
 
 
-class LeaveOneOut:
+class LeaveOneOut(Importance):
     name = "loo"
 
-    def __call__(self, ctx: ScoreContext) -> list[torch.Tensor]:
+    def heads(self, ctx: ScoreContext) -> list[torch.Tensor]:
         heads = [(pos, h) for pos, n in enumerate(ctx.head_counts()) for h in range(n)]
         copies = min(COPIES_PER_FORWARD, len(heads))
         diffs = torch.zeros(len(heads), dtype=torch.float64, device=ctx.device)
@@ -61,10 +62,10 @@ class LeaveOneOut:
         return list(diffs.split(ctx.head_counts()))
 
 
-class Entropy:
+class Entropy(Importance):
     name = "entropy"
 
-    def __call__(self, ctx: ScoreContext) -> list[torch.Tensor]:
+    def heads(self, ctx: ScoreContext) -> list[torch.Tensor]:
         sums = [torch.zeros(n, dtype=torch.float64, device=ctx.device) for n in ctx.head_counts()]
         with eager_attention(ctx.model), torch.no_grad():
             for number, _, batch in ctx.my_batches("scoring (entropy)"):

@@ -1,9 +1,10 @@
-"""FFN neuron scores, computed in the same passes as the head scores (`score --ffn`).
+"""FFN neuron statistics, gathered in the same passes as the head scores (`score --ffn`).
 
 A neuron is one input feature of a layer's down projection. Its mask m_j multiplies that
 feature, so dL/dm_j = sum_t dL/dx_{t,j} x_{t,j}: a tensor hook on the down projection's
 input gives it per token and per example in the heads' one backward pass, without a
 [batch, seq, width] gate tensor per layer (at LLM widths that would be gigabytes).
+Each method's `neurons()` turns the statistics into scores:
 - gradient: mean_i |dL_i/dm_j| (never normalised: neurons and heads share one scale);
 - fisher (Kwon et al. 2022): sum_i (dL_i/dm_j)^2, the same diagonal Fisher as the heads';
 - taylor: mean_i sum_t |dL_i/dx_{t,j} x_{t,j}|;
@@ -68,56 +69,44 @@ class NeuronTaps:
                 real = self.mask[..., None].to(x.dtype) if x.dim() == 3 else 1.0
                 self.sums["x2"][pos] += (x.double() ** 2 * real).sum(dim=tuple(range(x.dim() - 1))).to(self.ctx.device)
             if x.requires_grad:
-                x.register_hook(self._backward(pos, x.detach()))
+                return (_Tap.apply(x, lambda grad, saved: self._add(pos, grad, saved)), *args[1:])
+            return None
 
         return hook
 
-    def _backward(self, pos: int, x: torch.Tensor):
-        def hook(grad):
-            # [B, T, W] per-token mask gradients, in ONE temporary: float32 holds the product of
-            # two 16-bit floats exactly, so bf16/fp16 models need no float64 copies of grad and x
-            # (at LLM widths each is megabytes per layer); sums run in float64 all the same.
-            exact = (
-                torch.float32
-                if grad.dtype in (torch.bfloat16, torch.float16) and x.dtype == grad.dtype
-                else torch.float64
-            )
-            term = grad.to(exact, copy=True).mul_(x)  # a copy: autograd still needs `grad`
-            per_example = (term.sum(1, dtype=torch.float64) if term.dim() == 3 else term.double()).to(self.ctx.device)
-            self.sums["abs"][pos] += per_example.abs().sum(0)
-            self.sums["sq"][pos] += (per_example * per_example).sum(0)
-            self.sums["taylor"][pos] += (
-                term.abs_().sum(dim=tuple(range(term.dim() - 1)), dtype=torch.float64).to(self.ctx.device)
-            )
-
-        return hook
+    def _add(self, pos: int, grad: torch.Tensor, x: torch.Tensor) -> None:
+        # [B, T, W] per-token mask gradients, in ONE temporary: float32 holds the product of
+        # two 16-bit floats exactly, so bf16/fp16 models need no float64 copies of grad and x
+        # (at LLM widths each is megabytes per layer); sums run in float64 all the same.
+        half = grad.dtype in (torch.bfloat16, torch.float16) and x.dtype == grad.dtype
+        exact = torch.float32 if half else torch.float64
+        term = grad.to(exact, copy=True).mul_(x)  # a copy: autograd still needs `grad`
+        per_example = (term.sum(1, dtype=torch.float64) if term.dim() == 3 else term.double()).to(self.ctx.device)
+        self.sums["abs"][pos] += per_example.abs().sum(0)
+        self.sums["sq"][pos] += (per_example * per_example).sum(0)
+        self.sums["taylor"][pos] += (
+            term.abs_().sum(dim=tuple(range(term.dim() - 1)), dtype=torch.float64).to(self.ctx.device)
+        )
 
 
-def neuron_scores(method: str, ctx: ScoreContext, stats: dict[str, list[torch.Tensor]]) -> list[torch.Tensor]:
-    """Per kept layer, one float64 score per kept neuron (current order); higher = keep."""
-    n = len(ctx.dataset)
-    if method == "gradient":
-        return [s / n for s in stats["ffn_abs"]]
-    if method == "fisher":
-        return list(stats["ffn_sq"])
-    if method == "taylor":
-        return [s / n for s in stats["ffn_taylor"]]
-    if method == "taylor-weight":
-        out = []
-        for down, grad in zip(down_modules(ctx.model), stats["ffn_weight"]):
-            term = (grad * down.weight.detach().double()).abs()
-            out.append((term.sum(1) if is_conv1d(down) else term.sum(0)) / n)  # [in, out] for Conv1D
-        return out
-    if method == "activation":
-        out = []
-        for down, x2 in zip(down_modules(ctx.model), stats["ffn_x2"]):
-            w = down.weight.detach().double()
-            column_norms = w.norm(dim=1) if is_conv1d(down) else w.norm(dim=0)
-            out.append(column_norms.to(ctx.device) * x2.sqrt())
-        return out
-    if method == "random":
-        return random_scores(ctx)
-    raise ValueError(f"no neuron scores for {method!r}")
+class _Tap(torch.autograd.Function):
+    """Identity on the down projection's input whose backward hands (dL/dx, x) to a callback.
+
+    x is one of the Function's saved tensors, so under `--recompute` it is dropped after the
+    forward and computed again with its block when the backward gets there: a tensor hook
+    holding x instead would keep every layer's [B, T, width] input alive until the backward."""
+
+    @staticmethod
+    def forward(ctx, x, add):
+        ctx.save_for_backward(x)
+        ctx.add = add
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        ctx.add(grad, x.detach())
+        return grad, None
 
 
 def random_scores(ctx: ScoreContext) -> list[torch.Tensor]:
@@ -136,3 +125,13 @@ def activation_stats(ctx: ScoreContext) -> dict[str, list[torch.Tensor]]:
             with taps.attached(batch["attention_mask"]):
                 ctx.model(**{k: v for k, v in batch.items() if k != "labels"})
     return {"ffn_x2": ctx.reduce(taps.sums["x2"])}
+
+
+def activation_neurons(ctx: ScoreContext) -> list[torch.Tensor]:
+    """||W_down[:, j]||_2 * ||x_j||_2 per neuron: Wanda's product for a whole input channel."""
+    out = []
+    for down, x2 in zip(down_modules(ctx.model), activation_stats(ctx)["ffn_x2"]):
+        w = down.weight.detach().double()
+        column_norms = w.norm(dim=1) if is_conv1d(down) else w.norm(dim=0)
+        out.append(column_norms.to(ctx.device) * x2.sqrt())
+    return out

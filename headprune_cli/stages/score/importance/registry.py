@@ -1,8 +1,10 @@
-"""What every importance method is, declared once: its scorer class, which units it
-scores, whether its scores are loss changes, and which options it takes.
+"""What every importance method is, declared once: its scorer class (an `Importance`,
+protocol.py), which units it scores, whether its scores are loss changes, and which
+options it takes. Adding a method is one class and one entry here.
 
 Selection reads the declarations (joint selection prices only loss-scale scores against
-each other) without importing torch; `make_scorer` builds the class from the same entry.
+each other) without importing torch; `make_scorer` builds the class from the same entry,
+passing it only the options the entry names.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from headprune_cli.names import did_you_mean
 class Method:
     name: str
     scorer: str  # "module:Class" under headprune_cli.stages.score.importance
-    units: str  # "heads" or "layers"
+    units: str  # "heads" (its `heads()`, and `neurons()` where `ffn` is YES) or "layers" (its `layers()`)
     loss_scale: bool  # scores are measured loss changes (comparable across units)
-    options: tuple[str, ...] = ()  # score options it takes besides the common ones
+    options: tuple[str, ...] = ()  # score options its class takes (keyword arguments) besides the common ones
     measures_attention: bool = False  # layer methods that also measure each layer's heads (and FFN) together
     ffn: str | None = None  # it scores FFN neurons too (`score --ffn`); else why not
 
@@ -57,10 +59,15 @@ _HEADS = [
         "baselines:Combined",
         "heads",
         False,
-        ("weights",),
+        ("weights", "normalize"),
         ffn="combined min-max-normalises per method, which puts neurons and heads on no common scale",
     ),
     Method("random", "baselines:Random", "heads", False, ffn=YES),
+    # The published LLM pruning criteria (flap.py, llm_pruner.py), each as its paper defines it.
+    Method("flap", "flap:Flap", "heads", False, ffn=YES),
+    Method("wanda-sp", "flap:WandaSp", "heads", False, ffn=YES),
+    Method("minitron", "flap:Minitron", "heads", False, ffn=YES),
+    Method("llm-pruner", "llm_pruner:LlmPruner", "heads", False, ffn=YES),
     Method(
         "l0",
         "l0:L0",
@@ -70,7 +77,7 @@ _HEADS = [
     ),
 ]
 _LAYERS = [
-    Method("cosine", "layers:BlockInfluence", "layers", False),
+    Method("cosine", "layers:BlockInfluence", "layers", False),  # ShortGPT's block influence
     Method("loo", "layers:LayerLeaveOneOut", "layers", True, measures_attention=True),
     Method("refit", "layers:LayerRefit", "layers", True, measures_attention=True),
 ]
@@ -81,6 +88,13 @@ DEFAULT_LAYER_METHOD = "refit"  # on the real task it chose the layers recovery 
 # fisher beat taylor in every comparison; heads alone split between the two, taylor ahead on average.
 DEFAULT_HEAD_METHOD = "taylor"
 DEFAULT_FFN_METHOD = "fisher"
+# --layer-method's help, for every command that scores layers (score, search).
+LAYER_METHOD_HELP = (
+    "refit (default: loss change when the layer is dropped and the rest refit briefly, what recovery can win back; "
+    "about 12 training steps per layer), loo (the loss change with no refit: one forward per layer; for cuts that "
+    "will not be finetuned) or cosine (block influence). refit and loo also measure each layer's attention, so "
+    "`select --target-*` can weigh heads against layers."
+)
 METHOD_DEFAULT_HELP = f"Default: {DEFAULT_FFN_METHOD} with --ffn, else {DEFAULT_HEAD_METHOD} (the measured winners)."
 
 

@@ -26,7 +26,7 @@ def test_l0_scores_are_probabilities_and_a_dead_head_scores_low():
     dead = result.heads[1][2]
     others = [s for (layer, heads) in result.heads.items() for h, s in heads.items() if (layer, h) != (1, 2)]
     assert dead < 0.05 and dead < min(others)
-    runs = [L0(steps=5)(ScoreContext(model, _dataset(), "fidelity", 16, seed=3)) for _ in range(2)]
+    runs = [L0(steps=5).heads(ScoreContext(model, _dataset(), "fidelity", 16, seed=3)) for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(*runs))  # deterministic
 
 

@@ -1,0 +1,46 @@
+"""`export --gguf FILE`: the export stage's GGUF branch (the writer is model/formats/gguf.py).
+
+Everything that can refuse (the type, the output path, the family, the plan, the tokenizer) is
+checked before a byte is written; the weights are read only while the file is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from headprune_cli.errors import UsageError
+from headprune_cli.files.outputs import check_output
+from headprune_cli.model.formats.gguf_grid import LLAMA_CPP_TYPES, check_gguf_type
+from headprune_cli.model.llama_cpp_env import engine_python as engine_python_of
+from headprune_cli.stages.unit import Context, Result
+
+
+def export_gguf_file(
+    checkpoint: Path, out: Path, gguf_type: str, force: bool, ctx: Context, engine_python: Path | None = None
+) -> Result:
+    check_gguf_type(gguf_type)
+    _require_gguf()
+    # The k-quants are llama.cpp's own quantizer's: its environment is found before anything is read.
+    engine = engine_python_of(engine_python, f"--gguf-type {gguf_type}") if gguf_type in LLAMA_CPP_TYPES else None
+    check_output(out, force, inputs=[checkpoint])
+    from headprune_cli.model.formats.gguf import export_gguf  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+
+    model, specs = export_specs(checkpoint)
+    result = export_gguf(model, specs, out, gguf_type, engine)
+    n = len(result.fallback)
+    fallback = f"; {n} {'matrix' if n == 1 else 'matrices'} of the model's own widths off the block grid kept in f16"
+    fallback = fallback if n else ""
+    ctx.print(
+        f"wrote {out} (llama.cpp architecture {result.arch}, {result.gguf_type}, {result.tensors} tensors{fallback})",
+        soft_wrap=True,
+        markup=False,
+    )
+    return Result([str(out)], value=result)
+
+
+def _require_gguf() -> None:
+    try:
+        import gguf  # noqa: F401, PLC0415 (an optional extra: is it installed?)
+    except ImportError:
+        raise UsageError("--gguf needs the gguf package: pip install 'headprune[gguf]'") from None

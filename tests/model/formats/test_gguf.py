@@ -1,0 +1,254 @@
+"""export --gguf: what the GGUF file holds, read back with gguf-py's own reader (no llama.cpp needed).
+
+The engine itself loads these files in tests/engines/test_llama_cpp.py."""
+
+from __future__ import annotations
+
+import json
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import transformers as T
+
+import headprune_cli
+from tests.support.gguf_models import (
+    NON_UNIFORM,
+    NON_UNIFORM_GRID,
+    ROPES,
+    UNIFORM,
+    VOCAB,
+    bpe_tokenizer,
+    tiny_llama,
+    write_checkpoint,
+)
+from tests.support.models import TINY
+from tests.support.refusals import assert_refused
+
+
+def fields(reader: gguf.GGUFReader) -> dict:
+    return {name: field.contents() for name, field in reader.fields.items()}
+
+
+def tensors(reader: gguf.GGUFReader) -> dict:
+    return {t.name: t for t in reader.tensors}
+
+
+def permute(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's LlamaModel.permute, written out independently of the writer."""
+    rows = weight.shape[0]
+    out = torch.empty_like(weight)
+    half = rows // heads // 2
+    for h in range(heads):
+        block = weight[h * 2 * half : (h + 1) * 2 * half]
+        out[h * 2 * half : (h + 1) * 2 * half][0::2] = block[:half]
+        out[h * 2 * half : (h + 1) * 2 * half][1::2] = block[half:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def non_uniform(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gguf")
+    return write_checkpoint(folder / "nu.safetensors", NON_UNIFORM)
+
+
+def test_non_uniform_cut_is_deci_with_per_layer_shapes(non_uniform, tmp_path, cli):
+    out = tmp_path / "m.gguf"
+    result = cli("export", non_uniform, "--gguf", out)
+    assert result.code == 0, result
+    assert "architecture deci" in result.err + result.out
+    reader = gguf.GGUFReader(out)
+    meta = fields(reader)
+    assert meta["general.architecture"] == "deci"
+    assert meta["deci.block_count"] == 3  # layer 1 dropped
+    assert meta["deci.attention.head_count"] == [4, 8, 6]
+    assert meta["deci.attention.head_count_kv"] == [2, 4, 3]
+    assert meta["deci.feed_forward_length"] == [128, 64, 83]
+    assert meta["deci.attention.key_length"] == meta["deci.rope.dimension_count"] == 16
+    model = headprune_cli.load(non_uniform)
+    state = model.state_dict()
+    found = tensors(reader)
+    for pos, (heads, kv) in enumerate([(4, 2), (8, 4), (6, 3)]):
+        prefix = f"model.layers.{pos}."
+        q = np.asarray(found[f"blk.{pos}.attn_q.weight"].data)
+        k = np.asarray(found[f"blk.{pos}.attn_k.weight"].data)
+        assert q.shape == (heads * 16, 64) and k.shape == (kv * 16, 64)
+        assert np.array_equal(q, permute(state[prefix + "self_attn.q_proj.weight"], heads).numpy())
+        assert np.array_equal(k, permute(state[prefix + "self_attn.k_proj.weight"], kv).numpy())
+        for ours, theirs in (
+            ("attn_v", "self_attn.v_proj"),
+            ("attn_output", "self_attn.o_proj"),
+            ("ffn_down", "mlp.down_proj"),
+            ("ffn_gate", "mlp.gate_proj"),
+            ("ffn_up", "mlp.up_proj"),
+            ("attn_norm", "input_layernorm"),
+            ("ffn_norm", "post_attention_layernorm"),
+        ):
+            assert np.array_equal(
+                np.asarray(found[f"blk.{pos}.{ours}.weight"].data), state[prefix + theirs + ".weight"].numpy()
+            )
+    assert np.array_equal(np.asarray(found["output.weight"].data), state["lm_head.weight"].numpy())
+    assert np.array_equal(np.asarray(found["token_embd.weight"].data), state["model.embed_tokens.weight"].numpy())
+    assert np.array_equal(np.asarray(found["output_norm.weight"].data), state["model.norm.weight"].numpy())
+    assert all(t.tensor_type == gguf.GGMLQuantizationType.F32 for t in reader.tensors)  # auto: the checkpoint's f32
+
+
+def test_uniform_cut_is_plain_llama(tmp_path, cli):
+    source = write_checkpoint(tmp_path / "u.safetensors", UNIFORM)
+    out = tmp_path / "u.gguf"
+    assert cli("export", source, "--gguf", out).code == 0
+    meta = fields(gguf.GGUFReader(out))
+    assert meta["general.architecture"] == "llama"
+    assert (meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]) == (6, 3)
+    assert meta["llama.feed_forward_length"] == 96 and meta["llama.block_count"] == 3
+
+
+def test_tokenizer_metadata_is_the_checkpoints(non_uniform, tmp_path, cli):
+    out = tmp_path / "m.gguf"
+    cli("export", non_uniform, "--gguf", out)
+    meta = fields(gguf.GGUFReader(out))
+    tok = json.loads(bpe_tokenizer().to_str())
+    vocab = {i: t for t, i in tok["model"]["vocab"].items()}
+    assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.pre"] == "gpt-2"
+    assert meta["tokenizer.ggml.tokens"] == [vocab[i] for i in range(VOCAB)]
+    assert meta["tokenizer.ggml.merges"] == [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    assert meta["tokenizer.ggml.token_type"][:3] == [3, 3, 3] and set(meta["tokenizer.ggml.token_type"][3:]) == {1}
+    assert (meta["tokenizer.ggml.bos_token_id"], meta["tokenizer.ggml.eos_token_id"]) == (1, 2)
+    assert meta["tokenizer.ggml.add_bos_token"] is True
+
+
+@pytest.fixture(scope="module")
+def on_grid(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("gguf-grid") / "on-grid.safetensors", NON_UNIFORM_GRID)
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+def test_quantized_types_write_every_matrix_of_a_cut_on_the_grid_in_the_type(on_grid, tmp_path, cli, kind):
+    out = tmp_path / "q.gguf"
+    result = cli("export", on_grid, "--gguf", out, "--gguf-type", kind)
+    assert result.code == 0, result
+    assert "off the block grid" not in result.err + result.out
+    reader = gguf.GGUFReader(out)
+    assert fields(reader)["general.file_type"] == gguf.LlamaFileType[f"MOSTLY_{kind.upper()}"]
+    assert fields(reader)["deci.feed_forward_length"] == [128, 64, 96]
+    found = tensors(reader)
+    qtype = gguf.GGMLQuantizationType[kind.upper()]
+    for name, t in found.items():
+        assert t.tensor_type == (gguf.GGMLQuantizationType.F32 if len(t.shape) == 1 else qtype), name
+    state = headprune_cli.load(on_grid).state_dict()
+    bound = {"q8_0": 0.01, "q4_0": 0.15}[kind]
+    for pos, layer in ((0, 0), (2, 3)):  # the full width and the cut one
+        weight = state[f"model.layers.{pos}.mlp.down_proj.weight"].numpy()
+        back = gguf.quants.dequantize(found[f"blk.{pos}.ffn_down.weight"].data, qtype).reshape(weight.shape)
+        assert np.abs(back - weight).max() <= bound * np.abs(weight).max(), layer
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+def test_a_cut_off_the_block_grid_is_refused_naming_the_layer_and_the_fix(non_uniform, tmp_path, cli, kind):
+    """Layer 3 keeps 83 FFN neurons: its down projection's rows are not whole 32-blocks. Written in
+    f16 beside quantized matrices it made the cut slower than the unpruned file at the same type."""
+    out = tmp_path / "q.gguf"
+    result = cli("export", non_uniform, "--gguf", out, "--gguf-type", kind)
+    assert_refused(
+        result,
+        1,
+        f"layer 3's FFN width 83 is not a multiple of 32 ({kind}'s block): select with --runtime llama.cpp "
+        f"--gguf-type {kind}",
+    )
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_same_input_gives_byte_identical_gguf(on_grid, tmp_path, cli):
+    for name in ("a.gguf", "b.gguf"):
+        assert cli("export", on_grid, "--gguf", tmp_path / name, "--gguf-type", "q8_0").code == 0
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+
+
+def test_refuses_a_family_llama_cpp_has_no_architecture_for(tmp_path, cli):
+    source = tmp_path / "gpt2.safetensors"
+    headprune_cli.save(TINY["gpt2"](), source)
+    assert_refused(cli("export", source, "--gguf", tmp_path / "x.gguf"), 1, "LLaMA-family causal LMs (llama, mistral")
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_refuses_a_non_uniform_qwen3_and_names_the_layer(tmp_path, cli):
+    model = tiny_llama(T.Qwen3ForCausalLM, T.Qwen3Config)
+    source = write_checkpoint(tmp_path / "q3.safetensors", ({2: [6, 7]}, [], None), model)
+    result = cli("export", source, "--gguf", tmp_path / "x.gguf")
+    assert_refused(result, 1, "layer 2 keeps 6 query / 3 KV heads and FFN width 128 where layer 0 keeps 8 query")
+    assert "no q/k norms" in result.err and not (tmp_path / "x.gguf").exists()
+
+
+def test_refuses_an_unknown_type_listing_the_supported_ones(non_uniform, tmp_path, cli):
+    result = cli("export", non_uniform, "--gguf", tmp_path / "x.gguf", "--gguf-type", "q4_k")
+    assert_refused(result, 2, "supported: auto, f32, f16, bf16, q8_0")
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_refuses_a_tokenizer_llama_cpp_cannot_reproduce(tmp_path, cli):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    model = tiny_llama()
+    words = Tokenizer(WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    words.pre_tokenizer = Whitespace()
+    headprune_cli.model.layout.info_of(model).tokenizer = words.to_str()
+    source = write_checkpoint(tmp_path / "w.safetensors", model=model)
+    assert_refused(cli("export", source, "--gguf", tmp_path / "x.gguf"), 1, "cannot reproduce this WordLevel tokenizer")
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_qwen2_goes_out_as_llama_with_its_biases_permuted(tmp_path, cli):
+    # llama.cpp's qwen2 architecture wants n_head * head_dim == hidden, which a cut breaks; `llama`
+    # loads optional q/k/v biases and computes the same attention once Q/K are permuted.
+    source = write_checkpoint(tmp_path / "q2.safetensors", UNIFORM, tiny_llama(T.Qwen2ForCausalLM, T.Qwen2Config))
+    out = tmp_path / "q2.gguf"
+    assert cli("export", source, "--gguf", out).code == 0
+    reader = gguf.GGUFReader(out)
+    assert fields(reader)["general.architecture"] == "llama"
+    state = headprune_cli.load(source).state_dict()
+    found = tensors(reader)
+    bias = state["model.layers.0.self_attn.k_proj.bias"]
+    assert np.array_equal(np.asarray(found["blk.0.attn_k.bias"].data), permute(bias[:, None], 3)[:, 0].numpy())
+    assert np.array_equal(
+        np.asarray(found["blk.0.attn_v.bias"].data), state["model.layers.0.self_attn.v_proj.bias"].numpy()
+    )
+
+
+def gguf_inv_freq(meta: dict, found: dict, arch: str) -> np.ndarray:
+    """The rotary frequencies llama.cpp derives from the file: freq_base^(-2i/d), divided by
+    rope_freqs (llama3) and scaled by 1 / factor (linear)."""
+    dim = meta[f"{arch}.rope.dimension_count"]
+    freqs = meta[f"{arch}.rope.freq_base"] ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+    if "rope_freqs.weight" in found:
+        freqs = freqs / np.asarray(found["rope_freqs.weight"].data, dtype=np.float64)
+    if meta.get(f"{arch}.rope.scaling.type") == "linear":
+        freqs = freqs / meta[f"{arch}.rope.scaling.factor"]
+    return freqs
+
+
+@pytest.mark.parametrize("kind", sorted(ROPES))
+def test_rope_of_each_type_gives_transformers_frequencies(kind, tmp_path, cli):
+    params = ROPES[kind]
+    model = tiny_llama(rope_parameters=dict(params), rope_theta=params["rope_theta"])
+    reference = model.model.rotary_emb.inv_freq.double().numpy()  # transformers' own RoPE for this type
+    source = write_checkpoint(tmp_path / "r.safetensors", UNIFORM, model)
+    out = tmp_path / "r.gguf"
+    assert cli("export", source, "--gguf", out).code == 0
+    reader = gguf.GGUFReader(out)
+    meta, found = fields(reader), tensors(reader)
+    assert ("rope_freqs.weight" in found) == (kind == "llama3")
+    assert ("llama.rope.scaling.type" in meta) == (kind == "linear")
+    np.testing.assert_allclose(gguf_inv_freq(meta, found, "llama"), reference, rtol=1e-5)
+
+
+def test_tied_embeddings_are_one_token_embd_tensor(tmp_path, cli):
+    source = write_checkpoint(tmp_path / "t.safetensors", UNIFORM, tiny_llama(tie_word_embeddings=True))
+    out = tmp_path / "t.gguf"
+    assert cli("export", source, "--gguf", out).code == 0
+    found = tensors(gguf.GGUFReader(out))
+    state = headprune_cli.load(source).state_dict()
+    assert "output.weight" not in found  # llama.cpp reuses token_embd for the output
+    assert np.array_equal(np.asarray(found["token_embd.weight"].data), state["model.embed_tokens.weight"].numpy())

@@ -1,0 +1,162 @@
+"""export --vllm: the nemotron-nas folder read back (config, weights, headprune's own loader) and
+its refusals. vLLM itself loads these folders in tests/engines/test_vllm.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers as T
+from safetensors.torch import load_file
+
+import headprune_cli
+from headprune_cli.model.formats.vllm import CONFIG_FILE
+from tests.support.gguf_models import ROPES, write_checkpoint
+from tests.support.models import TINY
+from tests.support.refusals import assert_refused, snapshot
+from tests.support.vllm_models import NAS, UNEVEN_QUERY, tiny_llama32
+
+
+@pytest.fixture(scope="module")
+def nas(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("vllm") / "nas.safetensors", NAS, tiny_llama32())
+
+
+def test_the_folder_states_every_layer_and_holds_the_checkpoints_weights(nas, tmp_path, cli):
+    out = tmp_path / "served"
+    result = cli("export", nas, "--vllm", out)
+    assert result.code == 0, result
+    assert "KV heads 2/4/2, FFN widths 256/128/173" in result.out + result.err
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "nemotron-nas" and config["architectures"] == ["DeciLMForCausalLM"]
+    assert config["num_hidden_layers"] == 3 and config["num_attention_heads"] == 4 and config["head_dim"] == 32
+    assert config["num_key_value_heads"] == 2  # layer 0's, as vLLM reads the top-level count
+    assert config["hidden_size"] == 128 and config["vocab_size"] == 320 and config["tie_word_embeddings"] is False
+    assert config["auto_map"] == {"AutoConfig": "configuration_headprune_nas.HeadpruneNasConfig"}
+    blocks = config["block_configs"]
+    assert [b["attention"]["n_heads_in_group"] for b in blocks] == [2, 1, 2]
+    assert [b["ffn"]["intermediate_size"] for b in blocks] == [256, 128, 173]  # exact: no ffn_mult, no padding
+    assert not any("ffn_mult" in b["ffn"] or b["ffn"]["no_op"] or b["attention"]["no_op"] for b in blocks)
+    assert (out / "configuration_headprune_nas.py").read_text() == CONFIG_FILE
+    model = headprune_cli.load(nas)
+    weights = load_file(str(out / "model.safetensors"))
+    state = model.state_dict()
+    assert set(weights) == set(state)
+    assert all(torch.equal(weights[name], state[name]) for name in state)
+    assert weights["model.layers.2.mlp.up_proj.weight"].shape == (173, 128)
+    assert weights["model.layers.1.self_attn.k_proj.weight"].shape == (4 * 32, 128)
+    ids = torch.tensor([[1, 5, 9, 33, 200]])
+    with torch.no_grad():  # the folder loads back in headprune at the cut's exact shapes
+        assert torch.equal(headprune_cli.load(out)(ids).logits, model(ids).logits)
+
+
+def test_the_config_class_the_folder_ships_reads_the_blocks_as_vllm_does(nas, tmp_path, cli):
+    """What vLLM's DeciLMForCausalLM reads (block.attention.n_heads_in_group, block.ffn.intermediate_size,
+    no ffn_mult), through the folder's own config file, and that it serializes back to the same dicts."""
+    out = tmp_path / "served"
+    assert cli("export", nas, "--vllm", out).code == 0
+    namespace: dict = {}
+    source = (out / "configuration_headprune_nas.py").read_text()
+    exec(compile(source, "configuration_headprune_nas.py", "exec"), namespace)  # our own file, just written
+    config = namespace["HeadpruneNasConfig"].from_dict(json.loads((out / "config.json").read_text()))
+    assert [config.num_attention_heads // b.attention.n_heads_in_group for b in config.block_configs] == [2, 4, 2]
+    assert [b.ffn.intermediate_size for b in config.block_configs] == [256, 128, 173]
+    assert not any(hasattr(b.ffn, "ffn_mult") for b in config.block_configs)  # DeciLM would round it up to 256s
+    assert config.to_dict()["block_configs"] == json.loads((out / "config.json").read_text())["block_configs"]
+
+
+def test_transformers_refuses_the_folder_instead_of_loading_wrong_shapes(nas, tmp_path, cli):
+    out = tmp_path / "served"
+    assert cli("export", nas, "--vllm", out).code == 0
+    with pytest.raises(ValueError, match="custom code"):  # without trust_remote_code: the type is unknown
+        T.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=False)
+    with pytest.raises(ValueError, match="Unrecognized configuration class"):  # with it: the config, no model class
+        T.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+
+
+def test_same_input_gives_byte_identical_folders(nas, tmp_path, cli):
+    for name in ("a", "b"):
+        assert cli("export", nas, "--vllm", tmp_path / name).code == 0
+    assert snapshot(tmp_path / "a") == snapshot(tmp_path / "b")
+
+
+def test_a_sharded_folder_says_so(nas, tmp_path, cli):
+    result = cli("export", nas, "--vllm", tmp_path / "out", "--max-shard-size", "200KB")
+    assert result.code == 0 and "model-*.safetensors shards with an index" in result.err
+    assert (tmp_path / "out" / "model.safetensors.index.json").is_file()
+
+
+def test_qwen2_states_its_qkv_biases(tmp_path, cli):
+    source = write_checkpoint(tmp_path / "q.safetensors", NAS, tiny_llama32(T.Qwen2ForCausalLM, T.Qwen2Config))
+    assert cli("export", source, "--vllm", tmp_path / "out").code == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["qkv_bias"] is True and config["attention_bias"] is False
+    assert "model.layers.0.self_attn.q_proj.bias" in load_file(str(tmp_path / "out" / "model.safetensors"))
+
+
+def test_refuses_per_layer_query_heads_naming_the_layer(tmp_path, cli):
+    source = write_checkpoint(tmp_path / "u.safetensors", UNEVEN_QUERY, tiny_llama32())
+    result = cli("export", source, "--vllm", tmp_path / "out")
+    assert_refused(result, 1, "layer 1 keeps 8 query heads where layer 0 keeps 4")
+    assert "select --runtime vllm" in result.err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: TINY["bert"](), "this checkpoint is a bert"),
+        (lambda: tiny_llama32(T.Qwen3ForCausalLM, T.Qwen3Config), "(llama, mistral, qwen2)"),
+        (lambda: tiny_llama32(T.MistralForCausalLM, T.MistralConfig, sliding_window=64), "sliding window of 64"),
+    ],
+    ids=["encoder", "qwen3", "mistral-sliding-window"],
+)
+def test_refuses_what_nemotron_nas_cannot_state(tmp_path, cli, make, message):
+    source = tmp_path / "m.safetensors"
+    headprune_cli.save(make(), source)
+    before = snapshot(tmp_path)
+    assert_refused(cli("export", source, "--vllm", tmp_path / "out"), 1, message)
+    assert snapshot(tmp_path) == before
+
+
+def test_inspect_and_export_say_which_engines_load_a_checkpoint(nas, tmp_path, cli):
+    result = cli("inspect", nas, "--json")
+    engines = json.loads(result.out)["engines"]
+    assert {name: way["export"] for name, way in engines.items()} == {
+        "transformers": "",
+        "vllm": "--vllm",
+        "llama.cpp": "--gguf",
+        "onnxruntime": "--onnx",
+    }
+    assert "different head counts" in engines["transformers"]["why"]
+    uneven = write_checkpoint(tmp_path / "u.safetensors", UNEVEN_QUERY, tiny_llama32())
+    engines = json.loads(cli("inspect", uneven, "--json").out)["engines"]
+    assert not engines["vllm"]["loads"] and "layer 1 keeps 8 query heads" in engines["vllm"]["why"]
+    assert engines["llama.cpp"]["loads"]
+    plain = write_checkpoint(tmp_path / "p.safetensors", None, tiny_llama32())
+    engines = json.loads(cli("inspect", plain, "--json").out)["engines"]
+    assert engines["transformers"]["export"] == engines["vllm"]["export"] == "--hf"  # a plain folder serves both
+    result = cli("export", uneven, "--hf", tmp_path / "folder")
+    assert result.code == 0, result
+    assert "serves in: llama.cpp (export --gguf), onnxruntime (export --onnx); not in transformers, vllm" in (
+        result.out + result.err
+    )
+
+
+@pytest.mark.parametrize("kind", sorted(ROPES))
+def test_config_json_gives_transformers_rope_of_each_type(kind, tmp_path, cli):
+    """vLLM reads RoPE from config.json alone (not headprune.json): the frequencies a LLaMA config
+    built from that file's fields computes equal the source model's, for each RoPE type."""
+    params = dict(ROPES[kind], rope_theta=ROPES[kind]["rope_theta"] * 2)  # never transformers' default theta
+    model = tiny_llama32(rope_parameters=dict(params), rope_theta=params["rope_theta"])
+    reference = model.model.rotary_emb.inv_freq.clone()
+    source = write_checkpoint(tmp_path / "r.safetensors", NAS, model)
+    assert cli("export", source, "--vllm", tmp_path / "out").code == 0
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    rope_keys = ("rope_theta", "rope_scaling", "rope_parameters")
+    assert any(key in written for key in rope_keys)
+    shape = {"hidden_size": 128, "num_attention_heads": 4, "head_dim": 32, "max_position_embeddings": 256}
+    rebuilt = T.LlamaConfig(**shape, **{key: written[key] for key in rope_keys if key in written})
+    rotary = T.models.llama.modeling_llama.LlamaRotaryEmbedding(rebuilt)
+    torch.testing.assert_close(rotary.inv_freq, reference, rtol=1e-6, atol=0)

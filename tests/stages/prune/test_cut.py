@@ -1,0 +1,61 @@
+"""prune/cut.py: `cut` and `prune_once`, the in-memory score -> select -> cut every stage shares."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from headprune_cli.model.layout import info_of
+from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.prune.cut import Compensation, choose, cut, prune_once
+from headprune_cli.stages.score.table import ScoreTable
+from headprune_cli.stages.select.chains import Constraints
+from headprune_cli.stages.select.strategies import select
+from tests.support import TINY, calibration, model_inputs, model_output
+
+
+def _table(model) -> ScoreTable:
+    layout = info_of(model).layout
+    heads = {
+        layer: {head: float((7 * layer + 3 * head) % 11) for head in kept}
+        for layer, kept in zip(layout.layers, layout.heads)
+    }
+    return ScoreTable(heads=heads, num_heads=list(layout.num_heads), num_kv_heads=list(layout.num_kv_heads))
+
+
+def test_prune_once_is_select_then_cut_on_a_copy():
+    model = TINY["bert"]()
+    before = copy.deepcopy(model.state_dict())
+    table = _table(model)
+    pruned = prune_once(model, Budget("heads", 0.5), table, Constraints(min_heads=1))
+
+    expected = select(table, "global", budget=Budget("heads", 0.5), constraints=Constraints(min_heads=1))
+    assert pruned.selection.remove_heads == expected.remove_heads
+    assert pruned.heads_removed == sum(len(h) for h in expected.remove_heads.values()) > 0
+    by_hand = copy.deepcopy(model)
+    cut(by_hand, expected)
+    inputs = model_inputs("bert")
+    assert torch.equal(model_output(pruned.model, inputs), model_output(by_hand, inputs))
+    # The input model is not touched.
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert sum(len(h) for h in info_of(model).layout.heads) == sum(info_of(model).layout.num_heads)
+
+
+def test_prune_once_compensates_as_cut_does():
+    model = TINY["bert"]()
+    table = _table(model)
+    compensation = Compensation("bias", calibration(2, seed=0))
+    pruned = prune_once(model, Budget("heads", 0.5), table, compensation=compensation)
+    assert pruned.compensation is not None and pruned.compensation.method == "bias"
+    by_hand = copy.deepcopy(model)
+    cut(by_hand, pruned.selection, compensation)
+    inputs = model_inputs("bert")
+    assert torch.equal(model_output(pruned.model, inputs), model_output(by_hand, inputs))
+
+
+def test_choose_picks_the_strategy_from_the_budget():
+    model = TINY["bert"]()
+    table = _table(model)
+    assert choose(model, Budget("heads", 0.25), table).strategy == "global"
+    assert choose(model, Budget("heads", 0.25), table, strategy="layer").strategy == "layer"
