@@ -24,13 +24,29 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:`: imports for annotations only, never executed.
+    A stage's algorithms take its options object (stage.py is the options' one home), so they
+    name its type; that is not a dependency of the running code, and not a circle."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            skipped.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
+    return skipped
+
+
 def _imports(path: Path, root: Path = ROOT) -> set[str]:
-    """Every module a file imports, function-level imports included, as absolute names."""
+    """Every module a file imports, function-level imports included, as absolute names (type-only
+    imports under `if TYPE_CHECKING:` left out)."""
     here = _module_name(path, root).split(".")
     if path.name != "__init__.py":
         here = here[:-1]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skipped = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -70,6 +86,12 @@ def test_the_import_walk_sees_function_level_and_relative_imports(tmp_path):
     probe.parent.mkdir(parents=True)
     probe.write_text("def f():\n    from headprune_cli.cli.app import main\n    from ..cli import common\n")
     assert {"headprune_cli.cli.app", "headprune_cli.cli.common"} <= _imports(probe, tmp_path)
+    typed = tmp_path / "headprune_cli" / "pipeline" / "typed.py"
+    typed.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from headprune_cli.stages.profile.stage import X\n"
+        "import headprune_cli.files.io\n"
+    )
+    assert _imports(typed, tmp_path) == {"typing", "typing.TYPE_CHECKING", "headprune_cli.files.io"}
 
 
 def _heavy_modules_after(code: str) -> list[str]:
@@ -331,6 +353,7 @@ def test_every_stage_is_a_package_found_by_the_registry_rule():
     assert sorted(p.name for p in stages.glob("*.py")) == [
         "__init__.py",
         "budget.py",
+        "lm_chunks.py",
         "model_latency.py",
         "objectives.py",
         "options.py",
