@@ -13,7 +13,10 @@ M, D, O = "model.safetensors", "data.jsonl", "o.safetensors"
 
 # name -> (extra finetune options given the case's folder, a piece of the one error line)
 CASES = {
-    "rank 0": (lambda f: ["--lora", "--lora-rank", "0"], "--lora-rank 0 is outside 1..64"),
+    "rank 0": (
+        lambda f: ["--lora", "--lora-rank", "0"],
+        "Invalid value for '--lora-rank': Input should be greater than or equal to 1",
+    ),  # the option's own bound
     "rank above the narrowest projection": (
         lambda f: ["--lora", "--lora-rank", "65"],
         "--lora-rank 65 is outside 1..64",
