@@ -14,47 +14,12 @@ import pytest
 
 import headprune_cli
 from headprune_cli.stages.score.importance import HEAD_METHODS
+from scripts.tools.package_graph import cycles as _cycles
+from scripts.tools.package_graph import imports as _imports
+from scripts.tools.package_graph import module_graph
 
 PACKAGE = Path(headprune_cli.__file__).parent
 ROOT = PACKAGE.parent
-
-
-def _module_name(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _type_checking_only(tree: ast.AST) -> set[int]:
-    """ids of the nodes under `if TYPE_CHECKING:`: imports for annotations only, never executed.
-    A stage's algorithms take its options object (stage.py is the options' one home), so they
-    name its type; that is not a dependency of the running code, and not a circle."""
-    skipped: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
-            skipped.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
-    return skipped
-
-
-def _imports(path: Path, root: Path = ROOT) -> set[str]:
-    """Every module a file imports, function-level imports included, as absolute names (type-only
-    imports under `if TYPE_CHECKING:` left out)."""
-    here = _module_name(path, root).split(".")
-    if path.name != "__init__.py":
-        here = here[:-1]
-    found = set()
-    tree = ast.parse(path.read_text())
-    skipped = _type_checking_only(tree)
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = here[: len(here) - node.level + 1] if node.level else []
-            module = ".".join(base + ([node.module] if node.module else []))
-            found.add(module)
-            found.update(f"{module}.{alias.name}" for alias in node.names)
-    return found
 
 
 def test_no_module_outside_cli_imports_the_cli():
@@ -177,49 +142,7 @@ def test_score_help_names_every_registered_method(cli):
 
 
 def _package_imports(folder: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the modules of `folder` it imports (function-level imports included)."""
-    files = {_module_name(path, ROOT): path for path in folder.rglob("*.py")}
-    graph = {}
-    for name, path in files.items():
-        targets = set()
-        for module in _imports(path):
-            while module and module not in files:  # `from pkg.mod import name` names pkg.mod
-                module = module.rpartition(".")[0]
-            if module and module != name and not name.startswith(module + "."):
-                targets.add(module)  # a module's own package __init__ is not an edge back to it
-        graph[name] = targets
-    return graph
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index, low, stack, on_stack, found = {}, {}, [], set(), []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for other in sorted(graph.get(node, ())):
-            if other not in index:
-                visit(other)
-                low[node] = min(low[node], low[other])
-            elif other in on_stack:
-                low[node] = min(low[node], index[other])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return found
+    return module_graph(folder, ROOT)
 
 
 def test_the_package_has_no_import_circles():

@@ -31,7 +31,7 @@ MARKER = ".headprune"
 # An `export --hf` folder is marked by its headprune.json, which it needs anyway; no dotfile
 # is added to a folder that users upload to a model hub.
 MARKERS = (MARKER, "headprune.json")
-_MARKER_TEXT = "headprune made this folder; headprune may replace or delete it.\n"
+MARKER_TEXT = "headprune made this folder; headprune may replace or delete it.\n"
 _MAX_PROVENANCE = 64  # paths followed through provenance per command (lineage is short)
 _MAX_ARTIFACT_PEEK = 64 * 1024 * 1024  # larger JSON inputs or headers are not read for provenance
 CHECKPOINT_FORMAT = "headprune-checkpoint"  # checkpoint.py's headprune.format (that module imports torch)
@@ -296,7 +296,7 @@ def make_folder(path: str | os.PathLike) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     marker = out / MARKER
     if not any((out / m).is_file() for m in MARKERS):
-        marker.write_text(_MARKER_TEXT)
+        marker.write_text(MARKER_TEXT)
     return out
 
 

@@ -67,6 +67,13 @@ def note_write(folder: str | os.PathLike) -> None:
         _share()
 
 
+def note_state(folder: str | os.PathLike) -> None:
+    """Record a training-state folder: a rank killed under torchrun says the step it resumes from."""
+    if _NOTES is not None:
+        _NOTES["state"] = str(folder)
+        _share()
+
+
 def _share() -> None:
     data = json.dumps(_NOTES).encode()
     if len(data) + 4 > _PAGE:  # hundreds of shards: keep what fits (the folders come first in importance)
@@ -153,8 +160,21 @@ def _verdict(status: int, notes: dict, sweep: Callable[[Path], None]) -> int:
             f"Internal error: headprune crashed ({name}); its temporaries were removed (please report)", file=sys.stderr
         )
         return 70
-    print(f"Error: killed by {name}; its temporaries were removed", file=sys.stderr)
+    print(f"Error: {_who()}killed by {name}; its temporaries were removed{_resume(notes)}", file=sys.stderr)
     return 128 + number
+
+
+def _who() -> str:
+    """'rank 1 ' under torchrun (the survivors name the same rank), else nothing."""
+    rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    return f"rank {rank} " if rank.isdigit() and world.isdigit() and int(world) > 1 else ""
+
+
+def _resume(notes: dict) -> str:
+    """'; resume from step N ...' when the child trained with a state folder under torchrun."""
+    if not _who() or not notes.get("state"):
+        return ""
+    return f"; {resume_advice(Path(notes['state']))}"
 
 
 def _changed(notes: dict) -> str:
@@ -169,3 +189,22 @@ def _changed(notes: dict) -> str:
         if (now.st_ino, now.st_mtime_ns, now.st_size) != (inode, mtime, size):
             return f"{shown} changed while headprune read it (rewritten)"
     return "an input file changed while headprune read it (a memory-mapped read failed: SIGBUS)"
+
+
+def resume_step(state_dir: Path | None) -> int | None:
+    """The step the saved training state holds (its latest.json), None when nothing was saved."""
+    if state_dir is None:
+        return None
+    try:
+        step = json.loads((state_dir / "latest.json").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def resume_advice(state_dir: Path | None) -> str:
+    """What to run next: resume from the saved step, or start over when none was saved."""
+    step = resume_step(state_dir)
+    if step is None:
+        return "no training state was saved yet: rerun the same torchrun command to start over"
+    return f"resume from step {step} (the state in {state_dir}): rerun the same torchrun command with --resume"

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from headprune_cli.errors import UsageError
+from headprune_cli.runtime.launch import env_int, launch
 
 if TYPE_CHECKING:
     import torch
@@ -62,7 +63,6 @@ def resolve_device(spec: str = "auto") -> torch.device:
     import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 
     text = (spec or "auto").strip().lower()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
     if text == "auto":
         if not torch.cuda.is_available():
             return torch.device("cpu")
@@ -76,6 +76,7 @@ def resolve_device(spec: str = "auto") -> torch.device:
         raise UsageError(
             f"--device {spec}: this machine has no CUDA device that torch can use (use --device cpu or auto)"
         )
+    local = env_int("LOCAL_RANK", 0)  # read only for a CUDA device: the CPU needs none
     index = int(match.group(1)) if match.group(1) is not None else local
     count = torch.cuda.device_count()
     if index >= count:
@@ -196,7 +197,7 @@ def model_bytes(model: nn.Module) -> int:
 def _fits(model: nn.Module, device: torch.device) -> bool:
     import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 
-    if torch.cuda.device_count() < 2 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if torch.cuda.device_count() < 2 or launch().world > 1:
         return True  # one device to use (alone, or this torchrun process's): an out-of-memory error says why
     free, _ = torch.cuda.mem_get_info(device)
     return model_bytes(model) <= FIT_FRACTION * free

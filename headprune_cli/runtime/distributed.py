@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from headprune_cli.errors import UsageError
+from headprune_cli.errors import HeadpruneError, UsageError, first_line, shorten
+from headprune_cli.runtime.faults import note_peers
+from headprune_cli.runtime.launch import launch
 
 
 @dataclass(frozen=True)
@@ -44,19 +46,30 @@ class Dist:
 
 def setup() -> Dist:
     """Join the process group when launched by torchrun with more than one process."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    place = launch()
+    if place.world <= 1:
         return Dist()
-    rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    _check_one_gpu_per_process(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    rank, world, local = place.rank, place.world, place.local_rank
+    _check_one_gpu_per_process(place.local_world)
     cuda = torch.cuda.is_available() and torch.cuda.device_count() > local
     device = torch.device(f"cuda:{local}") if cuda else torch.device("cpu")
     if not dist.is_initialized():
         if cuda:
             torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if cuda else "gloo")
+        _join("nccl" if cuda else "gloo")
+        note_peers(device)
     return Dist(rank=rank, world=world, device=device)
+
+
+def _join(backend: str) -> None:
+    """init_process_group, its failures (nobody listening at the rendezvous, a timeout) as one line."""
+    try:
+        dist.init_process_group(backend=backend)
+    except (RuntimeError, ValueError, OSError) as exc:  # DistNetworkError, DistStoreError are RuntimeErrors
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        raise HeadpruneError(
+            f"could not join the torchrun process group at {where} ({shorten(first_line(exc), 120)})"
+        ) from None
 
 
 def _check_one_gpu_per_process(local_world: int) -> None:

@@ -26,13 +26,29 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:`: imports for annotations only, never executed.
+    A stage's algorithms take its options object (stage.py is the options' one home), so they
+    name its type; that is not a dependency of the running code, and not a circle."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            skipped.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
+    return skipped
+
+
 def imports(path: Path, root: Path = ROOT) -> set[str]:
-    """Every module a file imports, function-level imports included, as absolute names."""
+    """Every module a file imports, function-level imports included, as absolute names (type-only
+    imports under `if TYPE_CHECKING:` left out)."""
     here = module_name(path, root).split(".")
     if path.name != "__init__.py":
         here = here[:-1]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skipped = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -43,9 +59,8 @@ def imports(path: Path, root: Path = ROOT) -> set[str]:
     return found
 
 
-def module_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the package modules it imports (function-level imports included)."""
-    root = package.parent
+def module_graph(package: Path = PACKAGE, root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the modules of `package` (a folder under `root`) it imports (function-level imports included)."""
     files = {module_name(path, root): path for path in package.rglob("*.py")}
     graph = {}
     for name, path in files.items():

@@ -10,7 +10,9 @@ from headprune_cli.runtime import distributed
 
 
 def _torchrun_env(monkeypatch, processes: int, gpus: int) -> None:
-    for name, value in {"WORLD_SIZE": processes, "RANK": 1, "LOCAL_RANK": 1, "LOCAL_WORLD_SIZE": processes}.items():
+    launched = {"WORLD_SIZE": processes, "RANK": 1, "LOCAL_RANK": 1, "LOCAL_WORLD_SIZE": processes}
+    launched |= {"MASTER_ADDR": "localhost", "MASTER_PORT": 29500}  # torchrun sets the rendezvous too
+    for name, value in launched.items():
         monkeypatch.setenv(name, str(value))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
@@ -19,6 +21,7 @@ def _torchrun_env(monkeypatch, processes: int, gpus: int) -> None:
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: bool(joined))
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(distributed, "_joined", joined, raising=False)
+    monkeypatch.setattr(distributed, "note_peers", lambda device: None)  # a collective of the faked group
 
 
 def test_more_processes_than_gpus_is_refused_before_joining(monkeypatch):

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from headprune_cli.errors import CheckpointError, UsageError
+from headprune_cli.errors import CheckpointError, UsageError, shorten
 from headprune_cli.files.io import sha256_bytes, sha256_file
 from headprune_cli.model.arch import adapter_for, adapter_for_model_type
 from headprune_cli.model.arch.base import HFModule
@@ -151,6 +151,12 @@ def check_same_shape(model: nn.Module, family: str, config: dict, where: str) ->
     info = info_of(model)
     if family != info.family:
         raise UsageError(f"--rewind-to {where} is a {family} model; the model to rewind is {info.family}")
+    theirs, ours = config.get("model_type"), info.config.get("model_type")
+    if theirs != ours:  # one family holds several architectures (LLaMA, Qwen3: the q/k norms)
+        raise UsageError(
+            f"--rewind-to {where} is a {shorten(theirs)} model; the model to rewind is {shorten(ours)} "
+            "(rewind needs the same architecture)"
+        )
     differ = [
         f"{key} {config[key]} vs {info.config[key]}"
         for key in SHAPE_KEYS
@@ -218,6 +224,8 @@ def _copy_weights(source: nn.Module, model: nn.Module, where: str) -> tuple[int,
         prefix = _prefix_of(model, base)
         head = {n: t for n, t in model.state_dict(keep_vars=True).items() if not n.startswith(prefix)}
         pairs = [(adapter.base_model(source).state_dict(), base.state_dict(keep_vars=True)), ({}, head)]
+    for src, dst in pairs:
+        _check_roles(src, dst, where)
     copied, kept = 0, []
     with torch.no_grad():
         for src, dst in pairs:
@@ -234,6 +242,18 @@ def _copy_weights(source: nn.Module, model: nn.Module, where: str) -> tuple[int,
                 tensor.copy_(value.to(tensor.dtype))
                 copied += 1
     return copied, sorted(kept)
+
+
+def _check_roles(source: dict, target: dict, where: str) -> None:
+    """Every tensor of the source has a place in the model: one it has not (Qwen3's q_norm in
+    a LLaMA model) means another architecture, whose weights would be dropped unseen."""
+    extra = sorted(name for name in source if name not in target)
+    if extra:
+        more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
+        raise UsageError(
+            f"--rewind-to {where} has tensors the model to rewind has no place for ({extra[0]}{more}); "
+            "rewind needs the same architecture"
+        )
 
 
 def _prefix_of(model: nn.Module, base: nn.Module) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_distinct, check_folder, check_output, remove_folder
+from headprune_cli.files.staged import published_together
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import dtype_name
 from headprune_cli.stages.options import Finite, LoraOptions, RecoveryOptions, Seed, TokenOptions, TrainFilesOptions
@@ -71,6 +72,16 @@ class FinetuneOptions(TrainFilesOptions, RecoveryOptions, TokenOptions, LoraOpti
 
 
 def run(opts: FinetuneOptions, ctx: Context) -> Result:
+    from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
+    from headprune_cli.runtime.faults import peer_faults  # noqa: PLC0415 (keeps torch out of this module's import)
+
+    setup()  # a bad torchrun environment is refused before anything is read
+    # --keep-adapter's folder is published with the output, or removed when the run fails.
+    with peer_faults(opts.state_dir or opts.output.with_name(opts.output.name + ".state")), published_together():
+        return _run(opts, ctx)
+
+
+def _run(opts: FinetuneOptions, ctx: Context) -> Result:
     from headprune_cli.model.checkpoint import load, save  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
 
@@ -104,7 +115,7 @@ def run(opts: FinetuneOptions, ctx: Context) -> Result:
     fingerprint = _fingerprint(opts, model, cfg, reset)
     result = training.run_training(model, train, cfg, dev, teacher, fingerprint, ctx, _gating(opts, model))
     if adapted is not None:
-        result.model = training.merge_lora(adapted, opts.keep_adapter, ctx)
+        result.model = training.merge_lora(adapted, opts.keep_adapter, opts.output, ctx)
     if setup().main:
         save(result.model.to("cpu"), opts.output, plan_sha=None, overwrite=opts.force)
         remove_folder(state_dir)

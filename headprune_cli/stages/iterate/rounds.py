@@ -37,6 +37,7 @@ from headprune_cli.model.cost_table import predict
 from headprune_cli.model.layout import info_of
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.iterate.reach import check_reachable
 from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, schedule_of
 from headprune_cli.stages.objectives import Metric, check_objective, evaluate, worse_by
 from headprune_cli.stages.prune.cut import Compensation, choose, cut, prune_once
@@ -117,6 +118,7 @@ def iterative_prune(
             "FFN neurons are cut under a cost budget: give the schedule as FLOPs or params fractions to keep"
         )
     objective = check_objective(objective, model)
+    check_reachable(model, score_data or train, schedule, constraints, ffn, seq_len)  # before anything is scored
     cfg = finetune_config or FinetuneConfig(epochs=1, seed=seed)
     base = evaluate(model, dev, objective, reference=teacher)[0]
     _check_budget(max_drop)

@@ -18,6 +18,7 @@ from headprune_cli.artifacts.schema import dumps, write_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.files.io import sha256_bytes
 from headprune_cli.files.outputs import check_distinct, check_output
+from headprune_cli.files.staged import published_together
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.learn.learn import check_learning, close_gates, make_gates
@@ -92,6 +93,11 @@ class LearnOptions(TrainFilesOptions, TrainingOptions, TokenOptions, LoraOptions
 
 
 def run(opts: LearnOptions, ctx: Context) -> Result:
+    with published_together():  # the gate scores appear with the checkpoint, or neither does
+        return _run(opts, ctx)
+
+
+def _run(opts: LearnOptions, ctx: Context) -> Result:
     from headprune_cli.model.checkpoint import load, save  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
 
@@ -127,7 +133,7 @@ def run(opts: LearnOptions, ctx: Context) -> Result:
     )
     result = training.run_training(model, train, cfg, dev, teacher, ctx=ctx, gating=gates, name="learn")
     if adapted is not None:
-        result.model = training.merge_lora(adapted, None, ctx)
+        result.model = training.merge_lora(adapted, None, opts.output, ctx)
     closed = _close(opts, result.model, gates, constraints, len(train), ctx)
     result.gates = closed.report
     save(result.model.to("cpu"), opts.output, plan_sha=sha256_bytes(dumps(closed.plan).encode()), overwrite=opts.force)

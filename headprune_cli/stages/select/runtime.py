@@ -16,6 +16,7 @@ from __future__ import annotations
 from headprune_cli.errors import UsageError
 from headprune_cli.stages.budget import SLACK
 from headprune_cli.stages.select import uniform as uniform_levels
+from headprune_cli.stages.select.plan import candidates, model_ref
 
 RUNTIMES = ("transformers", "vllm", "llama.cpp", "onnxruntime")
 
@@ -24,6 +25,39 @@ def check_runtime(name: str | None) -> str | None:
     if name is not None and name not in RUNTIMES:
         raise UsageError(f"unknown --runtime {name!r}; available: {', '.join(RUNTIMES)}")
     return name
+
+
+def check_serves(runtime: str | None, scores, source: str | None) -> None:
+    """Refuse an engine that cannot serve the scored model at all (vLLM's nemotron-nas and
+    llama.cpp's GGUF take LLaMA-family causal LMs only), before any plan is chosen. The family
+    is read from the header of the checkpoint the scores name; when that is not at hand,
+    classifier scores still say enough (export refuses the rest with the same words)."""
+    if runtime not in ("vllm", "llama.cpp"):
+        return
+    served = _served_model_types(runtime)
+    found = [p for p in candidates(model_ref(scores).path, source) if p.is_file()]
+    if found:
+        from headprune_cli.model.checkpoint import read_info  # noqa: PLC0415 (torch only when the header is read)
+
+        info = read_info(found[0])
+        model_type = info.config.get("model_type")
+        if info.family == "llama" and model_type in served and info.task == "causal-lm":
+            return
+        what = f"the scored model {found[0]} is a {model_type or info.family} {info.task}"
+    elif scores.objective == "classification":
+        what = "these scores are of a classifier"
+    else:
+        return
+    raise UsageError(
+        f"--runtime {runtime} serves LLaMA-family causal LMs ({', '.join(served)}); {what}: "
+        "choose --runtime onnxruntime or transformers"
+    )
+
+
+def _served_model_types(runtime: str) -> tuple[str, ...]:
+    from headprune_cli.model.formats import gguf, vllm  # noqa: PLC0415 (the exports' own lists, loaded when asked)
+
+    return vllm.FAMILIES if runtime == "vllm" else gguf.FAMILIES
 
 
 def shape_rules(runtime: str | None) -> dict[str, bool]:

@@ -17,6 +17,7 @@ from headprune_cli.stages.select import latency as latency_select
 from headprune_cli.stages.select.amounts import check_latency_options
 from headprune_cli.stages.select.chains import parse_protect, parse_threshold
 from headprune_cli.stages.select.plan import make_plan
+from headprune_cli.stages.select.runtime import check_serves
 from headprune_cli.stages.select.strategies import select as choose
 from headprune_cli.stages.unit import Context, Result, Stage, option
 
@@ -78,6 +79,7 @@ def plan_from_scores(opts: SelectionOptions, source: str, scores=None, scores_sh
     """The plan artifact chosen from scores (read from `source` unless given parsed)."""
     if scores is None:
         scores, scores_sha = read_artifact(source, ("scores",))
+    check_serves(opts.runtime, scores, source)
     constraints = opts.constraints()
     latency = check_latency_options(opts)
     if latency is not None:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from headprune_cli.artifacts.schema import envelope, input_ref, model_of, write_artifact
 from headprune_cli.errors import UsageError
-from headprune_cli.files.outputs import check_folder, check_output, make_folder
+from headprune_cli.files.outputs import check_folder, check_output
+from headprune_cli.files.staged import stage_folder
 from headprune_cli.stages.options import BatchSize, DeviceOptions, Samples, TokenOptions
 from headprune_cli.stages.score.importance.registry import check_ffn, head_method
 from headprune_cli.stages.select.stage import SelectionOptions
@@ -78,7 +79,7 @@ class TasksOptions(SelectionOptions, TokenOptions, DeviceOptions):
 
     def check(self) -> None:
         super().check()
-        parse_tasks(self.task, self.base)
+        file_names(parse_tasks(self.task, self.base))
         if self.budget() is None:
             raise UsageError("give the one budget every plan meets: --target-flops, --target-params or --ratio")
         head_method(self.method)
@@ -94,7 +95,20 @@ def file_names(tasks: list[TaskSpec]) -> dict[str, str]:
             names[f"scores:{t.name}"] = f"scores-{t.name}.json"
         names[f"plan:{t.name}"] = f"plan-{t.name}.json"
         names[f"shared-plan:{t.name}"] = f"plan-shared-{t.name}.json"
+    _refuse_collisions(names)
     return names
+
+
+def _refuse_collisions(names: dict[str, str]) -> None:
+    """Two roles may not share a file (tasks `b` and `shared-b` would both write plan-shared-b.json),
+    nor two names differing only in case (one file on a case-insensitive file system)."""
+    seen: dict[str, str] = {}
+    for role, name in names.items():
+        other = seen.setdefault(name.casefold(), role)
+        if other != role:
+            tasks = sorted({r.split(":", 1)[1] for r in (role, other) if ":" in r})
+            who = " and ".join(repr(t) for t in tasks) if len(tasks) == 2 else f"task {tasks[0]!r}"
+            raise UsageError(f"--task: {who} would both write {name} in the output folder; rename one of them")
 
 
 def _outputs(folder: Path, force: bool, tasks: list[TaskSpec], base: Path | None) -> dict[str, Path]:
@@ -155,15 +169,20 @@ def _write(folder: Path, paths: dict[str, Path], scored, plans, artifact: dict) 
     from headprune_cli.files.io import atomic_write_bytes  # noqa: PLC0415 (only when writing)
     from headprune_cli.stages.tasks import render  # noqa: PLC0415 (matplotlib only when writing)
 
-    make_folder(folder)  # only now: a refused or failed run leaves no folder behind
-    for s in scored:
-        if s.text is not None:
-            atomic_write_bytes(paths[f"scores:{s.spec.name}"], s.text.encode())
-        write_artifact(plans[s.spec.name].own, paths[f"plan:{s.spec.name}"])
-        write_artifact(plans[s.spec.name].shared, paths[f"shared-plan:{s.spec.name}"])
-    write_artifact(artifact, paths["artifact"])
-    atomic_write_bytes(paths["markdown"], render.markdown(artifact).encode())
-    render.png(artifact, paths["png"])
+    def write(built: Path) -> None:
+        at = {role: built / path.name for role, path in paths.items()}
+        for s in scored:
+            if s.text is not None:
+                atomic_write_bytes(at[f"scores:{s.spec.name}"], s.text.encode())
+            write_artifact(plans[s.spec.name].own, at[f"plan:{s.spec.name}"])
+            write_artifact(plans[s.spec.name].shared, at[f"shared-plan:{s.spec.name}"])
+        write_artifact(artifact, at["artifact"])
+        atomic_write_bytes(at["markdown"], render.markdown(artifact).encode())
+        render.png(artifact, at["png"])
+
+    # Every file is written into a temporary folder beside OUTPUT, which then becomes OUTPUT:
+    # a run that fails on any file (the plot, a full disk) leaves no folder and no part of one.
+    stage_folder(folder, write)
 
 
 def _summary(art: dict) -> str:

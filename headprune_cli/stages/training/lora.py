@@ -18,16 +18,15 @@ for engines that serve adapters; it applies to the input checkpoint.
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from headprune_cli.errors import HeadpruneError, UsageError
-from headprune_cli.files.outputs import MARKER, check_folder, check_parent
-from headprune_cli.files.temps import make_temp_folder, publish_folder
+from headprune_cli.errors import UsageError
+from headprune_cli.files.outputs import check_folder, check_parent
+from headprune_cli.files.staged import stage_folder
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.arch.base import is_conv1d
 
@@ -171,18 +170,7 @@ def check_adapter_folder(folder: Path, force: bool, inputs) -> Path:
 
 
 def save_adapter(peft_model, folder: Path) -> None:
-    """Write the unmerged adapter in peft's format into `folder`, atomically (built beside it, then renamed)."""
+    """Write the unmerged adapter in peft's format into `folder`: built complete beside it, and
+    renamed onto it together with the command's main output (files/staged.py)."""
 
-    tmp, lock = make_temp_folder(folder)
-    try:
-        peft_model.save_pretrained(str(tmp), safe_serialization=True)
-        (tmp / MARKER).write_text("headprune made this folder; headprune may replace or delete it.\n")
-        publish_folder(tmp, folder)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise HeadpruneError(f"could not write {folder}: {exc.strerror or exc}") from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        os.close(lock)
+    stage_folder(folder, lambda tmp: peft_model.save_pretrained(str(tmp), safe_serialization=True))

@@ -46,14 +46,14 @@ def attach_lora(opts, model):
     return attach(model, opts.lora_spec(), opts.seed)
 
 
-def merge_lora(adapted, keep_adapter: Path | None, ctx: Context):
+def merge_lora(adapted, keep_adapter: Path | None, output: Path, ctx: Context):
     """`keep_adapter`'s folder first (rank 0), then the adapters merged into the dense weights."""
     from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
     from headprune_cli.stages.training.lora import merge, save_adapter  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     if keep_adapter is not None and setup().main:
         save_adapter(adapted, keep_adapter)
-        ctx.print(f"wrote {keep_adapter}")
+        ctx.print(f"adapter ready: {keep_adapter} appears with {output}")
     return merge(adapted)
 
 
@@ -133,9 +133,30 @@ def run_training(
     return result
 
 
+class _LazyProgress(Progress):
+    """A bar drawn from its first update on: a refusal before training starts (a resume state
+    saved under other settings) stays the one `Error:` line on stderr."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live.is_started:  # stopping prints a newline on a non-terminal stderr
+            self.stop()
+
+    def update(self, *args, **kwargs) -> None:
+        if not self.live.is_started and not self.disable:
+            self.start()
+        super().update(*args, **kwargs)
+
+    def refresh(self) -> None:
+        if self.live.is_started:  # before, a refresh would print an empty line
+            super().refresh()
+
+
 def _progress(console, show: bool):
 
-    return Progress(
+    return _LazyProgress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),

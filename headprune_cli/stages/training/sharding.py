@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -36,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from headprune_cli.errors import HeadpruneError, UsageError, shorten
+from headprune_cli.errors import HeadpruneError, UsageError, first_line, shorten
 from headprune_cli.files.io import atomic_write_bytes, os_error_in
 from headprune_cli.files.outputs import make_folder
 from headprune_cli.model.arch import adapter_for
@@ -117,7 +118,7 @@ def save_state(folder: Path, step: int, model, optimizer, scalars: dict, best: d
         save_file({"rng.torch": torch.get_rng_state()}, str(tmp / f"rng-{ctx.rank}.safetensors"))
         dist.barrier()
         if ctx.main:
-            meta = {**scalars, "step": step, "plan": layout, "has_best": best is not None}
+            meta = {**scalars, "step": step, "plan": layout, "has_best": best is not None, "files": shard_sizes(tmp)}
             (tmp / "state.json").write_text(json.dumps(meta, sort_keys=True, indent=1))
             shutil.rmtree(target, ignore_errors=True)
             os.replace(tmp, target)
@@ -126,7 +127,7 @@ def save_state(folder: Path, step: int, model, optimizer, scalars: dict, best: d
                 if old.name != target.name:
                     shutil.rmtree(old, ignore_errors=True)
         dist.barrier()
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
         error = os_error_in(exc)
         if ctx.main:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -151,6 +152,7 @@ def read_state(folder: Path, layout: dict) -> tuple[Path, dict]:
             f"--resume: training state in {folder} is unreadable or not a sharded (--fsdp) state "
             f"({shorten(str(exc), 160)})"
         ) from None
+    check_shards(folder / name, state.get("files"))
     if saved != layout:
         raise UsageError(
             f"--resume: the sharded state in {folder} was saved by {saved.get('world')} processes over "
@@ -158,6 +160,21 @@ def read_state(folder: Path, layout: dict) -> tuple[Path, dict]:
             f"(resume with torchrun --nproc-per-node {saved.get('world')}, or start over without --resume)"
         )
     return folder / name, state
+
+
+def read_state_agreed(folder: Path, layout: dict, ctx) -> tuple[Path, dict]:
+    """read_state on every rank, and every rank refuses when one does: a rank that refused
+    alone would leave torchrun to stop the others mid-load, with no word about why."""
+    try:
+        found, error = read_state(folder, layout), None
+    except UsageError as exc:
+        found, error = None, exc
+    refused = int(ctx.sum(torch.tensor([0 if error is None else 1], device=ctx.device)).item())
+    if error is not None:
+        raise error
+    if refused or found is None:
+        raise UsageError(f"--resume: {refused} other process(es) refused the training state in {folder}")
+    return found
 
 
 def load_state(target: Path, state: dict, model, optimizer, ctx, best_like: dict | None) -> dict | None:
@@ -171,7 +188,38 @@ def load_state(target: Path, state: dict, model, optimizer, ctx, best_like: dict
     try:
         dcp.load(loaded, checkpoint_id=str(target))
         torch.set_rng_state(load_file(str(target / f"rng-{ctx.rank}.safetensors"))["rng.torch"])
-    except Exception as exc:  # noqa: BLE001 (DCP's and safetensors' own errors for a corrupt or foreign state)
-        raise UsageError(f"--resume: training state in {target} does not restore ({shorten(str(exc), 160)})") from None
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 (DCP's and safetensors' own errors for a corrupt or foreign state; DCP's is a BaseException)
+        raise UsageError(f"--resume: training state in {target} does not restore ({_reason(exc)})") from None
     set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
     return loaded.get("best")
+
+
+def shard_sizes(step_folder: Path) -> dict[str, int]:
+    """Every file of a saved step (DCP's shards and metadata, the RNG states) with its size."""
+    return {p.name: p.stat().st_size for p in sorted(step_folder.iterdir()) if p.is_file()}
+
+
+def check_shards(step_folder: Path, sizes) -> None:
+    """A shard missing or cut short is refused by name before DCP reads any (a state saved
+    before sizes were recorded has none to check)."""
+    if not isinstance(sizes, dict):
+        return
+    for name, size in sizes.items():
+        path = step_folder / str(name)
+        try:
+            now = path.stat().st_size
+        except OSError:
+            raise UsageError(f"--resume: shard {path} of the training state is missing") from None
+        if now != size:
+            raise UsageError(
+                f"--resume: shard {path} of the training state is corrupt ({now} bytes, saved as {size}); "
+                "start over without --resume"
+            )
+
+
+def _reason(exc: BaseException) -> str:
+    """The first failure DCP collected from its ranks (its own message only lists the ranks)."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        first = next(iter(exc.failures.values()))  # (exception, its stack summary)
+        exc = first[0] if isinstance(first, tuple) else first
+    return shorten(first_line(exc), 160)

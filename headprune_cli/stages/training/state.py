@@ -83,7 +83,23 @@ def _write_step(
     (tmp / "state.json").write_text(json.dumps(state, sort_keys=True, indent=1))
 
 
-def load_state(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict | None]:
+def check_settings(state: dict, fingerprint: dict | None) -> None:
+    """Refuse a state saved under other settings (LoRA or not, another rank, dtype, data...)
+    before any of its tensors is read: they would not fit, or would train another run."""
+    if fingerprint is None:
+        return
+    saved = state.get("fingerprint", {})
+    changed = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
+    if changed:
+        raise UsageError(
+            f"--resume: the saved training state used different settings ({', '.join(changed)}); "
+            "start over without --resume"
+        )
+
+
+def load_state(
+    folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, fingerprint: dict | None = None
+) -> tuple[dict, dict | None]:
     """Restore weights, optimizer and RNG in place; returns (scalars, best weights or None)."""
     pointer = folder / LATEST
     if not pointer.is_file():
@@ -98,6 +114,7 @@ def load_state(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer)
         raise UsageError(
             f"--resume: training state in {folder} is unreadable or tampered with ({shorten(str(exc), 160)})"
         ) from None
+    check_settings(state, fingerprint)
     try:
         return state, _restore(target, state, model, optimizer)
     except UsageError:
@@ -144,7 +161,7 @@ def _restore(target: Path, state: dict, model: nn.Module, optimizer: torch.optim
         trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         missing = [name for name in missing if name in trainable]
     if missing or unexpected:
-        raise UsageError(f"--resume: saved weights do not fit this model ({(missing + unexpected)[0]})")
+        raise UsageError(f"--resume: saved weights do not fit this model ({sorted([*missing, *unexpected])[0]})")
     tensors = load_file(str(target / "optimizer.safetensors"))
     torch.set_rng_state(tensors.pop("rng.torch"))
     optimizer.load_state_dict(_optimizer_dict(tensors, state["param_groups"]))

@@ -407,14 +407,8 @@ class _Loop:
 
     def restore(self, fingerprint: dict) -> int:
         # validate() already refused --resume without a state folder.
-        state, best = self._load_state()
-        saved = state.get("fingerprint", {})
-        changed = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
-        if changed:
-            raise UsageError(
-                f"--resume: the saved training state used different settings ({', '.join(changed)}); "
-                "start over without --resume"
-            )
+        state, best = self._load_state(fingerprint)
+        train_state.check_settings(state, fingerprint)
         if not 1 <= state["step"] <= self.plan.total:
             raise UsageError(
                 f"--resume: the saved state is at step {state['step']}, "
@@ -436,10 +430,13 @@ class _Loop:
             "epoch_losses": self.epoch_losses,
         }
 
-    def _load_state(self):
+    def _load_state(self, fingerprint: dict):
         if not self.cfg.fsdp:
-            return train_state.load_state(self.cfg.state_dir, self.model, self.optimizer)
-        target, state = sharding.read_state(self.cfg.state_dir, sharding.plan(self.model, self.ctx.world))
+            return train_state.load_state(self.cfg.state_dir, self.model, self.optimizer, fingerprint)
+        target, state = sharding.read_state_agreed(
+            self.cfg.state_dir, sharding.plan(self.model, self.ctx.world), self.ctx
+        )
+        train_state.check_settings(state, fingerprint)
         like = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         return state, sharding.load_state(target, state, self.model, self.optimizer, self.ctx, like)
 

@@ -8,7 +8,6 @@ the order of float64 additions.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from headprune_cli.data.readers import Dataset, as_batch, num_batches
 from headprune_cli.model.layout import info_of
 from headprune_cli.runtime.device import input_device
 from headprune_cli.runtime.distributed import setup
+from headprune_cli.runtime.launch import launch
 
 # progress(description, total) -> advance(); the CLI passes a rich progress bar.
 ProgressFactory = Callable[[str, int], Callable[[], None]]
@@ -33,7 +33,8 @@ def no_progress(description: str, total: int) -> Callable[[], None]:
 
 def world() -> tuple[int, int]:
     """(rank, world size) from torchrun's environment; (0, 1) for one process."""
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    place = launch()
+    return place.rank, place.world
 
 
 def init_distributed() -> None:
