@@ -351,14 +351,14 @@ RUN_CASES = [
         "run search target_flops 7.5",
         _run_argv,
         2,
-        "target 7.5 is outside (0, 1]",
+        "--target-flops 7.5 is outside (0, 1]",
         _config({"command": "search", "target_flops": 7.5}),
     ),
     Case(
         "run search seconds 0",
         _run_argv,
         2,
-        "--seconds must be above 0",
+        "seconds: Input should be greater than 0 (got 0)",
         _config({"command": "search", "ratio": 0.5, "seconds": 0}),
     ),
     Case(
