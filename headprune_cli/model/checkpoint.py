@@ -105,7 +105,14 @@ def _provenance(info: ModelInfo, out: Path, plan_sha: str | None) -> dict:
         "root": root_sha,
         "root_path": root_path,
         **_base(info.provenance, parent_path, out),
+        **_source(info.provenance),
     }
+
+
+def _source(provenance: dict) -> dict:
+    """The file the root was imported from (a GGUF: name, sha256, quantization), carried down."""
+    source = provenance.get("source")
+    return {"source": source} if isinstance(source, dict) else {}
 
 
 def _base(provenance: dict, parent_path: str, out: Path) -> dict:

@@ -81,8 +81,8 @@ def prepare(source: str | Path | dict, overrides: Sequence[str] = (), out: str |
     config = _top_level(raw, problems)
     specs = stage_specs()
     stages = _check_stages(raw.get("stages"), specs, problems, unset)
-    if isinstance(config.model, str) and Path(config.model).is_dir():
-        stages.insert(0, Stage("import", "import", {}))  # an HF folder: import it first
+    if isinstance(config.model, str) and (Path(config.model).is_dir() or _is_gguf(config.model)):
+        stages.insert(0, Stage("import", "import", {}))  # an HF folder or a GGUF file: import it first
     _check_files(config, stages, specs, problems)
     pipeline = Pipeline(config, stages, Path(config.out), raw)
     _wire(pipeline, specs, problems)
@@ -171,6 +171,10 @@ def _check_options(entry: dict, spec, where: str, problems: list[str]) -> None:
             problems.append(f"{where}.{key}: true or false (the pipeline names the file; got {shorten(entry[key])})")
 
 
+def _is_gguf(model: str) -> bool:
+    return model.lower().endswith(".gguf")
+
+
 def _check_files(config: PipelineConfig, stages: list[Stage], specs, problems: list[str]) -> None:
     from headprune_cli.model.checkpoint import read_info  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
@@ -179,6 +183,9 @@ def _check_files(config: PipelineConfig, stages: list[Stage], specs, problems: l
             problems.append(
                 f"model: {config.model}: a folder without config.json (neither a checkpoint nor a Hugging Face model)"
             )
+    elif isinstance(config.model, str) and _is_gguf(config.model):
+        if not Path(config.model).is_file():
+            problems.append(f"model: {config.model}: no such GGUF file")
     elif isinstance(config.model, str):
         try:
             read_info(config.model)

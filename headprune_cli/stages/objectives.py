@@ -35,11 +35,18 @@ OBJECTIVES = ("classification", "causal-lm", "fidelity")
 # Metrics that are fractions in [0, 1]. Every --max-drop speaks of them in points (x100,
 # 1.0 = one percentage point), the unit people quote accuracy drops in; others (perplexity)
 # in their own unit.
-POINT_METRICS = ("accuracy", "macro_f1", "fidelity")
+POINT_METRICS = ("accuracy", "macro_f1", "fidelity", "token_accuracy", "next_word_accuracy")
 _TASK_OBJECTIVE = {"classification": "classification", "causal-lm": "causal-lm", "embedding": "fidelity"}
 # Which way each metric improves. Every Metric takes its direction from here, and so does
 # finetune's choice of the best epoch: one table, not a guess per caller.
-HIGHER_IS_BETTER = {"accuracy": True, "macro_f1": True, "fidelity": True, "perplexity": False}
+HIGHER_IS_BETTER = {
+    "accuracy": True,
+    "macro_f1": True,
+    "fidelity": True,
+    "perplexity": False,
+    "token_accuracy": True,  # causal LMs in report (stages/report/zero_shot.py)
+    "next_word_accuracy": True,
+}
 
 
 @dataclass

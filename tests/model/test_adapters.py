@@ -87,6 +87,17 @@ CONFIGS = {
             head_dim=4,
         )
     ),
+    "gemma3": lambda: T.Gemma3ForCausalLM(
+        T.Gemma3TextConfig(
+            vocab_size=60,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            intermediate_size=48,
+            head_dim=4,
+        )
+    ),
 }
 
 

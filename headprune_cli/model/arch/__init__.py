@@ -8,6 +8,7 @@ from headprune_cli.errors import ArchitectureError
 from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView
 from headprune_cli.model.arch.bert import BertAdapter
 from headprune_cli.model.arch.distilbert import DistilBertAdapter
+from headprune_cli.model.arch.gemma3 import Gemma3Adapter
 from headprune_cli.model.arch.gpt2 import GPT2Adapter
 from headprune_cli.model.arch.llama import LlamaAdapter
 from headprune_cli.model.arch.reference import ReferenceAdapter, ReferenceConfig, ReferenceEncoder
@@ -16,7 +17,15 @@ from headprune_cli.names import did_you_mean
 
 ADAPTERS: dict[str, Adapter] = {
     a.family: a
-    for a in (ReferenceAdapter(), BertAdapter(), DistilBertAdapter(), GPT2Adapter(), LlamaAdapter(), ViTAdapter())
+    for a in (
+        ReferenceAdapter(),
+        BertAdapter(),
+        DistilBertAdapter(),
+        GPT2Adapter(),
+        LlamaAdapter(),
+        Gemma3Adapter(),
+        ViTAdapter(),
+    )
 }
 
 

@@ -15,7 +15,8 @@ class ImportOptions(Options):
     source: Path = option(
         ...,
         "A Hugging Face model folder (config.json + *.safetensors + tokenizer files), a folder from `headprune "
-        "export --hf`, or a headprune checkpoint.",
+        "export --hf`, a llama.cpp GGUF file (or a folder holding one; dequantized to float32), or a headprune "
+        "checkpoint.",
         argument=True,
     )
     output: Path = option(..., "Checkpoint to write (.safetensors).", "-o", "--output")
@@ -24,16 +25,22 @@ class ImportOptions(Options):
 
 def run(opts: ImportOptions, ctx: Context) -> Result:
     from headprune_cli.model.checkpoint import is_export_folder, load, save  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.gguf_import import gguf_source, import_gguf  # noqa: PLC0415 (same)
     from headprune_cli.model.importer import import_folder  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     source = opts.source
     check_output(opts.output, opts.force, inputs=[source])
-    if is_export_folder(source):  # written by `headprune export --hf`: keeps its pruned layout
+    gguf = gguf_source(source)
+    if gguf is not None:  # llama.cpp's file: dequantized to float, tokenizer from its metadata
+        model = import_gguf(gguf)
+    elif is_export_folder(source):  # written by `headprune export --hf`: keeps its pruned layout
         model = load(source)
     elif source.is_dir():
         model = import_folder(source)
     elif source.is_file():
         model = load(source)
+    elif source.exists():  # a FIFO, a device, a socket: nothing a model is read from
+        raise CheckpointError(f"{source}: not a regular file or a folder")
     else:
         raise CheckpointError(f"{source}: no such folder or file")
     digest = save(model, opts.output, overwrite=opts.force)

@@ -31,7 +31,7 @@ from headprune_cli.runtime.device import input_device, place
 from headprune_cli.stages import objectives
 from headprune_cli.stages.model_latency import max_sequence, measure, synthetic_inputs
 from headprune_cli.stages.objectives import drop_unit, metric_dicts, worse_by, worse_than
-from headprune_cli.stages.report import serving
+from headprune_cli.stages.report import serving, zero_shot
 from headprune_cli.stages.report.latency_cost import latency_section, read_table
 from headprune_cli.stages.report.llama_cpp import check_task, load_gguf
 from headprune_cli.stages.report.settings import CONFIG_KEYS, ReportSettings
@@ -149,6 +149,10 @@ def evaluate_both(
 
     dataset = data_mod.read_data(data, pruned, max_length=max_length)
     objective = objectives.default_objective(pruned)
+    if objective == "causal-lm" and info_of(pruned).tokenizer:  # perplexity and zero-shot word prediction
+        starts = zero_shot.word_starts(pruned)
+        base_lm = zero_shot.causal_lm_metrics(baseline, dataset, batch_size, starts)
+        return metric_dicts(base_lm), metric_dicts(zero_shot.causal_lm_metrics(pruned, dataset, batch_size, starts))
     kwargs = {"batch_size": batch_size}
     base = objectives.evaluate(baseline, dataset, objective, reference=baseline, **kwargs)
     new = objectives.evaluate(pruned, dataset, objective, reference=baseline, **kwargs)

@@ -10,7 +10,8 @@ import shutil
 import pytest
 
 from headprune_cli import load, save
-from headprune_cli.stages.report import build, latency
+from headprune_cli.stages import model_latency as latency
+from headprune_cli.stages.report import build
 from headprune_cli.stages.report.build import MainMetric, gates, verdict
 from tests.support import assert_refused, run_report
 
