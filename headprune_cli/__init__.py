@@ -54,9 +54,9 @@ _PUBLIC = {
     "iterative_prune": ("headprune_cli.stages.iterate.rounds", "iterative_prune"),
     "schedule_of": ("headprune_cli.stages.iterate.schedule", "schedule_of"),
     # recovery: train(model, data, FinetuneConfig(...), teacher=...) is finetune's loop in memory
-    "train": ("headprune_cli.stages.finetune.train", "finetune"),
-    "FinetuneConfig": ("headprune_cli.stages.finetune.train", "FinetuneConfig"),
-    "default_lr": ("headprune_cli.stages.finetune.train", "default_lr"),
+    "train": ("headprune_cli.stages.training.train", "finetune"),
+    "FinetuneConfig": ("headprune_cli.stages.training.train", "FinetuneConfig"),
+    "default_lr": ("headprune_cli.stages.training.train", "default_lr"),
     "rewind": ("headprune_cli.stages.finetune.rewind", "rewind"),
     "reinit": ("headprune_cli.stages.finetune.rewind", "reinit"),
     # speed: latency of a forward, and the serving (prefill / decode) measurements report makes
@@ -74,7 +74,7 @@ _PUBLIC = {
     "run_sweep": ("headprune_cli.stages.sweep.ratios", "run_sweep"),
     "UsageError": ("headprune_cli.errors", "UsageError"),
     # modules: the training loop, the serving measurements, losses and metrics
-    "finetune": ("headprune_cli.stages.finetune.train", None),
+    "finetune": ("headprune_cli.stages.training.train", None),
     "serving": ("headprune_cli.stages.report.serving", None),
     "latency": ("headprune_cli.stages.model_latency", None),
     "objectives": ("headprune_cli.stages.objectives", None),

@@ -27,7 +27,7 @@ from typer.core import TyperGroup
 
 from headprune_cli.cli.command import from_options
 from headprune_cli.cli.common import context
-from headprune_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, Interrupted, report
+from headprune_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, Interrupted, UsageError, report
 from headprune_cli.files.outputs import own_claims
 from headprune_cli.files.temps import forget_sweeps, sweep
 from headprune_cli.files.watcher import watched
@@ -131,7 +131,23 @@ class LazyCommands(TyperGroup):
     def resolve_command(self, ctx: click.Context, args: list[str]):
         if args and args[0] not in COMMANDS and not args[0].startswith("-"):
             ctx.fail(f"No such command {args[0]!r}.{did_you_mean(args[0], COMMANDS)}")
+        if args:
+            refuse_moved(args[0], args[1:])
         return super().resolve_command(ctx, args)
+
+
+def refuse_moved(command: str, args: list[str]) -> None:
+    """An option that moved to another command (the stage's `moved`) is refused with one line
+    naming that command, where click would only call it unknown."""
+    if command not in unit.NAMES:
+        return
+    moved = unit.get(command).moved
+    given = [arg.split("=", 1)[0][2:].replace("-", "_") for arg in args if arg.startswith("--")]
+    name = next((name for name in given if name in moved), None)  # the first one on the line
+    if name is not None:
+        new = moved[name]
+        flag = "--" + name.replace("_", "-")
+        raise UsageError(f"{command} {flag}: moved to `headprune {new}` (see `headprune {new} --help`)")
 
 
 app = typer.Typer(

@@ -149,9 +149,13 @@ def _check_stages(entries, specs, problems: list[str], unset: set[int]) -> list[
 def _check_options(entry: dict, spec, where: str, problems: list[str]) -> None:
     declared = unit.get(spec.name)
     refused = declared.refused
-    not_settable = set(declared.outputs) | {"force"} | set(refused)  # a stage entry may not set these
+    moved = [k for k in declared.moved if k in entry]  # one line for them all: they are one mistake
+    if moved:
+        stage = declared.moved[moved[0]]
+        problems.append(f"{where}.{', '.join(moved)}: moved to the `{stage}` stage (`command: {stage}`); remove it")
+    not_settable = set(declared.outputs) | {"force"} | set(refused) | set(moved)  # a stage entry may not set these
     reserved = not_settable | set(declared.optional_outputs)
-    taken = sorted(k for k in entry if k in not_settable)
+    taken = sorted(k for k in entry if k in not_settable and k not in moved)
     for key in taken:
         why = refused.get(key, "set by the pipeline (artifacts go to the `out` folder)")
         problems.append(f"{where}.{key}: {why}; remove it")
@@ -159,7 +163,7 @@ def _check_options(entry: dict, spec, where: str, problems: list[str]) -> None:
     known = [k for k in model.model_fields] + sorted(declared.optional_outputs)
     extra = {k: True for k in declared.optional_outputs if k in entry}
     try:
-        model.model_validate({k: v for k, v in entry.items() if k not in taken and k not in extra})
+        model.model_validate({k: v for k, v in entry.items() if k not in taken and k not in moved and k not in extra})
     except ValidationError as exc:
         problems += format_errors(exc, f"{where}.", known)
     for key in extra:

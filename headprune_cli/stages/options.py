@@ -202,7 +202,7 @@ class LoraOptions(Options):
     )
 
     def lora_spec(self):
-        from headprune_cli.stages.finetune.lora import LoraSpec  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+        from headprune_cli.stages.training.lora import LoraSpec  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
         targets = (
             None if self.lora_targets is None else tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
@@ -230,10 +230,20 @@ class RecomputeOptions(Options):
     )
 
 
-class RecoveryOptions(SeedOptions, RecomputeOptions, DeviceOptions):
-    """How recovery trains (stages/finetune/train.py reads exactly these): steps, rates,
-    distillation, precision, and the resumable state. `finetune` is these plus its files; a
-    library caller builds them directly, as iterate and the refit layer scores do."""
+class TrainFilesOptions(Options):
+    """What a training stage reads and writes: `finetune` and `learn`."""
+
+    checkpoint: Path = option(..., "The checkpoint to train.", argument=True)
+    data: Path = option(..., "Training data (JSONL/CSV/text/safetensors).")
+    output: Path = option(..., "Where to write the trained checkpoint.", "-o", "--output")
+    eval_data: Path | None = option(None, "Dev set: evaluated every epoch; the best epoch is kept.")
+    teacher: str | None = option(None, "Distil from this checkpoint, or `auto` = the root model in CKPT's provenance.")
+    force: bool = option(False, "Overwrite OUT if it exists.")
+
+
+class TrainingOptions(SeedOptions, RecomputeOptions, DeviceOptions):
+    """How the training loop (stages/training/train.py) trains, in `finetune` and `learn`:
+    steps, rates, distillation, precision. RecoveryOptions adds recovery's resumable state."""
 
     epochs: int | None = option(None, "Passes over the training data (default 1 unless --steps).")
     steps: int | None = option(None, "Optimizer steps (instead of --epochs).")
@@ -250,8 +260,31 @@ class RecoveryOptions(SeedOptions, RecomputeOptions, DeviceOptions):
     hidden_weight: Finite | None = option(
         None,
         "Weight of layer distillation: each block's output against the teacher's (relative squared error); "
-        "default 1 with --learn-gates and a teacher, else 0.",
+        "default 1 in `learn` with a teacher, else 0.",
         ge=0.0,
+    )
+    autocast: bool | None = option(
+        None,
+        "Run the forward passes under bf16 autocast (weights, gradients and AdamW state keep their dtype). "
+        "Default: on where the device computes bf16 natively (CUDA), off on CPU.",
+        negative="--no-autocast",
+    )
+    # What the library fixes for recovery, settable from Python only.
+    weight_decay: float = internal(0.0)  # recovery stays near the trained weights
+    max_grad_norm: float = internal(1.0)
+    stop_after: int | None = internal(None)  # stop as if interrupted after this many steps (tests)
+
+
+class RecoveryOptions(TrainingOptions):
+    """What the training loop reads (train.py): TrainingOptions, and recovery's resumable state
+    and FSDP. `finetune` is these plus its files; a library caller builds them directly, as
+    iterate, the refit layer scores and `learn` (from its own TrainingOptions) do."""
+
+    fsdp: bool = option(
+        False,
+        "Under torchrun: shard weights, gradients, AdamW state and the teacher over the processes "
+        "(FSDP2, one unit per block) instead of a full copy in each; the state is saved sharded and resumes "
+        "with the same process count.",
     )
     state_dir: Path | None = option(
         None,
@@ -260,19 +293,3 @@ class RecoveryOptions(SeedOptions, RecomputeOptions, DeviceOptions):
     )
     save_every: int = option(50, "Save the training state every N steps.", ge=1)
     resume: bool = option(False, "Continue from the saved training state.")
-    autocast: bool | None = option(
-        None,
-        "Run the forward passes under bf16 autocast (weights, gradients and AdamW state keep their dtype). "
-        "Default: on where the device computes bf16 natively (CUDA), off on CPU.",
-        negative="--no-autocast",
-    )
-    fsdp: bool = option(
-        False,
-        "Under torchrun: shard weights, gradients, AdamW state and the teacher over the processes "
-        "(FSDP2, one unit per block) instead of a full copy in each; the state is saved sharded and resumes "
-        "with the same process count.",
-    )
-    # What the library fixes for recovery, settable from Python only.
-    weight_decay: float = internal(0.0)  # recovery stays near the trained weights
-    max_grad_norm: float = internal(1.0)
-    stop_after: int | None = internal(None)  # stop as if interrupted after this many steps (tests)

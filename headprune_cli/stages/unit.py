@@ -139,7 +139,9 @@ class Stage:
     `outputs` maps an option to the file it writes inside the pipeline's folder
     (`{stem}` = the stage's name); `makes` names the roles its outputs become; `needs` the
     options that must end up set. `optional_outputs` are extra files a stage entry may
-    switch on with `KEY: true`; `refused` options its pipeline stage cannot take, and why.
+    switch on with `KEY: true`; `refused` options its pipeline stage cannot take, and why;
+    `moved` options it no longer has, each with the stage that took it over (the command
+    line and the pipeline refuse them with a line naming that stage).
     `checks` maps an option to the parser its command reads it with: `headprune run` runs it on
     the YAML value before any stage runs (raising HeadpruneError on a value the command refuses).
     The command line is made from the same unit (cli/app.py): a stage needs no command module.
@@ -155,6 +157,7 @@ class Stage:
     needs: tuple[str, ...] = ()
     optional_outputs: dict[str, str] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
+    moved: dict[str, str] = field(default_factory=dict)
     in_pipeline: bool = True
     checks: dict[str, Callable[[Any], None]] = field(default_factory=dict)  # option -> its parser, for raw YAML
     help: str = ""  # `headprune NAME --help` (its first line: the command list); cli/ builds the command from this unit
@@ -170,6 +173,7 @@ NAMES = (
     "select",
     "search",
     "prune",
+    "learn",
     "finetune",
     "iterate",
     "report",

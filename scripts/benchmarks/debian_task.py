@@ -137,14 +137,15 @@ def plan_row(
     )
 
 
-def run_finetune(t: dict, source: Path, out: Path, **options) -> Path:
+def run_finetune(t: dict, source: Path, out: Path, stage: str = "finetune", **options) -> Path:
     """`finetune SOURCE --data train.jsonl --teacher auto --epochs 1 [options]` at the task's
-    length and seed, into `out` (`epochs=` in the options replaces the one epoch)."""
+    length and seed, into `out` (`epochs=` in the options replaces the one epoch); `stage="learn"`
+    runs learned-gate pruning with the same training settings."""
     from headprune_cli import run_stage
 
     if not out.is_file():
         run_stage(
-            "finetune",
+            stage,
             checkpoint=source,
             data=t["train"],
             output=out,

@@ -1,4 +1,4 @@
-"""Peak memory of `finetune` on a 1.1 B-parameter bf16 LLaMA: full AdamW, LoRA, LoRA + recompute, FSDP.
+"""Peak memory of `finetune` (and `learn`) on a 1.1 B-parameter bf16 LLaMA: full AdamW, LoRA, LoRA + recompute, FSDP.
 
 Builds the same random-weight LLaMA as scripts/benchmarks/large.py (TinyLlama's shape: 22
 layers, hidden 2048, 16 query / 4 KV heads, intermediate 5632, bf16) and imports it, then
@@ -31,7 +31,6 @@ VARIANTS = {
     "LoRA r=8 + recompute": ["--lora", "--recompute"],
     # One gate step, then the closing, the cut and the write (a tolerance of 1: one step cannot reach the target).
     "learned gates, heads + FFN + layers": [
-        "--learn-gates",
         "--target-flops",
         "0.5",
         "--gate-ffn",
@@ -41,6 +40,7 @@ VARIANTS = {
         "--no-recompute",
     ],
 }
+COMMAND = {"learned gates, heads + FFN + layers": "learn"}  # the others are `finetune`
 # Under torchrun --nproc-per-node 2: wait4's ru_maxrss is the largest process of the tree,
 # so the figure is per process.
 SHARDED = {"FSDP full AdamW, 2 processes": ["--fsdp", "--no-recompute"]}
@@ -86,7 +86,8 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         out = work / "out.safetensors"
-        result = measure(name, hp + ["finetune", str(ckpt), *common, *flags, "-o", str(out), "--force"], env)
+        command = COMMAND.get(name, "finetune")
+        result = measure(name, hp + [command, str(ckpt), *common, *flags, "-o", str(out), "--force"], env)
         result["of_checkpoint"] = round(result["peak_rss_bytes"] / size, 3)
         result["goal"] = GOAL.get(name)
         results.append(result)

@@ -5,7 +5,7 @@ Per model (seed 0 and seed 1 of scripts/tools/make_debian_task.py; 32 tokens; ca
 evaluates), at each cut (--ratio R or --target-flops F):
   greedy+kd  score --method fisher (calib) -> select CUT -> prune --compensate lstsq --data calib
              -> finetune --teacher auto --epochs 1
-  learned    finetune MODEL --learn-gates CUT --teacher auto --epochs 1 (its defaults, or --set)
+  learned    learn MODEL CUT --teacher auto --epochs 1 (its defaults, or --set)
 both with batch 16 and the model's seed, so both see the rows in the same order. The learned row
 also records the gates' report: the expected share removed when they closed, the share the
 closing removed, the target, the extra steps, and the trace (expected vs target vs lambdas).
@@ -50,7 +50,7 @@ def greedy_kd(t: dict, folder: Path, kind: str, value: float, ffn: bool = False,
 def learned(t: dict, folder: Path, kind: str, value: float, overrides: dict, tag: str) -> tuple[Path, dict]:
     out = folder / f"learned{tag}-{kind}-{value}.safetensors"
     gates = out.with_suffix(".gates.json")
-    run_finetune(t, t["model"], out, learn_gates=True, gates_out=gates, **{kind: value}, **overrides)
+    run_finetune(t, t["model"], out, stage="learn", gates_out=gates, **{kind: value}, **overrides)
     return out, json.loads(gates.read_text())["config"]["gates"]
 
 
@@ -160,7 +160,7 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("/tmp/learned_gates"))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--cuts", nargs="+", default=["ratio=0.85"], help="KIND=VALUE, e.g. ratio=0.85 target_flops=0.5")
-    p.add_argument("--set", nargs="*", default=[], help="finetune option overrides for the learned row, NAME=VALUE")
+    p.add_argument("--set", nargs="*", default=[], help="learn option overrides for the learned row, NAME=VALUE")
     p.add_argument("--tag", default="", help="names the learned row's files (for runs with --set)")
     p.add_argument("--no-greedy", action="store_true")
     p.add_argument("--greedy-ffn", action="store_true", help="score the greedy route with --ffn (heads + FFN neurons)")

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Greedy pruning (score taylor -> select --ratio -> prune -> finetune --teacher auto) against
-# learned pruning (finetune --learn-gates --ratio --teacher auto), the same training steps,
+# learned pruning (learn --ratio --teacher auto), the same training steps,
 # on the bundled demo model; dev accuracy of every output. BENCHMARKS.md, "Learned pruning".
 # Run: nice -n 10 scripts/benchmarks/learned_pruning.sh [OUT_FOLDER] [EPOCHS] [RATIOS]
 set -euo pipefail
@@ -14,7 +14,7 @@ for seed in 0 1; do
     $HP prune $D/model.safetensors --plan "$OUT/plan-$r-s$seed.json" -o "$OUT/greedy-$r-s$seed.pruned.safetensors" --force 2>/dev/null
     $HP finetune "$OUT/greedy-$r-s$seed.pruned.safetensors" --data $D/train.jsonl --teacher auto --epochs "$EPOCHS" --seed $seed \
       -o "$OUT/greedy-$r-s$seed.safetensors" --force 2>/dev/null
-    $HP finetune $D/model.safetensors --data $D/train.jsonl --learn-gates --ratio "$r" --teacher auto --epochs "$EPOCHS" --seed $seed \
+    $HP learn $D/model.safetensors --data $D/train.jsonl --ratio "$r" --teacher auto --epochs "$EPOCHS" --seed $seed \
       -o "$OUT/learned-$r-s$seed.safetensors" --gates-out "$OUT/learned-$r-s$seed.gates.json" --force 2>&1 | grep -A1 "learned gates"
   done
 done

@@ -41,13 +41,13 @@ MUTATIONS = {
         "tests/stages/report/test_policy.py::test_min_speedup_passes_at_the_threshold_and_fails_one_ulp_above",
     ),
     "finetune returns the last epoch": (
-        "headprune_cli/stages/finetune/train.py",
+        "headprune_cli/stages/training/train.py",
         "        if self.best is not None:\n            self.model.load_state_dict(self.best)",
         "        pass",
-        "tests/stages/finetune/test_training.py::test_the_returned_weights_are_the_best_epochs",
+        "tests/stages/training/test_training.py::test_the_returned_weights_are_the_best_epochs",
     ),
     "torchrun gradients halved": (
-        "headprune_cli/stages/finetune/train.py",
+        "headprune_cli/stages/training/train.py",
         "(loss_sum * self.ctx.world / grand).backward()",
         "(loss_sum / grand).backward()",
         "tests/stages/finetune/test_command.py::test_torchrun_sgd_updates_match_one_process_far_below_the_update_size",
@@ -84,7 +84,7 @@ MUTATIONS = {
     ),
     # The bugs of issue 48: each one small and plausible, each caught by a test against an independent reference.
     "lora alpha set to the rank": (
-        "headprune_cli/stages/finetune/lora.py",
+        "headprune_cli/stages/training/lora.py",
         "lora_alpha=spec.scale_alpha,",
         "lora_alpha=spec.rank,",
         "tests/stages/finetune/test_lora.py::test_merged_update_is_b_times_a_scaled_by_alpha_over_rank",
@@ -132,10 +132,10 @@ MUTATIONS = {
         "tests/stages/select/test_runtime.py::test_vllm_ffn_steps_go_to_the_least_loss_per_cost_saved",
     ),
     "gate space per_kind counts GQA units": (
-        "headprune_cli/stages/finetune/gate_space.py",
+        "headprune_cli/stages/learn/gate_space.py",
         "heads = torch.tensor([len(hs) for _, hs in self.head_units], dtype=torch.float64)\n        counts",
         "heads = torch.ones(len(self.head_units), dtype=torch.float64)\n        counts",
-        "tests/stages/finetune/test_gate_space.py::test_per_kind_counts_query_heads_neurons_and_layers",
+        "tests/stages/learn/test_gate_space.py::test_per_kind_counts_query_heads_neurons_and_layers",
     ),
     "int8-static runs quantize_dynamic": (
         "headprune_cli/model/formats/onnx_quantize.py",
@@ -144,10 +144,10 @@ MUTATIONS = {
         "tests/model/formats/test_onnx_quantize.py::test_static_is_qdq_with_calibrated_ranges_and_dynamic_quantizes_at_run_time",
     ),
     "gradient scale without world (one rank)": (
-        "headprune_cli/stages/finetune/train.py",
+        "headprune_cli/stages/training/train.py",
         "(loss_sum * self.ctx.world / grand).backward()",
         "(loss_sum / grand).backward()",
-        "tests/stages/finetune/test_training.py::test_a_rank_backpropagates_its_rows_loss_sum_times_world_over_the_global_count",
+        "tests/stages/training/test_training.py::test_a_rank_backpropagates_its_rows_loss_sum_times_world_over_the_global_count",
     ),
     "rewind reads the source's heads by position": (
         "headprune_cli/stages/finetune/rewind.py",
@@ -156,10 +156,10 @@ MUTATIONS = {
         "tests/stages/finetune/test_rewind.py::test_rewind_onto_a_partly_pruned_source_reads_each_layer_by_its_original_index",
     ),
     "fsdp resume without each rank's RNG": (
-        "headprune_cli/stages/finetune/sharding.py",
+        "headprune_cli/stages/training/sharding.py",
         '        torch.set_rng_state(load_file(str(target / f"rng-{ctx.rank}.safetensors"))["rng.torch"])',
         "        pass",
-        "tests/stages/finetune/test_fsdp.py::test_fsdp_over_two_processes_equals_one_process_and_resumes_exactly",
+        "tests/stages/training/test_fsdp.py::test_fsdp_over_two_processes_equals_one_process_and_resumes_exactly",
     ),
 }
 

@@ -148,13 +148,12 @@ def _iterate(*options: str) -> Callable[[Path], list]:
 
 
 def _learn_gates(*target: str) -> Callable[[Path], list]:
-    """`finetune MODEL --data data.jsonl --learn-gates TARGET... --steps 1 -o o.safetensors`."""
+    """`learn MODEL --data data.jsonl TARGET... --steps 1 -o o.safetensors`."""
     return lambda f: [
-        "finetune",
+        "learn",
         f / M,
         "--data",
         f / "data.jsonl",
-        "--learn-gates",
         *target,
         "--steps",
         "1",
@@ -412,10 +411,16 @@ CASES = [
         "need --gate-ffn",
     ),
     Case(
-        "gate-ffn without learn-gates",
+        "gate-ffn given to finetune",
         lambda f: ["finetune", f / M, "--data", f / "data.jsonl", "--gate-ffn", "--steps", "1", "-o", f / O],
         2,
-        "need --learn-gates",
+        "--gate-ffn: moved to `headprune learn`",
+    ),
+    Case(
+        "finetune --learn-gates, the old spelling of learn",
+        lambda f: ["finetune", f / M, "--data", f / "data.jsonl", "--learn-gates", "--ratio", "0.5", "-o", f / O],
+        2,
+        "finetune --learn-gates: moved to `headprune learn` (see `headprune learn --help`)",
     ),
     Case("iterate unknown recovery", _iterate("--recover", "lsq"), 2, "unknown --recover 'lsq'"),
     Case("iterate lstsq with training options", _iterate("--recover", "lstsq", "--epochs", "2"), 2, "trains nothing"),

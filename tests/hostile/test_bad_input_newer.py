@@ -379,11 +379,18 @@ RUN_CASES = [
         ),
     ),
     Case(
-        "run finetune learn_gates without a target",
+        "run learn without a target",
         _run_argv,
         2,
-        "--learn-gates needs a target",
-        _config(SCORE, {"command": "finetune", "learn_gates": True, "steps": 1}),
+        "learn needs a target",
+        _config(SCORE, {"command": "learn", "steps": 1}),
+    ),
+    Case(
+        "run finetune learn_gates, the old spelling of learn",
+        _run_argv,
+        2,
+        "(finetune).learn_gates, ratio: moved to the `learn` stage (`command: learn`); remove it",
+        _config(SCORE, {"command": "finetune", "learn_gates": True, "ratio": 0.5, "steps": 1}),
     ),
     Case(
         "run report min_speedup without timing",

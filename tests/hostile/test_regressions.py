@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from headprune_cli import save
 from headprune_cli.errors import UsageError
-from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
+from headprune_cli.stages.training.train import FinetuneConfig, finetune
 from tests.support import ROOT, TINY, VOCAB, snapshot
 
 DEMO = ROOT / "examples" / "demo"
@@ -77,7 +77,7 @@ def test_disk_full_inside_safetensors_is_one_line(demo: Path, cli, monkeypatch):
     saving the training state must still end in one line and leave no temporary folder."""
     from safetensors import SafetensorError
 
-    import headprune_cli.stages.finetune.state as state
+    import headprune_cli.stages.training.state as state
 
     def full_disk(tensors, path, metadata=None):
         Path(path).write_bytes(b"partial")

@@ -7,9 +7,9 @@ import torch
 
 from headprune_cli.data.readers import read_data
 from headprune_cli.stages import lm_chunks
-from headprune_cli.stages.finetune.distill import kd_logits, soft_kl
 from headprune_cli.stages.objectives import next_token_mask, outputs_of, token_nll
 from headprune_cli.stages.score.importance import score_model
+from headprune_cli.stages.training.distill import kd_logits, soft_kl
 from tests.support import TINY, give_tokenizer, write_text
 
 
@@ -124,8 +124,8 @@ def test_chunks_only_for_plain_linear_heads_of_causal_lms(lm):
 def test_lora_distillation_in_chunks_trains_the_same_weights(kd, monkeypatch):
     """finetune --lora --teacher: chunked logits give the weights whole logits give."""
     from headprune_cli.model.surgery import apply_plan
-    from headprune_cli.stages.finetune.lora import LoraSpec, attach
-    from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
+    from headprune_cli.stages.training.lora import LoraSpec, attach
+    from headprune_cli.stages.training.train import FinetuneConfig, finetune
 
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(2, 60, (16, 8), generator=gen)

@@ -19,9 +19,10 @@ from headprune_cli.files.io import sha256_file
 from headprune_cli.stages import objectives
 from headprune_cli.stages.export import stage as export_stage
 from headprune_cli.stages.finetune import stage as finetune_stage
-from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
 from headprune_cli.stages.import_ import stage as import_stage
+from headprune_cli.stages.learn import stage as learn_stage
 from headprune_cli.stages.report import stage as report_stage
+from headprune_cli.stages.training.train import FinetuneConfig, finetune
 from headprune_cli.stages.unit import Context
 from tests.support import TINY, VOCAB
 
@@ -100,6 +101,11 @@ def test_stage_defaults_agree_with_the_library_dataclasses():
     assert issubclass(finetune_stage.FinetuneOptions, FinetuneConfig)
     assert issubclass(report_stage.ReportStageOptions, ReportSettings)
     assert set(CONFIG_KEYS) == set(ReportSettings.model_fields) - {"engine_python"}
+    # learn trains with the same loop: its training options are the loop's own declarations
+    from headprune_cli.stages.options import TrainingOptions
+
+    assert issubclass(learn_stage.LearnOptions, TrainingOptions) and issubclass(FinetuneConfig, TrainingOptions)
+    assert not set(learn_stage.LearnOptions.model_fields) & {"state_dir", "save_every", "resume", "fsdp"}
     # A table profiled with the defaults compares with a report run with the defaults.
     from headprune_cli.stages.profile.build import DEFAULT_SEQ_LEN as PROFILE_SEQ
     from headprune_cli.stages.profile.stage import ProfileOptions

@@ -1,1 +1,1 @@
-"""Recovery training: the loop (train), distillation (distill), task losses, training state on disk."""
+"""Recovery training: the stage (finetune.stage) and lottery rewinding (rewind); the loop is stages/training."""

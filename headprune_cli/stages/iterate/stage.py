@@ -114,9 +114,9 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
 
     from headprune_cli.data.readers import read_data  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.checkpoint import load, save  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.stages.finetune.distill import load_teacher, resolve_teacher  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.stages.iterate.rounds import iterative_prune  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
     from headprune_cli.stages.objectives import check_objective, needs_labels  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.stages.training.distill import load_teacher, resolve_teacher  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     schedule = opts.schedule_budgets()
     opts.check_recovery()

@@ -140,7 +140,7 @@ _SGD_RUN = """
 import sys, torch
 from safetensors.torch import load_file, save_file
 from headprune_cli import load
-from headprune_cli.stages.finetune import train
+from headprune_cli.stages.training import train
 # Plain SGD without clipping: an update is exactly lr x the gradient, so a gradient of the
 # wrong scale (AdamW normalises it away, clipping caps it) shows in the weights.
 train.torch.optim.AdamW = lambda params, lr, weight_decay: torch.optim.SGD(params, lr=lr)

@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 from headprune_cli import load
-from headprune_cli.stages.finetune.gates import HeadDropout
-from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
+from headprune_cli.stages.training.gating import HeadDropout
+from headprune_cli.stages.training.train import FinetuneConfig, finetune
 from tests.support import saved_root as root
 
 

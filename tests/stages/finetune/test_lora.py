@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from headprune_cli import load, save
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.stages.finetune.lora import LoraSpec, attach, merge, projections, resolve_targets
-from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
+from headprune_cli.stages.training.lora import LoraSpec, attach, merge, projections, resolve_targets
+from headprune_cli.stages.training.train import FinetuneConfig, finetune
 from tests.support import TINY
 from tests.support.training import tensor_set
 
@@ -147,7 +147,7 @@ def test_lora_resume_mid_run_equals_an_uninterrupted_run(tmp_path):
 def test_recompute_changes_no_gradient(lora):
     """Same weights after a few steps with and without recompute, with head dropout's gates on
     (they must stay attached through the backward, when the blocks run again)."""
-    from headprune_cli.stages.finetune.gates import HeadDropout
+    from headprune_cli.stages.training.gating import HeadDropout
 
     def build():
         model = _pruned("llama-gqa")
@@ -168,8 +168,9 @@ def test_recompute_changes_no_gradient(lora):
 
 
 def test_lora_defaults_to_ten_times_full_trainings_rate_and_an_explicit_lr_wins(tmp_path):
-    from headprune_cli.stages.finetune.stage import FinetuneOptions, chosen_lr
-    from headprune_cli.stages.finetune.train import default_lr
+    from headprune_cli.stages.finetune.stage import FinetuneOptions
+    from headprune_cli.stages.training.run import chosen_lr
+    from headprune_cli.stages.training.train import default_lr
 
     model = _pruned("llama-gqa")
     common = {"checkpoint": tmp_path / "m.safetensors", "data": tmp_path / "d.jsonl", "output": tmp_path / "o"}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from headprune_cli.errors import UsageError
-from headprune_cli.stages.finetune.train import FinetuneConfig
 from headprune_cli.stages.iterate.rounds import _acceptable, iterative_prune
 from headprune_cli.stages.iterate.schedule import schedule_of
 from headprune_cli.stages.objectives import Metric
 from headprune_cli.stages.report.build import gates, main_metric
+from headprune_cli.stages.training.train import FinetuneConfig
 from tests.stages.iterate.support import dataset, write_task
 from tests.support import TINY
 

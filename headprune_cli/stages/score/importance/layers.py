@@ -127,7 +127,7 @@ class LayerRefit(Importance):
     BATCH = 16
 
     def layers(self, ctx: ScoreContext) -> torch.Tensor:
-        from headprune_cli.stages.finetune.train import FinetuneConfig, finetune  # noqa: PLC0415 (keeps numpy, safetensors out of this module's import)
+        from headprune_cli.stages.training.train import FinetuneConfig, finetune  # noqa: PLC0415 (keeps numpy, safetensors out of this module's import)
 
         n = len(ctx.dataset)
         if n < 4:

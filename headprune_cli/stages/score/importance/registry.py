@@ -73,7 +73,7 @@ _HEADS = [
         "l0:L0",
         "heads",
         False,
-        ffn="l0 trains gates on heads only; use finetune --learn-gates, or fisher/taylor neuron scores",
+        ffn="l0 trains gates on heads only; use `headprune learn --gate-ffn`, or fisher/taylor neuron scores",
     ),
 ]
 _LAYERS = [

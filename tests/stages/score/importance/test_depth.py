@@ -10,10 +10,10 @@ import torch
 from headprune_cli.data.readers import read_data
 from headprune_cli.errors import DataError
 from headprune_cli.model.surgery import HeadGates, apply_plan
-from headprune_cli.stages.finetune.train import DEEP_CUT_FACTOR, LR_BY_PARAMS, FinetuneConfig, default_lr, finetune
 from headprune_cli.stages.objectives import embed, per_example_loss
 from headprune_cli.stages.score.importance import score_model
 from headprune_cli.stages.score.importance.layers import LayerRefit
+from headprune_cli.stages.training.train import DEEP_CUT_FACTOR, LR_BY_PARAMS, FinetuneConfig, default_lr, finetune
 from tests.support import TINY, give_tokenizer, write_jsonl, write_text
 
 

@@ -1,4 +1,4 @@
-"""`finetune --learn-gates`: gates trained with the model reach the budget, close as `select`
+"""`learn`: gates trained with the model reach the budget, close as `select`
 would close them, and the output is the smaller model, physically cut."""
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ STEPS = "100"
 
 def learn(cli, ckpt: Path, data: Path, out: Path, *extra: str):
     return cli(
-        "finetune",
+        "learn",
         ckpt,
         "--data",
         data,
-        "--learn-gates",
         "--steps",
         STEPS,
         "--lr",
@@ -90,21 +89,20 @@ def test_learned_gates_reach_the_ratio_and_close_as_select_would(cli, tmp_path, 
 
 def test_the_output_loads_and_equals_the_in_memory_gated_then_cut_model(tmp_path):
     from headprune_cli.model.surgery import HeadGates, apply_plan, removal_gates
-    from headprune_cli.stages.finetune import stage
-    from headprune_cli.stages.finetune.learn import close_gates, make_gates
-    from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
+    from headprune_cli.stages.learn import stage
+    from headprune_cli.stages.learn.learn import close_gates, make_gates
     from headprune_cli.stages.select.chains import Constraints
+    from headprune_cli.stages.training.train import FinetuneConfig, finetune
     from headprune_cli.stages.unit import Context
 
     ckpt, data = root(tmp_path, "reference")
-    opts = stage.FinetuneOptions(
+    opts = stage.LearnOptions(
         checkpoint=ckpt,
         data=data,
         output=tmp_path / "out.safetensors",
         steps=int(STEPS),
         lr=1e-3,
         batch_size=8,
-        learn_gates=True,
         ratio=0.5,
     )
     result = stage.run(opts, Context(progress=False))
@@ -114,7 +112,7 @@ def test_the_output_loads_and_equals_the_in_memory_gated_then_cut_model(tmp_path
     # The same training in memory: the trained model with its gates closed equals the cut model.
     model = load(ckpt)
     amount, constraints = Budget("heads", 0.5), Constraints()
-    defaults = {k: stage.FinetuneOptions.model_fields[k].default for k in ("gate_lr", "gate_warmup", "closed_share")}
+    defaults = {k: stage.LearnOptions.model_fields[k].default for k in ("gate_lr", "gate_warmup", "closed_share")}
     gates = make_gates(
         model,
         amount,
@@ -241,28 +239,31 @@ def test_bad_input_is_refused_and_nothing_is_written(cli, tmp_path):
     ckpt, data = root(tmp_path, "reference")
     before = snapshot(tmp_path)
     out = tmp_path / "out.safetensors"
+    moved = "moved to `headprune learn`"  # learned-gate pruning was `finetune --learn-gates`
     cases = {
-        "needs a target": ["--learn-gates"],
-        "need --learn-gates": ["--ratio", "0.5"],
-        "--gates-out: a pruning target": ["--gates-out", tmp_path / "g.json"],
-        "--head-dropout 1.0 is outside [0, 1)": ["--head-dropout", "1"],
-        "--head-dropout -0.1 is outside": ["--head-dropout", "-0.1"],
-        "not supported with --learn-gates": ["--learn-gates", "--ratio", "0.5", "--resume"],
-        "takes one target": ["--learn-gates", "--ratio", "0.5", "--target-flops", "0.5"],
-        "--ratio 1.5 is outside": ["--learn-gates", "--ratio", "1.5"],
-        "outside (0, 1]": ["--learn-gates", "--target-params", "0"],
-        "--min-heads 4 is above the 3 heads": ["--learn-gates", "--ratio", "0.5", "--min-heads", "4"],
-        "not both": ["--learn-gates", "--ratio", "0.5", "--head-dropout", "0.1"],
-        "overlap": ["--learn-gates", "--ratio", "0.5", "--gates-out", out],
-        "is also an input": ["--learn-gates", "--ratio", "0.5", "--gates-out", data],
-        "--gate-ffn: a pruning target": ["--gate-ffn"],
-        "--gate-layers: a pruning target": ["--gate-layers", "--target-flops", "0.5"],
-        "not --ratio": ["--learn-gates", "--ratio", "0.5", "--gate-ffn"],
-        "price every unit on one cost": ["--learn-gates", "--ratio", "0.5", "--gate-layers"],
-        "--min-ffn: rules for the FFN widths": ["--learn-gates", "--target-flops", "0.5", "--min-ffn", "8"],
+        ("learn", "needs a target"): [],
+        ("finetune", "--learn-gates: " + moved): ["--learn-gates", "--ratio", "0.5"],
+        ("finetune", "--ratio: " + moved): ["--ratio", "0.5"],
+        ("finetune", "--gates-out: " + moved): ["--gates-out", tmp_path / "g.json"],
+        ("learn", "needs a target: --ratio R"): ["--gates-out", tmp_path / "g.json"],
+        ("finetune", "--head-dropout 1.0 is outside [0, 1)"): ["--head-dropout", "1"],
+        ("finetune", "--head-dropout -0.1 is outside"): ["--head-dropout", "-0.1"],
+        ("learn", "No such option: --resume"): ["--ratio", "0.5", "--resume"],  # the gates' state is not saved
+        ("learn", "takes one target"): ["--ratio", "0.5", "--target-flops", "0.5"],
+        ("learn", "--ratio 1.5 is outside"): ["--ratio", "1.5"],
+        ("learn", "outside (0, 1]"): ["--target-params", "0"],
+        ("learn", "--min-heads 4 is above the 3 heads"): ["--ratio", "0.5", "--min-heads", "4"],
+        ("learn", "No such option: --head-dropout"): ["--ratio", "0.5", "--head-dropout", "0.1"],
+        ("learn", "overlap"): ["--ratio", "0.5", "--gates-out", out],
+        ("learn", "is also an input"): ["--ratio", "0.5", "--gates-out", data],
+        ("finetune", "--gate-ffn: " + moved): ["--gate-ffn"],
+        ("finetune", "--gate-layers: " + moved): ["--gate-layers", "--target-flops", "0.5"],
+        ("learn", "not --ratio"): ["--ratio", "0.5", "--gate-ffn"],
+        ("learn", "price every unit on one cost"): ["--ratio", "0.5", "--gate-layers"],
+        ("learn", "--min-ffn: rules for the FFN widths"): ["--target-flops", "0.5", "--min-ffn", "8"],
     }
-    for message, extra in cases.items():
-        assert_refused(cli("finetune", ckpt, "--data", data, "--steps", "2", "-o", out, *extra), 2, message)
+    for (command, message), extra in cases.items():
+        assert_refused(cli(command, ckpt, "--data", data, "--steps", "2", "-o", out, *extra), 2, message)
         assert snapshot(tmp_path) == before
 
 
@@ -273,11 +274,10 @@ def test_the_closing_keeps_the_constraints_select_keeps(cli, tmp_path):
     out, gates = tmp_path / "small.safetensors", tmp_path / "gates.json"
     flags = ["--uniform", "--min-heads", "2", "--protect", "1:2"]
     res = cli(
-        "finetune",
+        "learn",
         ckpt,
         "--data",
         data,
-        "--learn-gates",
         "--ratio",
         "0.5",
         "--steps",

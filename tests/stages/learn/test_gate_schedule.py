@@ -11,10 +11,10 @@ import torch
 
 from headprune_cli.model.surgery import HeadGates, removal_gates
 from headprune_cli.stages.budget import Budget
-from headprune_cli.stages.finetune.gates import FarFromTarget, LearnedGates
-from headprune_cli.stages.finetune.hidden import captured, hidden_loss, pairs
-from headprune_cli.stages.finetune.learn import close_gates, make_gates
+from headprune_cli.stages.learn.gates import FarFromTarget, LearnedGates
+from headprune_cli.stages.learn.learn import close_gates, make_gates
 from headprune_cli.stages.select.chains import Constraints
+from headprune_cli.stages.training.hidden import captured, hidden_loss, pairs
 from tests.support import TINY, assert_refused, model_inputs, saved_root, snapshot
 
 
@@ -111,9 +111,7 @@ def test_layer_distillation_is_zero_against_itself_and_grows_with_the_gated_head
 
 
 def learn(cli, ckpt, data, out, *extra):
-    return cli(
-        "finetune", ckpt, "--data", data, "--learn-gates", "--lr", "1e-3", "--batch-size", "8", "-o", out, *extra
-    )
+    return cli("learn", ckpt, "--data", data, "--lr", "1e-3", "--batch-size", "8", "-o", out, *extra)
 
 
 def test_the_gates_report_goes_into_the_gates_artifact_and_the_summary(cli, tmp_path):
@@ -170,16 +168,16 @@ def test_bad_gate_options_are_refused_and_nothing_is_written(cli, tmp_path):
     before = snapshot(tmp_path)
     out = tmp_path / "out.safetensors"
     cases = {
-        "--gate-tolerance": ["--learn-gates", "--ratio", "0.5", "--gate-tolerance", "1.5"],
-        "--gate-warmup": ["--learn-gates", "--ratio", "0.5", "--gate-warmup", "-0.1"],
-        "--gate-extra-steps": ["--learn-gates", "--ratio", "0.5", "--gate-extra-steps", "-1"],
-        "--hidden-weight > 0 needs a teacher": ["--hidden-weight", "1"],
-        "--ratio: the gates would have to remove 1.000 of the heads, but the closing": [
-            "--learn-gates",
+        ("learn", "--gate-tolerance"): ["--ratio", "0.5", "--gate-tolerance", "1.5"],
+        ("learn", "--gate-warmup"): ["--ratio", "0.5", "--gate-warmup", "-0.1"],
+        ("learn", "--gate-extra-steps"): ["--ratio", "0.5", "--gate-extra-steps", "-1"],
+        ("finetune", "--hidden-weight > 0 needs a teacher"): ["--hidden-weight", "1"],
+        ("learn", "--hidden-weight > 0 needs a teacher"): ["--ratio", "0.5", "--hidden-weight", "1"],
+        ("learn", "--ratio: the gates would have to remove 1.000 of the heads, but the closing"): [
             "--ratio",
             "1.0",
         ],  # a gate budget above the heads that can go
     }
-    for message, extra in cases.items():
-        assert_refused(cli("finetune", ckpt, "--data", data, "--steps", "2", "-o", out, *extra), 2, message)
+    for (command, message), extra in cases.items():
+        assert_refused(cli(command, ckpt, "--data", data, "--steps", "2", "-o", out, *extra), 2, message)
         assert snapshot(tmp_path) == before

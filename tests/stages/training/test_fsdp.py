@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from headprune_cli import load, save
 from headprune_cli.errors import UsageError
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.stages.finetune import sharding
+from headprune_cli.stages.training import sharding
 from tests.support import TINY, assert_refused
 from tests.support.training import tensor_set
 
@@ -27,8 +27,8 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 from headprune_cli import load
 from headprune_cli.runtime.distributed import setup
-from headprune_cli.stages.finetune.distill import load_teacher
-from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
+from headprune_cli.stages.training.distill import load_teacher
+from headprune_cli.stages.training.train import FinetuneConfig, finetune
 
 student, root, data, out, state = sys.argv[1:6]
 ctx = setup()

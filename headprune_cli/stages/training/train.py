@@ -30,12 +30,15 @@ from headprune_cli.model.layout import info_of
 from headprune_cli.runtime import distributed
 from headprune_cli.runtime.device import cast_parameters, resolve_device, resolve_dtype, stored_dtype
 from headprune_cli.runtime.recompute import recomputed_blocks, wants_recompute
-from headprune_cli.stages.finetune import sharding
-from headprune_cli.stages.finetune import state as train_state
-from headprune_cli.stages.finetune.distill import kd_logits
-from headprune_cli.stages.finetune.gates import applied
-from headprune_cli.stages.finetune.hidden import captured, hidden_loss, pairs
-from headprune_cli.stages.finetune.losses import (
+from headprune_cli.stages.objectives import higher_is_better as metric_higher_is_better
+from headprune_cli.stages.objectives import next_token_mask
+from headprune_cli.stages.options import RecoveryOptions
+from headprune_cli.stages.training import sharding
+from headprune_cli.stages.training import state as train_state
+from headprune_cli.stages.training.distill import kd_logits
+from headprune_cli.stages.training.gating import applied
+from headprune_cli.stages.training.hidden import captured, hidden_loss, pairs
+from headprune_cli.stages.training.losses import (
     as_tensors,
     check_labels,
     chunked_heads,
@@ -46,10 +49,7 @@ from headprune_cli.stages.finetune.losses import (
     task_loss,
     trim,
 )
-from headprune_cli.stages.finetune.precision import autocast_dtype, autocasting
-from headprune_cli.stages.objectives import higher_is_better as metric_higher_is_better
-from headprune_cli.stages.objectives import next_token_mask
-from headprune_cli.stages.options import RecoveryOptions
+from headprune_cli.stages.training.precision import autocast_dtype, autocasting
 
 # Recovery starts from trained weights, so it uses about a tenth of the rate the model
 # size is usually fine-tuned at (BERT-base: ~2e-5 instead of 2e-4..5e-5 from scratch).
@@ -91,7 +91,7 @@ class FinetuneResult:
     best_epoch: int | None
     completed: bool  # False when stopped by stop_after
     first_loss: float | None
-    gates: dict | None = None  # --learn-gates: LearnedGates.report (set by the stage after closing)
+    gates: dict | None = None  # `learn`: LearnedGates.report (set by the stage after closing)
 
 
 class Plan:

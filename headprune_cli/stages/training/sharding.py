@@ -46,14 +46,12 @@ from headprune_cli.model.layout import info_of
 LATEST = "latest.json"
 
 
-def check_fsdp(ctx, lora: bool, learn_gates: bool) -> None:
+def check_fsdp(ctx, lora: bool) -> None:
     """--fsdp needs torchrun's processes and full-weight training."""
     if not ctx.active:
         raise UsageError("--fsdp shards over torchrun's processes; start it with torchrun --nproc-per-node N")
     if lora:
         raise UsageError("--fsdp trains every weight; --lora trains adapters in one process (drop one of them)")
-    if learn_gates:
-        raise UsageError("--learn-gates runs in one process; start it without torchrun")
 
 
 def plan(model: nn.Module, world: int) -> dict:

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from headprune_cli.errors import UsageError
-from headprune_cli.stages.finetune.precision import autocast_dtype
-from headprune_cli.stages.finetune.train import FinetuneConfig, finetune
+from headprune_cli.stages.training.precision import autocast_dtype
+from headprune_cli.stages.training.train import FinetuneConfig, finetune
 from tests.support import TINY
 
 

@@ -1,16 +1,9 @@
-"""Gates on heads, FFN neurons and layers while the model trains: head dropout, and learned pruning.
+"""Learned pruning: hard-concrete gates on heads, FFN neurons and layers, trained with the model.
 
-Both give the training loop per-example gates for each micro-batch, by hook (`applied`:
-HeadGates multiplies each head's output by them, NeuronGates each FFN neuron's, LayerGates
-each block's change to the hidden states); the loop calls `sample`, then once per
-optimizer step `penalty_backward` and `step`.
+A gating of the training loop (stages/training/gating.py: `sample` per micro-batch, then
+`penalty_backward` and `step` per optimizer step).
 
-Head dropout (`HeadDropout`): each head's output is zeroed with probability p,
-independently per example, and NOT rescaled by 1/(1 - p). Pruning removes a head and
-leaves the others at their full scale, so training under unscaled dropout is training
-under the condition the pruned model runs in (LayerDrop does the same for layers).
-
-Learned pruning (`LearnedGates`): a hard-concrete gate per unit (Louizos et al. 2018;
+`LearnedGates`: a hard-concrete gate per unit (Louizos et al. 2018;
 a head, or for grouped-query layers a whole KV group with its query heads; with `ffn`
 every FFN neuron, with `layers` every whole block: gate_space.py), trained jointly with
 the model weights. The sparsity is driven to the target by a Lagrangian, as in CoFi (Xia
@@ -45,26 +38,24 @@ no noise, so it recovers from the closing before it is cut; the budget is met ex
 records expected share, target and multipliers per gate-phase step and `report` sums up
 expected against closed share, overall and per kind of unit.
 
-Gate noise and dropout masks come from generators seeded by (seed, step, micro-batch),
+Gate noise comes from generators seeded by (seed, step, micro-batch),
 so runs are deterministic and independent of the global RNG.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import ExitStack, nullcontext
 
 import torch
 from torch import nn
 
 from headprune_cli.errors import HeadpruneError
-from headprune_cli.model.layout import info_of
-from headprune_cli.model.surgery import HeadGates, LayerGates, NeuronGates
 from headprune_cli.stages.budget import Budget
-from headprune_cli.stages.finetune.gate_space import GateSpace
+from headprune_cli.stages.learn.gate_space import GateSpace
 from headprune_cli.stages.score.importance.l0 import hard_concrete, open_probability
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select.chains import Selection
+from headprune_cli.stages.training.gating import applied, generator
 
 # log alpha stays in this range. Above it a gate is open with probability 1 - 5e-4 and its
 # hard-concrete samples are all clamped to 1, so neither the task nor the Lagrangian moves it any
@@ -72,60 +63,6 @@ from headprune_cli.stages.select.chains import Selection
 # grew for 40 steps without moving them, and the expected share stalled one head short of the
 # target (BENCHMARKS.md section 21). Below it a gate is closed with probability 1 - 2e-3.
 LOG_ALPHA_RANGE = (-8.0, 6.0)
-
-
-def _generator(seed: int, step: int, micro: int, stream: int) -> torch.Generator:
-    return torch.Generator().manual_seed(((seed * 1_000_003 + step) * 1009 + micro) * 8 + stream)
-
-
-def applied(model: nn.Module, gates: dict[str, torch.Tensor], device=None) -> ExitStack:
-    """The hooks that apply `gates` (GateSpace.split's names: `head.POS`, `ffn.POS`, `layer`) to
-    `model`, on `device` (default: where its parameters are)."""
-    dtype = next(model.parameters()).dtype
-    device = device if device is not None else next(model.parameters()).device
-    stack = ExitStack()
-    by_kind = {kind: [gates[name] for name in _positions(gates, kind)] for kind in ("head", "ffn")}
-    if by_kind["head"]:
-        stack.enter_context(HeadGates(model, [g.to(device, dtype) for g in by_kind["head"]]))
-    if by_kind["ffn"]:
-        stack.enter_context(NeuronGates(model, [g.to(device, dtype) for g in by_kind["ffn"]]))
-    if "layer" in gates:
-        stack.enter_context(LayerGates(model, gates["layer"].to(device, dtype)))
-    return stack
-
-
-def _positions(gates: dict[str, torch.Tensor], kind: str) -> list[str]:
-    """The names `KIND.POS` in `gates`, in block order."""
-    return sorted((name for name in gates if name.startswith(kind + ".")), key=lambda name: int(name.split(".")[1]))
-
-
-class HeadDropout:
-    """Per-example, unscaled dropout of whole heads during training (see the module docstring)."""
-
-    restores_best = True
-
-    def __init__(self, model: nn.Module, p: float, seed: int):
-        self.counts = [len(heads) for heads in info_of(model).layout.heads]
-        self.p, self.seed = p, seed
-
-    def sample(self, step: int, micro: int, rows: int, total: int) -> dict[str, torch.Tensor]:
-        u = torch.rand(rows, sum(self.counts), generator=_generator(self.seed, step, micro, 1))
-        return {f"head.{pos}": g for pos, g in enumerate((u >= self.p).float().split(self.counts, dim=1))}
-
-    def zero_grad(self) -> None:
-        pass
-
-    def extend(self, step: int, total: int) -> int:
-        return 0
-
-    def penalty_backward(self, step: int, total: int) -> float:
-        return 0.0
-
-    def step(self) -> None:
-        pass
-
-    def evaluating(self, model: nn.Module):
-        return nullcontext()  # evaluation sees every head
 
 
 class LearnedGates:
@@ -266,7 +203,7 @@ class LearnedGates:
             if self.frozen is None:
                 self.frozen = self.space.split(self._closed_gates())
             return {name: g.expand(rows, *g.shape) for name, g in self.frozen.items()}
-        u = torch.rand(rows, self.space.size, generator=_generator(self.seed, step, micro, 2)).clamp(1e-6, 1 - 1e-6)
+        u = torch.rand(rows, self.space.size, generator=generator(self.seed, step, micro, 2)).clamp(1e-6, 1 - 1e-6)
         z = torch.where(self.space.protected, torch.ones(()), hard_concrete(self.log_alpha, u))
         return self.space.split(z)
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from headprune_cli.errors import DataError, NumericalError, UsageError
-from headprune_cli.stages.finetune.distill import check_compatible
-from headprune_cli.stages.finetune.train import FinetuneConfig, Plan, default_lr, finetune
+from headprune_cli.stages.training.distill import check_compatible
+from headprune_cli.stages.training.train import FinetuneConfig, Plan, default_lr, finetune
 from tests.support import TINY, VOCAB
 
 
@@ -185,7 +185,7 @@ def test_teacher_of_another_family_or_vocabulary_is_refused():
 
 
 def test_kd_gradient_matches_autograd():
-    from headprune_cli.stages.finetune.distill import kd_logits
+    from headprune_cli.stages.training.distill import kd_logits
 
     s = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
     t = torch.randn(4, 5, dtype=torch.float64)
@@ -212,7 +212,7 @@ def test_a_rank_backpropagates_its_rows_loss_sum_times_world_over_the_global_cou
     """DDP and FSDP average gradients over processes, so each rank's backward carries world x
     (its rows' loss sum) / (the global count): averaged over 2 ranks, the global mean's gradient.
     Checked on rank 0 against cross-entropy written out here, on rows 0, 2, 4, ... of the batch."""
-    from headprune_cli.stages.finetune import train as train_module
+    from headprune_cli.stages.training import train as train_module
 
     monkeypatch.setattr(train_module, "_wrap", lambda model, ctx: model)  # no DDP without a process group
     model = TINY["reference"]()

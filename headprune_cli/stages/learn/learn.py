@@ -1,22 +1,21 @@
-"""Learned pruning around the finetune loop: set up the gates, close them, cut the model.
+"""Learned pruning around the training loop: set up the gates, close them, cut the model.
 
-`finetune --learn-gates --ratio R` (or `--target-params F` / `--target-flops F`) trains
-hard-concrete gates on the heads jointly with the model, with `--gate-ffn` also on every FFN
-neuron and with `--gate-layers` on every whole layer, all under the one budget
-(gates.LearnedGates: a Lagrangian drives the expected share removed to the target).
-Afterwards the gates close deterministically: the open probabilities become a ScoreTable
-(method `learned`) and `select` chooses from it with the same amount and constraints
-(--min-heads, --multiple-of, --protect, --uniform, --min-ffn, --ffn-multiple-of) that
-`headprune select` would apply, layers open with probability below 0.5 dropped
-(`--layer-threshold 0.5`), so the cut is exactly what `select` gives. The last steps train
-with the gates closed (--closed-share); then `cut` removes the closed units physically. The
-same ScoreTable is what `--gates-out` writes, as a scores artifact that `headprune select`
-reads back (`select gates.json --target-flops F --layer-threshold 0.5` gives the same plan).
+`learn --ratio R` (or `--target-params F` / `--target-flops F`) trains hard-concrete gates
+on the heads jointly with the model, with `--gate-ffn` also on every FFN neuron and with
+`--gate-layers` on every whole layer, all under the one budget (gates.LearnedGates: a
+Lagrangian drives the expected share removed to the target). Afterwards the gates close
+deterministically: the open probabilities become a ScoreTable (method `learned`) and `select`
+chooses from it with the same amount and constraints (--min-heads, --multiple-of, --protect,
+--uniform, --min-ffn, --ffn-multiple-of) that `headprune select` would apply, layers open with
+probability below 0.5 dropped (`--layer-threshold 0.5`), so the cut is exactly what `select`
+gives. The last steps train with the gates closed (--closed-share); then `cut` removes the
+closed units physically. The same ScoreTable is what `--gates-out` writes, as a scores
+artifact that `headprune select` reads back (`select gates.json --target-flops F
+--layer-threshold 0.5` gives the same plan).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from headprune_cli.artifacts.schema import input_ref
@@ -27,29 +26,13 @@ from headprune_cli.stages.select.plan import plan_artifact
 from headprune_cli.stages.select.strategies import select
 
 
-def check_learning(
-    learn: bool, targets: list[Budget], head_dropout: float, resume: bool, constraints_given: list[str]
-) -> Budget | None:
-    """The one budget learned pruning aims at (None without --learn-gates), after refusing
-    option combinations that learned pruning or head dropout cannot run with."""
+def check_learning(targets: list[Budget], constraints_given: list[str]) -> Budget:
+    """The one budget learned pruning aims at, after refusing option combinations it cannot run with."""
     flags = [budget.option for budget in targets]
-    if not (math.isfinite(head_dropout) and 0.0 <= head_dropout < 1.0):
-        raise UsageError(f"--head-dropout {head_dropout} is outside [0, 1) (the probability of dropping a head)")
-    if not learn:
-        extra = flags + ["--" + name.replace("_", "-") for name in constraints_given]
-        if extra:
-            raise UsageError(f"{', '.join(extra)}: a pruning target and its constraints need --learn-gates")
-        return None
     if not flags:
-        raise UsageError("--learn-gates needs a target: --ratio R, --target-params F or --target-flops F")
+        raise UsageError("learn needs a target: --ratio R, --target-params F or --target-flops F")
     if len(flags) > 1:
-        raise UsageError(f"--learn-gates takes one target, not {' and '.join(flags)}")
-    if head_dropout:
-        raise UsageError("give --learn-gates or --head-dropout, not both (the learned gates already drop heads)")
-    if resume:
-        raise UsageError(
-            "--resume is not supported with --learn-gates (the gates' state is not saved); start over without --resume"
-        )
+        raise UsageError(f"learn takes one target, not {' and '.join(flags)}")
     neuron_rules = [
         "--" + name.replace("_", "-") for name in ("min_ffn", "ffn_multiple_of") if name in constraints_given
     ]
@@ -95,7 +78,7 @@ def make_gates(
 ):
     """The LearnedGates for `model`, after checking that the gates can be closed within the
     constraints (select on the untrained gates), so that a bad budget fails before training."""
-    from headprune_cli.stages.finetune.gates import LearnedGates  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
+    from headprune_cli.stages.learn.gates import LearnedGates  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     if (ffn or layers) and budget.kind == "heads":
         raise UsageError(

@@ -18,7 +18,7 @@ from headprune_cli.data.readers import used_width
 from headprune_cli.errors import DataError
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages import lm_chunks, objectives
-from headprune_cli.stages.finetune.distill import soft_kl
+from headprune_cli.stages.training.distill import soft_kl
 
 
 def predict(module: nn.Module, rows: dict[str, torch.Tensor], task: str, model: nn.Module) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""Tests of the training loop finetune and learn share (stages/training)."""
