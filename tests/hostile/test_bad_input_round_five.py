@@ -153,7 +153,7 @@ ROUND_FIVE_CASES = [
         _lora_state,
     ),
 ]
-# torchrun's variables set by hand: (environment, a piece of the one line), for finetune and score.
+# torchrun's variables set by hand: (environment, a piece of the one line), for finetune, learn and score.
 LAUNCH_CASES = [
     ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 but RANK, MASTER_ADDR, MASTER_PORT not set"),
     ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer"),
@@ -163,6 +163,19 @@ LAUNCH_CASES = [
 LAUNCHED = {
     "finetune": lambda f: ["finetune", f / M, "--data", f / D, "--steps", "1", "-o", f / "o.safetensors"],
     "score": lambda f: ["score", f / M, "--data", f / D, "-o", f / "s.json"],
+    # the learned-gate stage trains with the same loop (exit 70 before the loop shared the launch check)
+    "learn": lambda f: [
+        "learn",
+        f / M,
+        "--data",
+        f / D,
+        "--target-flops",
+        "0.5",
+        "--steps",
+        "1",
+        "-o",
+        f / "o.safetensors",
+    ],
 }
 
 
