@@ -30,6 +30,10 @@ def _finetune(*extra: str) -> Callable[[Path], list]:
     return lambda f: ["finetune", f / M, "--data", f / DATA, "-o", f / "o.safetensors", *extra]
 
 
+def _learn(*extra: str) -> Callable[[Path], list]:
+    return lambda f: ["learn", f / M, "--data", f / DATA, "-o", f / "o.safetensors", *extra]
+
+
 def _iterate(*extra: str) -> Callable[[Path], list]:
     return lambda f: ["iterate", f / M, "--data", f / DATA, "--eval-data", f / DATA, "-o", f / "o.safetensors", *extra]
 
@@ -68,8 +72,8 @@ NUMBER_CASES = [
         "--seed",
     ),
     Case(
-        "finetune --learn-gates --gate-lr 1e308",
-        _finetune("--learn-gates", "--ratio", "0.5", "--gate-lr", "1e308"),
+        "learn --gate-lr 1e308",
+        _learn("--ratio", "0.5", "--gate-lr", "1e308"),
         2,
         "--gate-lr",
     ),
@@ -134,8 +138,8 @@ LINE_CASES = [
         _run_config({"command": "search", "ratio": 0.5, "seconds": float("inf")}),
     ),
     Case(
-        "finetune --protect of 800,000 characters",
-        _finetune("--learn-gates", "--ratio", "0.5", "--protect", "0:" + "9" * 800_000),
+        "learn --protect of 800,000 characters",
+        _learn("--ratio", "0.5", "--protect", "0:" + "9" * 800_000),
         2,
         "--protect",
     ),

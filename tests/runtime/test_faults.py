@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from headprune_cli import load, save
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.stages.finetune import sharding
+from headprune_cli.stages.training import sharding
 from tests.support import TINY, assert_refused
 from tests.support.processes import env
 from tests.support.training import tensor_set
