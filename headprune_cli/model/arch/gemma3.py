@@ -10,23 +10,12 @@ What head and layer cuts must respect, and why they are exact here:
   heads changes no other head's output.
 """
 
-from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView, HFModule
+from headprune_cli.model.arch.llama import LlamaAdapter
 
 
-class Gemma3Adapter(Adapter):
+class Gemma3Adapter(LlamaAdapter):
+    """LLaMA's projections, FFN and head-count attribute under another family name: what differs
+    (the shared q/k norms, the layer kinds) needs nothing from the adapter (see above)."""
+
     family = "gemma3"
     model_types = ("gemma3_text",)
-    layers_path = "layers"
-    keeps_kv_cache = True
-    explicit_head_dim = True
-
-    def attention(self, layer: HFModule) -> AttentionView:
-        attn = layer.self_attn
-        return AttentionView.of_projections(attn, attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, attn.head_dim)
-
-    def ffn(self, layer: HFModule) -> FFNView:
-        return FFNView.of(layer.mlp.gate_proj, layer.mlp.up_proj, down=layer.mlp.down_proj)
-
-    def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
-        # repeat_kv in eager and SDPA attention reads this to expand K/V to the query heads.
-        view.module.num_key_value_groups = num_heads // num_kv_heads

@@ -5,7 +5,7 @@ from headprune_cli.model.arch.base import Adapter, AttentionView, FFNView, HFMod
 
 class LlamaAdapter(Adapter):
     family = "llama"
-    model_types = ("llama", "mistral", "qwen2", "qwen3")
+    model_types: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
     layers_path = "layers"
     keeps_kv_cache = True
     explicit_head_dim = True  # LLaMA, Mistral and Qwen configs take head_dim
