@@ -101,11 +101,13 @@ def task(name: str, work: Path, seq_len: int = 128) -> Task:
     raise SystemExit(f"Error: unknown task {name!r} (minilm, debian0, debian1, llama, demo)")
 
 
-def profile(t: Task, folder: Path, args) -> Path:
+def profile(t: Task, folder: Path, args, context: int | None = None) -> Path:
+    """The task model's latency table (with `context`: its decode profile too), made once."""
     from headprune_cli import run_stage
 
-    out = folder / "latency.json"
+    out = folder / ("latency.json" if context is None else f"latency-decode{context}.json")
     if not out.is_file():
+        decode = {} if context is None else {"context": context}
         run_stage(
             "profile",
             model=t.checkpoint,
@@ -116,6 +118,7 @@ def profile(t: Task, folder: Path, args) -> Path:
             rounds=args.rounds,
             min_time=args.min_time,
             points=args.points,
+            **decode,
         )
     return out
 
@@ -124,20 +127,7 @@ def decode_rows(t: Task, folder: Path, scores: Path, args) -> list[dict]:
     """Plans priced by the decode profile; the table's decode speedup beside the measured one."""
     from headprune_cli import run_stage
 
-    table = folder / f"latency-decode{args.decode_context}.json"
-    if not table.is_file():
-        run_stage(
-            "profile",
-            model=t.checkpoint,
-            output=table,
-            batch_size=args.batch_size,
-            seq_len=t.seq_len,
-            threads=args.threads,
-            rounds=args.rounds,
-            min_time=args.min_time,
-            points=args.points,
-            context=args.decode_context,
-        )
+    table = profile(t, folder, args, context=args.decode_context)
     rows = []
     for target in args.targets:
         name = f"decode{args.decode_context}-{target}"
