@@ -24,12 +24,13 @@ class Stats:
     n: int  # tokens
     has_bias: bool
 
-    def error(self, w: torch.Tensor) -> float:
-        """Relative squared error |[X 1] w - Y|^2_W / |Y|^2_W of stacked weights w [d(+1), out]
-        (with the per-token weights: the mean over tokens of each token's relative error)."""
-        w = _stack(w, self.has_bias)
-        err = (w * (self.gram @ w)).sum() - 2 * (w * self.cross).sum() + self.yy
-        return float(max(err, 0.0) / max(self.yy, 1e-300))
+    def error(self, w: tuple[torch.Tensor, torch.Tensor | None]) -> float:
+        """Relative squared error |[X 1] w - Y|^2_W / |Y|^2_W of weights w = (weight [d, out], bias),
+        stacked as [d(+1), out] (with the per-token weights: the mean over tokens of each token's
+        relative error)."""
+        stacked = _stack(w, self.has_bias)
+        err = float((stacked * (self.gram @ stacked)).sum() - 2 * (stacked * self.cross).sum() + self.yy)
+        return max(err, 0.0) / max(self.yy, 1e-300)  # float64 throughout, as the statistics
 
 
 # --- weights: Linear [out, in] or GPT-2 Conv1D [in, out] ----------------------------
