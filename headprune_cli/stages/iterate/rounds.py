@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
@@ -134,11 +135,17 @@ def iterative_prune(
             to_remove = round(ratio * original) - (original - kept)
             amount = Budget("heads", min(1.0, to_remove / kept)) if to_remove > 0 else None
         else:
+            assert original_cost is not None  # priced above whenever there is a budget
             keep = ratio * original_cost / _cost(current, budget, seq_len)  # of what the current model costs
             amount = step.with_value(keep) if keep < 1 else None
         if amount is None:
             continue
-        scoring = {"batch_size": score_batch_size, "seed": seed, "ffn": ffn, "seq_len": seq_len if budget else None}
+        scoring: dict[str, Any] = {
+            "batch_size": score_batch_size,
+            "seed": seed,
+            "ffn": ffn,
+            "seq_len": seq_len if budget else None,
+        }
         if recover == "lstsq":
             assert compensation is not None  # checked above; tells mypy
             # Per-layer normalisation of gradient scores would put heads and neurons on different scales.
@@ -166,7 +173,7 @@ def iterative_prune(
             value = next(r.metrics[base.name] for r in trained.history if r.epoch == trained.best_epoch)
         ok = _acceptable(base, value, floor, max_drop)
         layout = info_of(recovered).layout
-        cost_now = _cost(recovered, budget, seq_len) / original_cost if budget else None
+        cost_now = _cost(recovered, budget, seq_len) / original_cost if budget and original_cost is not None else None
         record = Round(
             ratio,
             sum(len(h) for h in layout.heads),

@@ -114,6 +114,7 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
 
     from headprune_cli.data.readers import read_data  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.checkpoint import load, save  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.stages.iterate.rounds import iterative_prune  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
     from headprune_cli.stages.objectives import check_objective, needs_labels  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.stages.training.distill import load_teacher, resolve_teacher  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
@@ -126,7 +127,9 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
     objective = check_objective(None, model)
     teacher = copy.deepcopy(model) if opts.teacher == "self" else None  # the unpruned start; no second load
     if opts.teacher not in (None, "self"):
-        teacher = load_teacher(resolve_teacher(opts.teacher, opts.checkpoint), model)
+        path = resolve_teacher(opts.teacher, opts.checkpoint)
+        assert path is not None  # a teacher that is named resolves to a file (or is refused)
+        teacher = load_teacher(path, model)
     train = read_data(opts.data, model, max_length=opts.max_length, seed=opts.seed)
     dev = read_data(opts.eval_data, model, max_length=opts.max_length)
     calib = (
@@ -158,7 +161,7 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
     )
     ctx.print(_table(result, budget))
     save(result.model, opts.output, overwrite=opts.force)
-    layout = result.model.headprune.layout
+    layout = info_of(result.model).layout
     neurons = f", {sum(len(layout.kept_neurons(l)) for l in layout.layers)} FFN neurons" if opts.ffn else ""
     ctx.print(f"wrote {opts.output} ({sum(len(h) for h in layout.heads)} heads{neurons})")
     return Result([str(opts.output)], value=result)
