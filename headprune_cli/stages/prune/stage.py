@@ -96,9 +96,11 @@ def _check(opts: PruneOptions) -> None:
 
 def _read_input(plan: str | None, scores: str | None):
     """The artifact, its source name, and its exact text (for its sha256)."""
-    if plan is not None or scores is not None:
-        source = plan if plan is not None else scores
-        kinds = ("plan",) if plan is not None else ("scores",)
+    kinds: tuple[str, ...]
+    if plan is not None:
+        source, kinds = plan, ("plan",)
+    elif scores is not None:
+        source, kinds = scores, ("scores",)
     else:
         source, kinds = "-", ("plan", "scores")
     text, name = read_text(source, kinds)
@@ -140,6 +142,7 @@ def _compensated(artifact, path: Path, opts: PruneOptions, selection: Selection,
 
     check_model(artifact, path)
     model = load(path)
+    assert opts.data is not None  # check(): a compensation needs --data
     dataset = read_data(opts.data, model, max_length=opts.max_length, samples=opts.samples, need_labels=False)
     compensation = Compensation(opts.chosen_compensation(), list(batches(dataset, opts.batch_size)), opts.ridge)
     result = cut(model, selection, compensation, device=opts.device, dtype=opts.dtype)
