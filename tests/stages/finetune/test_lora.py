@@ -231,20 +231,17 @@ def test_check_bounds_dropout_alpha_and_rank_at_their_edges():
     model = TINY["llama-gqa"]()
     for ok in (LoraSpec(dropout=0.0), LoraSpec(dropout=0.99), LoraSpec(alpha=0.5), LoraSpec(rank=1), LoraSpec(rank=8)):
         assert check(model, ok)
-    bad = {
-        LoraSpec(dropout=1.0): "--lora-dropout 1.0 is outside [0, 1)",
-        LoraSpec(dropout=-0.1): "--lora-dropout -0.1 is outside [0, 1)",
-        LoraSpec(alpha=0.0): "--lora-alpha must be positive (got 0.0)",
-        LoraSpec(alpha=-2.0): "--lora-alpha must be positive (got -2.0)",
-        LoraSpec(
-            rank=9
-        ): "--lora-rank 9 is outside 1..8 (the narrowest targeted projection, model.layers.0.self_attn.k_proj,",
-        LoraSpec(rank=0): "--lora-rank 0 is outside 1..8",
-        LoraSpec(
-            rank=33, targets=("q_proj",)
-        ): "--lora-rank 33 is outside 1..32 (the narrowest targeted projection, model.",
-    }
-    for spec, message in bad.items():
+    narrowest = "(the narrowest targeted projection, model.layers.0.self_attn"
+    bad = [
+        (LoraSpec(dropout=1.0), "--lora-dropout 1.0 is outside [0, 1)"),
+        (LoraSpec(dropout=-0.1), "--lora-dropout -0.1 is outside [0, 1)"),
+        (LoraSpec(alpha=0.0), "--lora-alpha must be positive (got 0.0)"),
+        (LoraSpec(alpha=-2.0), "--lora-alpha must be positive (got -2.0)"),
+        (LoraSpec(rank=9), f"--lora-rank 9 is outside 1..8 {narrowest}.k_proj, is 8 wide)"),
+        (LoraSpec(rank=0), "--lora-rank 0 is outside 1..8"),
+        (LoraSpec(rank=33, targets=("q_proj",)), f"--lora-rank 33 is outside 1..32 {narrowest}.q_proj, is 32 wide)"),
+    ]
+    for spec, message in bad:
         with pytest.raises(UsageError, match=re.escape(message)):
             check(model, spec)
 
