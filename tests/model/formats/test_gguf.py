@@ -303,3 +303,12 @@ def test_rope_scaling_of_an_older_config_is_read_like_rope_parameters():
         np.testing.assert_array_equal(rope_freqs(config, 16), want)
     assert rope_freqs({"rope_theta": 500.0}, 16) is None  # no scaling: plain RoPE, no factors
     assert rope_freqs({"rope_scaling": {"type": "linear", "factor": 2.0}}, 16) is None
+
+
+def test_refuses_a_rope_type_it_cannot_state(tmp_path, cli):
+    params = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    model = tiny_llama(rope_parameters=params, rope_theta=10000.0)
+    source = write_checkpoint(tmp_path / "d.safetensors", UNIFORM, model)
+    result = cli("export", source, "--gguf", tmp_path / "x.gguf")
+    assert_refused(result, 1, "--gguf writes RoPE types default, linear, llama3; this model uses 'dynamic'")
+    assert not (tmp_path / "x.gguf").exists()
