@@ -311,5 +311,17 @@ def test_keep_adapter_folder_refusals_name_the_option(tmp_path):
 
 def test_without_peft_attach_is_a_one_line_refusal_naming_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "peft", None)  # what `import peft` meets where it is not installed
-    with pytest.raises(UsageError, match=re.escape("--lora needs peft: pip install 'headprune[lora]'")):
+    with pytest.raises(UsageError, match="^" + re.escape("--lora needs peft: pip install 'headprune[lora]'")):
         attach(TINY["llama-gqa"](), LoraSpec(rank=2), seed=0)
+
+
+@pytest.mark.parametrize("targets", [None, ("q_proj", "mlp.down_proj")])
+def test_attach_wraps_exactly_the_targeted_projections_with_the_specs_dropout(targets):
+    model = TINY["llama-gqa"]()
+    wanted = set(resolve_targets(model, targets))
+    attach(model, LoraSpec(rank=2, dropout=0.25, targets=targets), seed=0)
+    wrapped = {n.removeprefix("base_model.model."): m for n, m in model.named_modules() if hasattr(m, "lora_A")}
+    assert set(wrapped) == wanted and len(wanted) == (21 if targets is None else 6)
+    for module in wrapped.values():
+        dropout = module.lora_dropout["default"]
+        assert isinstance(dropout, torch.nn.Dropout) and dropout.p == 0.25
