@@ -301,6 +301,12 @@ def test_rope_scaling_of_an_older_config_is_read_like_rope_parameters():
     want = rope_freqs(v5, 16)
     for config in (older, oldest):
         np.testing.assert_array_equal(rope_freqs(config, 16), want)
+    # no base anywhere: transformers' own default base
+    unstated = rope_freqs({"rope_scaling": scaling}, 16)
+    np.testing.assert_array_equal(
+        unstated, rope_freqs({**older, "rope_theta": T.LlamaConfig().rope_parameters["rope_theta"]}, 16)
+    )
+    assert not np.array_equal(unstated, want)
     assert rope_freqs({"rope_theta": 500.0}, 16) is None  # no scaling: plain RoPE, no factors
     assert rope_freqs({"rope_scaling": {"type": "linear", "factor": 2.0}}, 16) is None
 
