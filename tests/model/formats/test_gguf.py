@@ -13,7 +13,7 @@ import torch
 import transformers as T
 
 import headprune_cli
-from headprune_cli.model.formats.gguf import rope_freqs
+from headprune_cli.model.formats.gguf import _check_rope, _rope, rope_freqs
 from tests.support.gguf_models import (
     NON_UNIFORM,
     NON_UNIFORM_GRID,
@@ -318,3 +318,19 @@ def test_refuses_a_rope_type_it_cannot_state(tmp_path, cli):
     result = cli("export", source, "--gguf", tmp_path / "x.gguf")
     assert_refused(result, 1, "--gguf writes RoPE types default, linear, llama3; this model uses 'dynamic'")
     assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"rope_theta": 500.0},
+        {"rope_theta": 500.0, "rope_scaling": {"type": "linear", "factor": 2.0}},
+        {"rope_theta": 500.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0}},
+    ],
+    ids=["theta-only", "scaling-type", "scaling-rope-type", "v5"],
+)
+def test_rope_settings_of_any_config_vintage_are_transformers_own(config):
+    """The RoPE settings read from a config equal those transformers standardises it to."""
+    assert _rope(config) == T.LlamaConfig(**config).rope_parameters
+    _check_rope(config)  # each of these types is written
