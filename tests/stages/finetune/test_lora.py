@@ -325,3 +325,14 @@ def test_attach_wraps_exactly_the_targeted_projections_with_the_specs_dropout(ta
     for module in wrapped.values():
         dropout = module.lora_dropout["default"]
         assert isinstance(dropout, torch.nn.Dropout) and dropout.p == 0.25
+
+
+def test_a_projection_cut_to_one_neuron_is_still_adapted():
+    model = TINY["llama-gqa"]()
+    apply_plan(model, {}, [], {1: list(range(47))})  # layer 1 keeps 1 of its 48 FFN neurons
+    chosen = resolve_targets(model, ("mlp.up_proj", "mlp.down_proj"))
+    assert sorted(chosen) == [f"model.layers.{i}.mlp.{p}" for i in range(3) for p in ("down_proj", "up_proj")]
+    assert chosen["model.layers.1.mlp.up_proj"].weight.shape == (1, 32)
+    assert check(model, LoraSpec(rank=1, targets=("mlp.up_proj",)))  # width 1 bounds the rank at 1
+    with pytest.raises(UsageError, match=re.escape("--lora-rank 2 is outside 1..1")):
+        check(model, LoraSpec(rank=2, targets=("mlp.up_proj",)))
