@@ -48,7 +48,7 @@ _PUBLIC = {
     "Scores": ("headprune_cli.artifacts.schema", "Scores"),
     "read_artifact": ("headprune_cli.artifacts.schema", "read_artifact"),
     "Budget": ("headprune_cli.stages.budget", "Budget"),
-    "Constraints": ("headprune_cli.stages.select.chains", "Constraints"),
+    "Constraints": ("headprune_cli.stages.constraints", "Constraints"),
     "select": ("headprune_cli.stages.select.strategies", "select"),
     "compensate": ("headprune_cli.stages.prune.compensation", "compensate"),
     "iterative_prune": ("headprune_cli.stages.iterate.rounds", "iterative_prune"),

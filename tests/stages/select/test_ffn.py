@@ -16,11 +16,11 @@ from headprune_cli.model.cost import flops_per_token
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import NeuronGates, apply_plan
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.importance import score_model
 from headprune_cli.stages.score.importance.context import ScoreContext
 from headprune_cli.stages.score.importance.gradients import batch_losses
 from headprune_cli.stages.score.table import ScoreTable
-from headprune_cli.stages.select.chains import Constraints
 from headprune_cli.stages.select.strategies import select
 from tests.support import ROOT, TINY, assert_refused, give_tokenizer, write_jsonl, write_text
 
