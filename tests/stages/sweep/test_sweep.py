@@ -9,6 +9,7 @@ import pytest
 from headprune_cli import load, save
 from headprune_cli.artifacts.schema import read_artifact
 from headprune_cli.data.readers import read_data
+from headprune_cli.errors import ArtifactError
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.objectives import evaluate
@@ -257,5 +258,5 @@ def test_a_budget_sweep_of_the_old_layout_still_reads(tmp_path, cli):
     assert old.rows == [] and old.budget.rows[0].route == "heads"
     mixed = {**raw, "rows": [{**raw["budget"]["rows"][0], "ratio": 0.5}]}  # a row of neither kind
     (tmp_path / "mixed.json").write_text(json.dumps(mixed))
-    with pytest.raises(Exception, match="ratio"):
+    with pytest.raises(ArtifactError, match="invalid sweep: rows"):
         read_artifact(tmp_path / "mixed.json", ("sweep",))
