@@ -198,6 +198,29 @@ def test_packages_import_each_other_in_no_circle():
     assert _cycles(_packages()) == []
 
 
+def test_the_package_graph_sees_a_circle_between_stage_packages(tmp_path):
+    # What the two tests above rest on: two stage packages importing each other's library
+    # modules (one of the imports inside a function) are one circle, and so is a shared stage
+    # module that reaches up into a stage package that imports it.
+    from scripts.tools.package_graph import package_graph
+
+    stages = tmp_path / "headprune_cli" / "stages"
+    files = {
+        "score/table.py": "from headprune_cli.stages.select.chains import Selection\n",
+        "select/chains.py": "def f():\n    from headprune_cli.stages.score.table import ScoreTable\n",
+        "options.py": "from headprune_cli.stages.learn.lora import Spec\n",
+        "learn/lora.py": "from headprune_cli.stages.options import LoraOptions\n",
+    }
+    for name, text in files.items():
+        (stages / name).parent.mkdir(parents=True, exist_ok=True)
+        (stages / name).write_text(text)
+    graph = package_graph(module_graph(tmp_path / "headprune_cli", tmp_path))
+    assert _cycles(graph) == [
+        ["headprune_cli.stages", "headprune_cli.stages.learn"],
+        ["headprune_cli.stages.score", "headprune_cli.stages.select"],
+    ]
+
+
 def test_no_stage_imports_another_stages_entry_file():
     """Code two stages share lives in a module of its own (prune/cut.py, a shared stages/ module),
     never in one stage's stage.py: that file is the stage's options, run and STAGE."""
