@@ -15,8 +15,8 @@ from headprune_cli import load, save
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import MARKER, MARKER_TEXT, is_claimed, own_claims
 from headprune_cli.model.surgery import apply_plan
+from headprune_cli.stages.options import LoraSpec
 from headprune_cli.stages.training.lora import (
-    LoraSpec,
     attach,
     check,
     check_adapter_folder,
