@@ -88,11 +88,12 @@ def streamed_specs(
     slots = {(id(module), attr): tensor for module in model.modules() for attr, tensor in _own_tensors(module)}
     apply_plan(model, remove_heads, remove_layers, remove_ffn)  # meta only: shapes, layout, config
     modules = dict(model.named_modules())
+    cut_state = model.state_dict(keep_vars=True)  # once: a state dict per tensor cost 1.5 s on SmolLM2
     specs = []
     for names in tied_groups(model):
         prefix, _, attr = names[0].rpartition(".")
         old = slots[(id(modules[prefix]), attr)]
-        new = model.state_dict(keep_vars=True)[names[0]]
+        new = cut_state[names[0]]
         read = _reader(origin[id(old)], cuts.get(id(old), []), source, tensors)
         specs.append(Spec(names[0], new.dtype, tuple(new.shape), read))
     return specs
