@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 from headprune_cli import load, save
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.stages.training.lora import LoraSpec, attach, merge, projections, resolve_targets
+from headprune_cli.stages.options import LoraSpec
+from headprune_cli.stages.training.lora import attach, merge, projections, resolve_targets
 from headprune_cli.stages.training.train import FinetuneConfig, finetune
 from tests.support import TINY
 from tests.support.training import tensor_set

@@ -12,9 +12,10 @@ from headprune_cli.model.checkpoint import read_layout_only
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.streaming import prune_layout
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.prune.cut import Compensation, choose, cut, prune_once, refit
 from headprune_cli.stages.score.table import ScoreTable
-from headprune_cli.stages.select.chains import Constraints, Selection
+from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.select.strategies import select
 from tests.support import TINY, calibration, model_inputs, model_output
 
