@@ -225,7 +225,7 @@ class RecomputeOptions(Options):
         None,
         "Recompute each block's activations in the backward instead of keeping them (gradient scores and "
         "training: less memory, one more forward per batch, the same results). Default: on from 400 M parameters; "
-        "score also turns it on for a causal LM whose batch would outgrow its activation budget.",
+        "score and training also turn it on for a causal LM whose batch would outgrow its activation budget.",
         negative="--no-recompute",
     )
 
