@@ -165,9 +165,11 @@ def finetune(
     lr = plan.lr
     torch.manual_seed(cfg.seed + ctx.rank)
     stored, compute = stored_dtype(model), resolve_dtype(cfg.dtype)
-    if streamed.is_streamed(teacher):  # its blocks are read per forward: nothing to shard
+    loaded = teacher
+    if teacher is not None and streamed.is_streamed(teacher):  # blocks read per forward: nothing to shard
         streamed.place(teacher, ctx.device, compute)
-    for m in (model, *([] if streamed.is_streamed(teacher) else [teacher])):
+        loaded = None
+    for m in (model, loaded):
         if m is not None and compute is not None:
             cast_parameters(m, compute)
         if m is not None:
