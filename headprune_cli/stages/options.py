@@ -282,7 +282,8 @@ class RecoveryOptions(TrainingOptions):
 
     fsdp: bool = option(
         False,
-        "Under torchrun: shard weights, gradients, AdamW state and the teacher over the processes "
+        "Under torchrun: shard weights, gradients, AdamW state and a teacher that is not a causal LM "
+        "(one is streamed a block at a time) over the processes "
         "(FSDP2, one unit per block) instead of a full copy in each; the state is saved sharded and resumes "
         "with the same process count.",
     )
