@@ -30,4 +30,4 @@ def leave_out_scipy() -> None:
     def unavailable() -> bool:
         return False
 
-    hf_utils.is_scipy_available = import_utils.is_scipy_available = unavailable  # type: ignore[assignment]
+    hf_utils.is_scipy_available = import_utils.is_scipy_available = unavailable
