@@ -49,8 +49,20 @@ VARIANTS = {
         "1",
         "--lora",
     ],
+    # The real use: distilled from the unpruned model itself (streamed), with layer distillation.
+    "learned gates + LoRA r=8, --teacher auto": [
+        "--target-flops",
+        "0.5",
+        "--gate-ffn",
+        "--gate-layers",
+        "--gate-tolerance",
+        "1",
+        "--lora",
+        "--teacher",
+        "auto",
+    ],
 }
-COMMAND = {"learned gates, heads + FFN + layers": "learn", "learned gates + LoRA r=8": "learn"}  # others: `finetune`
+COMMAND = {name: "learn" for name in VARIANTS if name.startswith("learned")}  # the others are `finetune`
 # Under torchrun --nproc-per-node 2: wait4's ru_maxrss is the largest process of the tree,
 # so the figure is per process.
 SHARDED = {"FSDP full AdamW, 2 processes": ["--fsdp", "--no-recompute"]}
