@@ -22,10 +22,11 @@ from torch import nn
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.runtime.device import place, restore
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE, compensate
 from headprune_cli.stages.score.importance.api import score_model
 from headprune_cli.stages.score.table import ScoreTable
-from headprune_cli.stages.select.chains import Constraints, Selection
+from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.select.strategies import select
 
 

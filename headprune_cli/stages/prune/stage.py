@@ -21,8 +21,8 @@ from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE
 from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
 from headprune_cli.stages.prune.cut import Compensation, cut
 from headprune_cli.stages.select.chains import Selection
+from headprune_cli.stages.select.choosing import SELECTION_CHECKS, SelectionOptions, plan_from_scores
 from headprune_cli.stages.select.plan import check_model, find_model, selection_of
-from headprune_cli.stages.select.stage import SELECTION_CHECKS, SelectionOptions, plan_from_scores
 from headprune_cli.stages.unit import Context, Result, Stage, option
 
 

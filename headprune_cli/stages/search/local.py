@@ -40,11 +40,12 @@ from dataclasses import dataclass, field
 
 from headprune_cli.errors import UsageError
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.search.judged import WORST, Judged, as_judged
 from headprune_cli.stages.search.layer_rescore import rescored_start
 from headprune_cli.stages.search.space import Space, State, neighbours, search_space, selection_of, state_of
-from headprune_cli.stages.select.chains import Constraints, Selection
+from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.select.strategies import select
 
 PERTURB_TRIES = 20  # random perturbations tried for one not measured before, before the search gives up

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 from headprune_cli.model.cost_table import predict
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select import ffn as ffn_select
 from headprune_cli.stages.select import joint
-from headprune_cli.stages.select.chains import Constraints, Selection, chain_of
+from headprune_cli.stages.select.chains import Selection, chain_of
 from headprune_cli.stages.select.ffn import NeuronChain
 
 State = tuple[tuple[int, ...], frozenset]  # (allowed-prefix index per chain, dropped layers)

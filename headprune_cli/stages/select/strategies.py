@@ -20,12 +20,12 @@ from headprune_cli.errors import UsageError
 from headprune_cli.model.cost_table import predict
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import SLACK, Budget, BudgetUnreachable, checked
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select import joint
 from headprune_cli.stages.select import uniform as uniform_levels
 from headprune_cli.stages.select.chains import (
     Chain,
-    Constraints,
     Selection,
     chain_of,
     check_table,

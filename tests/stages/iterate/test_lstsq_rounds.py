@@ -10,12 +10,13 @@ import torch
 from headprune_cli.data.readers import Dataset, batches
 from headprune_cli.errors import UsageError
 from headprune_cli.model.cost import flops_per_token
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.iterate import rounds
 from headprune_cli.stages.iterate.rounds import _union, iterative_prune
 from headprune_cli.stages.iterate.schedule import schedule_of
 from headprune_cli.stages.objectives import evaluate
 from headprune_cli.stages.prune.cut import Compensation, cut
-from headprune_cli.stages.select.chains import Constraints, Selection
+from headprune_cli.stages.select.chains import Selection
 from tests.stages.iterate.support import dataset, write_task
 from tests.support import TINY
 

@@ -8,9 +8,9 @@ import torch
 
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.prune.cut import Compensation, choose, cut, prune_once
 from headprune_cli.stages.score.table import ScoreTable
-from headprune_cli.stages.select.chains import Constraints
 from headprune_cli.stages.select.strategies import select
 from tests.support import TINY, calibration, model_inputs, model_output
 
