@@ -25,8 +25,10 @@ on the Debian-sections classifiers, 0.4 of the FLOPs in five rounds (0.8 .. 0.4)
 from __future__ import annotations
 
 import copy
+import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from torch import nn
 
@@ -95,6 +97,8 @@ def iterative_prune(
     seq_len: int = 128,
     recover: str = "finetune",
     compensation: Compensation | None = None,
+    source: Path | None = None,
+    work: Path | None = None,
 ) -> IterativeResult:
     """Prune `model` (not modified) along `schedule`; see the module docstring.
 
@@ -105,7 +109,10 @@ def iterative_prune(
     unit). `score_data` defaults to `train`. `budget`, `ffn` and `seq_len`: see the module
     docstring (`ffn` needs a budget: a head fraction says nothing about neurons).
     `recover` "lstsq" recovers by `compensation` instead of training (module docstring);
-    `finetune_config` and `teacher` are then unused.
+    `finetune_config` and `teacher` are then unused. With `source` (the file `model` was
+    loaded from) and `work` (a folder for the rounds' files), lstsq recovery holds one model
+    at a time (refits.py): `model` is then let go after its first scoring, so the caller
+    must hold no reference to it for its memory to be freed.
     """
     if recover not in RECOVERIES:
         raise UsageError(f"unknown recovery {recover!r}{did_you_mean(recover, RECOVERIES)}")
@@ -125,9 +132,13 @@ def iterative_prune(
     _check_budget(max_drop)
     original = sum(len(h) for h in info_of(model).layout.heads)
     original_cost = _cost(model, budget, seq_len) if budget else None
-    current = copy.deepcopy(model)
+    spill = Spill(source, work, info_of(model)) if recover == "lstsq" and source and work else None
+    # Nothing modifies the model it scores: with the original left in its file, no copy is made.
+    current = model if spill else copy.deepcopy(model)
     result = IterativeResult(current, base.name, base.higher_is_better, base.value)
     union = Selection("iterative", {}, [])  # lstsq: every round's removals so far (original indices)
+    if spill:
+        del model  # `current` (the model until round one is accepted) is the only reference
     for step in schedule:
         ratio = step.value
         if budget is None:
@@ -154,7 +165,11 @@ def iterative_prune(
                 **scoring,
             )
             union = _union(union, selection)
-            recovered, pruned_value, value = _compensated_round(model, union, compensation, dev, objective, teacher)
+            if spill:
+                current = result.model = None  # scored: let go before this round's models are read
+                recovered, pruned_value, value = spill.round(union, compensation, dev, objective)
+            else:
+                recovered, pruned_value, value = _compensated_round(model, union, compensation, dev, objective, teacher)
         else:
             candidate, selection = _prune_round(
                 current, score_data or train, method, objective, amount, constraints, scoring
@@ -183,9 +198,43 @@ def iterative_prune(
         if on_round:
             on_round(record)
         if not ok:
+            if spill:
+                del recovered
+                result.model = spill.accepted()
             break
         current = result.model = recovered
+        if spill:
+            spill.accept()
     return result
+
+
+class Spill:
+    """lstsq rounds from the original's file (refits.py): which round was last accepted,
+    so that a round below the floor can give the accepted model back from its file."""
+
+    def __init__(self, source: Path, work: Path, like):
+        self.source, self.work, self.like = source, work, like
+        self.number = 0  # rounds run
+        self.kept: Path | None = None  # the last accepted round's file
+
+    def round(self, union: Selection, compensation: Compensation, dev, objective):
+        from headprune_cli.stages.iterate.refits import streamed_round  # noqa: PLC0415 (one route's module)
+
+        self.number += 1
+        metric = lambda m: evaluate(m, dev, objective)[0].value  # noqa: E731
+        return streamed_round(self.source, self.work, self.number, union, compensation, metric, self.like)
+
+    def accept(self) -> None:
+        from headprune_cli.stages.iterate.refits import refit_file  # noqa: PLC0415 (one route's module)
+
+        self.kept = refit_file(self.work, self.number)
+
+    def accepted(self) -> nn.Module:
+        from headprune_cli.model.checkpoint import load  # noqa: PLC0415 (one route's module)
+        from headprune_cli.stages.iterate.refits import read_back  # noqa: PLC0415 (one route's module)
+
+        gc.collect()
+        return load(self.source) if self.kept is None else read_back(self.kept, self.like)
 
 
 def _prune_round(model, data, method, objective, amount: Budget, constraints, scoring: dict):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -137,31 +140,53 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
     # Each round's recovery reads the options iterate shares with finetune's by name (epochs,
     # lr, batch size, distillation weight, seed); the rest keep recovery's defaults.
     cfg = RecoveryOptions(**opts.model_dump(include=set(RecoveryOptions.model_fields)))
-    result = iterative_prune(
-        model,
-        train,
-        dev,
-        schedule=schedule,
-        method=opts.chosen_method(),
-        score_data=calib,
-        objective=objective,
-        floor=opts.floor,
-        max_drop=opts.max_drop,
-        finetune_config=cfg,
-        teacher=teacher,
-        seed=opts.seed,
-        on_round=lambda r: ctx.print(_line(r, budget)),
-        ffn=opts.ffn,
-        seq_len=opts.max_length,
-        recover=opts.recover,
-        compensation=_compensation(opts, train),
-    )
-    ctx.print(_table(result, budget))
-    save(result.model, opts.output, overwrite=opts.force)
+    with _rounds_folder(opts) as work:
+        # Handed over, not kept: lstsq recovery lets the input model go once it is scored.
+        held, model = [model], None
+        result = iterative_prune(
+            held.pop(),
+            train,
+            dev,
+            schedule=schedule,
+            method=opts.chosen_method(),
+            score_data=calib,
+            objective=objective,
+            floor=opts.floor,
+            max_drop=opts.max_drop,
+            finetune_config=cfg,
+            teacher=teacher,
+            seed=opts.seed,
+            on_round=lambda r: ctx.print(_line(r, budget)),
+            ffn=opts.ffn,
+            seq_len=opts.max_length,
+            recover=opts.recover,
+            compensation=_compensation(opts, train),
+            source=opts.checkpoint if work else None,
+            work=work,
+        )
+        ctx.print(_table(result, budget))
+        save(result.model, opts.output, overwrite=opts.force)
     layout = result.model.headprune.layout
     neurons = f", {sum(len(layout.kept_neurons(l)) for l in layout.layers)} FFN neurons" if opts.ffn else ""
     ctx.print(f"wrote {opts.output} ({sum(len(h) for h in layout.heads)} heads{neurons})")
     return Result([str(opts.output)], value=result)
+
+
+@contextmanager
+def _rounds_folder(opts: IterateOptions) -> Iterator[Path | None]:
+    """lstsq recovery's rounds, each refit written beside the output in a locked temporary
+    folder (removed afterwards, or by the next headprune if this one is killed)."""
+    if opts.recover != "lstsq":
+        yield None
+        return
+    from headprune_cli.files.temps import make_temp_folder  # noqa: PLC0415 (keeps the lstsq route's imports to it)
+
+    work, lock = make_temp_folder(opts.output)
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        os.close(lock)
 
 
 def _compensation(opts: IterateOptions, train):

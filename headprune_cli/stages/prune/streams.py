@@ -121,7 +121,9 @@ class Streams:
                         # run_until calls it at once, within this iteration: late binding is harmless
                         seen.run_until(lambda: calls[pos].run(self.blocks[pos], self.full[i]))  # noqa: B023
                 x_full = _real_tokens(seen.x, self.masks[i])
-                self._run_pruned(pos, i)  # only the projection's input is needed here
+                # Only the projection's input is needed: the block's output is dropped (the
+                # pruned stream advances through the refit weights afterwards).
+                seen.run_until(lambda: self._run_pruned(pos, i))  # noqa: B023 (called at once)
                 x_kept = _real_tokens(seen.x, self.masks[i])[:, cols.to(seen.x.device)]
             y = x_full @ w_full.to(x_full.device).T + (b_full.to(x_full.device) if b_full is not None else 0)
             ones = torch.ones(len(x_kept), 1, dtype=x_kept.dtype, device=x_kept.device)
@@ -174,8 +176,10 @@ def _copy_in(saved: Original) -> None:
 def _record_calls(model: nn.Module, blocks, batch: dict, last: int) -> tuple[torch.Tensor, list[_Call]]:
     """Block 0's hidden-state input and the other arguments of blocks 0..last, from one forward.
 
-    Only arguments are kept (masks, rotary embeddings: shared by most blocks); the hidden
-    states each block sees here are dropped, so no layer's activations are held."""
+    Only block 0 computes: blocks 1..last are stood in for by `_PassThrough` while the
+    model calls them, so recording costs one block, not a forward up to `last` (the
+    arguments the model computes once, masks and rotary embeddings, do not depend on the
+    hidden states). Only arguments are kept; no layer's activations are held."""
     calls: list[_Call] = []
     first = {}
 
@@ -190,6 +194,7 @@ def _record_calls(model: nn.Module, blocks, batch: dict, last: int) -> tuple[tor
             raise _Stop
 
     handles = [blocks[pos].register_forward_pre_hook(record, with_kwargs=True) for pos in range(last + 1)]
+    handles.append(blocks[0].register_forward_hook(_PassThrough.install(blocks[1 : last + 1])))
     try:
         model(**batch, **_no_cache(model))
     except _Stop:
@@ -197,7 +202,37 @@ def _record_calls(model: nn.Module, blocks, batch: dict, last: int) -> tuple[tor
     finally:
         for handle in handles:
             handle.remove()
+        _PassThrough.remove(blocks[1 : last + 1])
     return first["hidden"], calls
+
+
+class _PassThrough:
+    """A block's forward replaced by one that returns its hidden-state input unchanged, in
+    the shape of block 0's real output (a tensor, or a tuple led by the hidden states)."""
+
+    def __init__(self, template):
+        self.template = template
+
+    def __call__(self, *args, **kwargs):
+        hidden = kwargs["hidden_states"] if not args else args[0]
+        if isinstance(self.template, tuple):
+            return (hidden, *self.template[1:])
+        return hidden
+
+    @classmethod
+    def install(cls, blocks):
+        """A forward hook for block 0: once its output is known, blocks 1.. pass through."""
+
+        def hook(module, args, output):
+            for block in blocks:
+                block.forward = cls(output)  # an instance attribute: nn.Module calls it instead
+
+        return hook
+
+    @staticmethod
+    def remove(blocks) -> None:
+        for block in blocks:
+            block.__dict__.pop("forward", None)
 
 
 def _no_cache(model: nn.Module) -> dict:
