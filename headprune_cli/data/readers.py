@@ -33,6 +33,7 @@ from headprune_cli.errors import DataError, shorten
 from headprune_cli.files.io import check_regular
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
+from headprune_cli.runtime.allocator import trim_heap
 
 TEXT_SUFFIXES = (".jsonl", ".json", ".csv")
 # Characters of text kept per token of --max-length before tokenizing: truncation keeps
@@ -130,6 +131,7 @@ def read_data(
     else:
         rows = _read_rows(path, samples)
         dataset = _tokenize(rows, model, max_length, path)
+        trim_heap()  # the dropped tokenizer's small blocks back to the system
         dataset.labels = _labels(rows, info.config, path) if need_labels else None
     if len(dataset) == 0:
         raise DataError(f"{path}: no examples")

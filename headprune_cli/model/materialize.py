@@ -110,7 +110,7 @@ def fill(model: nn.Module, entries: dict[str, Entry], read: Callable[[Entry], to
         tensor = read(entry)
         if not all_finite(tensor):
             raise CheckpointError(f"{where}: tensor {entry.name!r} contains NaN or inf")
-        _place(model, names, tensor)
+        place_tensor(model, names, tensor)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise CheckpointError(f"{where}: tensor {left[0]!r} is missing")
@@ -129,7 +129,8 @@ def all_finite(tensor: torch.Tensor) -> bool:
     return bool(torch.isfinite(low) & torch.isfinite(high))
 
 
-def _place(model: nn.Module, names: list[str], tensor: torch.Tensor) -> None:
+def place_tensor(model: nn.Module, names: list[str], tensor: torch.Tensor) -> None:
+    """Put `tensor` in every slot of `names` (tied names share one Parameter)."""
     param = None
     for name in names:
         prefix, _, attr = name.rpartition(".")

@@ -240,7 +240,7 @@ class RecomputeOptions(Options):
         None,
         "Recompute each block's activations in the backward instead of keeping them (gradient scores and "
         "training: less memory, one more forward per batch, the same results). Default: on from 400 M parameters; "
-        "score also turns it on for a causal LM whose batch would outgrow its activation budget.",
+        "score and training also turn it on for a causal LM whose batch would outgrow its activation budget.",
         negative="--no-recompute",
     )
 
@@ -297,7 +297,8 @@ class RecoveryOptions(TrainingOptions):
 
     fsdp: bool = option(
         False,
-        "Under torchrun: shard weights, gradients, AdamW state and the teacher over the processes "
+        "Under torchrun: shard weights, gradients, AdamW state and a teacher that is not a causal LM "
+        "(one is streamed a block at a time) over the processes "
         "(FSDP2, one unit per block) instead of a full copy in each; the state is saved sharded and resumes "
         "with the same process count.",
     )

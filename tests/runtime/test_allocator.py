@@ -34,3 +34,35 @@ def _kept_kib(mode: str) -> int:
 def test_freed_tensors_leave_the_resident_set_only_with_the_fixed_threshold():
     assert _kept_kib("moving") >= 16 << 10  # glibc's own rule keeps freed blocks in the heap
     assert _kept_kib("fixed") < 2 << 10
+
+
+# Mallocs 100,000 small blocks (about 20 MiB of heap), frees all but the last (which pins the
+# heap's top, so glibc cannot shrink it by itself), and prints the KiB still resident, without
+# or with trim_heap.
+TRIM_PROBE = """
+import ctypes, sys
+from headprune_cli.runtime import allocator
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4
+before = rss()
+blocks = [libc.malloc(200) for _ in range(100_000)]
+for b in blocks:
+    ctypes.memset(b, 1, 200)
+for b in blocks[:-1]:
+    libc.free(b)
+if sys.argv[1] == "trim":
+    allocator.trim_heap()
+print(rss() - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_trimming_hands_the_heaps_free_pages_back():
+    def kept(mode: str) -> int:
+        done = subprocess.run([sys.executable, "-c", TRIM_PROBE, mode], capture_output=True, text=True, check=True)
+        return int(done.stdout.split()[-1])
+
+    assert kept("keep") >= 15 << 10  # freed small blocks stay resident in the heap
+    assert kept("trim") < 4 << 10

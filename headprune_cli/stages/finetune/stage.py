@@ -191,7 +191,7 @@ HELP = """Recover quality after pruning: AdamW with warmup and linear decay, on 
 
       torchrun --nproc-per-node 2 -m headprune_cli finetune small.safetensors --data train.jsonl --steps 500 -o out.safetensors
 
-    At LLM scale: --lora trains low-rank adapters (peft) on the attention and FFN projections and merges them into the output (--keep-adapter DIR also writes peft's adapter folder); --fsdp under torchrun shards weights, gradients, AdamW state and the teacher (FSDP2, one unit per block; sharded resumable state); --recompute (default from 400 M parameters) and --autocast cut activation memory.
+    At LLM scale: --lora trains low-rank adapters (peft) on the attention and FFN projections and merges them into the output (--keep-adapter DIR also writes peft's adapter folder); --fsdp under torchrun shards weights, gradients and AdamW state (FSDP2, one unit per block; sharded resumable state); a causal LM's teacher is streamed a block at a time; --recompute (default from 400 M parameters, or when a batch outgrows its activation budget) and --autocast cut activation memory.
 
       headprune finetune llama-pruned.safetensors --data train.txt --teacher auto --lora --lora-rank 16 --keep-adapter adapter -o llama-lora.safetensors
 

@@ -19,6 +19,7 @@ from headprune_cli.errors import UsageError
 from headprune_cli.files.io import sha256_file
 from headprune_cli.model.checkpoint import load, read_info
 from headprune_cli.model.layout import info_of
+from headprune_cli.stages.training.streamed import load_streamed
 
 
 def resolve_teacher(spec: str | None, checkpoint: str | os.PathLike, root_teaches_itself: bool = False) -> Path | None:
@@ -49,9 +50,10 @@ def resolve_teacher(spec: str | None, checkpoint: str | os.PathLike, root_teache
     return path
 
 
-def load_teacher(path: Path, student: nn.Module) -> nn.Module:
-    """Load a teacher and refuse one whose outputs cannot be compared with the student's."""
-    teacher = load(path)
+def load_teacher(path: Path, student: nn.Module, streamed: bool = False) -> nn.Module:
+    """Load a teacher and refuse one whose outputs cannot be compared with the student's.
+    `streamed`: a causal LM's blocks are read from the file per forward (training/streamed.py)."""
+    teacher = load_streamed(path, student) if streamed and read_info(path).task == "causal-lm" else load(path)
     check_compatible(teacher, student, str(path))
     teacher.eval()
     for param in teacher.parameters():

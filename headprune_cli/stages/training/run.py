@@ -19,11 +19,12 @@ from headprune_cli.stages.unit import Context
 
 
 def teacher_of(spec: str | None, checkpoint: Path, student, root_teaches_itself: bool = False):
-    """The teacher model `--teacher` names (None without one)."""
+    """The teacher model `--teacher` names (None without one); a causal LM's streamed: its blocks
+    are read per forward, so distilling holds the student and about one teacher block."""
     from headprune_cli.stages.training.distill import load_teacher, resolve_teacher  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     path = resolve_teacher(spec, checkpoint, root_teaches_itself)
-    return load_teacher(path, student) if path is not None else None
+    return load_teacher(path, student, streamed=True) if path is not None else None
 
 
 def chosen_lr(opts, model) -> float | None:

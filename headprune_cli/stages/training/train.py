@@ -33,7 +33,7 @@ from headprune_cli.runtime.recompute import recomputed_blocks, wants_recompute
 from headprune_cli.stages.objectives import higher_is_better as metric_higher_is_better
 from headprune_cli.stages.objectives import next_token_mask
 from headprune_cli.stages.options import RecoveryOptions
-from headprune_cli.stages.training import sharding
+from headprune_cli.stages.training import sharding, streamed
 from headprune_cli.stages.training import state as train_state
 from headprune_cli.stages.training.distill import kd_logits
 from headprune_cli.stages.training.gating import applied
@@ -165,7 +165,11 @@ def finetune(
     lr = plan.lr
     torch.manual_seed(cfg.seed + ctx.rank)
     stored, compute = stored_dtype(model), resolve_dtype(cfg.dtype)
-    for m in (model, teacher):
+    loaded = teacher
+    if teacher is not None and streamed.is_streamed(teacher):  # blocks read per forward: nothing to shard
+        streamed.place(teacher, ctx.device, compute)
+        loaded = None
+    for m in (model, loaded):
         if m is not None and compute is not None:
             cast_parameters(m, compute)
         if m is not None:
@@ -237,7 +241,10 @@ class _Loop:
         self.teacher, self.kd, self.cfg, self.eval_fn, self.higher = teacher, kd, cfg, eval_fn, higher
         self.gating = gating
         self.paired = pairs(model, teacher) if teacher is not None and hidden_weight(cfg) > 0 else []
-        self.recompute = wants_recompute(model, cfg.recompute)
+        # A causal LM whose micro-batch (this process's rows) would outgrow its activation budget
+        # recomputes its blocks in the backward: the same gradients, one more forward.
+        rows = -(-cfg.batch_size // ctx.world)
+        self.recompute = wants_recompute(model, cfg.recompute, rows * train["input_ids"].shape[1])
         self.autocast = autocast_dtype(ctx.device, cfg.autocast)
         self.wrapped = model if cfg.fsdp else _wrap(model, ctx)
         self.step, self.history, self.best, self.best_value, self.best_epoch = 0, [], None, None, None
