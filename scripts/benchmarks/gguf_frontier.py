@@ -18,7 +18,7 @@ byte-level BPE trained on --tokenizer-text (vocabulary: the model's), saved besi
 llama.cpp (llama-cpp-python in its engine environment, where headprune is not importable) then
 measures every file: perplexity on the first --eval-rows held-out lines (128 tokens each,
 llama.cpp's own tokenizer, the same tokens for every file; none with --no-perplexity), prefill
-tokens/s (a 128-token prompt in one batch) and decode tokens/s (--decode tokens, one at a time),
+tokens/s (a --prompt-token prompt in one batch, default 128) and decode tokens/s (--decode tokens, one at a time),
 the best of --repeats rounds with the files interleaved within each round, so load on the machine
 hits them alike. With --per-target the unpruned files are measured again with each target's cut
 files (which are then deleted), and each cut is compared with the unpruned of its own run.
@@ -64,7 +64,7 @@ files, rows, threads = request["files"], request["rows"], request["threads"]
 tokenizer = Llama(model_path=files[0], n_ctx=256, vocab_only=True, verbose=False)
 ids = [tokenizer.tokenize(text.encode("utf-8"), add_bos=True, special=False)[:128] for text in rows]
 ids = [row for row in ids if len(row) >= 16]
-prompt = max(ids, key=len)
+prompt = max(ids, key=len)[: request["prompt"]]
 
 def load(path, logits_all=False):
     return Llama(model_path=path, n_ctx=256, n_batch=256, n_threads=threads, n_threads_batch=threads,
@@ -193,13 +193,13 @@ def measure(args: argparse.Namespace, files: dict) -> list[dict]:
     rows = [line for line in args.heldout.read_text(encoding="utf-8").splitlines() if line.strip()][: args.eval_rows]
     paths = [path for path, _ in files.values()]
     request = {"files": [str(p) for p in paths], "rows": rows, "threads": args.threads, "repeats": args.repeats,
-               "decode": args.decode, "perplexity": not args.no_perplexity}  # fmt: skip
+               "decode": args.decode, "prompt": args.prompt, "perplexity": not args.no_perplexity}  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([args.engine, "-c", ENGINE, json.dumps(request)], capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"llama.cpp run failed:\n{done.stderr[-2000:]}")
     found = json.loads(done.stdout.strip().splitlines()[-1])
-    context = 128 + args.decode / 2  # the prompt is at most 128 tokens
+    context = args.prompt + args.decode / 2  # the prompt is at most --prompt tokens
     table = []
     for (cut, kind), (path, plan) in files.items():
         m = found[str(path)]
@@ -235,7 +235,7 @@ def remeasured(args: argparse.Namespace) -> list[dict]:
         plan = None if cut == "unpruned" else args.work / f"cut-{cut}-{GRIDS[kind]}.json"
         keep = ("cut", "type", "file_mb", "perplexity", "tokens", "prefill_tok_s", "decode_tok_s")
         row = {k: old[k] for k in keep}
-        row.update(bytes_read=headprune_cli.gguf_decode_bytes(path, 128 + args.decode / 2)["total"])
+        row.update(bytes_read=headprune_cli.gguf_decode_bytes(path, args.prompt + args.decode / 2)["total"])
         row.update(flops_kept=flops_kept(plan))
         table.append(row)
     return predict(table)
@@ -260,6 +260,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         table += [r for r in found if r["cut"] != "unpruned" or not table]
         for path, _ in cuts.values():
             path.unlink()
+        print(markdown(table), file=sys.stderr, flush=True)  # each target's rows as soon as they are measured
     return table
 
 
@@ -332,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measured", type=Path, help="an earlier run's --json: its speeds, today's predictions")
     parser.add_argument("--eval-rows", type=int, default=32)
     parser.add_argument("--decode", type=int, default=48)
+    parser.add_argument("--prompt", type=int, default=128, help="prefill tokens (the longest held-out row, cut)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
