@@ -159,9 +159,9 @@ def test_llama_cpp_tokenizes_and_computes_as_headprune(engine, checkpoints, cli,
 
 @pytest.mark.parametrize("kind", ["f32", "q8_0"])
 def test_a_uniform_cut_computes_the_same_as_llama_and_as_deci(engine, checkpoints, tmp_path, kind):
-    """Both graphs express a uniform cut; `export --gguf` writes `llama` (the faster one, by
+    """Both graphs express a uniform cut; `export --gguf` writes `llama` (as fast as `deci` by
     scripts/benchmarks/gguf_arch.py), and the `deci` file of the same weights loads and computes
-    the same logits, so the choice is speed only."""
+    the same logits."""
     runs = {}
     for arch in ("llama", "deci"):
         path = headprune_cli.export_gguf(checkpoints["uniform"], tmp_path / f"{arch}.gguf", kind, arch=arch).path

@@ -11,9 +11,10 @@ Q and K rows are permuted as llama.cpp's converter does for `llama`/`deci` (Llam
 those architectures rotate adjacent pairs, transformers rotates the two halves of each head.
 Removed layers are simply absent (block_count counts the kept ones).
 
-A uniform cut is expressible in both `llama` and `deci`; `llama` is chosen because it is the
-faster graph of the two on the same weights (scripts/benchmarks/gguf_arch.py, BENCHMARKS.md
-"Which engine"), and `arch=` forces either where both can express the layout.
+A uniform cut is expressible in both `llama` and `deci`. On the same weights the two decode and
+prefill equally fast (within 3%, the noise: scripts/benchmarks/gguf_arch.py, BENCHMARKS.md
+"Which engine"), so speed does not decide; `llama` is chosen, the graph every llama.cpp tool
+and version reads. `arch=` forces either where both can express the layout.
 
 Weights stream from the checkpoint one tensor at a time into a file written beside the output
 and renamed over it (fileio.atomic_write), so memory stays at about one tensor. The k-quants
@@ -72,7 +73,7 @@ class GgufExport:
 
 def gguf_plan(info: ModelInfo, arch: str = "auto") -> GgufPlan:
     """The llama.cpp architecture and per-layer shapes of a checkpoint, or a one-line refusal.
-    `arch` auto: `llama` for a uniform layout (the faster graph), `deci` otherwise."""
+    `arch` auto: `llama` for a uniform layout (as fast as `deci`, and read everywhere), `deci` otherwise."""
     model_type = info.config.get("model_type")
     if info.family != "llama" or model_type not in FAMILIES or info.task != "causal-lm":
         what = f"{model_type or info.family} {info.task}"
