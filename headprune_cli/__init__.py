@@ -48,7 +48,7 @@ _PUBLIC = {
     "Scores": ("headprune_cli.artifacts.schema", "Scores"),
     "read_artifact": ("headprune_cli.artifacts.schema", "read_artifact"),
     "Budget": ("headprune_cli.stages.budget", "Budget"),
-    "Constraints": ("headprune_cli.stages.select.chains", "Constraints"),
+    "Constraints": ("headprune_cli.stages.constraints", "Constraints"),
     "select": ("headprune_cli.stages.select.strategies", "select"),
     "compensate": ("headprune_cli.stages.prune.compensation", "compensate"),
     "iterative_prune": ("headprune_cli.stages.iterate.rounds", "iterative_prune"),
@@ -73,7 +73,7 @@ _PUBLIC = {
     "gguf_decode_bytes": ("headprune_cli.model.formats.gguf_cost", "decode_bytes"),
     "OnnxModel": ("headprune_cli.stages.report.shipped", "OnnxModel"),
     "build_report": ("headprune_cli.stages.report.build", "build_report"),
-    "run_sweep": ("headprune_cli.stages.sweep.ratios", "run_sweep"),
+    "run_sweep": ("headprune_cli.stages.sweep.loop", "run_sweep"),
     "UsageError": ("headprune_cli.errors", "UsageError"),
     # modules: the training loop, the serving measurements, losses and metrics
     "finetune": ("headprune_cli.stages.training.train", None),
@@ -88,7 +88,7 @@ _PUBLIC = {
     "compensation": ("headprune_cli.stages.prune.compensation", None),
     "iterative": ("headprune_cli.stages.iterate.rounds", None),
     "report": ("headprune_cli.stages.report.build", None),
-    "sweep": ("headprune_cli.stages.sweep.ratios", None),
+    "sweep": ("headprune_cli.stages.sweep.loop", None),
     "export": ("headprune_cli.model.formats.hf", None),
 }
 

@@ -21,9 +21,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-import click
 import typer
-from typer.core import TyperGroup
+from typer._click import Command, Context, HelpFormatter  # typer's vendored click: the classes its groups use
+from typer.core import TyperCommand, TyperGroup
 
 from headprune_cli.cli.command import from_options
 from headprune_cli.cli.common import context
@@ -68,14 +68,14 @@ def command_function(name: str) -> Callable:
     return from_options(stage.options)(body)
 
 
-def load_command(name: str) -> click.Command:
+def load_command(name: str) -> Command:
     """The real click command for `name`: imports its module (and what that needs)."""
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
     single.command(name)(command_function(name))
     return typer.main.get_command(single)
 
 
-def all_commands() -> dict[str, click.Command]:
+def all_commands() -> dict[str, Command]:
     """Every command, loaded: what `headprune run` validates stage options against."""
     return {name: load_command(name) for name in COMMANDS}
 
@@ -111,24 +111,24 @@ class LazyCommands(TyperGroup):
 
     _listing = False
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: Context) -> list[str]:
         return list(COMMANDS)
 
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+    def get_command(self, ctx: Context, name: str) -> Command | None:
         if name not in COMMANDS:
             return None
         if self._listing:  # `headprune --help` shows names and one-line help only
-            return click.Command(name, help=_short_help(name))
+            return TyperCommand(name, help=_short_help(name))
         return load_command(name)
 
-    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
         self._listing = True
         try:
             super().format_help(ctx, formatter)
         finally:
             self._listing = False
 
-    def resolve_command(self, ctx: click.Context, args: list[str]):
+    def resolve_command(self, ctx: Context, args: list[str]):
         if args and args[0] not in COMMANDS and not args[0].startswith("-"):
             ctx.fail(f"No such command {args[0]!r}.{did_you_mean(args[0], COMMANDS)}")
         if args:

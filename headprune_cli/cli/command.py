@@ -36,7 +36,8 @@ def from_options(options: type[Options]) -> Callable:
             if code:
                 raise typer.Exit(code)
 
-        command.__signature__ = inspect.Signature(parameters)
+        # inspect.signature (which typer reads) honours __signature__; typeshed's function type does not declare it
+        command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in parameters}
         command.__name__, command.__qualname__ = body.__name__, body.__qualname__
         command.__doc__, command.__module__ = body.__doc__, body.__module__
@@ -67,8 +68,13 @@ def flags_of(name: str, info) -> list[str]:
 
 
 def bounds(info) -> tuple[float | None, float | None]:
-    low = next((m.ge for m in info.metadata if isinstance(m, annotated_types.Ge)), None)
-    high = next((m.le for m in info.metadata if isinstance(m, annotated_types.Le)), None)
+    """The field's numeric ge/le bounds (an int stays an int: typer picks an IntRange from it)."""
+    low = next(
+        (m.ge for m in info.metadata if isinstance(m, annotated_types.Ge) and isinstance(m.ge, int | float)), None
+    )
+    high = next(
+        (m.le for m in info.metadata if isinstance(m, annotated_types.Le) and isinstance(m.le, int | float)), None
+    )
     return low, high
 
 

@@ -151,7 +151,7 @@ def position_limit(model: nn.Module) -> int | None:
     return adapter_for(model).max_positions(model)
 
 
-def _read_rows(path: Path, samples: int | None) -> list[dict]:
+def _read_rows(path: Path, samples: int | None) -> list[Row]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -169,8 +169,8 @@ def _read_rows(path: Path, samples: int | None) -> list[dict]:
     return rows
 
 
-def _jsonl(text: str, path: Path, samples: int | None) -> list[dict]:
-    rows = []
+def _jsonl(text: str, path: Path, samples: int | None) -> list[Row]:
+    rows: list[Row] = []
     for number, line in enumerate(text.splitlines(), 1):
         if samples is not None and len(rows) >= samples:
             break
@@ -188,11 +188,11 @@ def _jsonl(text: str, path: Path, samples: int | None) -> list[dict]:
     return rows
 
 
-def _csv(text: str, path: Path, samples: int | None) -> list[dict]:
+def _csv(text: str, path: Path, samples: int | None) -> list[Row]:
     reader = csv.DictReader(text.splitlines())
     if reader.fieldnames is None or "text" not in reader.fieldnames:
         raise DataError(f"{path}: a CSV needs a header row with a `text` column")
-    rows = []
+    rows: list[Row] = []
     for number, row in enumerate(reader, 2):
         if samples is not None and len(rows) >= samples:
             break
@@ -236,7 +236,7 @@ def tokenizer_of(model: nn.Module):
     return PreTrainedTokenizerFast(tokenizer_object=backend, **special)
 
 
-def _tokenize(rows: list[dict], model: nn.Module, max_length: int, path: Path) -> Dataset:
+def _tokenize(rows: list[Row], model: nn.Module, max_length: int, path: Path) -> Dataset:
     tokenizer = tokenizer_of(model)
     cut = max_length * CHARS_PER_TOKEN
     texts = [row["text"][:cut] for row in rows]
@@ -305,7 +305,7 @@ def _num_labels(config: dict) -> int:
     return len(config.get("id2label") or {}) or 2
 
 
-def _labels(rows: list[dict], config: dict, path: Path) -> torch.Tensor | None:
+def _labels(rows: list[Row], config: dict, path: Path) -> torch.Tensor | None:
     if not any("label" in row for row in rows):
         return None
     names = _label_names(config)

@@ -75,6 +75,8 @@ def note_state(folder: str | os.PathLike) -> None:
 
 
 def _share() -> None:
+    if _NOTES is None or _SHARED is None:  # only the watched child has both (set together at fork)
+        return
     data = json.dumps(_NOTES).encode()
     if len(data) + 4 > _PAGE:  # hundreds of shards: keep what fits (the folders come first in importance)
         data = json.dumps(
@@ -93,7 +95,7 @@ def _read_shared(shared: mmap.mmap) -> dict:
 
 
 # --- the entry point ------------------------------------------------------------------------
-def watched(command: Callable[[], int], sweep: Callable[[Path], None]) -> int:
+def watched(command: Callable[[], int], sweep: Callable[[Path], object]) -> int:
     """Run `command` in a child process watched by this one; returns the exit code to use.
     `sweep(folder)` removes the unlocked temporaries the child left in a folder it wrote in."""
     global _NOTES, _SHARED
@@ -142,7 +144,7 @@ def _wait(child: int, waited: set) -> int:
                 pass
 
 
-def _verdict(status: int, notes: dict, sweep: Callable[[Path], None]) -> int:
+def _verdict(status: int, notes: dict, sweep: Callable[[Path], object]) -> int:
     # The child is gone, so none of its temporaries is locked any more: whatever it could
     # not remove (a second Ctrl-C during its cleanup, a signal) goes now. Another live
     # writer's temporaries in the same folders stay locked, and stay.

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -82,9 +83,13 @@ def model_specs(model: nn.Module) -> list[Spec]:
     """What a model's file holds: its state dict, each tied group once under its first name."""
     tensors = model.state_dict(keep_vars=True)
     return [
-        Spec(names[0], tensors[names[0]].dtype, tuple(tensors[names[0]].shape), lambda t=tensors[names[0]]: t)
+        Spec(names[0], tensors[names[0]].dtype, tuple(tensors[names[0]].shape), _producer(tensors[names[0]]))
         for names in tied_groups(model)
     ]
+
+
+def _producer(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+    return lambda: tensor
 
 
 def _provenance(info: ModelInfo, out: Path, plan_sha: str | None) -> dict:
@@ -297,7 +302,8 @@ def weights_path(path: str | os.PathLike) -> Path:
 
 def _hash_weights_ahead(path: str | os.PathLike, entries: dict[str, Entry]) -> None:
     """Hash the weight files (for provenance, needed last) while the model is built."""
-    for file in (weights_path(path), *sorted({e.path for e in entries.values()})):
+    hash_ahead(weights_path(path))
+    for file in sorted({e.path for e in entries.values()}):
         hash_ahead(file)
 
 

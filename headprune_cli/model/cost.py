@@ -21,7 +21,7 @@ from collections.abc import Set as AbstractSet
 from torch import nn
 
 from headprune_cli.model.arch import adapter_for
-from headprune_cli.model.arch.base import HFModule, is_conv1d
+from headprune_cli.model.arch.base import AttentionView, HFModule, is_conv1d
 from headprune_cli.model.cost_table import CostTable, LayerCost
 from headprune_cli.model.layout import info_of
 
@@ -76,8 +76,7 @@ def cost_table(model: nn.Module, seq_len: int, ffn: bool = False) -> CostTable:
         view = adapter.attention(block)
         block_params = count_params(block)
         block_flops = linear_flops(block, seq_len)
-        q_parts = [view.fused_qkv] if view.fused_qkv is not None else [view.q]
-        kv_parts = [] if view.fused_qkv is not None else [view.k, view.v]
+        q_parts, kv_parts = _projections(view)
         q_params = (sum(count_params(m) for m in q_parts) + view.o.weight.numel()) / view.num_heads
         q_flops = 2 * (sum(_macs(m) for m in q_parts) + _macs(view.o)) / view.num_heads + 4 * view.head_dim * keys
         kv_params = sum(count_params(m) for m in kv_parts) / view.num_kv_heads
@@ -168,6 +167,14 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in params.values())
 
 
+def _projections(view: AttentionView) -> tuple[list[HFModule], list[HFModule]]:
+    """The query-side and the key/value-side projections of a layer (a fused QKV counts as query-side)."""
+    if view.fused_qkv is not None:
+        return [view.fused_qkv], []
+    assert view.q is not None and view.k is not None and view.v is not None  # unfused: the adapter sets all three
+    return [view.q], [view.k, view.v]
+
+
 def decode_cost(model: nn.Module, prompt: int, tokens: int, batch: int) -> dict:
     """Cost per generated token of `tokens` decode steps after a `prompt`-token prefill, batch `batch`.
 
@@ -178,6 +185,7 @@ def decode_cost(model: nn.Module, prompt: int, tokens: int, batch: int) -> dict:
     these bytes: decode on a CPU or GPU at small batch waits on memory, not arithmetic.
     """
     kv = kv_cache_bytes(model)
+    assert kv is not None, "decode cost is a causal LM's (report asks it of no encoder)"
     keys = prompt + (tokens + 1) / 2
     weights = weight_bytes(model)
     kv_read = KV_CACHE_PASSES * kv["total"] * keys

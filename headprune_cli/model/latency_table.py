@@ -19,6 +19,7 @@ tables that fall by more than their spread, so what is left is noise. No torch h
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from headprune_cli.model.cost_table import CostTable
@@ -119,7 +120,7 @@ class LatencyTable:
     def full_ms(self) -> float:
         return self.outside_ms + sum(c.full_ms for c in self.layers.values())
 
-    def predict_ms(self, heads: dict[int, int], widths: dict[int, int]) -> float:
+    def predict_ms(self, heads: Mapping[int, int], widths: Mapping[int, float]) -> float:
         """Latency of a model keeping `heads[layer]` query heads and `widths[layer]` FFN
         neurons in each layer it keeps (original indices; layers left out are dropped)."""
         return self.outside_ms + sum(self.layers[l].at(heads[l] / self.layers[l].group, widths[l]) for l in heads)

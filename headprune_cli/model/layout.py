@@ -163,6 +163,12 @@ class ModelInfo:
     build_options: dict = field(default_factory=dict)  # constructor options, e.g. add_pooling_layer
     loaded_from: tuple[str, str] | None = None  # (path, sha256) of the file it came from; not stored
 
+    @property
+    def source_sha(self) -> str:
+        """sha256 of the file the model was read from, for a stage that loaded it (checkpoint.load)."""
+        assert self.loaded_from is not None, "the model was not read from a file"  # a stage's bug, not bad input
+        return self.loaded_from[1]
+
 
 def full_layout(model: nn.Module) -> Layout:
     """The layout of an unpruned model: every layer and head kept."""

@@ -27,17 +27,18 @@ def params_on_meta() -> Iterator[None]:
     """Every parameter registered inside lands on the meta device; buffers stay real."""
     original = nn.Module.register_parameter
 
-    def register(module: nn.Module, name: str, param) -> None:
-        original(module, name, param)
+    def register(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(self, name, param)
         if param is not None and not param.is_meta:
             # Module constructors only allocate (torch.empty) before this; nothing is initialised yet.
-            module._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)
+            self._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)
 
-    nn.Module.register_parameter = register
+    # patched on the class for this block only (restored in finally): mypy refuses assigning to a method
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
     try:
         yield
     finally:
-        nn.Module.register_parameter = original
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
 
 
 @contextmanager
@@ -135,7 +136,9 @@ def _place(model: nn.Module, names: list[str], tensor: torch.Tensor) -> None:
         module = model.get_submodule(prefix)
         if attr in module._parameters:
             if param is None:
-                param = nn.Parameter(tensor, requires_grad=module._parameters[attr].requires_grad)
+                existing = module._parameters[attr]
+                assert existing is not None  # `names` come from the state dict, which lists no None parameter
+                param = nn.Parameter(tensor, requires_grad=existing.requires_grad)
             module._parameters[attr] = param
         else:
             module._buffers[attr] = tensor

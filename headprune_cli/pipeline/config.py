@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import os
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,14 +125,20 @@ def _field_type(option: OptionSpec):
     """The pydantic type that a YAML value of this option must have."""
     base = option.annotation
     args = [a for a in typing.get_args(base) if a is not type(None)]
-    if typing.get_origin(base) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and len(args) == 1:
+    if typing.get_origin(base) in (typing.Union, types.UnionType) and len(args) == 1:
         base = args[0]
     if typing.get_origin(base) in (list, tuple):
         inner = (typing.get_args(base) or (str,))[0]
-        return list[_scalar(inner)] | _scalar(inner)
+        return _list_of(_scalar(inner)) | _scalar(inner)
     if option.multiple:
-        return list[_scalar(base)] | _scalar(base)
+        return _list_of(_scalar(base)) | _scalar(base)
     return _scalar(base)
+
+
+def _list_of(item: Any) -> Any:
+    """list[item] for an item type known only at run time (what `list[item]` builds, spelled so a
+    type checker does not read it as a static type)."""
+    return types.GenericAlias(list, (item,))
 
 
 def _scalar(base):
@@ -154,7 +161,7 @@ def stage_model(spec: CommandSpec, reserved: set[str]) -> type[BaseModel]:
     for key, option in spec.options.items():
         if key in reserved:
             continue
-        bounds = {k: v for k, v in (("ge", option.minimum), ("le", option.maximum)) if v is not None}
+        bounds: dict[str, Any] = {k: v for k, v in (("ge", option.minimum), ("le", option.maximum)) if v is not None}
         fields[key] = (_field_type(option) | None, Field(None, **bounds))
     # NaN passes every bound (nan < 1 and nan > 0 are both false); no option means it.
     return create_model(f"Stage_{spec.name}", __config__=ConfigDict(extra="forbid", allow_inf_nan=False), **fields)
@@ -197,11 +204,12 @@ def expand_env(data: dict, unset: set[int] | None = None) -> list[str]:
     installed elsewhere; an unset variable is a problem found before any stage runs. The
     stages that use one are added to `unset`: their options are not checked further, since
     every later refusal would only repeat this one in other words."""
-    problems = []
+    problems: list[str] = []
     for key in PATH_KEYS:
         if key in data:
             data[key] = _expand(key, data[key], problems)
-    for i, stage in enumerate(data.get("stages") if isinstance(data.get("stages"), list) else []):
+    stages = data.get("stages")
+    for i, stage in enumerate(stages if isinstance(stages, list) else []):
         for key, value in stage.items() if isinstance(stage, dict) else ():
             found = len(problems)
             stage[key] = _expand(f"stages.{i}.{key}", value, problems)

@@ -116,7 +116,9 @@ def _check_stages(entries, specs, problems: list[str], unset: set[int]) -> list[
             continue
         entry = {str(k).replace("-", "_"): v for k, v in entry.items()}
         command = entry.get("command")
-        if command not in specs or command == "import":  # import is implicit: `model:` an HF folder
+        if (
+            not isinstance(command, str) or command not in specs or command == "import"
+        ):  # import is implicit: `model:` an HF folder
             known = [c for c in specs if c != "import"]
             problems.append(
                 f"{where}.command: "

@@ -128,11 +128,12 @@ def outputs_of(model: nn.Module, batch: dict) -> torch.Tensor:
 def _without_cache(model: nn.Module) -> dict:
     """use_cache=False for models that take it: a loss over whole sequences needs no KV cache, and
     a block recomputed in the backward (score --recompute) must not append to one twice."""
-    return {"use_cache": False} if _takes_use_cache(type(model)) else {}
+    # classes are hashable; mypy reads a type[X] value's __hash__ as the unbound method (python/mypy#20409)
+    return {"use_cache": False} if _takes_use_cache(type(model)) else {}  # type: ignore[arg-type]
 
 
 @functools.cache
-def _takes_use_cache(cls: type) -> bool:
+def _takes_use_cache(cls: type[nn.Module]) -> bool:
     """Looked up once per model class: this runs on every scoring and evaluation batch."""
     return "use_cache" in inspect.signature(cls.forward).parameters
 

@@ -11,6 +11,7 @@ Nothing here imports torch: `select --help` stays fast.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,8 +20,10 @@ from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticUndefined
 
 from headprune_cli.errors import UsageError
+from headprune_cli.model.formats.gguf_grid import grid_ffn_multiple
 from headprune_cli.runtime.device import DEVICE_HELP, DTYPE_HELP
 from headprune_cli.stages.budget import Budget, checked, given, one_of
+from headprune_cli.stages.constraints import Constraints, check_runtime, parse_protect, shape_rules
 from headprune_cli.stages.unit import CommaSeparated, Options, comma_list, internal, option
 
 # torch.manual_seed takes 64 bits, but seeds are also combined (seed * 100003 + epoch for the
@@ -131,12 +134,8 @@ class ShapeOptions(Options):
         8, "FFN widths kept are multiples of this (8: what GPU matrix kernels tile by; 1 on CPUs costs nothing).", ge=1
     )
 
-    def constraints(self):
-        """The Constraints value every chooser takes (select/chains.py)."""
-        from headprune_cli.model.formats.gguf_grid import grid_ffn_multiple  # noqa: PLC0415 (as above)
-        from headprune_cli.stages.select.chains import Constraints, parse_protect  # noqa: PLC0415 (the options module names no stage package at import)
-        from headprune_cli.stages.select.runtime import check_runtime, shape_rules  # noqa: PLC0415 (as above)
-
+    def constraints(self) -> Constraints:
+        """The Constraints value every chooser takes (stages/constraints.py)."""
         runtime, gguf_type = getattr(self, "runtime", None), getattr(self, "gguf_type", None)
         rules = shape_rules(check_runtime(runtime))
         if gguf_type is not None and runtime != "llama.cpp":
@@ -179,6 +178,24 @@ class ConstraintOptions(ShapeOptions):
     )
 
 
+@dataclass(frozen=True)
+class LoraSpec:
+    """What the LoRA options say, as training/lora.py attaches it (and a resumed run must match)."""
+
+    rank: int = 8
+    alpha: float | None = None  # None: 2 x rank (the scale alpha / rank is then 2)
+    dropout: float = 0.0
+    targets: tuple[str, ...] | None = None  # None: every block's attention and FFN projections
+
+    @property
+    def scale_alpha(self) -> float:
+        return float(self.alpha) if self.alpha is not None else 2.0 * self.rank
+
+    def fingerprint(self) -> dict:
+        """What a resumed run must share with the saved one."""
+        return {"rank": self.rank, "alpha": self.scale_alpha, "dropout": self.dropout, "targets": self.targets}
+
+
 class LoraOptions(Options):
     """Low-rank adapters (peft) instead of every weight: what recovery trains."""
 
@@ -201,9 +218,7 @@ class LoraOptions(Options):
         folder=True,
     )
 
-    def lora_spec(self):
-        from headprune_cli.stages.training.lora import LoraSpec  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
-
+    def lora_spec(self) -> LoraSpec:
         targets = (
             None if self.lora_targets is None else tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
         )

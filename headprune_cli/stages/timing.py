@@ -15,6 +15,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+Key = TypeVar("Key", bound=Hashable)  # what names a callable: the results are keyed the same way
 
 
 @dataclass
@@ -53,31 +56,31 @@ def make_timer(fn: Callable[[], object], threads: int | None):
     """The one place a Timer is made (tests replace it: the boundary to the clock)."""
     from torch.utils import benchmark  # noqa: PLC0415 (keeps torch out of this module's import)
 
-    kwargs = {"num_threads": threads} if threads is not None else {}
+    kwargs: dict[str, Any] = {"num_threads": threads} if threads is not None else {}  # else Timer's default
     return benchmark.Timer(stmt="fn()", globals={"fn": fn}, **kwargs)
 
 
-def measure_interleaved(calls: Mapping[Hashable, Callable[[], object]], *settings, **named) -> dict[Hashable, Latency]:
+def measure_interleaved(calls: Mapping[Key, Callable[[], object]], *settings, **named) -> dict[Key, Latency]:
     """Milliseconds per call of each callable (median over the interleaved rounds, with its
     spread); the arguments are interleaved_samples'."""
     return {key: summarize(values) for key, values in interleaved_samples(calls, *settings, **named).items()}
 
 
 def interleaved_samples(
-    calls: Mapping[Hashable, Callable[[], object]],
+    calls: Mapping[Key, Callable[[], object]],
     rounds: int = 5,
     warmup: int = 2,
     threads: int | None = None,
     min_run_time: float = 0.05,
     advance: Callable[[], None] = lambda: None,
-) -> dict[Hashable, list[float]]:
+) -> dict[Key, list[float]]:
     """Each callable's round medians in milliseconds, one per round (`rounds` interleaved rounds
     after `warmup` calls each). `advance` is called after every timed measurement (a progress
     bar's tick)."""
     import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 
     timers = {key: make_timer(fn, threads) for key, fn in calls.items()}
-    samples: dict[Hashable, list[float]] = {key: [] for key in calls}
+    samples: dict[Key, list[float]] = {key: [] for key in calls}
     keys = list(calls)
     with torch.inference_mode():
         for key in keys:

@@ -65,7 +65,7 @@ MUTATIONS = {
         "tests/stages/report/test_policy.py::test_baseline_auto_refuses_a_root_whose_bytes_changed",
     ),
     "sweep skips compensation": (
-        "headprune_cli/stages/sweep/ratios.py",
+        "headprune_cli/stages/sweep/loop.py",
         'if opts.compensate != "none":',
         "if False:",
         "tests/stages/sweep/test_sweep.py::test_sweep_compensation_changes_the_result_to_what_compensating_by_hand_gives",

@@ -8,6 +8,11 @@
 #   scripts/tools/mutation.sh                   # every module below
 #   scripts/tools/mutation.sh selection fileio  # some of them
 #   MUTATION_MAX_CHILDREN=2 MUTATION_WORK=/tmp/mut scripts/tools/mutation.sh surgery
+#   MUTATION_RERUN=1 scripts/tools/mutation.sh lora  # after new tests: the same mutants, those not killed
+#
+# MUTATION_RERUN=1 keeps the module's scratch folder and its mutants, copies the module's test
+# files in from this tree and reruns every mutant the last run did not kill (survived, no tests,
+# timeout); the last run's verdicts are kept in $WORK/NAME.before.results.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=${MUTATION_WORK:-/tmp/headprune-mutation}
@@ -31,7 +36,10 @@ FILE[sharding]=headprune_cli/stages/training/sharding.py; PATTERN[sharding]='*';
 FILE[gate_space]=headprune_cli/stages/learn/gate_space.py; PATTERN[gate_space]='*'
 TESTS[gate_space]='tests/stages/learn/test_gate_space.py'
 FILE[rewind]=headprune_cli/stages/finetune/rewind.py; PATTERN[rewind]='*'; TESTS[rewind]='tests/stages/finetune/test_rewind.py'
-FILE[gguf_export]=headprune_cli/model/formats/gguf.py; PATTERN[gguf_export]='*'; TESTS[gguf_export]='tests/model/formats/test_gguf.py'
+# gguf.py has 693 mutants, hours at the shared machine's load: only its RoPE functions (the
+# issue's swapped llama3 branches), 129 mutants.
+FILE[gguf_export]=headprune_cli/model/formats/gguf.py; TESTS[gguf_export]='tests/model/formats/test_gguf.py'
+PATTERN[gguf_export]='headprune_cli.model.formats.gguf.x_rope_freqs* headprune_cli.model.formats.gguf.x__rope* headprune_cli.model.formats.gguf.x__check_rope*'
 FILE[vllm_export]=headprune_cli/model/formats/vllm.py; PATTERN[vllm_export]='*'; TESTS[vllm_export]='tests/model/formats/test_vllm.py'
 FILE[runtime]=headprune_cli/stages/select/runtime.py; PATTERN[runtime]='*'; TESTS[runtime]='tests/stages/select/test_runtime.py'
 FILE[onnx_quantize]=headprune_cli/model/formats/onnx_quantize.py; PATTERN[onnx_quantize]='*'
@@ -50,12 +58,49 @@ FILE[refit]=headprune_cli/stages/search/refit.py; PATTERN[refit]='*'; TESTS[refi
 # and took 19 of the 51 s that checkpoint's tests take.
 DESELECT='"-k", "not locked_out and not signal_during_a_write and not sigkill_while_writing and not torchrun and not score_select_prune_pipe", '
 
+# mutmut works in the scratch copies only; the package must end as it began (no mutant left in a
+# source file, whatever mutmut did): its status and diff before the runs, compared at the end
+# (tests may be edited meanwhile).
+tree_before=$(cd "$ROOT" && git status --porcelain -- headprune_cli && git diff -- headprune_cli)
+
+# The not-killed mutants of an earlier run of module $1 in folder $2, against its test files as
+# they are in this tree now.
+rerun() {
+  local name=$1 dir=$2 t names
+  [ -d "$dir/mutants" ] || { echo "no earlier run of $name in $dir" >&2; exit 2; }
+  for t in ${TESTS[$name]}; do
+    [ -f "$ROOT/$t" ] && cp "$ROOT/$t" "$dir/$t" && cp "$ROOT/$t" "$dir/mutants/$t"
+  done
+  (cd "$dir" && mutmut results --all true > "$WORK/$name.before.results" 2>&1) || true
+  names=$(grep -E ': (survived|no tests|timeout|suspicious)$' "$WORK/$name.before.results" | sed 's/^ *//; s/: .*//')
+  set -f
+  (cd "$dir" && env -u PYTHONPATH HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 \
+      nice -n "${MUTATION_NICE:-10}" mutmut run --max-children "$CHILDREN" $names > "$WORK/$name.rerun.log" 2>&1) || true
+  set +f
+  report "$name" "$dir"
+}
+
+# Counts of a module's mutants by verdict, from `mutmut results`.
+report() {
+  local name=$1 dir=$2 total killed
+  (cd "$dir" && mutmut results --all true > "$WORK/$name.results" 2>&1) || true
+  total=$(grep ': ' "$WORK/$name.results" | grep -vc 'not checked' || true)
+  killed=$(grep -c ': killed' "$WORK/$name.results" || true)
+  echo "$name ${FILE[$name]}: $killed killed of $total mutants ($(grep -c ': survived' "$WORK/$name.results" || true) survived," \
+    "$(grep -c ': no tests' "$WORK/$name.results" || true) without a test, $(grep -c ': timeout' "$WORK/$name.results" || true) timeouts);" \
+    "list: $WORK/$name.results"
+}
+
 modules=("$@")
 [ ${#modules[@]} -eq 0 ] && modules=(selection surgery gates checkpoint fileio)
 
 for name in "${modules[@]}"; do
   [ -n "${FILE[$name]:-}" ] || { echo "unknown module $name (known: ${!FILE[*]})" >&2; exit 2; }
   dir="$WORK/$name"
+  if [ -n "${MUTATION_RERUN:-}" ]; then
+    rerun "$name" "$dir"
+    continue
+  fi
   rm -rf "$dir" && mkdir -p "$dir"
   (cd "$ROOT" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$dir")
   tests=""
@@ -85,8 +130,10 @@ CONF
   (cd "$dir" && env -u PYTHONPATH HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 \
       nice -n "${MUTATION_NICE:-10}" mutmut run --max-children "$CHILDREN" $patterns > "$WORK/$name.log" 2>&1) || true
   set +f
-  (cd "$dir" && mutmut results --all true > "$WORK/$name.results" 2>&1) || true
-  total=$(grep ': ' "$WORK/$name.results" | grep -vc 'not checked' || true)
-  survived=$(grep -c ': survived' "$WORK/$name.results" || true)
-  echo "$name ${FILE[$name]}: $survived survived of $total mutants ($(( $(date +%s) - start )) s); list: $WORK/$name.results"
+  echo "$name: $(( $(date +%s) - start )) s"
+  report "$name" "$dir"
 done
+if [ "$(cd "$ROOT" && git status --porcelain -- headprune_cli && git diff -- headprune_cli)" != "$tree_before" ]; then
+  echo "error: headprune_cli/ changed during the mutation runs (git status, git diff)" >&2
+  exit 1
+fi

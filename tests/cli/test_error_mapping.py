@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from headprune_cli.errors import EXIT_INTERNAL, PlanError, UsageError
-from headprune_cli.stages.select import stage as select_stage
+from headprune_cli.stages.select import choosing as select_stage
 from tests.support import ROOT, assert_refused
 
 
@@ -66,7 +66,7 @@ def test_refusals_and_environment_failures_keep_their_codes(exc, code, message, 
 
 _SCRIPT = """
 import sys
-from headprune_cli.stages.select import stage as select_stage
+from headprune_cli.stages.select import choosing as select_stage
 from headprune_cli.cli.app import run
 class PanicException(BaseException):
     pass

@@ -118,6 +118,15 @@ def test_every_problem_reported_together_before_any_work(workdir):
     assert not (workdir / "out").exists()
 
 
+def test_a_command_that_is_not_a_name_is_an_unknown_command(workdir):
+    cfg = config(stages=[{"command": ["score"]}, {"command": 3}])  # a YAML list or number, not a name
+    with pytest.raises(ConfigError) as info:
+        prepare(cfg)
+    text = "\n".join(info.value.problems)
+    assert "stages.0.command: unknown command ['score']" in text
+    assert "stages.1.command: unknown command 3" in text
+
+
 def test_select_without_scores_and_bounds_and_pipeline_owned_options(workdir):
     cfg = config(stages=[{"command": "select", "ratio": 0.3, "min_heads": -1, "output": "x.json"}])
     with pytest.raises(ConfigError) as info:

@@ -124,7 +124,8 @@ def test_chunks_only_for_plain_linear_heads_of_causal_lms(lm):
 def test_lora_distillation_in_chunks_trains_the_same_weights(kd, monkeypatch):
     """finetune --lora --teacher: chunked logits give the weights whole logits give."""
     from headprune_cli.model.surgery import apply_plan
-    from headprune_cli.stages.training.lora import LoraSpec, attach
+    from headprune_cli.stages.options import LoraSpec
+    from headprune_cli.stages.training.lora import attach
     from headprune_cli.stages.training.train import FinetuneConfig, finetune
 
     gen = torch.Generator().manual_seed(3)

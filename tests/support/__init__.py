@@ -11,7 +11,7 @@ compensation_reference: the earlier compensation algorithm, kept to compare agai
 
 from pathlib import Path
 
-from .compensation_reference import compensate_old
+from .compensation_reference import compensate_old, count_computed
 from .data import give_tokenizer, sentences, word_tokenizer, write_jsonl, write_text
 from .deploy import run_without_headprune
 from .forkserver import ForkServer
@@ -41,6 +41,7 @@ from .training import saved_root, tensor_set
 ROOT = Path(__file__).resolve().parents[2]  # the repository: examples/, configs/, scripts/, README.md
 
 __all__ = [
+    "count_computed",
     "ROOT",
     "BOMBS",
     "saved_root",

@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 
 from headprune_cli.model.cost_table import CostTable, LayerCost
 from headprune_cli.stages.budget import OPTION_FIELDS, given
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.table import ScoreTable
-from headprune_cli.stages.select.chains import Constraints
 
 
 def synthetic_cost(num_heads, num_kv_heads) -> CostTable:

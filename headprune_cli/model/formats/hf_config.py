@@ -79,7 +79,8 @@ def _refused_by_transformers(config: dict) -> str:
 
     fields = {k: v for k, v in config.items() if k not in ("transformers_version", "architectures", "model_type")}
     try:
-        transformers.AutoConfig.for_model(config.get("model_type"), **fields)
+        # str(): a missing model_type is refused as "None", exactly as for_model(None) refuses it
+        transformers.AutoConfig.for_model(str(config.get("model_type")), **fields)
     except Exception as exc:  # the config classes raise ValueError or their own validation errors
         return f"transformers' {config.get('model_type')} config refuses the pruned counts ({_last_line(exc)})"
     return ""
@@ -148,11 +149,11 @@ def _config_with_layers(info: ModelInfo) -> dict:
         config = dict(info.config)
         config["architectures"] = [info.architecture]
         return config
-    config = transformers.AutoConfig.for_model(model_type, **fields)
+    built = transformers.AutoConfig.for_model(model_type, **fields)
     kept = info.layout.layers
-    config.num_hidden_layers = len(kept)  # attribute_map: n_layer (GPT-2), n_layers (DistilBERT)
-    if getattr(config, "layer_types", None) is not None and len(config.layer_types) == info.layout.num_layers:
-        config.layer_types = [config.layer_types[i] for i in kept]
-    out = config.to_dict()
+    built.num_hidden_layers = len(kept)  # attribute_map: n_layer (GPT-2), n_layers (DistilBERT)
+    if getattr(built, "layer_types", None) is not None and len(built.layer_types) == info.layout.num_layers:
+        built.layer_types = [built.layer_types[i] for i in kept]
+    out = built.to_dict()
     out["architectures"] = [info.architecture]
     return out

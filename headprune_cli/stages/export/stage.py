@@ -90,19 +90,21 @@ def run(opts: ExportOptions, ctx: Context) -> Result:
             from headprune_cli.stages.export.onnx_int8 import export_quantized_onnx  # noqa: PLC0415 (keeps torch out of this module's import)
 
             return export_quantized_onnx(opts, ctx)
-        return _export_onnx(opts, ctx)
-    check_folder_output(opts.hf, opts.force, inputs=[opts.checkpoint])
+        return _export_onnx(opts, opts.onnx, ctx)
+    hf = opts.hf
+    assert hf is not None  # check(): exactly one output, and the other three returned above
+    check_folder_output(hf, opts.force, inputs=[opts.checkpoint])
     parse_size(opts.max_shard_size)
-    return _export_folder(opts, ctx)
+    return _export_folder(opts, hf, ctx)
 
 
-def _export_onnx(opts: ExportOptions, ctx: Context) -> Result:
+def _export_onnx(opts: ExportOptions, onnx: Path, ctx: Context) -> Result:
     from headprune_cli.model.checkpoint import load  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.formats.onnx import export_onnx  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     model = load(opts.checkpoint)
     result = export_onnx(
-        model, opts.onnx, seq_len=opts.seq_len, opset=opts.opset, force=opts.force, inputs=[opts.checkpoint]
+        model, onnx, seq_len=opts.seq_len, opset=opts.opset, force=opts.force, inputs=[opts.checkpoint]
     )
     past = [n for n in result.inputs if n.startswith("past_key_values.")]
     names = [n for n in result.inputs if n not in past] + (
@@ -110,15 +112,15 @@ def _export_onnx(opts: ExportOptions, ctx: Context) -> Result:
     )
     data = f", weights in {result.external_data}" if result.external_data else ""
     ctx.print(
-        f"wrote {opts.onnx} (inputs {', '.join(names)} -> "
+        f"wrote {onnx} (inputs {', '.join(names)} -> "
         f"{result.outputs[0]}{' + present key/values' if past else ''}, "
         f"opset {opts.opset}{data}; onnxruntime matches PyTorch to {result.max_abs_diff:.1e})"
     )
-    written = [str(opts.onnx)] + ([str(opts.onnx.with_name(result.external_data))] if result.external_data else [])
+    written = [str(onnx)] + ([str(onnx.with_name(result.external_data))] if result.external_data else [])
     return Result(written, value=result)
 
 
-def _export_folder(opts: ExportOptions, ctx: Context) -> Result:
+def _export_folder(opts: ExportOptions, hf: Path, ctx: Context) -> Result:
     from headprune_cli.model.checkpoint import load, read_info  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.formats.engines import serving, serving_line  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.formats.hf import export_hf, weights_written  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
@@ -127,7 +129,7 @@ def _export_folder(opts: ExportOptions, ctx: Context) -> Result:
     from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
-    hf, checkpoint = opts.hf, opts.checkpoint
+    checkpoint = opts.checkpoint
     info = read_info(checkpoint)
     with_onnx = is_sentence_transformer(info) if opts.with_onnx is None else opts.with_onnx
     if with_onnx:  # tracing needs the real weights

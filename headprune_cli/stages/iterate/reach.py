@@ -19,8 +19,8 @@ from headprune_cli.data.readers import Dataset
 from headprune_cli.errors import UsageError
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.budget import Budget, BudgetUnreachable
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.importance import score_model
-from headprune_cli.stages.select.chains import Constraints
 from headprune_cli.stages.select.strategies import select
 
 # A head fraction just short of all: `global` removes as many heads as the constraints allow.

@@ -25,8 +25,11 @@ on the Debian-sections classifiers, 0.4 of the FLOPs in five rounds (0.8 .. 0.4)
 from __future__ import annotations
 
 import copy
+import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -37,11 +40,12 @@ from headprune_cli.model.cost_table import predict
 from headprune_cli.model.layout import info_of
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.iterate.reach import check_reachable
 from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, schedule_of
 from headprune_cli.stages.objectives import Metric, check_objective, evaluate, worse_by
 from headprune_cli.stages.prune.cut import Compensation, choose, cut, prune_once
-from headprune_cli.stages.select.chains import Constraints, Selection
+from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.training.train import FinetuneConfig, finetune
 
 RECOVERIES = ("finetune", "lstsq")
@@ -94,6 +98,8 @@ def iterative_prune(
     seq_len: int = 128,
     recover: str = "finetune",
     compensation: Compensation | None = None,
+    source: Path | None = None,
+    work: Path | None = None,
 ) -> IterativeResult:
     """Prune `model` (not modified) along `schedule`; see the module docstring.
 
@@ -104,7 +110,10 @@ def iterative_prune(
     unit). `score_data` defaults to `train`. `budget`, `ffn` and `seq_len`: see the module
     docstring (`ffn` needs a budget: a head fraction says nothing about neurons).
     `recover` "lstsq" recovers by `compensation` instead of training (module docstring);
-    `finetune_config` and `teacher` are then unused.
+    `finetune_config` and `teacher` are then unused. With `source` (the file `model` was
+    loaded from) and `work` (a folder for the rounds' files), lstsq recovery holds one model
+    at a time (refits.py): `model` is then let go after its first scoring, so the caller
+    must hold no reference to it for its memory to be freed.
     """
     if recover not in RECOVERIES:
         raise UsageError(f"unknown recovery {recover!r}{did_you_mean(recover, RECOVERIES)}")
@@ -124,9 +133,13 @@ def iterative_prune(
     _check_budget(max_drop)
     original = sum(len(h) for h in info_of(model).layout.heads)
     original_cost = _cost(model, budget, seq_len) if budget else None
-    current = copy.deepcopy(model)
+    spill = Spill(source, work, info_of(model)) if recover == "lstsq" and source and work else None
+    # Nothing modifies the model it scores: with the original left in its file, no copy is made.
+    current = model if spill else copy.deepcopy(model)
     result = IterativeResult(current, base.name, base.higher_is_better, base.value)
     union = Selection("iterative", {}, [])  # lstsq: every round's removals so far (original indices)
+    if spill:
+        del model  # `current` (the model until round one is accepted) is the only reference
     for step in schedule:
         ratio = step.value
         if budget is None:
@@ -134,11 +147,17 @@ def iterative_prune(
             to_remove = round(ratio * original) - (original - kept)
             amount = Budget("heads", min(1.0, to_remove / kept)) if to_remove > 0 else None
         else:
+            assert original_cost is not None  # priced above whenever there is a budget
             keep = ratio * original_cost / _cost(current, budget, seq_len)  # of what the current model costs
             amount = step.with_value(keep) if keep < 1 else None
         if amount is None:
             continue
-        scoring = {"batch_size": score_batch_size, "seed": seed, "ffn": ffn, "seq_len": seq_len if budget else None}
+        scoring: dict[str, Any] = {
+            "batch_size": score_batch_size,
+            "seed": seed,
+            "ffn": ffn,
+            "seq_len": seq_len if budget else None,
+        }
         if recover == "lstsq":
             assert compensation is not None  # checked above; tells mypy
             # Per-layer normalisation of gradient scores would put heads and neurons on different scales.
@@ -153,7 +172,11 @@ def iterative_prune(
                 **scoring,
             )
             union = _union(union, selection)
-            recovered, pruned_value, value = _compensated_round(model, union, compensation, dev, objective, teacher)
+            if spill:
+                del current, result.model  # scored: let go before this round's models are read (both set again below)
+                recovered, pruned_value, value = spill.round(union, compensation, dev, objective)
+            else:
+                recovered, pruned_value, value = _compensated_round(model, union, compensation, dev, objective, teacher)
         else:
             candidate, selection = _prune_round(
                 current, score_data or train, method, objective, amount, constraints, scoring
@@ -166,7 +189,7 @@ def iterative_prune(
             value = next(r.metrics[base.name] for r in trained.history if r.epoch == trained.best_epoch)
         ok = _acceptable(base, value, floor, max_drop)
         layout = info_of(recovered).layout
-        cost_now = _cost(recovered, budget, seq_len) / original_cost if budget else None
+        cost_now = _cost(recovered, budget, seq_len) / original_cost if budget and original_cost is not None else None
         record = Round(
             ratio,
             sum(len(h) for h in layout.heads),
@@ -182,9 +205,43 @@ def iterative_prune(
         if on_round:
             on_round(record)
         if not ok:
+            if spill:
+                del recovered
+                result.model = spill.accepted()
             break
         current = result.model = recovered
+        if spill:
+            spill.accept()
     return result
+
+
+class Spill:
+    """lstsq rounds from the original's file (refits.py): which round was last accepted,
+    so that a round below the floor can give the accepted model back from its file."""
+
+    def __init__(self, source: Path, work: Path, like):
+        self.source, self.work, self.like = source, work, like
+        self.number = 0  # rounds run
+        self.kept: Path | None = None  # the last accepted round's file
+
+    def round(self, union: Selection, compensation: Compensation, dev, objective):
+        from headprune_cli.stages.iterate.refits import streamed_round  # noqa: PLC0415 (one route's module)
+
+        self.number += 1
+        metric = lambda m: evaluate(m, dev, objective)[0].value  # noqa: E731
+        return streamed_round(self.source, self.work, self.number, union, compensation, metric, self.like)
+
+    def accept(self) -> None:
+        from headprune_cli.stages.iterate.refits import refit_file  # noqa: PLC0415 (one route's module)
+
+        self.kept = refit_file(self.work, self.number)
+
+    def accepted(self) -> nn.Module:
+        from headprune_cli.model.checkpoint import load  # noqa: PLC0415 (one route's module)
+        from headprune_cli.stages.iterate.refits import read_back  # noqa: PLC0415 (one route's module)
+
+        gc.collect()
+        return load(self.source) if self.kept is None else read_back(self.kept, self.like)
 
 
 def _prune_round(model, data, method, objective, amount: Budget, constraints, scoring: dict):

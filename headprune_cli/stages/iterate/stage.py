@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +117,7 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
 
     from headprune_cli.data.readers import read_data  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.model.checkpoint import load, save  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.stages.iterate.rounds import iterative_prune  # noqa: PLC0415 (keeps numpy, safetensors, torch, transformers out of this module's import)
     from headprune_cli.stages.objectives import check_objective, needs_labels  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.stages.training.distill import load_teacher, resolve_teacher  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
@@ -126,7 +130,9 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
     objective = check_objective(None, model)
     teacher = copy.deepcopy(model) if opts.teacher == "self" else None  # the unpruned start; no second load
     if opts.teacher not in (None, "self"):
-        teacher = load_teacher(resolve_teacher(opts.teacher, opts.checkpoint), model)
+        path = resolve_teacher(opts.teacher, opts.checkpoint)
+        assert path is not None  # a teacher that is named resolves to a file (or is refused)
+        teacher = load_teacher(path, model)
     train = read_data(opts.data, model, max_length=opts.max_length, seed=opts.seed)
     dev = read_data(opts.eval_data, model, max_length=opts.max_length)
     calib = (
@@ -137,31 +143,54 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
     # Each round's recovery reads the options iterate shares with finetune's by name (epochs,
     # lr, batch size, distillation weight, seed); the rest keep recovery's defaults.
     cfg = RecoveryOptions(**opts.model_dump(include=set(RecoveryOptions.model_fields)))
-    result = iterative_prune(
-        model,
-        train,
-        dev,
-        schedule=schedule,
-        method=opts.chosen_method(),
-        score_data=calib,
-        objective=objective,
-        floor=opts.floor,
-        max_drop=opts.max_drop,
-        finetune_config=cfg,
-        teacher=teacher,
-        seed=opts.seed,
-        on_round=lambda r: ctx.print(_line(r, budget)),
-        ffn=opts.ffn,
-        seq_len=opts.max_length,
-        recover=opts.recover,
-        compensation=_compensation(opts, train),
-    )
-    ctx.print(_table(result, budget))
-    save(result.model, opts.output, overwrite=opts.force)
-    layout = result.model.headprune.layout
+    with _rounds_folder(opts) as work:
+        # Handed over, not kept: lstsq recovery lets the input model go once it is scored.
+        held = [model]
+        del model
+        result = iterative_prune(
+            held.pop(),
+            train,
+            dev,
+            schedule=schedule,
+            method=opts.chosen_method(),
+            score_data=calib,
+            objective=objective,
+            floor=opts.floor,
+            max_drop=opts.max_drop,
+            finetune_config=cfg,
+            teacher=teacher,
+            seed=opts.seed,
+            on_round=lambda r: ctx.print(_line(r, budget)),
+            ffn=opts.ffn,
+            seq_len=opts.max_length,
+            recover=opts.recover,
+            compensation=_compensation(opts, train),
+            source=opts.checkpoint if work else None,
+            work=work,
+        )
+        ctx.print(_table(result, budget))
+        save(result.model, opts.output, overwrite=opts.force)
+    layout = info_of(result.model).layout
     neurons = f", {sum(len(layout.kept_neurons(l)) for l in layout.layers)} FFN neurons" if opts.ffn else ""
     ctx.print(f"wrote {opts.output} ({sum(len(h) for h in layout.heads)} heads{neurons})")
     return Result([str(opts.output)], value=result)
+
+
+@contextmanager
+def _rounds_folder(opts: IterateOptions) -> Iterator[Path | None]:
+    """lstsq recovery's rounds, each refit written beside the output in a locked temporary
+    folder (removed afterwards, or by the next headprune if this one is killed)."""
+    if opts.recover != "lstsq":
+        yield None
+        return
+    from headprune_cli.files.temps import make_temp_folder  # noqa: PLC0415 (keeps the lstsq route's imports to it)
+
+    work, lock = make_temp_folder(opts.output)
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        os.close(lock)
 
 
 def _compensation(opts: IterateOptions, train):

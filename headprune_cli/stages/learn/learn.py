@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 from headprune_cli.artifacts.schema import input_ref
 from headprune_cli.errors import UsageError
 from headprune_cli.stages.budget import Budget, checked
-from headprune_cli.stages.select.chains import Constraints, Selection
+from headprune_cli.stages.constraints import Constraints
+from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.select.plan import plan_artifact
 from headprune_cli.stages.select.strategies import select
 

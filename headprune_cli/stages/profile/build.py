@@ -53,7 +53,7 @@ def profile_checkpoint(opts, advance=lambda total=None: None) -> tuple[dict, Lat
         phases["decode"] = decode_phase(model, opts, settings, grids, advance)
     config = {key: getattr(opts, key) for key in CONFIG_KEYS}
     artifact = {
-        **envelope("latency", [input_ref("model", opts.model, info_of(model).loaded_from[1])], config),
+        **envelope("latency", [input_ref("model", opts.model, info_of(model).source_sha)], config),
         "device": device_facts(placement.device),
         "torch_version": torch.__version__,
         "threads": opts.threads,
@@ -113,7 +113,7 @@ def model_shape(model: nn.Module) -> dict:
     layout = info.layout
     heads, widths = layout_counts(model)
     return {
-        "sha256": info.loaded_from[1],
+        "sha256": info.source_sha,
         "family": info.family,
         "num_heads": list(layout.num_heads),
         "num_kv_heads": list(layout.num_kv_heads),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from headprune_cli.artifacts.schema import write_artifact
 from headprune_cli.errors import UsageError
@@ -93,7 +93,7 @@ class _progress:
             transient=True,
             disable=not ctx.progress,
         )
-        self.task = None
+        self.task: TaskID | None = None
 
     def __enter__(self):
         self.bar.__enter__()
@@ -101,6 +101,7 @@ class _progress:
         return self._advance
 
     def _advance(self, total: int | None = None) -> None:
+        assert self.task is not None  # __enter__ adds the task before it hands this method out
         if total is not None:
             self.bar.update(self.task, total=total)
         else:

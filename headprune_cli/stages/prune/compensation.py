@@ -25,10 +25,11 @@ section 14).
 
 Both models are run block by block, as two streams of hidden states (one per calibration
 batch, streams.py) that advance one layer at a time: the unpruned stream
-(which gives Y) and the pruned stream (which gives X). So every block runs at most four
-times per batch (five, one of them only up to its attention output, when both its heads
-and its FFN are cut): O(L) block forwards, not a whole-model forward per pruned layer,
-and only the current layer's hidden states are held, never all layers'.
+(which gives Y) and the pruned stream (which gives X). Per batch, the recording pass
+computes block 0 alone; then every block runs to completion twice (the unpruned stream,
+and the pruned stream through the refit weights), and the runs that collect statistics
+stop at the refit projection's input: O(L) block forwards, not a whole-model forward per
+pruned layer, and only the current layer's hidden states are held, never all layers'.
 
 - `bias` (FLAP-style): add to the bias the (token-weighted) mean of what is now missing,
   b' = sum_t w_t (y_t - x_t W^T) / sum_t w_t, i.e. the removed heads' (or neurons') mean

@@ -22,10 +22,11 @@ from torch import nn
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.runtime.device import place, restore
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE, compensate
 from headprune_cli.stages.score.importance.api import score_model
 from headprune_cli.stages.score.table import ScoreTable
-from headprune_cli.stages.select.chains import Constraints, Selection
+from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.select.strategies import select
 
 
@@ -64,23 +65,39 @@ def cut(
     With `device`, compensation computes there (in `dtype`) and the model comes back to
     the CPU in its stored dtype before the cut (what `save` writes)."""
 
-    result = None
-    if compensation is not None and compensation.method != "none":
-        placement = None
-        if device is not None:
-            placement = place(model, device, dtype, keep_originals=True)
-        result = compensate(
-            model,
-            selection.remove_heads,
-            selection.remove_layers,
-            compensation.batches,
-            method=compensation.method,
-            ridge=compensation.ridge,
-            remove_ffn=selection.remove_ffn,
-        )
-        if placement is not None:
-            restore(model, placement)
+    result = refit(model, selection, compensation, device=device, dtype=dtype)
     apply_plan(model, selection.remove_heads, selection.remove_layers, remove_ffn=selection.remove_ffn)
+    return result
+
+
+def refit(
+    model,
+    selection: Selection,
+    compensation: Compensation | None = None,
+    *,
+    device: str | None = None,
+    dtype: str = "auto",
+):
+    """`cut`'s first half: compensate `model` in place for `selection` (the plan's units
+    still there, the kept columns refit); returns the compensation's result (or None).
+    `prune --data` stops here and slices while it writes (model/streaming.py), so the cut
+    copy of every sliced tensor is never held beside the model."""
+    if compensation is None or compensation.method == "none":
+        return None
+    placement = None
+    if device is not None:
+        placement = place(model, device, dtype, keep_originals=True)
+    result = compensate(
+        model,
+        selection.remove_heads,
+        selection.remove_layers,
+        compensation.batches,
+        method=compensation.method,
+        ridge=compensation.ridge,
+        remove_ffn=selection.remove_ffn,
+    )
+    if placement is not None:
+        restore(model, placement)
     return result
 
 

@@ -19,10 +19,10 @@ from headprune_cli.runtime.device import check as check_device
 from headprune_cli.stages.options import BatchSize, DeviceOptions, TokenOptions
 from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE
 from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
-from headprune_cli.stages.prune.cut import Compensation, cut
+from headprune_cli.stages.prune.cut import Compensation, refit
 from headprune_cli.stages.select.chains import Selection
+from headprune_cli.stages.select.choosing import SELECTION_CHECKS, SelectionOptions, plan_from_scores
 from headprune_cli.stages.select.plan import check_model, find_model, selection_of
-from headprune_cli.stages.select.stage import SELECTION_CHECKS, SelectionOptions, plan_from_scores
 from headprune_cli.stages.unit import Context, Result, Stage, option
 
 
@@ -96,9 +96,11 @@ def _check(opts: PruneOptions) -> None:
 
 def _read_input(plan: str | None, scores: str | None):
     """The artifact, its source name, and its exact text (for its sha256)."""
-    if plan is not None or scores is not None:
-        source = plan if plan is not None else scores
-        kinds = ("plan",) if plan is not None else ("scores",)
+    kinds: tuple[str, ...]
+    if plan is not None:
+        source, kinds = plan, ("plan",)
+    elif scores is not None:
+        source, kinds = scores, ("scores",)
     else:
         source, kinds = "-", ("plan", "scores")
     text, name = read_text(source, kinds)
@@ -136,15 +138,28 @@ def _streamed(artifact, path: Path, output: Path, selection: Selection, plan_sha
 
 
 def _compensated(artifact, path: Path, opts: PruneOptions, selection: Selection, plan_sha: str, ctx: Context) -> str:
-    from headprune_cli.model.checkpoint import load, save  # noqa: PLC0415 (keeps numpy out of this module's import)
+    """Refit in memory, then slice while writing (the bytes `cut` + `save` would write):
+    the model, memory-mapped from its file, is the only copy of the weights held."""
+    from headprune_cli.model.checkpoint import load, read_layout_only  # noqa: PLC0415 (keeps numpy out of this module's import)
+    from headprune_cli.model.streaming import prune_layout  # noqa: PLC0415 (keeps numpy out of this module's import)
 
     check_model(artifact, path)
     model = load(path)
+    assert opts.data is not None  # check(): a compensation needs --data
     dataset = read_data(opts.data, model, max_length=opts.max_length, samples=opts.samples, need_labels=False)
     compensation = Compensation(opts.chosen_compensation(), list(batches(dataset, opts.batch_size)), opts.ridge)
-    result = cut(model, selection, compensation, device=opts.device, dtype=opts.dtype)
+    result = refit(model, selection, compensation, device=opts.device, dtype=opts.dtype)
     _tell(result, ctx)
-    return save(model, opts.output, plan_sha=plan_sha, overwrite=opts.force)
+    return prune_layout(
+        read_layout_only(path, hashed=True),
+        path,
+        opts.output,
+        selection.remove_heads,
+        selection.remove_layers,
+        plan_sha=plan_sha,
+        remove_ffn=selection.remove_ffn,
+        tensors=model.state_dict(keep_vars=True),
+    )
 
 
 def _tell(result, ctx: Context) -> None:

@@ -110,8 +110,9 @@ class Streams:
         (another projection of the same block is fitted next) its run stops at `o`.
         `rewritten`: projections of this block already compensated, whose original weights
         the unpruned run must see."""
-        stats = None
-        w_full, b_full = (t.double() if t is not None else None for t in linear_weights(o))
+        stats: tuple[torch.Tensor, torch.Tensor, float, int] | None = None
+        w_full, b_full = linear_weights(o)
+        w_full, b_full = w_full.double(), (b_full.double() if b_full is not None else None)
         for i, calls in enumerate(self.calls):
             with _Captured(o) as seen:
                 with _originals(rewritten):
@@ -120,9 +121,11 @@ class Streams:
                     else:
                         # run_until calls it at once, within this iteration: late binding is harmless
                         seen.run_until(lambda: calls[pos].run(self.blocks[pos], self.full[i]))  # noqa: B023
-                x_full = _real_tokens(seen.x, self.masks[i])
-                self._run_pruned(pos, i)  # only the projection's input is needed here
-                x_kept = _real_tokens(seen.x, self.masks[i])[:, cols.to(seen.x.device)]
+                x_full = _real_tokens(seen.input(), self.masks[i])
+                # Only the projection's input is needed: the block's output is dropped (the
+                # pruned stream advances through the refit weights afterwards).
+                seen.run_until(lambda: self._run_pruned(pos, i))  # noqa: B023 (called at once)
+                x_kept = _real_tokens(seen.input(), self.masks[i])[:, cols.to(seen.input().device)]
             y = x_full @ w_full.to(x_full.device).T + (b_full.to(x_full.device) if b_full is not None else 0)
             ones = torch.ones(len(x_kept), 1, dtype=x_kept.dtype, device=x_kept.device)
             xa = torch.cat([x_kept, ones], 1) if has_bias else x_kept
@@ -130,7 +133,10 @@ class Streams:
             weights = token_weights(norms)
             xw = xa * weights[:, None]
             part = ((xw.T @ xa).cpu(), (xw.T @ y).cpu(), float((weights * norms).sum()), len(xa))
-            stats = part if stats is None else tuple(a + b for a, b in zip(stats, part))
+            if stats is not None:  # summed over the batches
+                part = (stats[0] + part[0], stats[1] + part[1], stats[2] + part[2], stats[3] + part[3])
+            stats = part
+        assert stats is not None  # record() got the calibration batches, and calibration data is never empty
         if not torch.isfinite(stats[0]).all() or not torch.isfinite(stats[1]).all():
             raise NumericalError("calibration activations contain NaN or inf")
         return Stats(*stats, has_bias=has_bias)
@@ -151,7 +157,7 @@ class Original:
 
 
 @contextmanager
-def _originals(saved: list[Original]):
+def _originals(saved: Sequence[Original]):
     """Put the original weights back for a while: the unpruned stream must not see a
     projection of its block that was rewritten a moment ago."""
     now = [Original.of(s.module) for s in saved]
@@ -174,8 +180,10 @@ def _copy_in(saved: Original) -> None:
 def _record_calls(model: nn.Module, blocks, batch: dict, last: int) -> tuple[torch.Tensor, list[_Call]]:
     """Block 0's hidden-state input and the other arguments of blocks 0..last, from one forward.
 
-    Only arguments are kept (masks, rotary embeddings: shared by most blocks); the hidden
-    states each block sees here are dropped, so no layer's activations are held."""
+    Only block 0 computes: blocks 1..last are stood in for by `_PassThrough` while the
+    model calls them, so recording costs one block, not a forward up to `last` (the
+    arguments the model computes once, masks and rotary embeddings, do not depend on the
+    hidden states). Only arguments are kept; no layer's activations are held."""
     calls: list[_Call] = []
     first = {}
 
@@ -190,6 +198,7 @@ def _record_calls(model: nn.Module, blocks, batch: dict, last: int) -> tuple[tor
             raise _Stop
 
     handles = [blocks[pos].register_forward_pre_hook(record, with_kwargs=True) for pos in range(last + 1)]
+    handles.append(blocks[0].register_forward_hook(_PassThrough.install(blocks[1 : last + 1])))
     try:
         model(**batch, **_no_cache(model))
     except _Stop:
@@ -197,7 +206,37 @@ def _record_calls(model: nn.Module, blocks, batch: dict, last: int) -> tuple[tor
     finally:
         for handle in handles:
             handle.remove()
+        _PassThrough.remove(blocks[1 : last + 1])
     return first["hidden"], calls
+
+
+class _PassThrough:
+    """A block's forward replaced by one that returns its hidden-state input unchanged, in
+    the shape of block 0's real output (a tensor, or a tuple led by the hidden states)."""
+
+    def __init__(self, template):
+        self.template = template
+
+    def __call__(self, *args, **kwargs):
+        hidden = kwargs["hidden_states"] if not args else args[0]
+        if isinstance(self.template, tuple):
+            return (hidden, *self.template[1:])
+        return hidden
+
+    @classmethod
+    def install(cls, blocks):
+        """A forward hook for block 0: once its output is known, blocks 1.. pass through."""
+
+        def hook(module, args, output):
+            for block in blocks:
+                block.forward = cls(output)  # an instance attribute: nn.Module calls it instead
+
+        return hook
+
+    @staticmethod
+    def remove(blocks) -> None:
+        for block in blocks:
+            block.__dict__.pop("forward", None)
 
 
 def _no_cache(model: nn.Module) -> dict:
@@ -209,7 +248,8 @@ class _Captured:
     """The input of `o` (after any gate hook), each time it runs inside the block."""
 
     def __init__(self, o: nn.Module):
-        self.o, self.x, self._stop = o, None, False
+        self.o, self._stop = o, False
+        self.x: torch.Tensor | None = None
 
     def __enter__(self) -> _Captured:
         self._handle = self.o.register_forward_pre_hook(self._hook)
@@ -222,6 +262,11 @@ class _Captured:
         self.x = args[0].detach()
         if self._stop:
             raise _Stop
+
+    def input(self) -> torch.Tensor:
+        """The input last seen (the block's run has passed through `o`)."""
+        assert self.x is not None, "the block ran without reaching the projection"
+        return self.x
 
     def run_until(self, forward) -> None:
         """Run `forward` only as far as `o`'s input: what comes after is not needed."""

@@ -325,7 +325,7 @@ def _build(pruned_path, baseline_arg, data, scores_path, opts: ReportSettings, w
     )  # refuse before the slow parts
     for model in (baseline, pruned):
         place(model, opts.device, opts.dtype)
-    base_sha, new_sha = info_of(baseline).loaded_from[1], info_of(pruned).loaded_from[1]
+    base_sha, new_sha = info_of(baseline).source_sha, info_of(pruned).source_sha
     seq_len = opts.seq_len or min(DEFAULT_SEQ_LEN, max_sequence(baseline) or DEFAULT_SEQ_LEN)
     # `report --onnx` / `--gguf`: the shipped file stands in for the pruned model
     served, shipped = pruned, None
@@ -334,9 +334,9 @@ def _build(pruned_path, baseline_arg, data, scores_path, opts: ReportSettings, w
     if opts.gguf is not None and python is not None:
         served, shipped = load_gguf(Path(opts.gguf), pruned, python, opts.threads, seq_len)
         cleanup.callback(served.close)  # llama.cpp's child process and its folder go, whatever happens
-    table = None
+    table = None  # --latency: (path, artifact, sha256)
     if opts.latency is not None:
-        table = read_table(opts.latency, baseline, base_sha)
+        table = (opts.latency, *read_table(opts.latency, baseline, base_sha))
     warnings = []
     family_tree = lineage(pruned_path, base_sha, new_sha)
     if not family_tree["descendant"]:
@@ -366,10 +366,10 @@ def _build(pruned_path, baseline_arg, data, scores_path, opts: ReportSettings, w
         )
     latency = None
     if table is not None:
-        latency = latency_section(
-            opts.latency, *table, baseline, pruned, measured, predicted, opts.batch_size, seq_len, opts.threads
-        )
-    gate_list = gates(main, measured and measured["speedup"], opts.max_drop, opts.max_rel_drop, opts.min_speedup)
+        latency = latency_section(*table, baseline, pruned, measured, predicted, opts.batch_size, seq_len, opts.threads)
+    gate_list = gates(
+        main, measured["speedup"] if measured is not None else None, opts.max_drop, opts.max_rel_drop, opts.min_speedup
+    )
     inputs = [
         input_ref("baseline", baseline_path, base_sha),
         input_ref("pruned", pruned_path, new_sha),
@@ -378,9 +378,11 @@ def _build(pruned_path, baseline_arg, data, scores_path, opts: ReportSettings, w
     if scores_path is not None:
         inputs.append(input_ref("scores", scores_path))
     if table is not None:
-        inputs.append(input_ref("latency", opts.latency, table[1]))  # hashed once, by read_table
+        inputs.append(input_ref("latency", table[0], table[2]))  # hashed once, by read_table
     if shipped is not None:
-        inputs.append(input_ref("shipped", opts.onnx or opts.gguf, shipped["sha256"]))
+        shipped_file = opts.onnx or opts.gguf
+        assert shipped_file is not None  # the shipped file is --onnx's or --gguf's
+        inputs.append(input_ref("shipped", shipped_file, shipped["sha256"]))
     config = {}
     for key in CONFIG_KEYS:  # engine_python is where this machine keeps llama.cpp, not what was compared
         value = getattr(opts, key)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from headprune_cli.artifacts.schema import read_artifact
+from headprune_cli.artifacts.schema import Envelope, read_artifact
 from headprune_cli.errors import UsageError
 from headprune_cli.model.latency_table import LatencyTable
 from headprune_cli.runtime.device import input_device, stored_dtype_name
@@ -43,7 +43,7 @@ def differences(artifact, here: dict) -> list[str]:
     return [f"{key} {table[key]} (table) vs {here[key]} (report)" for key in table if table[key] != here[key]]
 
 
-def read_table(path, baseline: nn.Module, base_sha: str) -> tuple:
+def read_table(path, baseline: nn.Module, base_sha: str) -> tuple[Envelope, str]:
     """(artifact, sha256) of the baseline's latency table, refused when it is another model's:
     checked before the report evaluates anything."""
 
@@ -103,10 +103,8 @@ def latency_section(
     return section
 
 
-def markdown_line(section: dict | None) -> str | None:
-    """One sentence for the Markdown summary."""
-    if not section:
-        return None
+def markdown_line(section: dict) -> str:
+    """One sentence for the Markdown summary (of a report that has `cost.latency`)."""
     if not section["comparable"]:
         return f"Latency table `{section['table']}` not compared: {section['reason']}."
     text = f"Latency table ({section['device']}): predicted speedup **{section['predicted_speedup']:.2f}x**"

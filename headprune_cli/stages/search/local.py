@@ -37,14 +37,16 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from headprune_cli.errors import UsageError
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.search.judged import WORST, Judged, as_judged
 from headprune_cli.stages.search.layer_rescore import rescored_start
 from headprune_cli.stages.search.space import Space, State, neighbours, search_space, selection_of, state_of
-from headprune_cli.stages.select.chains import Constraints, Selection
+from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.select.strategies import select
 
 PERTURB_TRIES = 20  # random perturbations tried for one not measured before, before the search gives up
@@ -71,7 +73,7 @@ class SearchResult:
         return self.best.loss
 
     def summary(self) -> dict:
-        record = {
+        record: dict[str, Any] = {
             "start_loss": self.start.loss,
             "best_loss": self.best.loss,
             **(
@@ -97,9 +99,15 @@ class _Tally:
         self.space, self.judge, self.limit, self.deadline, self.clock = space, judge, evaluations, deadline, clock
         self.on_evaluation = on_evaluation
         self.evaluations, self.improvements, self.restarts = 0, 0, 0
-        self.best, self.best_state = WORST, None
+        self.best = WORST
+        self.best_state: State | None = None  # set by the start, before the climb reads it
         self.path: list[float | None] = []
         self.seen: set = set()
+
+    def best_plan(self) -> State:
+        """The best state measured so far (the start is measured, or given, before anything asks)."""
+        assert self.best_state is not None
+        return self.best_state
 
     def spent(self) -> str | None:
         if self.evaluations >= self.limit:
@@ -160,7 +168,7 @@ def search(
     first = tally.best
     stopped = _iterated_climb(space, tally, random.Random(seed))
     return SearchResult(
-        selection_of(space, tally.best_state),
+        selection_of(space, tally.best_plan()),
         first,
         tally.best,
         tally.evaluations,
@@ -175,7 +183,7 @@ def search(
 def _iterated_climb(space: Space, tally: _Tally, rng: random.Random) -> str:
     """Climb to a local optimum, perturb the best plan, climb again, until the budget is spent
     (returns why it stopped)."""
-    current, value = tally.best_state, tally.best
+    current, value = tally.best_plan(), tally.best
     while not tally.spent():
         step = _better_neighbour(space, current, value, tally, rng)
         if step is not None:
@@ -183,7 +191,7 @@ def _iterated_climb(space: Space, tally: _Tally, rng: random.Random) -> str:
             continue
         if tally.spent():
             break
-        perturbed = _perturbed(space, tally.best_state, tally.seen, rng, strength=2 + tally.restarts % 3)
+        perturbed = _perturbed(space, tally.best_plan(), tally.seen, rng, strength=2 + tally.restarts % 3)
         if perturbed is None:
             return "exhausted"
         tally.restarts += 1

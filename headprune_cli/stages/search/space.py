@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 from headprune_cli.model.cost_table import predict
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select import ffn as ffn_select
 from headprune_cli.stages.select import joint
-from headprune_cli.stages.select.chains import Constraints, Selection, chain_of
+from headprune_cli.stages.select.chains import Chain, Selection, chain_of
 from headprune_cli.stages.select.ffn import NeuronChain
 
 State = tuple[tuple[int, ...], frozenset]  # (allowed-prefix index per chain, dropped layers)
@@ -48,7 +49,8 @@ def search_space(table, start: Selection | None, budget: Budget, c: Constraints)
     """The search space around `start` (None: a cost budget searched from no plan, heads and neurons on one scale)."""
     one_scale = start.strategy == "joint" if start is not None else bool(table.ffn)
     scored = (ffn_select.on_one_scale(table) if table.ffn else joint.on_one_scale(table)) if one_scale else table
-    chains = [chain_of(scored, layer, c) for layer in sorted(table.heads)]  # the chains the start was chosen on
+    # the chains the start was chosen on
+    chains: list[Chain | NeuronChain] = [chain_of(scored, layer, c) for layer in sorted(table.heads)]
     if table.ffn and budget.is_cost:  # --ratio keeps meaning heads; a cost budget searches FFN widths too
         chains += [
             ffn_select.neuron_chain(
@@ -59,21 +61,23 @@ def search_space(table, start: Selection | None, budget: Budget, c: Constraints)
         ]
     protected = {layer for layer, _ in c.protect}
     droppable = [layer for layer in sorted(table.heads) if layer not in protected]
+    # each `fits` reads `space` when called, after it is built below it
     if not budget.is_cost:  # --ratio: the same number of heads removed as the greedy plan
+        assert start is not None  # a --ratio search starts from the greedy plan (search.stage)
         removed = sum(len(v) for v in start.remove_heads.values())
-        space = Space(scored, chains, droppable, fits=None, layers_move=False)
 
         def fits(state: State) -> bool:
             return sum(len(v) for v in space.removal(state)[0].values()) == removed
+
+        space = Space(scored, chains, droppable, fits=fits, layers_move=False)
     else:  # the predicted cost within the budget
         before = predict(table.cost, table.kept())
-        space = Space(scored, chains, droppable, fits=None, layers_move=bool(droppable) and len(table.heads) > 1)
 
         def fits(state: State) -> bool:
             remove_heads, remove_layers, remove_ffn = space.removal(state)
             return budget.fits(predict(table.cost, table.kept(), remove_heads, remove_layers, remove_ffn), before)
 
-    space.fits = fits
+        space = Space(scored, chains, droppable, fits=fits, layers_move=bool(droppable) and len(table.heads) > 1)
     return space
 
 
@@ -97,7 +101,7 @@ def state_of(space: Space, selection: Selection) -> State:
 def neighbours(space: Space, state: State, rng: random.Random) -> list[State]:
     index, dropped = state
     kept = [pos for pos, ch in enumerate(space.chains) if ch.layer not in dropped]
-    moves = [
+    moves: list[State | None] = [
         (_shifted(index, a, b), dropped)
         for a in kept
         for b in kept

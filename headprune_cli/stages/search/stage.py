@@ -18,6 +18,7 @@ from headprune_cli.errors import DataError, UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import place
+from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.options import (
     BatchSize,
     BudgetOptions,
@@ -114,6 +115,13 @@ class SearchOptions(ChosenMethod, BudgetOptions, SeedOptions, TokenOptions, Devi
     output: Path | None = option(None, "Plan JSON to write (default: stdout).", "-o", "--output")
     force: bool = option(False, "Overwrite OUTPUT if it exists.")
 
+    def given_budget(self) -> Budget:
+        """The one budget given: a search needs one (check() refuses none)."""
+        budget = self.budget()
+        if budget is None:
+            raise UsageError("give exactly one of --ratio, --target-params, --target-flops")
+        return budget
+
     def evaluation_limit(self) -> int:
         if self.evaluations is not None:
             return self.evaluations
@@ -124,8 +132,7 @@ class SearchOptions(ChosenMethod, BudgetOptions, SeedOptions, TokenOptions, Devi
             raise UsageError(f"--compensate must be one of {', '.join(COMPENSATIONS)} (got {self.compensation!r})")
         if self.judge is not None and self.judge not in JUDGES:
             raise UsageError(f"--judge must be one of {', '.join(JUDGES)} (got {self.judge!r})")
-        if self.budget() is None:
-            raise UsageError("give exactly one of --ratio, --target-params, --target-flops")
+        self.given_budget()
         if self.layer_method is not None and not self.layers:
             raise UsageError("--layer-method needs --layers (it names how whole layers are scored)")
         if self.rescore_layers and self.ratio is not None:
@@ -257,9 +264,9 @@ def _check_reachable(model, opts: SearchOptions, max_length: int) -> None:
         cost=cost_table(model, max_length),
     )
     if opts.rescore_layers:
-        check_reachable(flat, opts.budget(), opts.constraints())
+        check_reachable(flat, opts.given_budget(), opts.constraints())
         return
-    select(flat, None, budget=opts.budget(), constraints=opts.constraints())
+    select(flat, None, budget=opts.given_budget(), constraints=opts.constraints())
 
 
 def _score(model, scoring, objective: str, opts: SearchOptions, max_length: int):
@@ -301,7 +308,7 @@ def _search(model, table, scoring, held_out, objective: str, by: str, opts: Sear
         return search(
             table,
             loss,
-            budget=opts.budget(),
+            budget=opts.given_budget(),
             constraints=opts.constraints(),
             evaluations=opts.evaluation_limit(),
             seconds=opts.seconds,
@@ -316,7 +323,7 @@ def _refit(model, scoring, opts: SearchOptions):
     from headprune_cli.data.readers import batches  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
     from headprune_cli.stages.search.refit import Refit  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
-    cuts_ffn = opts.ffn and opts.budget().is_cost  # --ratio searches heads only
+    cuts_ffn = opts.ffn and opts.given_budget().is_cost  # --ratio searches heads only
     return Refit(model, list(batches(scoring, opts.batch_size)), opts.compensation, opts.ridge, ffn=cuts_ffn)
 
 
@@ -324,7 +331,7 @@ def _plan(model, opts: SearchOptions, result, max_length: int, judge: str) -> di
     from headprune_cli.model.layout import info_of  # noqa: PLC0415 (keeps torch, transformers out of this module's import)
 
     info = info_of(model)
-    inputs = [input_ref("model", opts.checkpoint, info.loaded_from[1]), input_ref("data", opts.data)]
+    inputs = [input_ref("model", opts.checkpoint, info.source_sha), input_ref("data", opts.data)]
     config = {
         "strategy": "search",
         "ratio": opts.ratio,

@@ -6,45 +6,18 @@ its query heads' scores) or, with `gqa_unit="head"`, "rows" of one query head fr
 group (so that every remaining group keeps the same size). A layer always loses a
 prefix of its chain. The constraints (min heads, multiple-of, protected heads) decide
 which prefix lengths are allowed; a strategy only picks among the allowed ones, so
-every strategy respects every constraint by construction.
+every strategy respects every constraint by construction. The Constraints value itself is
+stages/constraints.py's (the shared option groups build it below the stage packages).
 """
 
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from headprune_cli.errors import NumericalError, UsageError, shorten
+from headprune_cli.errors import NumericalError, UsageError
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.table import ScoreTable
-
-
-@dataclass(frozen=True)
-class Constraints:
-    min_heads: int = 1
-    multiple_of: int = 1
-    protect: tuple[tuple[int, int], ...] = ()  # (original layer, original head)
-    drop_layers: int = 0
-    layer_threshold: float | None = None
-    gqa_unit: str = "group"  # group | head
-    uniform: bool = False  # every kept layer keeps the same number of heads and KV groups (and FFN width)
-    min_ffn: int | None = None  # FFN neurons every kept layer keeps at least (None: ffn_multiple_of)
-    ffn_multiple_of: int = 8  # kept FFN widths are multiples of this (GPU matrix tiles want multiples of 8)
-    uniform_heads: bool = False  # the same heads and KV groups in every kept layer, FFN widths free (vLLM)
-    runtime: str | None = None  # the engine the plan is chosen for (runtime.py), recorded
-    gguf_type: str | None = None  # with runtime llama.cpp: the GGUF type whose grid ffn_multiple_of keeps
-
-    def to_dict(self, ffn: bool = False) -> dict:
-        """As plans record them; the FFN keys only for plans that may cut FFN neurons, so
-        head-only plans keep the bytes they always had."""
-        out = asdict(self)
-        out["protect"] = [f"{layer}:{head}" for layer, head in self.protect]
-        if not ffn:
-            del out["min_ffn"], out["ffn_multiple_of"]
-        for key in ("uniform_heads", "runtime", "gguf_type"):  # recorded when set: plans keep their bytes
-            if not out[key]:
-                del out[key]
-        return out
 
 
 @dataclass
@@ -74,20 +47,6 @@ class Chain:
 
 
 # --- parsing helpers for the CLI ------------------------------------------------------
-def parse_protect(text: str | None) -> tuple[tuple[int, int], ...]:
-    """'0:3,2:1' -> ((0, 3), (2, 1))."""
-    if not text:
-        return ()
-    out = []
-    for item in text.split(","):
-        parts = item.strip().split(":")
-        # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
-        if len(parts) != 2 or not all(re.fullmatch(r"[0-9]{1,9}", p.strip()) for p in parts):
-            raise UsageError(f"--protect: {shorten(item.strip())} is not LAYER:HEAD (e.g. 0:3,2:1)")
-        out.append((int(parts[0]), int(parts[1])))
-    return tuple(sorted(set(out)))
-
-
 def parse_threshold(text: str) -> tuple[float | None, float | None]:
     """'0.01' -> (absolute 0.01, None); '25%' -> (None, percentile 25)."""
     try:

@@ -31,7 +31,7 @@ from headprune_cli.model.cost_table import predict
 from headprune_cli.stages.budget import SLACK, Budget, BudgetUnreachable
 from headprune_cli.stages.select import joint, runtime
 from headprune_cli.stages.select import uniform as uniform_levels
-from headprune_cli.stages.select.chains import Selection, chain_of, layers_to_drop
+from headprune_cli.stages.select.chains import Chain, Selection, chain_of, layers_to_drop
 
 
 @dataclass
@@ -80,7 +80,7 @@ def on_one_scale(table):
 class _Layer:
     """One layer's prices and losses at every allowed index of its two chains."""
 
-    heads: object  # chains.Chain
+    heads: Chain
     neurons: NeuronChain | None
     head_price: list[float]  # the layer's cost at each head index (full FFN)
     head_paid: list[float]
@@ -261,6 +261,7 @@ def select_ffn(table, strategy: str | None, budget: Budget, c):
     # are gone (counting them here cut 0.67 of the FLOPs for an 0.5 budget after one dropped layer).
     outside = predict(table.cost, table.kept(), {}, [*layers, *drop])[key]
     protected = {layer for layer, _ in c.protect}
+    dropped: list[int]
     if c.uniform:
         state, dropped = choose_uniform(scored, layers, outside, limit), []
     elif c.uniform_heads:  # vLLM: one head level, FFN widths per layer

@@ -14,6 +14,7 @@ points say fits.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, cast
 
 from headprune_cli.artifacts.schema import read_artifact
 from headprune_cli.errors import UsageError
@@ -21,6 +22,9 @@ from headprune_cli.model.cost_table import predict
 from headprune_cli.model.latency_table import LatencyTable, priced
 from headprune_cli.stages.budget import Budget, BudgetUnreachable, checked
 from headprune_cli.stages.select.plan import model_ref
+
+if TYPE_CHECKING:  # the artifact's type only: select runs without the profile stage's modules
+    from headprune_cli.stages.profile.latency_artifact import LatencyTableArtifact
 
 MAX_TIGHTENINGS = 8
 BISECTIONS = 12  # selections spent closing in on the target from below
@@ -156,7 +160,8 @@ def read_latency(path: str, scores, phase: str = "forward") -> tuple[LatencyTabl
 
     if phase not in ("forward", "decode"):
         raise UsageError(f"--latency-phase {phase!r}: expected forward or decode")
-    artifact, sha = read_artifact(path, ("latency",))
+    found, sha = read_artifact(path, ("latency",))
+    artifact = cast("LatencyTableArtifact", found)  # what kind "latency" validates as (artifacts' KINDS table)
     check_belongs(artifact, model_ref(scores).sha256, _scored_shape(scores), str(path))
     if phase not in artifact.phases:
         raise UsageError(

@@ -10,7 +10,8 @@ from pathlib import Path
 from headprune_cli.artifacts.schema import Envelope, Plan, envelope, ffn_fields, input_ref
 from headprune_cli.errors import ArtifactError, CheckpointError, PlanError
 from headprune_cli.files.io import check_regular, sha256_file
-from headprune_cli.stages.select.chains import Constraints, Selection
+from headprune_cli.stages.constraints import Constraints
+from headprune_cli.stages.select.chains import Selection
 
 
 def selection_of(plan: dict) -> Selection:
@@ -29,7 +30,7 @@ def make_plan(
     constraints: Constraints,
     scores,
     scores_path: str,
-    scores_sha: str,
+    scores_sha: str | None,  # None: hashed from scores_path
     config: dict,
     **extra,
 ) -> dict:

@@ -9,6 +9,10 @@ What each engine loads of a LLaMA-family cut (what its export writes; docs/servi
   widths are chosen per layer (choose_same_heads below).
 - llama.cpp: GGUF `deci`, per-layer query heads, KV heads and FFN widths: any plan.
 - onnxruntime: the ONNX graph states every layer's shapes: any plan.
+
+The names and the Constraints fields each sets (`check_runtime`, `shape_rules`) live in
+stages/constraints.py, where the shared option groups build the constraints; here is what
+needs the scores: whether the engine serves the scored model, and the vLLM chooser.
 """
 
 from __future__ import annotations
@@ -17,14 +21,6 @@ from headprune_cli.errors import UsageError
 from headprune_cli.stages.budget import SLACK
 from headprune_cli.stages.select import uniform as uniform_levels
 from headprune_cli.stages.select.plan import candidates, model_ref
-
-RUNTIMES = ("transformers", "vllm", "llama.cpp", "onnxruntime")
-
-
-def check_runtime(name: str | None) -> str | None:
-    if name is not None and name not in RUNTIMES:
-        raise UsageError(f"unknown --runtime {name!r}; available: {', '.join(RUNTIMES)}")
-    return name
 
 
 def check_serves(runtime: str | None, scores, source: str | None) -> None:
@@ -58,11 +54,6 @@ def _served_model_types(runtime: str) -> tuple[str, ...]:
     from headprune_cli.model.formats import gguf, vllm  # noqa: PLC0415 (the exports' own lists, loaded when asked)
 
     return vllm.FAMILIES if runtime == "vllm" else gguf.FAMILIES
-
-
-def shape_rules(runtime: str | None) -> dict[str, bool]:
-    """The Constraints fields a runtime sets: uniform (heads and FFN) or uniform_heads (heads only)."""
-    return {"uniform": runtime == "transformers", "uniform_heads": runtime == "vllm"}
 
 
 def choose_same_heads(table, layers: dict, outside: float, limit: float):

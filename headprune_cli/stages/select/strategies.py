@@ -20,12 +20,12 @@ from headprune_cli.errors import UsageError
 from headprune_cli.model.cost_table import predict
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.budget import SLACK, Budget, BudgetUnreachable, checked
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select import joint
 from headprune_cli.stages.select import uniform as uniform_levels
 from headprune_cli.stages.select.chains import (
     Chain,
-    Constraints,
     Selection,
     chain_of,
     check_table,
@@ -158,7 +158,7 @@ def select(
     if entry.rescore is not None:
         table = entry.rescore(table, 0 if seed is None else seed)
     if table.ffn and entry.amount == "target":  # a cost budget over heads, FFN neurons and layers
-        return select_ffn(table, strategy, budget, constraints)
+        return select_ffn(table, strategy, _target(budget), constraints)
     if strategy is None and entry.amount == "target" and _joint_by_default(table, constraints):
         chosen, entry = "joint", STRATEGIES["joint"]
     if entry.whole is not None:
@@ -169,10 +169,11 @@ def select(
     if entry.amount == "threshold":
         kwargs["value"] = threshold_value(table, chains, str(threshold))
     if entry.amount == "target":
-        kwargs["fits"] = _budget_check(table, chains, drop, budget)
+        kwargs["fits"] = _budget_check(table, chains, drop, _target(budget))
     if constraints.uniform or constraints.uniform_heads:  # heads alone: one level for every layer
         prefixes = uniform_levels.choose(entry.amount, table, chains, kwargs)
     else:
+        assert entry.prefixes is not None  # a strategy without `whole` (returned above) declares `prefixes`
         prefixes = entry.prefixes(chains, **kwargs)
     remove = {ch.layer: ch.heads_removed(prefixes[ch.layer]) for ch in chains}
     remove = {layer: heads for layer, heads in remove.items() if heads}
@@ -183,8 +184,14 @@ def select(
             "after": predict(table.cost, table.kept(), remove, drop),
         }
     if entry.amount == "target" and not kwargs["fits"](prefixes):
-        raise BudgetUnreachable(best=_share(selection, budget))
+        raise BudgetUnreachable(best=_share(selection, _target(budget)))
     return selection
+
+
+def _target(budget: Budget | None) -> Budget:
+    """The budget of a target strategy (_check_amount refuses one without it)."""
+    assert budget is not None
+    return budget
 
 
 def _joint_by_default(table: ScoreTable, c: Constraints) -> bool:
@@ -198,9 +205,10 @@ def select_joint(table: ScoreTable, budget: Budget, c: Constraints) -> Selection
     joint.check_scale(table)
     if c.drop_layers or c.layer_threshold is not None:
         raise UsageError("strategy 'joint' chooses the layers itself; leave out --drop-layers/--layer-threshold")
-    if table.cost is None:
+    cost = table.cost  # on_one_scale below keeps it
+    if cost is None:
         raise UsageError("a --target-params/--target-flops budget needs the cost table in the scores")
-    before = predict(table.cost, table.kept())
+    before = predict(cost, table.kept())
     table = joint.on_one_scale(table)
     chains = [chain_of(table, layer, c) for layer in sorted(table.heads)]
     protected = {layer for layer, _ in c.protect}
@@ -208,7 +216,7 @@ def select_joint(table: ScoreTable, budget: Budget, c: Constraints) -> Selection
     state, drop = joint.choose(table, chains, droppable, budget.cost_key, budget.limit(before) * SLACK)
     remove = {ch.layer: ch.heads_removed(ch.allowed[state[ch.layer]]) for ch in chains if ch.layer not in drop}
     selection = Selection("joint", {k: v for k, v in remove.items() if v}, drop)
-    selection.predicted = {"before": before, "after": predict(table.cost, table.kept(), remove, drop)}
+    selection.predicted = {"before": before, "after": predict(cost, table.kept(), remove, drop)}
     if not budget.fits(selection.predicted["after"], before):
         raise BudgetUnreachable(best=_share(selection, budget))
     return selection
@@ -232,6 +240,7 @@ def _check_amount(strategy: str, budget: Budget | None, threshold) -> None:
 def threshold_value(table: ScoreTable, chains: list[Chain], text: str) -> float:
     value, percentile = parse_threshold(text)
     if percentile is None:
+        assert value is not None  # parse_threshold gives exactly one of the two
         return value
     scores = sorted(s for ch in chains for s in table.heads[ch.layer].values())
     pos = percentile / 100 * (len(scores) - 1)

@@ -1,2 +1,2 @@
-"""`sweep`: the quality curve. stage.py (options, run), ratios.py (head ratios), budgets.py
-(FLOPs budgets per route)."""
+"""`sweep`: the quality curve. stage.py (options, run), loop.py (one loop over head-ratio or
+FLOPs budgets), views.py (sweep.md and the curves), sweep_artifact.py (the artifact)."""

@@ -1,6 +1,6 @@
 """What a sweep runs: the methods and head ratios, or the FLOPs budgets and routes, and how
 each point is cut and judged. The `sweep` stage's options are these plus its files
-(stage.py); `run_sweep` and `run_budget_sweep` receive the options object itself. No torch here.
+(stage.py); `run_sweep` (loop.py) receives the options object itself. No torch here.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from headprune_cli.stages.options import BatchSize, Names, Samples, Schedule, Se
 from headprune_cli.stages.unit import option
 
 DEFAULT_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
-ROUTE_NAMES = ("heads", "heads+ffn", "heads+ffn+layers")  # budgets.ROUTES says what each may remove
+ROUTE_NAMES = ("heads", "heads+ffn", "heads+ffn+layers")  # loop.ROUTES says what each may remove
 # The artifact's `config`, in the order sweeps have always recorded it (so that its bytes stay);
 # `targets` is --target-flops. A ratio sweep records no budget keys, a budget sweep no ratios.
 CONFIG_KEYS = (

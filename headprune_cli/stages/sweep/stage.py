@@ -1,4 +1,5 @@
-"""The `sweep` stage: quality against heads removed, per method, without finetuning (stages/sweep.py)."""
+"""The `sweep` stage: quality against heads removed (per method) or FLOPs kept (per route), without
+finetuning; the loop is loop.py, what a person reads views.py."""
 
 from __future__ import annotations
 
@@ -12,14 +13,8 @@ from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import place
 from headprune_cli.stages.options import DeviceOptions
 from headprune_cli.stages.report import render
-from headprune_cli.stages.sweep import budgets as sweep_budget
-from headprune_cli.stages.sweep.budgets import check_routes, run_budget_sweep
-from headprune_cli.stages.sweep.ratios import (
-    check_options,
-    curves,
-    markdown,
-    run_sweep,
-)
+from headprune_cli.stages.sweep import views
+from headprune_cli.stages.sweep.loop import check_options, check_routes, run_sweep
 from headprune_cli.stages.sweep.settings import SweepSettings
 from headprune_cli.stages.unit import Context, Result, Stage, option
 
@@ -50,8 +45,7 @@ def run(opts: SweepOptions, ctx: Context) -> Result:
     place(model, opts.device, opts.dtype)
     calib = read_data(opts.data, model, max_length=opts.max_length, samples=opts.samples)
     evaluation = read_data(opts.eval_data, model, max_length=opts.max_length)
-    sweep = run_budget_sweep if opts.target_flops is not None else run_sweep
-    payload = sweep(model, calib, evaluation, opts, progress=lambda m: ctx.print(f"[dim]{m}[/]", highlight=False))
+    payload = run_sweep(model, calib, evaluation, opts, progress=lambda m: ctx.print(f"[dim]{m}[/]", highlight=False))
     artifact = _artifact(model, opts, payload)
     if opts.output is None:
         write_artifact(artifact, None)
@@ -68,17 +62,16 @@ def _write_views(payload: dict, outputs: dict, max_drop: float) -> None:
 
     main = payload["main_metric"]
     line = _budget_line(main, max_drop)
-    if payload.get("budget"):
-        render.write_text(outputs["md"], sweep_budget.markdown(payload))
-        render.budget_curves_png(sweep_budget.curves(payload), main["name"], outputs["png"], line)
+    render.write_text(outputs["md"], views.markdown(payload))
+    if views.is_flops_sweep(payload):
+        render.budget_curves_png(views.flops_curves(payload), main["name"], outputs["png"], line)
     else:
-        render.write_text(outputs["md"], markdown(payload))
-        render.curve_png(curves(payload), main["name"], outputs["png"], line)
+        render.curve_png(views.ratio_curves(payload), main["name"], outputs["png"], line)
 
 
 def _tell(payload: dict, ctx: Context) -> None:
-    if payload.get("budget"):
-        for route, best in payload["budget"]["best"].items():
+    if views.is_flops_sweep(payload):
+        for route, best in payload["best"].items():
             ctx.print(
                 f"{route}: "
                 + (

@@ -1,6 +1,11 @@
 """The `sweep` artifact: per method and ratio (or per route and FLOPs target), the pruned
 model's quality and cost against the baseline, and the best row within the budget.
 
+`rows` and `best` hold the points of either kind: SweepRow / SweepBest (head ratios, best per
+method) or BudgetRow / BudgetBest (FLOPs targets, best per route; `budget` then names the
+routes). Budget sweeps written before the one sweep loop kept their rows and best inside
+`budget` and left `rows` and `best` empty; they still read.
+
 Listed in artifacts.schema's table of kinds, so `read_artifact(path, ("sweep",))` validates
 it. Its metric rows are the report's (report_artifact.Metric); fields are only ever added,
 as the report's are.
@@ -66,8 +71,9 @@ class BudgetRow(BudgetBest):
 
 class BudgetSweep(Strict):
     routes: list[str]
-    rows: list[BudgetRow]
-    best: dict[str, BudgetBest | None]  # route -> fewest FLOPs kept within the budget
+    # Where budget sweeps kept their points before `rows` and `best` held them: read, not written.
+    rows: list[BudgetRow] | None = None
+    best: dict[str, BudgetBest | None] | None = None
 
 
 class Sweep(Envelope):
@@ -78,6 +84,7 @@ class Sweep(Envelope):
     baseline_metrics: list[Metric]
     total_heads: int
     max_drop: float
-    rows: list[SweepRow]
-    best: dict[str, SweepBest | None]  # method -> largest ratio within the budget
-    budget: BudgetSweep | None = None  # `sweep --target-flops`: rows per route instead
+    rows: list[SweepRow] | list[BudgetRow]
+    # method -> largest ratio within the budget, or (a FLOPs sweep) route -> fewest FLOPs kept within it
+    best: dict[str, SweepBest | None] | dict[str, BudgetBest | None]
+    budget: BudgetSweep | None = None  # `sweep --target-flops`: the routes

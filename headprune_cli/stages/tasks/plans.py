@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 from headprune_cli.model.cost_table import predict
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.table import ScoreTable
-from headprune_cli.stages.select.chains import Constraints, Selection
+from headprune_cli.stages.select.chains import Selection
+from headprune_cli.stages.select.choosing import SelectionOptions, plan_from_scores
 from headprune_cli.stages.select.plan import make_plan
-from headprune_cli.stages.select.stage import SelectionOptions, plan_from_scores
 from headprune_cli.stages.select.strategies import select as choose
 from headprune_cli.stages.tasks.compare import check_same_units, shared_table
 from headprune_cli.stages.tasks.scoring import TaskScores

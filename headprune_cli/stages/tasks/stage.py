@@ -18,7 +18,7 @@ from headprune_cli.files.outputs import check_folder, check_output
 from headprune_cli.files.staged import stage_folder
 from headprune_cli.stages.options import BatchSize, DeviceOptions, Samples, TokenOptions
 from headprune_cli.stages.score.importance.registry import check_ffn, head_method
-from headprune_cli.stages.select.stage import SelectionOptions
+from headprune_cli.stages.select.choosing import SelectionOptions
 from headprune_cli.stages.tasks.spec import TaskSpec, input_paths, parse_tasks, spelled
 from headprune_cli.stages.unit import Context, Result, Stage, option
 

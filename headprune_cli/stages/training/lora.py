@@ -18,7 +18,6 @@ for engines that serve adapters; it applies to the input checkpoint.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,23 +28,7 @@ from headprune_cli.files.outputs import check_folder, check_parent
 from headprune_cli.files.staged import stage_folder
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.arch.base import is_conv1d
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    rank: int = 8
-    alpha: float | None = None  # None: 2 x rank (the scale alpha / rank is then 2)
-    dropout: float = 0.0
-    targets: tuple[str, ...] | None = None  # None: every block's attention and FFN projections
-
-    @property
-    def scale_alpha(self) -> float:
-        return float(self.alpha) if self.alpha is not None else 2.0 * self.rank
-
-    def fingerprint(self) -> dict:
-        """What a resumed run must share with the saved one."""
-        return {"rank": self.rank, "alpha": self.scale_alpha, "dropout": self.dropout, "targets": self.targets}
-
+from headprune_cli.stages.options import LoraSpec
 
 # LoRA's default rate, as a multiple of full training's default (train.default_lr): of 1x, 10x and
 # 30x, 10x recovered the most on both Debian classifiers after the same cut (BENCHMARKS.md §27).

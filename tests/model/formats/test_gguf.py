@@ -14,6 +14,7 @@ import transformers as T
 
 import headprune_cli
 from headprune_cli.errors import PlanError, UsageError
+from headprune_cli.model.formats.gguf import _check_rope, _rope, rope_freqs
 from tests.support.gguf_models import (
     NON_UNIFORM,
     NON_UNIFORM_GRID,
@@ -297,3 +298,84 @@ def test_tied_embeddings_are_one_token_embd_tensor(tmp_path, cli):
     state = headprune_cli.load(source).state_dict()
     assert "output.weight" not in found  # llama.cpp reuses token_embd for the output
     assert np.array_equal(np.asarray(found["token_embd.weight"].data), state["model.embed_tokens.weight"].numpy())
+
+
+def test_llama3_rope_reads_each_of_its_settings(tmp_path, cli):
+    """ROPES' llama3 case has the factors llama.cpp's converter assumes when a field is absent
+    (8, 1, 4); here every field differs from those, so a setting read under the wrong name, or
+    not read, gives other frequencies than transformers' own for this config."""
+    params = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 16.0,
+        "low_freq_factor": 2.0,
+        "high_freq_factor": 8.0,
+        "original_max_position_embeddings": 64,  # wavelengths 6.3 kept, 19.9 smoothed, 62.8 on divided
+    }
+    model = tiny_llama(rope_parameters=dict(params), rope_theta=params["rope_theta"])
+    reference = model.model.rotary_emb.inv_freq.double().numpy()
+    source = write_checkpoint(tmp_path / "r.safetensors", UNIFORM, model)
+    out = tmp_path / "r.gguf"
+    assert cli("export", source, "--gguf", out).code == 0
+    reader = gguf.GGUFReader(out)
+    meta, found = fields(reader), tensors(reader)
+    factors = np.asarray(found["rope_freqs.weight"].data)
+    assert factors[0] == 1.0 and factors[-1] == 16.0 and 1.0 < factors[1] < 16.0  # all three branches
+    np.testing.assert_allclose(gguf_inv_freq(meta, found, "llama"), reference, rtol=1e-5)
+
+
+def test_rope_scaling_of_an_older_config_is_read_like_rope_parameters():
+    """Checkpoints written by transformers 4 state RoPE as `rope_theta` + `rope_scaling` (with
+    `type` in the oldest): the same frequencies as v5's `rope_parameters`."""
+    v5 = {
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 500.0,
+            "factor": 16.0,
+            "low_freq_factor": 2.0,
+            "high_freq_factor": 8.0,
+            "original_max_position_embeddings": 64,
+        }
+    }
+    scaling = {k: v for k, v in v5["rope_parameters"].items() if k != "rope_theta"}
+    older = {"rope_theta": 500.0, "rope_scaling": scaling}
+    oldest = {
+        "rope_theta": 500.0,
+        "rope_scaling": {"type": "llama3", **{k: v for k, v in scaling.items() if k != "rope_type"}},
+    }
+    want = rope_freqs(v5, 16)
+    for config in (older, oldest):
+        np.testing.assert_array_equal(rope_freqs(config, 16), want)
+    # no base anywhere: transformers' own default base
+    unstated = rope_freqs({"rope_scaling": scaling}, 16)
+    np.testing.assert_array_equal(
+        unstated, rope_freqs({**older, "rope_theta": T.LlamaConfig().rope_parameters["rope_theta"]}, 16)
+    )
+    assert not np.array_equal(unstated, want)
+    assert rope_freqs({"rope_theta": 500.0}, 16) is None  # no scaling: plain RoPE, no factors
+    assert rope_freqs({"rope_scaling": {"type": "linear", "factor": 2.0}}, 16) is None
+
+
+def test_refuses_a_rope_type_it_cannot_state(tmp_path, cli):
+    params = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    model = tiny_llama(rope_parameters=params, rope_theta=10000.0)
+    source = write_checkpoint(tmp_path / "d.safetensors", UNIFORM, model)
+    result = cli("export", source, "--gguf", tmp_path / "x.gguf")
+    assert_refused(result, 1, "--gguf writes RoPE types default, linear, llama3; this model uses 'dynamic'")
+    assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"rope_theta": 500.0},
+        {"rope_theta": 500.0, "rope_scaling": {"type": "linear", "factor": 2.0}},
+        {"rope_theta": 500.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0}},
+    ],
+    ids=["theta-only", "scaling-type", "scaling-rope-type", "v5"],
+)
+def test_rope_settings_of_any_config_vintage_are_transformers_own(config):
+    """The RoPE settings read from a config equal those transformers standardises it to."""
+    assert _rope(config) == T.LlamaConfig(**config).rope_parameters
+    _check_rope(config)  # each of these types is written

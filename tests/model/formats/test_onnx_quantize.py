@@ -11,6 +11,7 @@ rows) 4.7% and 0.9991. Asserted with headroom: dynamic 5% / 0.995, static 10% / 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import onnx
@@ -18,7 +19,16 @@ import pytest
 
 from headprune_cli import load, save
 from headprune_cli.data.readers import read_data
-from headprune_cli.model.formats.onnx_quantize import QUANTIZATION_KEY, SOURCE_KEY, export_quantized, read_stamp
+from headprune_cli.errors import DataError, UsageError
+from headprune_cli.model.formats.onnx_quantize import (
+    CALIBRATION_BATCH,
+    QUANTIZATION_KEY,
+    SOURCE_KEY,
+    _CalibrationReader,
+    check_quantization,
+    export_quantized,
+    read_stamp,
+)
 from tests.support import TINY, model_inputs, model_output, pruned, run_without_headprune, tensor_data
 
 BOUND = {"int8-dynamic": (0.05, 0.995), "int8-static": (0.10, 0.995)}  # (max |diff| / max |fp32|, min row cosine)
@@ -118,3 +128,36 @@ def test_static_is_qdq_with_calibrated_ranges_and_dynamic_quantizes_at_run_time(
     for node in weight_matmuls:  # both sides of every weight MatMul pass through int8
         assert produced[node.input[0]].op_type == "DequantizeLinear"
     assert read_stamp(quantized["bert", "int8-static"][1])[QUANTIZATION_KEY] == "int8-static"
+
+
+def test_option_combinations_are_refused_before_anything_loads(tmp_path):
+    onnx_file, calib = tmp_path / "m.onnx", tmp_path / "calib.txt"
+    for fine in ((None, None, None), (None, onnx_file, None), ("int8-dynamic", onnx_file, None)):
+        check_quantization(*fine)
+    check_quantization("int8-static", onnx_file, calib)
+    refused = [
+        ((None, onnx_file, calib), "--calib-data goes with --quantize int8-static"),
+        (("int8-dinamic", onnx_file, None), "unknown --quantize 'int8-dinamic' (did you mean 'int8-dynamic'? "),
+        (("int8-dynamic", None, None), "--quantize goes with --onnx FILE (it quantizes the ONNX graph"),
+        (("int8-static", None, calib), "--quantize goes with --onnx FILE"),
+        (("int8-static", onnx_file, None), "--quantize int8-static needs --calib-data FILE (text the model"),
+        (("int8-dynamic", onnx_file, calib), "--calib-data goes with --quantize int8-static (int8-dynamic needs no"),
+    ]
+    for args, message in refused:
+        with pytest.raises(UsageError, match="^" + re.escape(message)):
+            check_quantization(*args)
+
+
+def test_calibration_data_without_rows_or_without_the_graphs_inputs_is_refused(tmp_path):
+    model = pruned("bert")
+    calib = read_data(tensor_data(tmp_path), model, max_length=16, need_labels=False)
+    reader = _CalibrationReader(calib, ["input_ids", "attention_mask"])
+    batches = list(iter(reader.get_next, None))
+    assert reader.rows == len(calib) and sum(len(b["input_ids"]) for b in batches) == len(calib)
+    assert all(len(b["input_ids"]) <= CALIBRATION_BATCH for b in batches) and len(batches[0]["input_ids"]) == 8
+    with pytest.raises(
+        DataError, match="^" + re.escape("--calib-data does not match the model: the graph takes pixels,")
+    ):
+        _CalibrationReader(calib, ["input_ids", "pixels"])
+    with pytest.raises(DataError, match="^--calib-data has no rows"):
+        _CalibrationReader(None, ["input_ids"])

@@ -160,3 +160,27 @@ def test_config_json_gives_transformers_rope_of_each_type(kind, tmp_path, cli):
     rebuilt = T.LlamaConfig(**shape, **{key: written[key] for key in rope_keys if key in written})
     rotary = T.models.llama.modeling_llama.LlamaRotaryEmbedding(rebuilt)
     torch.testing.assert_close(rotary.inv_freq, reference, rtol=1e-6, atol=0)
+
+
+def test_config_json_carries_the_sources_model_settings(tmp_path, cli):
+    """What DeciLM reads besides the blocks (activation, context, norm epsilon, special tokens,
+    biases, dtype) equals the source model's own config, each set away from transformers' default."""
+    settings = {
+        "max_position_embeddings": 300,
+        "rms_norm_eps": 2e-5,
+        "bos_token_id": 3,
+        "eos_token_id": 4,
+        "pad_token_id": 5,
+        "hidden_act": "gelu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "dtype": "float32",
+    }
+    model = tiny_llama32(**settings)
+    source = model.config.to_dict()
+    path = write_checkpoint(tmp_path / "s.safetensors", NAS, model)
+    assert cli("export", path, "--vllm", tmp_path / "out").code == 0
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    for key in (*settings, "vocab_size", "hidden_size", "tie_word_embeddings"):
+        assert written[key] == source[key], key
+    assert "qkv_bias" not in written  # a LLaMA's q/k/v have no bias

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,8 +12,18 @@ import torch
 from safetensors.torch import load_file
 
 from headprune_cli import load, save
+from headprune_cli.errors import UsageError
+from headprune_cli.files.outputs import MARKER, MARKER_TEXT, is_claimed, own_claims
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.stages.training.lora import LoraSpec, attach, merge, projections, resolve_targets
+from headprune_cli.stages.options import LoraSpec
+from headprune_cli.stages.training.lora import (
+    attach,
+    check,
+    check_adapter_folder,
+    merge,
+    projections,
+    resolve_targets,
+)
 from headprune_cli.stages.training.train import FinetuneConfig, finetune
 from tests.support import TINY
 from tests.support.training import tensor_set
@@ -211,3 +223,116 @@ def test_cli_lora_alpha_reaches_the_kept_adapter(cli, tmp_path):
         assert res.code == 0, res.err
         config = json.loads((folder / "adapter_config.json").read_text())
         assert (config["r"], config["lora_alpha"]) == (4, expected)
+
+
+def test_check_bounds_dropout_alpha_and_rank_at_their_edges():
+    """[0, 1) for dropout, alpha > 0, 1 <= rank <= the narrowest targeted projection's width
+    (its k_proj, 8 wide, on the tiny GQA LLaMA): each edge accepted, one step past it refused."""
+    model = TINY["llama-gqa"]()
+    for ok in (LoraSpec(dropout=0.0), LoraSpec(dropout=0.99), LoraSpec(alpha=0.5), LoraSpec(rank=1), LoraSpec(rank=8)):
+        assert check(model, ok)
+    narrowest = "(the narrowest targeted projection, model.layers.0.self_attn"
+    bad = [
+        (LoraSpec(dropout=1.0), "--lora-dropout 1.0 is outside [0, 1)"),
+        (LoraSpec(dropout=-0.1), "--lora-dropout -0.1 is outside [0, 1)"),
+        (LoraSpec(alpha=0.0), "--lora-alpha must be positive (got 0.0)"),
+        (LoraSpec(alpha=-2.0), "--lora-alpha must be positive (got -2.0)"),
+        (LoraSpec(rank=9), f"--lora-rank 9 is outside 1..8 {narrowest}.k_proj, is 8 wide)"),
+        (LoraSpec(rank=0), "--lora-rank 0 is outside 1..8"),
+        (LoraSpec(rank=33, targets=("q_proj",)), f"--lora-rank 33 is outside 1..32 {narrowest}.q_proj, is 32 wide)"),
+    ]
+    for spec, message in bad:
+        with pytest.raises(UsageError, match=re.escape(message)):
+            check(model, spec)
+
+
+def test_unmatched_targets_are_named_with_the_projections_a_block_has():
+    with pytest.raises(UsageError) as refused:
+        resolve_targets(TINY["llama-gqa"](), ("q_proj", "nope", "mlp.up_proj", "also_not"))
+    assert str(refused.value).startswith("--lora-targets nope,also_not matches none")
+    listed = str(refused.value).split("(available: ", 1)[1].rstrip(")").split(", ")
+    # Each block's seven projections, once each, in the model's order (not 21 full names).
+    assert listed == [
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    ]
+
+
+def test_a_resumed_run_must_share_every_lora_setting():
+    """The fingerprint changes with each setting that changes training, and not with how the same
+    scale was written (no --lora-alpha is 2 x rank)."""
+    base = LoraSpec(rank=4, alpha=None, dropout=0.1, targets=("q_proj",))
+    assert base.fingerprint() == LoraSpec(rank=4, alpha=8.0, dropout=0.1, targets=("q_proj",)).fingerprint()
+    for changed in (
+        LoraSpec(rank=2, alpha=8.0, dropout=0.1, targets=("q_proj",)),
+        LoraSpec(rank=4, alpha=4.0, dropout=0.1, targets=("q_proj",)),
+        LoraSpec(rank=4, alpha=None, dropout=0.0, targets=("q_proj",)),
+        LoraSpec(rank=4, alpha=None, dropout=0.1, targets=None),
+    ):
+        assert changed.fingerprint() != base.fingerprint(), changed
+
+
+def test_the_merged_model_trains_every_parameter_again():
+    """peft froze the dense weights; the merged model is an ordinary one, as a later stage trains it."""
+    model = _pruned("llama-gqa")
+    adapted = attach(model, LoraSpec(rank=2), seed=0)
+    assert not all(p.requires_grad for p in model.parameters())
+    merged = merge(adapted)
+    assert list(merged.parameters()) and all(p.requires_grad for p in merged.parameters())
+
+
+def test_keep_adapter_folder_refusals_name_the_option(tmp_path):
+    source = tmp_path / "in.safetensors"
+    source.write_bytes(b"x")
+    with own_claims():
+        new = tmp_path / "new"
+        assert check_adapter_folder(new, False, [source]) == new and is_claimed(new)  # claimed until written
+        assert check_adapter_folder(tmp_path / "forced", True, [source]) == tmp_path / "forced"
+        assert not is_claimed(tmp_path / "forced")  # --force replaces whatever is there at the end
+        ours = tmp_path / "ours"
+        ours.mkdir()
+        (ours / MARKER).write_text(MARKER_TEXT)
+        assert check_adapter_folder(ours, True, [source]) == ours
+        with pytest.raises(UsageError, match=re.escape(f"{ours} exists; pass --force to overwrite it")):
+            check_adapter_folder(ours, False, [source])
+        mine = tmp_path / "mine"
+        mine.mkdir()
+        (mine / "notes.txt").write_text("mine\n")
+        with pytest.raises(UsageError, match=re.escape(f"--keep-adapter folder {mine} holds files headprune")):
+            check_adapter_folder(mine, True, [source])
+        with pytest.raises(UsageError, match="is also an input"):
+            check_adapter_folder(source, True, [source])
+
+
+def test_without_peft_attach_is_a_one_line_refusal_naming_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # what `import peft` meets where it is not installed
+    with pytest.raises(UsageError, match="^" + re.escape("--lora needs peft: pip install 'headprune[lora]'")):
+        attach(TINY["llama-gqa"](), LoraSpec(rank=2), seed=0)
+
+
+@pytest.mark.parametrize("targets", [None, ("q_proj", "mlp.down_proj")])
+def test_attach_wraps_exactly_the_targeted_projections_with_the_specs_dropout(targets):
+    model = TINY["llama-gqa"]()
+    wanted = set(resolve_targets(model, targets))
+    attach(model, LoraSpec(rank=2, dropout=0.25, targets=targets), seed=0)
+    wrapped = {n.removeprefix("base_model.model."): m for n, m in model.named_modules() if hasattr(m, "lora_A")}
+    assert set(wrapped) == wanted and len(wanted) == (21 if targets is None else 6)
+    for module in wrapped.values():
+        dropout = module.lora_dropout["default"]
+        assert isinstance(dropout, torch.nn.Dropout) and dropout.p == 0.25
+
+
+def test_a_projection_cut_to_one_neuron_is_still_adapted():
+    model = TINY["llama-gqa"]()
+    apply_plan(model, {}, [], {1: list(range(47))})  # layer 1 keeps 1 of its 48 FFN neurons
+    chosen = resolve_targets(model, ("mlp.up_proj", "mlp.down_proj"))
+    assert sorted(chosen) == [f"model.layers.{i}.mlp.{p}" for i in range(3) for p in ("down_proj", "up_proj")]
+    assert chosen["model.layers.1.mlp.up_proj"].weight.shape == (1, 32)
+    assert check(model, LoraSpec(rank=1, targets=("mlp.up_proj",)))  # width 1 bounds the rank at 1
+    with pytest.raises(UsageError, match=re.escape("--lora-rank 2 is outside 1..1")):
+        check(model, LoraSpec(rank=2, targets=("mlp.up_proj",)))

@@ -127,7 +127,7 @@ def _flops(model) -> float:
 
 
 def test_flops_rounds_rescore_neurons_and_cut_them_with_the_heads():
-    from headprune_cli.stages.select.chains import Constraints
+    from headprune_cli.stages.constraints import Constraints
 
     model = TINY["reference"]()  # 11 heads, 3 x 48 FFN neurons
     start = _flops(model)

@@ -10,12 +10,14 @@ import torch
 from headprune_cli.data.readers import Dataset, batches
 from headprune_cli.errors import UsageError
 from headprune_cli.model.cost import flops_per_token
+from headprune_cli.model.layout import info_of
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.iterate import rounds
 from headprune_cli.stages.iterate.rounds import _union, iterative_prune
 from headprune_cli.stages.iterate.schedule import schedule_of
 from headprune_cli.stages.objectives import evaluate
 from headprune_cli.stages.prune.cut import Compensation, cut
-from headprune_cli.stages.select.chains import Constraints, Selection
+from headprune_cli.stages.select.chains import Selection
 from tests.stages.iterate.support import dataset, write_task
 from tests.support import TINY
 
@@ -72,6 +74,35 @@ def _round_selection(r) -> Selection:
 
 def _first_round_model(model, compensation):
     return _iterate(model, compensation, targets=(0.8,)).model
+
+
+@pytest.mark.parametrize("failing", [None, 1, 2])
+def test_rounds_from_the_file_give_the_in_memory_rounds_bytes(tmp_path, monkeypatch, failing):
+    """source + work: one model held at a time, the same rounds and the same saved file,
+    also when round `failing` is refused (the last accepted model, or the input, comes back)."""
+    from headprune_cli import load, save
+
+    calls = []
+
+    def accept_until_failing(*args):
+        calls.append(args)
+        return len(calls) != failing  # round `failing` refused (calls are cleared between the runs)
+
+    monkeypatch.setattr(rounds, "_acceptable", lambda *args: accept_until_failing(*args))
+    save(TINY["reference"](), tmp_path / "m.safetensors")
+    compensation = _lstsq(dataset(32, 2))
+    in_memory = _iterate(load(tmp_path / "m.safetensors"), compensation)
+    calls.clear()
+    (tmp_path / "work").mkdir()
+    source = dict(source=tmp_path / "m.safetensors", work=tmp_path / "work")
+    spilled = _iterate(load(tmp_path / "m.safetensors"), compensation, **source)
+    assert spilled.rounds == in_memory.rounds and len(in_memory.rounds) == (failing or 2)
+    save(in_memory.model, tmp_path / "a.safetensors")
+    save(spilled.model, tmp_path / "b.safetensors")
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+    assert info_of(spilled.model).layout == info_of(in_memory.model).layout
+    kept = sum(len(h) for h in info_of(in_memory.model).layout.heads)
+    assert kept < 11 if failing != 1 else kept == 11  # a cut model, or the input when round one failed
 
 
 def test_lstsq_rounds_report_the_plain_cuts_metric_then_the_refits():

@@ -11,9 +11,9 @@ import torch
 
 from headprune_cli.model.surgery import HeadGates, removal_gates
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.learn.gates import FarFromTarget, LearnedGates
 from headprune_cli.stages.learn.learn import close_gates, make_gates
-from headprune_cli.stages.select.chains import Constraints
 from headprune_cli.stages.training.hidden import captured, hidden_loss, pairs
 from tests.support import TINY, assert_refused, model_inputs, saved_root, snapshot
 

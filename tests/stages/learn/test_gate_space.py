@@ -10,9 +10,10 @@ import torch
 from headprune_cli.model.cost_table import predict
 from headprune_cli.model.surgery import LayerGates, skip_layers
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.learn.gate_space import GateSpace
 from headprune_cli.stages.learn.learn import make_gates
-from headprune_cli.stages.select.chains import Constraints, Selection
+from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.training.gating import applied
 from tests.support import TINY, model_inputs, model_output
 

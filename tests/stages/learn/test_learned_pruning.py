@@ -89,9 +89,9 @@ def test_learned_gates_reach_the_ratio_and_close_as_select_would(cli, tmp_path, 
 
 def test_the_output_loads_and_equals_the_in_memory_gated_then_cut_model(tmp_path):
     from headprune_cli.model.surgery import HeadGates, apply_plan, removal_gates
+    from headprune_cli.stages.constraints import Constraints
     from headprune_cli.stages.learn import stage
     from headprune_cli.stages.learn.learn import close_gates, make_gates
-    from headprune_cli.stages.select.chains import Constraints
     from headprune_cli.stages.training.train import FinetuneConfig, finetune
     from headprune_cli.stages.unit import Context
 
@@ -268,7 +268,7 @@ def test_bad_input_is_refused_and_nothing_is_written(cli, tmp_path):
 
 
 def test_the_closing_keeps_the_constraints_select_keeps(cli, tmp_path):
-    from headprune_cli.stages.select.chains import Constraints
+    from headprune_cli.stages.constraints import Constraints
 
     ckpt, data = root(tmp_path, "reference")
     out, gates = tmp_path / "small.safetensors", tmp_path / "gates.json"

@@ -13,7 +13,7 @@ from headprune_cli.model.ffn import removal_ffn_gates
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, NeuronGates, apply_plan, removal_gates, skip_layers
 from headprune_cli.stages.prune.compensation import compensate
-from tests.support import TINY, VOCAB, model_inputs, model_output
+from tests.support import TINY, VOCAB, count_computed, model_inputs, model_output
 
 FAMILIES = ("reference", "bert", "distilbert", "gpt2", "llama-gqa", "vit")
 # Heads every family accepts (llama-gqa has 8 query heads in 2 KV groups: remove whole groups).
@@ -284,7 +284,7 @@ def test_heads_and_ffn_of_every_layer_take_one_pass_over_the_depth(layers):
     data = calibration("llama", n_batches=2)
     counts = {"block": 0, "model": 0}
     blocks = adapter_for(model).layer_list(model)
-    hooks = [b.register_forward_hook(lambda *_: counts.__setitem__("block", counts["block"] + 1)) for b in blocks]
+    hooks = [b.register_forward_hook(lambda m, *_: count_computed(counts, m)) for b in blocks]
     hooks.append(model.register_forward_pre_hook(lambda *_: counts.__setitem__("model", counts["model"] + 1)))
     result = compensate(
         model, {l: [1] for l in range(layers)}, [], data, remove_ffn={l: [0, 5, 7] for l in range(layers)}
@@ -292,10 +292,10 @@ def test_heads_and_ffn_of_every_layer_take_one_pass_over_the_depth(layers):
     for h in hooks:
         h.remove()
     assert result.layers == result.ffn_layers == list(range(layers))
-    # Completed block forwards per batch: the recording forward up to the last block, then per
-    # block the pruned stream for the heads, both streams for the FFN, the pruned stream through
-    # the new weights (the unpruned run that gives the heads' Y stops at the output projection).
-    assert counts["block"] == (layers - 1 + 4 * layers) * len(data)
+    # Completed block forwards per batch: the recording forward computes block 0 only, then per
+    # block the unpruned stream and the pruned stream through the new weights (the unpruned run
+    # for the heads' statistics and both pruned runs for the statistics stop at the projection).
+    assert counts["block"] == (1 + 2 * layers) * len(data)
     assert counts["model"] == len(data)
 
 

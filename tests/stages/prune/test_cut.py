@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
+from headprune_cli import load, save
+from headprune_cli.model.checkpoint import read_layout_only
 from headprune_cli.model.layout import info_of
+from headprune_cli.model.streaming import prune_layout
 from headprune_cli.stages.budget import Budget
-from headprune_cli.stages.prune.cut import Compensation, choose, cut, prune_once
+from headprune_cli.stages.constraints import Constraints
+from headprune_cli.stages.prune.cut import Compensation, choose, cut, prune_once, refit
 from headprune_cli.stages.score.table import ScoreTable
-from headprune_cli.stages.select.chains import Constraints
+from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.select.strategies import select
 from tests.support import TINY, calibration, model_inputs, model_output
 
@@ -59,3 +64,34 @@ def test_choose_picks_the_strategy_from_the_budget():
     table = _table(model)
     assert choose(model, Budget("heads", 0.25), table).strategy == "global"
     assert choose(model, Budget("heads", 0.25), table, strategy="layer").strategy == "layer"
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+def test_refit_then_a_sliced_write_gives_the_bytes_of_cut_then_save(tmp_path, family):
+    """`prune --data`'s route (refit in memory, slice while writing) against cut + save."""
+    save(TINY[family](), tmp_path / "m.safetensors")
+    layout = info_of(load(tmp_path / "m.safetensors")).layout
+    width = len(layout.kept_neurons(layout.layers[0]))
+    selection = Selection(
+        "hand",
+        {layout.layers[0]: [1], layout.layers[-1]: [0, 2]},
+        [layout.layers[1]],
+        remove_ffn={layout.layers[0]: list(range(0, width, 3)), layout.layers[-1]: [1, 4]},
+    )
+    compensation = Compensation("lstsq", calibration(3, seed=5))
+    by_cut = load(tmp_path / "m.safetensors")
+    cut(by_cut, selection, compensation)
+    save(by_cut, tmp_path / "cut.safetensors", plan_sha="0" * 64)
+    model = load(tmp_path / "m.safetensors")
+    assert refit(model, selection, compensation) is not None
+    prune_layout(
+        read_layout_only(tmp_path / "m.safetensors", hashed=True),
+        tmp_path / "m.safetensors",
+        tmp_path / "sliced.safetensors",
+        selection.remove_heads,
+        selection.remove_layers,
+        plan_sha="0" * 64,
+        remove_ffn=selection.remove_ffn,
+        tensors=model.state_dict(keep_vars=True),
+    )
+    assert (tmp_path / "sliced.safetensors").read_bytes() == (tmp_path / "cut.safetensors").read_bytes()

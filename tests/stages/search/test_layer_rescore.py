@@ -8,8 +8,8 @@ import pytest
 
 from headprune_cli.model.cost_table import predict
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.search.local import search
-from headprune_cli.stages.select.chains import Constraints
 from headprune_cli.stages.select.strategies import select
 from tests.support import ROOT, check_constraints, mha
 

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.search.local import search
-from headprune_cli.stages.select.chains import Constraints
 from headprune_cli.stages.select.strategies import select
 from tests.support import ROOT, assert_refused
 

@@ -16,13 +16,13 @@ from headprune_cli.model.cost import flops_per_token
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import NeuronGates, apply_plan
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.importance import score_model
 from headprune_cli.stages.score.importance.context import ScoreContext
 from headprune_cli.stages.score.importance.gradients import batch_losses
 from headprune_cli.stages.score.table import ScoreTable
-from headprune_cli.stages.select.chains import Constraints
 from headprune_cli.stages.select.strategies import select
-from tests.support import ROOT, TINY, assert_refused, give_tokenizer, write_jsonl, write_text
+from tests.support import TINY, assert_refused, give_tokenizer, write_jsonl, write_text
 
 FAMILIES = [("reference", "jsonl"), ("bert", "jsonl"), ("gpt2", "text"), ("llama-gqa", "text"), ("distilbert", "jsonl")]
 
@@ -243,36 +243,3 @@ def test_gradient_with_neurons_needs_unnormalised_scores(tmp_path):
     with pytest.raises(Exception, match="--no-normalize"):
         score_model(model, data, "gradient", ffn=True)
     assert score_model(model, data, "gradient", ffn=True, normalize=False).ffn
-
-
-def test_a_budget_sweep_gives_one_curve_per_route(tmp_path, cli, monkeypatch):
-    monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
-    demo = ROOT / "examples" / "demo"
-    out = tmp_path / "sweep"
-    result = cli(
-        "sweep",
-        demo / "model.safetensors",
-        "--data",
-        demo / "calib.jsonl",
-        "--eval-data",
-        demo / "dev.jsonl",
-        "--methods",
-        "fisher",
-        "--target-flops",
-        "0.7,0.4",
-        "--repeats",
-        "0",
-        "--samples",
-        "32",
-        "-o",
-        out,
-    )
-    assert result.code == 0, result.err
-    data = json.loads((out / "sweep.json").read_text())
-    rows = data["budget"]["rows"]
-    assert data["rows"] == [] and {r["route"] for r in rows} == {"heads", "heads+ffn", "heads+ffn+layers"}
-    assert not any(r["route"] == "heads" and r["target_flops"] == 0.4 for r in rows)  # beyond what heads alone remove
-    for r in rows:
-        assert r["flops_kept"] <= r["target_flops"] * (1 + 1e-9) and r["measured_speedup"] is None
-    assert "targets" in data["config"] and "ratios" not in data["config"]
-    assert (out / "curve.png").read_bytes()[:4] == b"\x89PNG" and "| heads+ffn |" in (out / "sweep.md").read_text()

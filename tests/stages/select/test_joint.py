@@ -15,8 +15,8 @@ from headprune_cli.errors import UsageError
 from headprune_cli.model.cost import cost_table, count_params
 from headprune_cli.model.layout import info_of
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.table import ScoreTable
-from headprune_cli.stages.select.chains import Constraints
 from headprune_cli.stages.select.strategies import select
 from tests.support import saved_model, scores_for, synthetic_cost, tensor_data
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.table import ScoreTable
-from headprune_cli.stages.select.chains import Constraints
 from headprune_cli.stages.select.strategies import select
 from tests.support import saved_model, write_scores
 

@@ -12,8 +12,8 @@ from headprune_cli.model.formats.vllm import nas_plan
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.importance import score_model
-from headprune_cli.stages.select.chains import Constraints
 from headprune_cli.stages.select.strategies import select
 from tests.support import TINY, assert_refused, give_tokenizer, write_text
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from headprune_cli.errors import HeadpruneError, NumericalError, UsageError
 from headprune_cli.model.cost_table import predict
 from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints, parse_protect
 from headprune_cli.stages.score.table import ScoreTable
-from headprune_cli.stages.select.chains import Constraints, parse_protect
 from headprune_cli.stages.select.strategies import select
 from tests.support import (
     ROOT,

@@ -9,10 +9,11 @@ import pytest
 from headprune_cli import load, save
 from headprune_cli.artifacts.schema import read_artifact
 from headprune_cli.data.readers import read_data
+from headprune_cli.errors import ArtifactError
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.objectives import evaluate
-from tests.support import TINY, give_tokenizer, write_jsonl, write_text
+from tests.support import ROOT, TINY, give_tokenizer, write_jsonl, write_text
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -182,3 +183,80 @@ def test_eval_data_of_another_task_is_an_error(setup, cli, tmp_path):
         "0.5",
     )
     assert result.code == 1 and "label" in result.err
+
+
+def _flops_sweep(cli, out, *extra):
+    demo = ROOT / "examples" / "demo"
+    return cli(
+        "sweep",
+        demo / "model.safetensors",
+        "--data",
+        demo / "calib.jsonl",
+        "--eval-data",
+        demo / "dev.jsonl",
+        "--methods",
+        "fisher",
+        "--target-flops",
+        "0.7,0.4",
+        "--repeats",
+        "0",
+        "--samples",
+        "32",
+        "-o",
+        out,
+        *extra,
+    )
+
+
+def test_a_budget_sweep_gives_one_curve_per_route(tmp_path, cli, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
+    out = tmp_path / "sweep"
+    result = _flops_sweep(cli, out)
+    assert result.code == 0, result.err
+    data = json.loads((out / "sweep.json").read_text())
+    rows = data["rows"]
+    assert {r["route"] for r in rows} == {"heads", "heads+ffn", "heads+ffn+layers"}
+    assert not any(r["route"] == "heads" and r["target_flops"] == 0.4 for r in rows)  # beyond what heads alone remove
+    for r in rows:
+        assert r["flops_kept"] <= r["target_flops"] * (1 + 1e-9) and r["measured_speedup"] is None
+    assert "targets" in data["config"] and "ratios" not in data["config"]
+    assert (out / "curve.png").read_bytes()[:4] == b"\x89PNG" and "| heads+ffn |" in (out / "sweep.md").read_text()
+
+
+def test_a_budget_sweep_writes_its_rows_and_knees_where_a_ratio_sweep_does(tmp_path, cli):
+    """`rows` and `best` hold a FLOPs sweep's points and per-route knees too (they were written
+    empty, the points tucked under `budget`), so `jq .best` answers for either kind; the knee is
+    the row within the budget that keeps the fewest FLOPs, and what the command prints."""
+    result = _flops_sweep(cli, tmp_path / "sweep", "--routes", "heads,heads+ffn", "--max-drop", "100")
+    assert result.code == 0, result.err
+    data, _ = read_artifact(tmp_path / "sweep" / "sweep.json", ("sweep",))
+    raw = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert [(r["route"], r["target_flops"]) for r in raw["rows"]] == [
+        ("heads", 0.7),
+        ("heads+ffn", 0.7),
+        ("heads+ffn", 0.4),
+    ]
+    assert raw["budget"] == {"routes": ["heads", "heads+ffn"]} and data.budget is not None
+    for route in ("heads", "heads+ffn"):
+        ok = [r for r in raw["rows"] if r["route"] == route and r["within_budget"]]
+        knee = min(ok, key=lambda r: r["flops_kept"])
+        assert (
+            raw["best"][route] == {k: knee[k] for k in raw["best"][route]} and raw["best"][route]["method"] == "fisher"
+        )
+        assert f"{route}: fewest FLOPs kept within budget {knee['flops_kept']:.1%}" in result.err
+
+
+def test_a_budget_sweep_of_the_old_layout_still_reads(tmp_path, cli):
+    """Budget sweeps written before kept their points under `budget` with empty `rows` and `best`."""
+    result = _flops_sweep(cli, tmp_path / "sweep", "--routes", "heads", "--target-flops", "0.7")
+    assert result.code == 0, result.err
+    raw = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    raw["budget"] = {"routes": ["heads"], "rows": raw["rows"], "best": raw["best"]}
+    raw["rows"], raw["best"] = [], {}
+    (tmp_path / "old.json").write_text(json.dumps(raw))
+    old, _ = read_artifact(tmp_path / "old.json", ("sweep",))
+    assert old.rows == [] and old.budget.rows[0].route == "heads"
+    mixed = {**raw, "rows": [{**raw["budget"]["rows"][0], "ratio": 0.5}]}  # a row of neither kind
+    (tmp_path / "mixed.json").write_text(json.dumps(mixed))
+    with pytest.raises(ArtifactError, match="invalid sweep: rows"):
+        read_artifact(tmp_path / "mixed.json", ("sweep",))

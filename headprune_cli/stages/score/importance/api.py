@@ -158,5 +158,6 @@ def scores_artifact(
         cost=cost.cost_table(model, max_length, ffn=result.ffn is not None).to_dict(),
     )
     if result.ffn is not None:
+        assert result.num_ffn is not None and result.ffn_kept is not None  # scored together with ffn (_ffn_fields)
         artifact["ffn"] = ffn_block(result.num_ffn, result.ffn_kept, result.ffn, result.ffn_loss)
     return artifact

@@ -60,6 +60,7 @@ class Combined(Importance):
         for method, weight in sorted(self.weights.items()):
             part = [weight * s for s in min_max(self.make(method).heads(ctx))]
             total = part if total is None else [a + b for a, b in zip(total, part)]
+        assert total is not None  # __init__ refuses an empty weight list
         return total
 
     def settings(self) -> dict[str, Any]:

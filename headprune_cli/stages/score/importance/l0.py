@@ -56,7 +56,9 @@ class L0(Importance):
                 loss = self._loss(ctx, mine, log_alpha, u[rank::size].to(ctx.device), len(batch["input_ids"]), step)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                (log_alpha.grad,) = [g.to(torch.float32) for g in ctx.reduce([log_alpha.grad])]
+                grad = log_alpha.grad
+                assert grad is not None  # the backward above reaches log_alpha through the gates
+                (log_alpha.grad,) = [g.to(torch.float32) for g in ctx.reduce([grad])]
                 optimizer.step()
                 advance()
         return list(open_probability(log_alpha.detach()).double().split(counts))
