@@ -69,6 +69,8 @@ _PUBLIC = {
     "export_onnx": ("headprune_cli.model.formats.onnx", "export_onnx"),
     "export_hf": ("headprune_cli.model.formats.hf", "export_hf"),
     "export_quantized": ("headprune_cli.model.formats.onnx_quantize", "export_quantized"),
+    "export_gguf": ("headprune_cli.stages.export.gguf_file", "write_gguf"),  # checkpoint file -> GGUF file
+    "gguf_decode_bytes": ("headprune_cli.model.formats.gguf_cost", "decode_bytes"),
     "OnnxModel": ("headprune_cli.stages.report.shipped", "OnnxModel"),
     "build_report": ("headprune_cli.stages.report.build", "build_report"),
     "run_sweep": ("headprune_cli.stages.sweep.loop", "run_sweep"),

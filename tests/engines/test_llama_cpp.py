@@ -157,6 +157,21 @@ def test_llama_cpp_tokenizes_and_computes_as_headprune(engine, checkpoints, cli,
     assert worst < BOUNDS[kind], worst
 
 
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_a_uniform_cut_computes_the_same_as_llama_and_as_deci(engine, checkpoints, tmp_path, kind):
+    """Both graphs express a uniform cut; `export --gguf` writes `llama` (as fast as `deci` by
+    scripts/benchmarks/gguf_arch.py), and the `deci` file of the same weights loads and computes
+    the same logits."""
+    runs = {}
+    for arch in ("llama", "deci"):
+        path = headprune_cli.export_gguf(checkpoints["uniform"], tmp_path / f"{arch}.gguf", kind, arch=arch).path
+        runs[arch] = llama_cpp_run(engine, path)
+        assert runs[arch]["arch"] == arch
+    for ours, theirs in zip(runs["llama"]["runs"], runs["deci"]["runs"]):
+        assert ours["ids"] == theirs["ids"]
+        np.testing.assert_allclose(theirs["logits"], ours["logits"], rtol=0, atol=1e-5 * np.abs(ours["logits"]).max())
+
+
 @pytest.fixture(scope="module")
 def k_quant_checkpoints(tmp_path_factory):
     """A LLaMA wide enough for k-quant blocks (hidden 256, FFN 512: rows of 256), unpruned and cut

@@ -11,6 +11,11 @@ Q and K rows are permuted as llama.cpp's converter does for `llama`/`deci` (Llam
 those architectures rotate adjacent pairs, transformers rotates the two halves of each head.
 Removed layers are simply absent (block_count counts the kept ones).
 
+A uniform cut is expressible in both `llama` and `deci`. On the same weights the two decode and
+prefill equally fast (within 3%, the noise: scripts/benchmarks/gguf_arch.py, BENCHMARKS.md
+"Which engine"), so speed does not decide; `llama` is chosen, the graph every llama.cpp tool
+and version reads. `arch=` forces either where both can express the layout.
+
 Weights stream from the checkpoint one tensor at a time into a file written beside the output
 and renamed over it (fileio.atomic_write), so memory stays at about one tensor. The k-quants
 (gguf_grid.LLAMA_CPP_TYPES) are llama.cpp's own: the file is first written at the checkpoint's
@@ -39,6 +44,7 @@ from headprune_cli.model.layout import ModelInfo, info_of
 from headprune_cli.model.tensorfile import Spec
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # model_type values --gguf writes
+ARCHES = ("auto", "llama", "deci")  # `arch=` of gguf_plan / export_gguf: auto picks by the rule above
 _ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -65,8 +71,9 @@ class GgufExport:
     fallback: list[str] = field(default_factory=list)
 
 
-def gguf_plan(info: ModelInfo) -> GgufPlan:
-    """The llama.cpp architecture and per-layer shapes of a checkpoint, or a one-line refusal."""
+def gguf_plan(info: ModelInfo, arch: str = "auto") -> GgufPlan:
+    """The llama.cpp architecture and per-layer shapes of a checkpoint, or a one-line refusal.
+    `arch` auto: `llama` for a uniform layout (as fast as `deci`, and read everywhere), `deci` otherwise."""
     model_type = info.config.get("model_type")
     if info.family != "llama" or model_type not in FAMILIES or info.task != "causal-lm":
         what = f"{model_type or info.family} {info.task}"
@@ -102,7 +109,24 @@ def gguf_plan(info: ModelInfo) -> GgufPlan:
     elif not plan.uniform:
         plan.arch = "deci"
     _check_rope(info.config)
+    if arch != "auto":
+        _force_arch(plan, arch, model_type, layout.layers)
     return plan
+
+
+def _force_arch(plan: GgufPlan, arch: str, model_type: str, layers: list[int]) -> None:
+    """`arch` instead of the rule's choice, where llama.cpp's `arch` can express the layout."""
+    if arch not in ARCHES:
+        raise UsageError(f"llama.cpp architecture {arch!r}: choose one of {', '.join(ARCHES)}")
+    if model_type == "qwen3":
+        raise PlanError(f"a Qwen3 model is written as llama.cpp's qwen3 architecture only, not {arch}")
+    if arch == "llama" and not plan.uniform:
+        pos = _first_different(plan)
+        raise PlanError(
+            f"layer {layers[pos]} keeps {_shape(plan, pos)} where layer {layers[0]} keeps {_shape(plan, 0)}: "
+            "llama.cpp's llama architecture has one shape for every layer; write it as deci"
+        )
+    plan.arch = arch
 
 
 def _first_different(plan: GgufPlan) -> int:
@@ -138,14 +162,19 @@ class _Tensor:
 
 
 def export_gguf(
-    model, specs: list[Spec], out: str | os.PathLike, gguf_type: str = "auto", engine: Path | None = None
+    model,
+    specs: list[Spec],
+    out: str | os.PathLike,
+    gguf_type: str = "auto",
+    engine: Path | None = None,
+    arch: str = "auto",
 ) -> GgufExport:
     """Write the (meta) `model` whose tensors `specs` produce as a GGUF file at `out`, atomically.
     The caller has checked `out` (outputs.check_output), and for a k-quant found llama.cpp's
     `engine` python. Tensor infos come from the shapes, so the header is written first and then
     each tensor is read, converted and written in turn."""
     info = info_of(model)
-    plan = gguf_plan(info)
+    plan = gguf_plan(info, arch)
     check_gguf_type(gguf_type)
     if gguf_type != "auto":
         check_on_grid(info.layout.layers, plan.n_head, plan.n_ff, plan.head_dim, info.config, gguf_type)

@@ -18,16 +18,7 @@ from headprune_cli.stages.unit import Context, Result
 def export_gguf_file(
     checkpoint: Path, out: Path, gguf_type: str, force: bool, ctx: Context, engine_python: Path | None = None
 ) -> Result:
-    check_gguf_type(gguf_type)
-    _require_gguf()
-    # The k-quants are llama.cpp's own quantizer's: its environment is found before anything is read.
-    engine = engine_python_of(engine_python, f"--gguf-type {gguf_type}") if gguf_type in LLAMA_CPP_TYPES else None
-    check_output(out, force, inputs=[checkpoint])
-    from headprune_cli.model.formats.gguf import export_gguf  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-    from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
-
-    model, specs = export_specs(checkpoint)
-    result = export_gguf(model, specs, out, gguf_type, engine)
+    result = write_gguf(checkpoint, out, gguf_type, force=force, engine_python=engine_python)
     n = len(result.fallback)
     fallback = f"; {n} {'matrix' if n == 1 else 'matrices'} of the model's own widths off the block grid kept in f16"
     fallback = fallback if n else ""
@@ -37,6 +28,30 @@ def export_gguf_file(
         markup=False,
     )
     return Result([str(out)], value=result)
+
+
+def write_gguf(
+    checkpoint: str | Path,
+    out: str | Path,
+    gguf_type: str = "auto",
+    *,
+    arch: str = "auto",
+    force: bool = False,
+    engine_python: Path | None = None,
+):
+    """The checkpoint file as a GGUF file (what `export --gguf` writes; `arch` forces llama.cpp's
+    `llama` or `deci` graph where both express the layout). Returns gguf.GgufExport."""
+    checkpoint, out = Path(checkpoint), Path(out)
+    check_gguf_type(gguf_type)
+    _require_gguf()
+    # The k-quants are llama.cpp's own quantizer's: its environment is found before anything is read.
+    engine = engine_python_of(engine_python, f"--gguf-type {gguf_type}") if gguf_type in LLAMA_CPP_TYPES else None
+    check_output(out, force, inputs=[checkpoint])
+    from headprune_cli.model.formats.gguf import export_gguf  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+    from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+
+    model, specs = export_specs(checkpoint)
+    return export_gguf(model, specs, out, gguf_type, engine, arch)
 
 
 def _require_gguf() -> None:

@@ -13,6 +13,7 @@ import torch
 import transformers as T
 
 import headprune_cli
+from headprune_cli.errors import PlanError, UsageError
 from headprune_cli.model.formats.gguf import _check_rope, _rope, rope_freqs
 from tests.support.gguf_models import (
     NON_UNIFORM,
@@ -103,6 +104,50 @@ def test_uniform_cut_is_plain_llama(tmp_path, cli):
     assert meta["general.architecture"] == "llama"
     assert (meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]) == (6, 3)
     assert meta["llama.feed_forward_length"] == 96 and meta["llama.block_count"] == 3
+
+
+def test_a_uniform_cut_written_as_deci_holds_the_same_tensors_with_per_layer_shapes(tmp_path):
+    """The rule picks `llama` for a uniform cut; `arch="deci"` writes the same weights as the
+    per-layer graph (what scripts/benchmarks/gguf_arch.py times against `llama`)."""
+    source = write_checkpoint(tmp_path / "u.safetensors", UNIFORM)
+    llama = headprune_cli.export_gguf(source, tmp_path / "l.gguf", "f16")
+    deci = headprune_cli.export_gguf(source, tmp_path / "d.gguf", "f16", arch="deci")
+    assert (llama.arch, deci.arch) == ("llama", "deci")
+    meta = fields(gguf.GGUFReader(deci.path))
+    assert meta["general.architecture"] == "deci"
+    assert meta["deci.attention.head_count"] == [6, 6, 6] and meta["deci.attention.head_count_kv"] == [3, 3, 3]
+    assert meta["deci.feed_forward_length"] == [96, 96, 96]
+    ours, theirs = tensors(gguf.GGUFReader(llama.path)), tensors(gguf.GGUFReader(deci.path))
+    assert ours.keys() == theirs.keys()
+    assert all(np.array_equal(ours[name].data, theirs[name].data) for name in ours)
+
+
+def test_llama_is_refused_for_a_non_uniform_cut_naming_the_layer(non_uniform, tmp_path):
+    out = tmp_path / "x.gguf"
+    with pytest.raises(PlanError, match="layer 2 keeps 8 query / 4 KV heads and FFN width 64 where layer 0 keeps 4"):
+        headprune_cli.export_gguf(non_uniform, out, arch="llama")
+    assert not out.exists()
+
+
+def test_an_unknown_architecture_is_refused_listing_the_choices(non_uniform, tmp_path):
+    with pytest.raises(UsageError, match="choose one of auto, llama, deci"):
+        headprune_cli.export_gguf(non_uniform, tmp_path / "x.gguf", arch="mistral")
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_decode_bytes_are_every_weight_but_the_gathered_embedding_and_the_kv_cache(non_uniform, tmp_path):
+    """Counted from the checkpoint, not the file: f16 matrices, f32 vectors, the untied embedding
+    left out (decoding gathers one row), and per kept layer KV heads x (key + value) f16 values."""
+    path = headprune_cli.export_gguf(non_uniform, tmp_path / "m.gguf", "f16").path
+    model = headprune_cli.load(non_uniform)
+    weights = sum(
+        p.numel() * (2 if p.dim() == 2 else 4) for name, p in model.named_parameters() if "embed_tokens" not in name
+    )
+    kv_per_token = (2 + 4 + 3) * (16 + 16) * 2  # layers 0, 2, 3 keep 2, 4 and 3 KV heads of 16
+    got = headprune_cli.gguf_decode_bytes(path, context=10)
+    assert got["weights"] == weights
+    assert got["kv"] == kv_per_token * 10  # read once: llama.cpp writes each step's K/V in place
+    assert got["total"] == weights + got["kv"]
 
 
 def test_tokenizer_metadata_is_the_checkpoints(non_uniform, tmp_path, cli):
