@@ -160,7 +160,8 @@ LAYERS = [
     ("headprune_cli.pipeline",),
     ("headprune_cli.stages.<name>",),
     ("headprune_cli.stages",),  # shared stage modules at stages/ top: unit, budget, objectives, timing, ...
-    ("headprune_cli.runtime", "headprune_cli.data", "headprune_cli.artifacts"),
+    ("headprune_cli.data", "headprune_cli.artifacts"),
+    ("headprune_cli.runtime",),  # the device, torchrun, recomputation, the allocator (data's readers trim the heap)
     ("headprune_cli.model",),
     ("headprune_cli.files",),
     ("headprune_cli.errors", "headprune_cli.names", "headprune_cli.ranges"),

@@ -31,9 +31,9 @@ from headprune_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, Interrupted, Usag
 from headprune_cli.files.outputs import own_claims
 from headprune_cli.files.temps import forget_sweeps, sweep
 from headprune_cli.files.watcher import watched
+from headprune_cli.model.optional_imports import in_cli
 from headprune_cli.names import did_you_mean
 from headprune_cli.runtime.allocator import return_freed_memory
-from headprune_cli.runtime.imports import in_cli
 from headprune_cli.stages import unit
 
 # The commands that are not stages: command name -> (module in this package, function).
@@ -221,7 +221,7 @@ def _signals_interrupt():
 def main(argv: list[str] | None = None) -> int:
     _quiet_transformers()
     return_freed_memory()  # peak memory is what is alive, not what glibc kept
-    in_cli()  # transformers' unused optional imports stay out (runtime/imports.py)
+    in_cli()  # transformers' unused optional imports stay out (model/optional_imports.py)
     forget_sweeps()
     try:
         with _signals_interrupt(), own_claims():

@@ -41,9 +41,9 @@ from headprune_cli.model.arch import adapter_for_family
 from headprune_cli.model.config_check import check_against_header, check_declared
 from headprune_cli.model.layout import Layout, ModelInfo, info_of
 from headprune_cli.model.materialize import build_empty, check_entries, fill, stored_dtype, tied_groups
+from headprune_cli.model.optional_imports import leave_out_scipy
 from headprune_cli.model.surgery import apply_plan
 from headprune_cli.model.tensorfile import Entry, Spec, read_entries, read_header, write_file
-from headprune_cli.runtime.imports import leave_out_scipy
 
 FORMAT = CHECKPOINT_FORMAT  # defined beside the output rule, which recognises our files without torch
 FORMAT_VERSION = "1"
@@ -241,7 +241,7 @@ def load(path: str | os.PathLike) -> nn.Module:
 
 def build_layout(info: ModelInfo, dtype: torch.dtype, where) -> nn.Module:
     """The stored model at its stored layout, parameters on the meta device (no weights)."""
-    leave_out_scipy()  # before transformers' model code is imported (runtime/imports.py)
+    leave_out_scipy()  # before transformers' model code is imported (model/optional_imports.py)
     try:
         adapter = adapter_for_family(info.family)
     except ArchitectureError as exc:  # a family this version does not know: name the file that claims it
