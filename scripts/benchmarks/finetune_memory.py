@@ -24,43 +24,18 @@ from pathlib import Path
 from scripts.benchmarks.large import ROOT, make_model, measure
 from scripts.benchmarks.shape import add_llama_shape
 
+# One gate step, then the closing, the cut and the write (a tolerance of 1: one step cannot reach the target).
+GATES = ["--target-flops", "0.5", "--gate-ffn", "--gate-layers", "--gate-tolerance", "1"]
 VARIANTS = {
     "full AdamW": ["--no-recompute"],
     "full AdamW + recompute": ["--recompute"],
     "LoRA r=8": ["--lora", "--no-recompute"],
     "LoRA r=8 + recompute": ["--lora", "--recompute"],
-    # One gate step, then the closing, the cut and the write (a tolerance of 1: one step cannot reach the target).
-    "learned gates, heads + FFN + layers": [
-        "--target-flops",
-        "0.5",
-        "--gate-ffn",
-        "--gate-layers",
-        "--gate-tolerance",
-        "1",
-        "--no-recompute",
-    ],
+    "learned gates, heads + FFN + layers": [*GATES, "--no-recompute"],
     # The same gates beside LoRA adapters, the base frozen (recomputation on by default at this size).
-    "learned gates + LoRA r=8": [
-        "--target-flops",
-        "0.5",
-        "--gate-ffn",
-        "--gate-layers",
-        "--gate-tolerance",
-        "1",
-        "--lora",
-    ],
+    "learned gates + LoRA r=8": [*GATES, "--lora"],
     # The real use: distilled from the unpruned model itself (streamed), with layer distillation.
-    "learned gates + LoRA r=8, --teacher auto": [
-        "--target-flops",
-        "0.5",
-        "--gate-ffn",
-        "--gate-layers",
-        "--gate-tolerance",
-        "1",
-        "--lora",
-        "--teacher",
-        "auto",
-    ],
+    "learned gates + LoRA r=8, --teacher auto": [*GATES, "--lora", "--teacher", "auto"],
 }
 COMMAND = {name: "learn" for name in VARIANTS if name.startswith("learned")}  # the others are `finetune`
 # Under torchrun --nproc-per-node 2: wait4's ru_maxrss is the largest process of the tree,
