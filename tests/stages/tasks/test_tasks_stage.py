@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from headprune_cli import load
 from headprune_cli.artifacts.neuron_scores import decode, encode
 from headprune_cli.artifacts.schema import read_artifact
 from headprune_cli.model.checkpoint import read_info
+from headprune_cli.stages.tasks.plans import SHARED_RULE
 from tests.stages.tasks.conftest import task_args
 from tests.support import assert_refused, snapshot
 
@@ -75,6 +77,30 @@ def test_the_shared_plan_prunes_each_task_model(shared_base: Path, cli):
     assert result.code == 0, result
     info = read_info(shared_base / "a-small.safetensors")
     assert info.provenance["base"] == read_info(shared_base / "a.safetensors").provenance["base"]  # carried down
+
+
+def _parameters(path: Path) -> int:
+    """Parameters counted from the model's own modules (tied weights once), not from a cost table."""
+    return sum(p.numel() for p in load(path).parameters())
+
+
+def test_the_shared_plan_predicts_each_task_models_cut_and_names_its_rule(shared_base: Path, cli):
+    out = shared_base / "out"
+    assert cli("tasks", *task_args(shared_base, fidelity=False), *BUDGET, "-o", out).code == 0
+    for name in ("a", "b"):
+        plan = json.loads((out / f"plan-shared-{name}.json").read_text())
+        own = json.loads((out / f"plan-{name}.json").read_text())
+        small = shared_base / f"{name}-shared.safetensors"
+        assert cli("prune", "--plan", out / f"plan-shared-{name}.json", "-o", small).code == 0
+        assert plan["predicted"]["before"]["params"] == _parameters(shared_base / f"{name}.safetensors")
+        assert plan["predicted"]["after"]["params"] == _parameters(small)
+        assert plan["predicted"]["after"]["params"] < plan["predicted"]["before"]["params"]
+        assert plan["strategy"] == "shared-" + own["strategy"]
+        assert plan["config"]["strategy"] == "shared-" + own["strategy"]
+        assert plan["config"]["shared"] == SHARED_RULE
+        assert plan["config"]["tasks"] == ["a", "b"]
+        inputs = {m["role"]: Path(m["path"]).name for m in plan["inputs"]}
+        assert inputs == {"scores": f"scores-{name}.json", "model": f"{name}.safetensors"}
 
 
 def test_tasks_take_scores_artifacts(shared_base: Path, cli):
