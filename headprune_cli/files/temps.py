@@ -25,6 +25,8 @@ import secrets
 import shutil
 import stat
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from headprune_cli.errors import HeadpruneError
@@ -48,6 +50,18 @@ def make_temp_folder(target: Path) -> tuple[Path, int]:
     """A new temporary folder beside `target` (mode 0755), locked: (its path, the fd holding the lock)."""
     path, fd = _make(target, folder=True)
     return Path(path), fd
+
+
+@contextmanager
+def temp_folder(target: Path) -> Iterator[Path]:
+    """make_temp_folder for a block: removed and unlocked however the block ends (once published
+    by a rename, the removal finds nothing)."""
+    path, fd = make_temp_folder(target)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
 
 
 def _make(target: Path, folder: bool) -> tuple[str, int]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 from torch import nn
@@ -22,7 +21,7 @@ from torch import nn
 from headprune_cli.errors import HeadpruneError, UsageError
 from headprune_cli.files.io import remember_sha256
 from headprune_cli.files.outputs import check_folder, check_parent
-from headprune_cli.files.temps import make_temp_folder, publish_folder
+from headprune_cli.files.temps import publish_folder, temp_folder
 from headprune_cli.model.checkpoint import FOLDER_FORMAT, FOLDER_INFO, FORMAT_VERSION, model_specs
 from headprune_cli.model.formats.hf_config import FolderConfig, folder_config
 from headprune_cli.model.formats.onnx import export_onnx, require_onnx
@@ -58,24 +57,18 @@ def export_hf(
         with_onnx = is_sentence_transformer(info)
     if with_onnx:
         require_onnx()  # before the weights are written
-    tmp, lock = make_temp_folder(out)
-    try:
-        specs = model_specs(model) if specs is None else specs
-        weights = _write_folder(model, tmp, specs, max_bytes, layout or folder_config(info))
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text, encoding="utf-8")
-        _write_serving_files(model, tmp, with_onnx)
-        publish_folder(tmp, out)
-        for name, digest in weights.items():  # hashed as written: not read back by `run`'s bookkeeping
-            remember_sha256(out / name, digest)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise HeadpruneError(f"could not write {out}: {exc.strerror or exc}") from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        os.close(lock)
+    with temp_folder(out) as tmp:
+        try:
+            specs = model_specs(model) if specs is None else specs
+            weights = _write_folder(model, tmp, specs, max_bytes, layout or folder_config(info))
+            for name, text in (extra_files or {}).items():
+                (tmp / name).write_text(text, encoding="utf-8")
+            _write_serving_files(model, tmp, with_onnx)
+            publish_folder(tmp, out)
+        except OSError as exc:
+            raise HeadpruneError(f"could not write {out}: {exc.strerror or exc}") from exc
+    for name, digest in weights.items():  # hashed as written: not read back by `run`'s bookkeeping
+        remember_sha256(out / name, digest)
     return out
 
 

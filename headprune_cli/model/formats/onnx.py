@@ -21,7 +21,6 @@ one FILE.data beside FILE.
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from transformers import DynamicCache
 
 from headprune_cli.errors import HeadpruneError, NumericalError, UsageError, first_line
 from headprune_cli.files.outputs import check_output
-from headprune_cli.files.temps import make_temp_folder, publish
+from headprune_cli.files.temps import publish, temp_folder
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.layout import info_of
 
@@ -111,23 +110,20 @@ def export_onnx(
         check_output(data, force, inputs)
     spec = _decoder_spec(model, seq_len) if info.task == "causal-lm" else _plain_spec(model, seq_len)
     result = OnnxExport(str(out), spec.names, spec.outputs, opset, 0.0, data.name if external else None)
-    tmp, lock = make_temp_folder(out)
-    try:
-        graph = tmp / out.name
-        _trace(spec, graph, opset)
-        if external:
-            _to_external_data(graph, data.name)
-        result.max_abs_diff = max(_ort_diff(graph, spec, inputs) for inputs in spec.checks)
-        if not result.max_abs_diff <= ONNX_ATOL:
-            raise NumericalError(
-                f"ONNX output differs from PyTorch by {result.max_abs_diff:.3g} (> {ONNX_ATOL}); not written"
-            )
-        move_into_place(graph, out, tmp / data.name if external else None, data)
-    except OSError as exc:
-        raise HeadpruneError(f"could not write {out}: {exc.strerror or exc}") from exc
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.close(lock)
+    with temp_folder(out) as tmp:
+        try:
+            graph = tmp / out.name
+            _trace(spec, graph, opset)
+            if external:
+                _to_external_data(graph, data.name)
+            result.max_abs_diff = max(_ort_diff(graph, spec, inputs) for inputs in spec.checks)
+            if not result.max_abs_diff <= ONNX_ATOL:
+                raise NumericalError(
+                    f"ONNX output differs from PyTorch by {result.max_abs_diff:.3g} (> {ONNX_ATOL}); not written"
+                )
+            move_into_place(graph, out, tmp / data.name if external else None, data)
+        except OSError as exc:
+            raise HeadpruneError(f"could not write {out}: {exc.strerror or exc}") from exc
     return result
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import warnings
 from collections.abc import Iterable
 from contextlib import contextmanager
@@ -36,7 +35,7 @@ import torch
 from torch import nn
 
 from headprune_cli.errors import DataError, HeadpruneError, NumericalError, UsageError, first_line
-from headprune_cli.files.temps import make_temp_folder
+from headprune_cli.files.temps import temp_folder
 from headprune_cli.model.formats.onnx import example_inputs, export_onnx, move_into_place, require_onnx
 from headprune_cli.model.layout import info_of
 from headprune_cli.names import did_you_mean
@@ -101,26 +100,23 @@ def export_quantized(
     if info.task == "causal-lm":
         raise UsageError("--quantize is for encoders (classifiers, embedding models); causal LMs are not supported")
     out = Path(path)
-    tmp, lock = make_temp_folder(out)
-    try:
-        fp32 = tmp / "fp32.onnx"
-        plain = export_onnx(model, fp32, seq_len=seq_len, opset=opset, inputs=inputs)
-        if plain.external_data:
-            raise UsageError("--quantize: models of 2 GB or more (ONNX external data) are not supported")
-        graph = tmp / out.name
-        rows = _quantize(fp32, graph, kind, plain.inputs, calibration)
-        _stamp(graph, {SOURCE_KEY: info.loaded_from[1] if info.loaded_from else "", QUANTIZATION_KEY: kind})
-        diff, cosine = _check_in_onnxruntime(graph, model, plain.inputs, seq_len)
-        result = QuantizedExport(
-            str(out), kind, plain.inputs, plain.outputs, opset, diff, cosine, fp32.stat().st_size, 0, rows
-        )
-        result.bytes = graph.stat().st_size
-        move_into_place(graph, out)
-    except OSError as exc:
-        raise HeadpruneError(f"could not write {out}: {exc.strerror or exc}") from exc
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.close(lock)
+    with temp_folder(out) as tmp:
+        try:
+            fp32 = tmp / "fp32.onnx"
+            plain = export_onnx(model, fp32, seq_len=seq_len, opset=opset, inputs=inputs)
+            if plain.external_data:
+                raise UsageError("--quantize: models of 2 GB or more (ONNX external data) are not supported")
+            graph = tmp / out.name
+            rows = _quantize(fp32, graph, kind, plain.inputs, calibration)
+            _stamp(graph, {SOURCE_KEY: info.loaded_from[1] if info.loaded_from else "", QUANTIZATION_KEY: kind})
+            diff, cosine = _check_in_onnxruntime(graph, model, plain.inputs, seq_len)
+            result = QuantizedExport(
+                str(out), kind, plain.inputs, plain.outputs, opset, diff, cosine, fp32.stat().st_size, 0, rows
+            )
+            result.bytes = graph.stat().st_size
+            move_into_place(graph, out)
+        except OSError as exc:
+            raise HeadpruneError(f"could not write {out}: {exc.strerror or exc}") from exc
     return result
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -183,14 +181,10 @@ def _rounds_folder(opts: IterateOptions) -> Iterator[Path | None]:
     if opts.recover != "lstsq":
         yield None
         return
-    from headprune_cli.files.temps import make_temp_folder  # noqa: PLC0415 (keeps the lstsq route's imports to it)
+    from headprune_cli.files.temps import temp_folder  # noqa: PLC0415 (keeps the lstsq route's imports to it)
 
-    work, lock = make_temp_folder(opts.output)
-    try:
+    with temp_folder(opts.output) as work:
         yield work
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        os.close(lock)
 
 
 def _compensation(opts: IterateOptions, train):
