@@ -128,7 +128,7 @@ def _run(opts: FinetuneOptions, ctx: Context) -> Result:
 def _fingerprint(opts: FinetuneOptions, model, cfg, reset: str | None) -> dict:
     """What a saved training state must match to be resumed."""
     fingerprint = {
-        "checkpoint": model.headprune.loaded_from[1],
+        "checkpoint": model.headprune.source_sha,
         "data": str(opts.data),
         "teacher": opts.teacher,
         "epochs": opts.epochs,

@@ -160,6 +160,6 @@ def close_gates(
         "target_flops": amount["target_flops"],
         **constraints.to_dict(ffn=neurons is not None),
     }
-    inputs = [input_ref("model", checkpoint, model.headprune.loaded_from[1]), input_ref("data", data)]
+    inputs = [input_ref("model", checkpoint, model.headprune.source_sha), input_ref("data", data)]
     plan = plan_artifact(selection, constraints, inputs, list(table.num_heads), plan_config, num_ffn=neurons)
     return Closed(table, selection, scores, plan, report)

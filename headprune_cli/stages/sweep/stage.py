@@ -97,7 +97,7 @@ def _tell(payload: dict, ctx: Context) -> None:
 def _artifact(model, opts: SweepOptions, payload: dict) -> dict:
 
     inputs = [
-        input_ref("model", opts.checkpoint, model.headprune.loaded_from[1]),
+        input_ref("model", opts.checkpoint, model.headprune.source_sha),
         input_ref("data", opts.data),
         input_ref("eval_data", opts.eval_data),
     ]
