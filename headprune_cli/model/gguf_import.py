@@ -112,6 +112,7 @@ def import_gguf(path: Path) -> nn.Module:
 
 def _load_model(path: Path) -> nn.Module:
     # transformers' own progress bar would print before a refusal's one line; the stage has its own output
+    was_enabled = transformers.utils.logging.is_progress_bar_enabled()
     transformers.utils.logging.disable_progress_bar()
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -126,7 +127,9 @@ def _load_model(path: Path) -> nn.Module:
     except Exception as exc:
         raise CheckpointError(f"{path}: transformers could not dequantize this GGUF ({first_line(exc)})") from None
     finally:
-        transformers.utils.logging.enable_progress_bar()
+        # Only if it was on: re-enabling under HF_HUB_DISABLE_PROGRESS_BARS (the CLI sets it) warns.
+        if was_enabled:
+            transformers.utils.logging.enable_progress_bar()
     model.eval()
     return model
 

@@ -46,19 +46,29 @@ def engine_python(option: Path | None, what: str = "--gguf") -> Path:
 QUANTIZE = r"""
 import ctypes, sys
 import llama_cpp
-source, target, name, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+source, target, name, threads, embedding = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 params = llama_cpp.llama_model_quantize_default_params()
 params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + name.upper())
 params.nthread = threads
+if embedding:  # llama-quantize's --token-embedding-type and --output-tensor-type
+    params.token_embedding_type = params.output_tensor_type = getattr(llama_cpp, "GGML_TYPE_" + embedding.upper())
 sys.exit(llama_cpp.llama_model_quantize(source.encode(), target.encode(), ctypes.byref(params)))
 """
 
 
-def quantize(python: Path, source: str, target: str, gguf_type: str, threads: int | None = None) -> None:
-    """`source` (a GGUF file) quantized to `gguf_type` by llama.cpp into `target`."""
+def quantize(
+    python: Path,
+    source: str,
+    target: str,
+    gguf_type: str,
+    threads: int | None = None,
+    embedding_type: str | None = None,
+) -> None:
+    """`source` (a GGUF file) quantized to `gguf_type` by llama.cpp into `target` (the token
+    embedding and output head in `embedding_type` if given, else as llama.cpp's mix decides)."""
     threads = threads or os.cpu_count() or 1
     done = subprocess.run(
-        [str(python), "-c", QUANTIZE, source, target, gguf_type, str(threads)],
+        [str(python), "-c", QUANTIZE, source, target, gguf_type, str(threads), embedding_type or ""],
         capture_output=True,
         text=True,
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},  # the engine's own packages only

@@ -49,10 +49,26 @@ GRIDS = {
     "f32": "q8_0",
     "q8_0": "q8_0",
     "q4_0": "q8_0",
+    "q4_1": "q8_0",
+    "q5_0": "q8_0",
+    "q5_1": "q8_0",
     "q4_K_M": "q4_K_M",
     "q5_K_M": "q4_K_M",
     "q6_K": "q4_K_M",
 }
+
+
+def export_args(kind: str) -> list[str]:
+    """`--gguf-type` (and `--gguf-embedding-type`) of a type spec: TYPE, or TYPE+EMBEDDING for the
+    token embedding / output head in its own type (e.g. q4_0+q8_0, as llama-quantize's
+    --token-embedding-type)."""
+    base, _, embedding = kind.partition("+")
+    return ["--gguf-type", base, *(["--gguf-embedding-type", embedding] if embedding else [])]
+
+
+def grid_of(kind: str) -> str:
+    return GRIDS[kind.partition("+")[0]]
+
 
 ENGINE = r"""
 import json, sys, time
@@ -165,7 +181,7 @@ def unpruned_files(args: argparse.Namespace, model: Path) -> dict[tuple[str, str
     for kind in args.types:
         out = args.work / f"unpruned-{kind}.gguf"
         if not out.exists():
-            headprune("export", model, "--gguf", out, "--gguf-type", kind)
+            headprune("export", model, "--gguf", out, *export_args(kind))
         files[("unpruned", kind)] = (out, None)
     return files
 
@@ -173,7 +189,7 @@ def unpruned_files(args: argparse.Namespace, model: Path) -> dict[tuple[str, str
 def cut_files(args: argparse.Namespace, target: float) -> dict[tuple[str, str], tuple[Path, Path | None]]:
     files = {}
     for kind in args.types:
-        grid = GRIDS[kind]
+        grid = grid_of(kind)
         cut = args.work / f"cut-{target}-{grid}.safetensors"
         plan = cut.with_suffix(".json")
         out = args.work / f"cut-{target}-{kind}.gguf"
@@ -183,7 +199,7 @@ def cut_files(args: argparse.Namespace, target: float) -> dict[tuple[str, str], 
             data = [] if args.no_compensation else ["--data", args.calib, "--samples", args.score_rows]
             headprune("prune", "--plan", plan, *data, "--max-length", 128, "-o", cut)
         if not out.exists():
-            headprune("export", cut, "--gguf", out, "--gguf-type", kind)
+            headprune("export", cut, "--gguf", out, *export_args(kind))
         files[(str(target), kind)] = (out, plan)
     return files
 
@@ -232,7 +248,7 @@ def remeasured(args: argparse.Namespace) -> list[dict]:
     for old in json.loads(args.measured.read_text())["rows"]:
         cut, kind = old["cut"], old["type"]
         path = args.work / f"{cut}-{kind}.gguf" if cut == "unpruned" else args.work / f"cut-{cut}-{kind}.gguf"
-        plan = None if cut == "unpruned" else args.work / f"cut-{cut}-{GRIDS[kind]}.json"
+        plan = None if cut == "unpruned" else args.work / f"cut-{cut}-{grid_of(kind)}.json"
         keep = ("cut", "type", "file_mb", "perplexity", "tokens", "prefill_tok_s", "decode_tok_s")
         row = {k: old[k] for k in keep}
         row.update(bytes_read=headprune_cli.gguf_decode_bytes(path, args.prompt + args.decode / 2)["total"])
@@ -254,7 +270,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     table: list[dict] = []
     for target in args.targets:
         cuts = cut_files(args, target)
-        for grid in {GRIDS[kind] for kind in args.types}:  # the cut checkpoints are no longer needed
+        for grid in {grid_of(kind) for kind in args.types}:  # the cut checkpoints are no longer needed
             args.work.joinpath(f"cut-{target}-{grid}.safetensors").unlink(missing_ok=True)
         found = measure(args, {**unpruned, **cuts})
         table += [r for r in found if r["cut"] != "unpruned" or not table]
@@ -323,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout", type=Path, required=True)
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--targets", default="0.9,0.8,0.7,0.5")
-    parser.add_argument("--types", default="f16,q8_0,q4_K_M,q4_0")
+    parser.add_argument("--types", default="f16,q8_0,q4_K_M,q4_0", help="TYPE or TYPE+EMBEDDING_TYPE (q4_0+q8_0)")
     parser.add_argument("--score-rows", type=int, default=64)
     parser.add_argument("--method", default="fisher", help="score --method (random for random weights)")
     parser.add_argument("--no-compensation", action="store_true", help="prune without --data (no lstsq)")
@@ -346,9 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.targets = [float(t) for t in args.targets.split(",")]
     args.types = args.types.split(",")
-    unknown = [t for t in args.types if t not in GRIDS]
+    unknown = [t for t in args.types if t.partition("+")[0] not in GRIDS]
     if unknown:
-        parser.error(f"unknown types {unknown}; known: {', '.join(GRIDS)}")
+        parser.error(f"unknown types {unknown}; known: {', '.join(GRIDS)}, each optionally +EMBEDDING_TYPE")
     table = remeasured(args) if args.measured else run(args)
     if args.files_only:
         return 0

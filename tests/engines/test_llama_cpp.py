@@ -248,3 +248,27 @@ def test_k_quants_are_llama_cpps_own_and_compute_the_checkpoint(
         f"{cut} {kind}: max |llama.cpp - headprune on the file's weights| / max |logit| = {worst:.2e}, top-1 {top1:.3f}"
     )
     assert worst < K_QUANT_BOUND and top1 >= 0.9, (worst, top1)
+
+
+def test_a_k_quant_takes_the_embedding_type_through_llama_cpps_quantizer(
+    engine, k_quant_checkpoints, cli, monkeypatch, tmp_path
+):
+    """--gguf-embedding-type reaches llama.cpp's quantizer as llama-quantize's --token-embedding-type
+    and --output-tensor-type: without it the mix gives the embedding a k-quant; with it, q8_0."""
+    import gguf
+
+    monkeypatch.setenv("HEADPRUNE_LLAMA_CPP_ENV", str(Path(engine).parent.parent))
+    plain = export(cli, k_quant_checkpoints["cut"], "q4_K_M")
+    out = tmp_path / "embedding-q8.gguf"
+    result = cli(
+        "export", k_quant_checkpoints["cut"], "--gguf", out, "--gguf-type", "q4_K_M", "--gguf-embedding-type", "q8_0"
+    )
+    assert result.code == 0, result
+
+    def types(path):
+        return {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+
+    before, after = types(plain), types(out)
+    assert before["token_embd.weight"] != "Q8_0" and before["output.weight"] != "Q8_0"
+    assert after["token_embd.weight"] == after["output.weight"] == "Q8_0"
+    assert {k: v for k, v in after.items() if "blk." in k} == {k: v for k, v in before.items() if "blk." in k}

@@ -38,11 +38,17 @@ from headprune_cli.errors import ArchitectureError, PlanError, UsageError
 from headprune_cli.files.io import atomic_write
 from headprune_cli.files.temps import make_temp
 from headprune_cli.model import llama_cpp_env
-from headprune_cli.model.formats.gguf_grid import LLAMA_CPP_TYPES, check_gguf_type, check_on_grid
+from headprune_cli.model.formats.gguf_grid import (
+    LLAMA_CPP_TYPES,
+    check_embedding_type,
+    check_gguf_type,
+    check_on_grid,
+)
 from headprune_cli.model.formats.gguf_vocab import GgufVocab, gguf_vocab
 from headprune_cli.model.layout import ModelInfo, info_of
 from headprune_cli.model.tensorfile import Spec
 
+EMBEDDING_TENSORS = ("token_embd.weight", "output.weight")  # --gguf-embedding-type applies to these
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # model_type values --gguf writes
 ARCHES = ("auto", "llama", "deci")  # `arch=` of gguf_plan / export_gguf: auto picks by the rule above
 _ROPE_TYPES = ("default", "linear", "llama3")
@@ -67,6 +73,7 @@ class GgufExport:
     arch: str
     gguf_type: str
     tensors: int
+    embedding_type: str | None = None  # the token embedding's / output head's own type, if one was given
     # matrices kept in f16: rows the unpruned model already had off the quantization block
     fallback: list[str] = field(default_factory=list)
 
@@ -168,14 +175,17 @@ def export_gguf(
     gguf_type: str = "auto",
     engine: Path | None = None,
     arch: str = "auto",
+    embedding_type: str | None = None,
 ) -> GgufExport:
     """Write the (meta) `model` whose tensors `specs` produce as a GGUF file at `out`, atomically.
     The caller has checked `out` (outputs.check_output), and for a k-quant found llama.cpp's
     `engine` python. Tensor infos come from the shapes, so the header is written first and then
-    each tensor is read, converted and written in turn."""
+    each tensor is read, converted and written in turn. `embedding_type`: the token embedding and
+    output head in that type instead of `gguf_type`."""
     info = info_of(model)
     plan = gguf_plan(info, arch)
     check_gguf_type(gguf_type)
+    check_embedding_type(embedding_type)
     if gguf_type != "auto":
         check_on_grid(info.layout.layers, plan.n_head, plan.n_ff, plan.head_dim, info.config, gguf_type)
     vocab = gguf_vocab(info.tokenizer, info.tokenizer_config, info.config["vocab_size"])
@@ -183,8 +193,15 @@ def export_gguf(
     if gguf_type == "auto":
         gguf_type = own
     written = own if gguf_type in LLAMA_CPP_TYPES else gguf_type
-    tensors = _tensors(specs, plan, info, written)
-    fallback = [t.name for t in tensors if t.ggml == "f16" and written not in ("f16", "f32", "bf16")]
+    # A k-quant's source file is lossless: llama.cpp's quantizer then gives the embedding its type.
+    tensors = _tensors(specs, plan, info, written, None if gguf_type in LLAMA_CPP_TYPES else embedding_type)
+    fallback = [
+        t.name
+        for t in tensors
+        if t.ggml == "f16"
+        and written not in ("f16", "f32", "bf16")
+        and not (embedding_type and t.name in EMBEDDING_TENSORS)
+    ]
 
     def write(tmp: str) -> None:
         _write_file(tmp, tensors, info, plan, vocab, written)
@@ -195,13 +212,13 @@ def export_gguf(
             write(source)
             if engine is None:
                 raise UsageError(f"--gguf-type {gguf_type} is quantized by llama.cpp: its engine python is needed")
-            llama_cpp_env.quantize(engine, source, tmp, gguf_type)
+            llama_cpp_env.quantize(engine, source, tmp, gguf_type, embedding_type=embedding_type)
         finally:
             Path(source).unlink(missing_ok=True)
             os.close(lock)
 
     atomic_write(out, write_and_quantize if gguf_type in LLAMA_CPP_TYPES else write)
-    return GgufExport(Path(out), plan.arch, gguf_type, len(tensors), fallback)
+    return GgufExport(Path(out), plan.arch, gguf_type, len(tensors), embedding_type, fallback)
 
 
 def _write_file(tmp: str, tensors: list[_Tensor], info: ModelInfo, plan: GgufPlan, vocab: GgufVocab, kind: str) -> None:
@@ -221,7 +238,9 @@ def _write_file(tmp: str, tensors: list[_Tensor], info: ModelInfo, plan: GgufPla
     writer.close()
 
 
-def _tensors(specs: list[Spec], plan: GgufPlan, info: ModelInfo, gguf_type: str) -> list[_Tensor]:
+def _tensors(
+    specs: list[Spec], plan: GgufPlan, info: ModelInfo, gguf_type: str, embedding_type: str | None = None
+) -> list[_Tensor]:
     """Every tensor in llama.cpp's order (embeddings, blocks, final norm, output), with its type."""
     import gguf  # noqa: PLC0415 (keeps gguf out of this module's import)
 
@@ -235,7 +254,8 @@ def _tensors(specs: list[Spec], plan: GgufPlan, info: ModelInfo, gguf_type: str)
             raise ArchitectureError(f"tensor {spec.name} has no place in llama.cpp's {plan.arch} architecture")
         if tied and name == "output.weight":  # one tensor serves both; llama.cpp duplicates token_embd
             name = "token_embd.weight"
-        named[name] = _Tensor(name, tuple(spec.shape), spec.produce, _ggml_type(spec.shape, gguf_type))
+        kind = embedding_type if embedding_type and name in EMBEDDING_TENSORS else gguf_type
+        named[name] = _Tensor(name, tuple(spec.shape), spec.produce, _ggml_type(spec.shape, kind))
     factors = rope_freqs(info.config, plan.head_dim)
     if factors is not None:  # llama3 RoPE: one tensor of frequency factors, as llama.cpp's converter adds
         named["rope_freqs.weight"] = _Tensor(

@@ -35,6 +35,19 @@ def check_gguf_type(name: str) -> str:
     return name
 
 
+# --gguf-embedding-type: the token embedding (and the output head, which a tied model shares with it)
+# in its own type, as llama-quantize's --token-embedding-type/--output-tensor-type do. Its rows are
+# the hidden size, which pruning never changes, and a few bits more on the one matrix every token
+# reads twice buy much of the perplexity a low-bit type loses.
+EMBEDDING_TYPES = tuple(NUMPY_TYPES)
+
+
+def check_embedding_type(name: str | None) -> str | None:
+    if name is not None and name not in EMBEDDING_TYPES:
+        raise UsageError(f"unknown --gguf-embedding-type {name!r}; supported: {', '.join(EMBEDDING_TYPES)}")
+    return name
+
+
 def block_of(gguf_type: str) -> int:
     """Values a block of `gguf_type` holds (1: not a block type)."""
     return {**NUMPY_TYPES, **LLAMA_CPP_TYPES}.get(check_gguf_type(gguf_type), 1)

@@ -10,20 +10,29 @@ from pathlib import Path
 
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
-from headprune_cli.model.formats.gguf_grid import LLAMA_CPP_TYPES, check_gguf_type
+from headprune_cli.model.formats.gguf_grid import LLAMA_CPP_TYPES, check_embedding_type, check_gguf_type
 from headprune_cli.model.llama_cpp_env import engine_python as engine_python_of
 from headprune_cli.stages.unit import Context, Result
 
 
 def export_gguf_file(
-    checkpoint: Path, out: Path, gguf_type: str, force: bool, ctx: Context, engine_python: Path | None = None
+    checkpoint: Path,
+    out: Path,
+    gguf_type: str,
+    force: bool,
+    ctx: Context,
+    engine_python: Path | None = None,
+    embedding_type: str | None = None,
 ) -> Result:
-    result = write_gguf(checkpoint, out, gguf_type, force=force, engine_python=engine_python)
+    result = write_gguf(
+        checkpoint, out, gguf_type, force=force, engine_python=engine_python, embedding_type=embedding_type
+    )
     n = len(result.fallback)
     fallback = f"; {n} {'matrix' if n == 1 else 'matrices'} of the model's own widths off the block grid kept in f16"
     fallback = fallback if n else ""
+    kind = result.gguf_type + (f", embedding {result.embedding_type}" if result.embedding_type else "")
     ctx.print(
-        f"wrote {out} (llama.cpp architecture {result.arch}, {result.gguf_type}, {result.tensors} tensors{fallback})",
+        f"wrote {out} (llama.cpp architecture {result.arch}, {kind}, {result.tensors} tensors{fallback})",
         soft_wrap=True,
         markup=False,
     )
@@ -38,11 +47,14 @@ def write_gguf(
     arch: str = "auto",
     force: bool = False,
     engine_python: Path | None = None,
+    embedding_type: str | None = None,
 ):
     """The checkpoint file as a GGUF file (what `export --gguf` writes; `arch` forces llama.cpp's
-    `llama` or `deci` graph where both express the layout). Returns gguf.GgufExport."""
+    `llama` or `deci` graph where both express the layout; `embedding_type` gives the token
+    embedding and output head their own type). Returns gguf.GgufExport."""
     checkpoint, out = Path(checkpoint), Path(out)
     check_gguf_type(gguf_type)
+    check_embedding_type(embedding_type)
     _require_gguf()
     # The k-quants are llama.cpp's own quantizer's: its environment is found before anything is read.
     engine = engine_python_of(engine_python, f"--gguf-type {gguf_type}") if gguf_type in LLAMA_CPP_TYPES else None
@@ -51,7 +63,7 @@ def write_gguf(
     from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
     model, specs = export_specs(checkpoint)
-    return export_gguf(model, specs, out, gguf_type, engine, arch)
+    return export_gguf(model, specs, out, gguf_type, engine, arch, embedding_type)
 
 
 def _require_gguf() -> None:

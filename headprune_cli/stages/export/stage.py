@@ -38,6 +38,12 @@ class ExportOptions(Options):
         "k-quants q6_K, q5_K_M, q4_K_M (quantized by llama.cpp's own quantizer in its engine environment). A cut "
         "whose pruned widths are off the type's blocks is refused: select it with --runtime llama.cpp --gguf-type T.",
     )
+    gguf_embedding_type: str | None = option(
+        None,
+        "--gguf: the token embedding and output head (one matrix when tied) in this type instead of --gguf-type, "
+        "as llama-quantize's --token-embedding-type: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0. "
+        "E.g. --gguf-type q4_0 --gguf-embedding-type q8_0.",
+    )
     engine_python: Path | None = option(None, "--gguf-type q6_K|q5_K_M|q4_K_M: " + ENGINE_PYTHON_HELP)
     with_onnx: bool | None = option(
         None,
@@ -65,6 +71,8 @@ class ExportOptions(Options):
         """Which output, and the options that go with it: refused before anything is read."""
         if sum(out is not None for out in (self.onnx, self.hf, self.gguf, self.vllm)) != 1:
             raise UsageError("give exactly one of --onnx FILE, --hf DIR, --gguf FILE or --vllm DIR")
+        if self.gguf_embedding_type is not None and self.gguf is None:
+            raise UsageError("--gguf-embedding-type goes with --gguf FILE")
         if self.with_onnx is not None and self.hf is None:
             raise UsageError("--with-onnx/--no-onnx go with --hf DIR (--onnx FILE writes only the ONNX file)")
 
@@ -78,7 +86,9 @@ def run(opts: ExportOptions, ctx: Context) -> Result:
     if opts.gguf is not None:
         from headprune_cli.stages.export.gguf_file import export_gguf_file  # noqa: PLC0415 (keeps torch out of this module's import)
 
-        return export_gguf_file(opts.checkpoint, opts.gguf, opts.gguf_type, opts.force, ctx, opts.engine_python)
+        return export_gguf_file(
+            opts.checkpoint, opts.gguf, opts.gguf_type, opts.force, ctx, opts.engine_python, opts.gguf_embedding_type
+        )
     if opts.vllm is not None:
         from headprune_cli.stages.export.vllm_folder import export_vllm_folder  # noqa: PLC0415 (keeps torch out of this module's import)
 
@@ -205,6 +215,8 @@ HELP = """Export a (pruned) checkpoint for deployment: an ONNX file or an HF-sty
       headprune export small-llama.safetensors --vllm small-llama-vllm/   # nemotron-nas folder for vLLM
 
       headprune export small-llama.safetensors --gguf small-q4km.gguf --gguf-type q4_K_M   # llama.cpp
+
+      headprune export small-llama.safetensors --gguf small-q4.gguf --gguf-type q4_0 --gguf-embedding-type q8_0
     """
 
 STAGE = Stage(

@@ -205,6 +205,34 @@ def test_a_cut_off_the_block_grid_is_refused_naming_the_layer_and_the_fix(non_un
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
+def test_embedding_type_gives_the_embedding_and_output_head_their_own_type(on_grid, tmp_path, cli):
+    """--gguf-type q4_0 --gguf-embedding-type q8_0: every block matrix q4_0, the token embedding and
+    the (untied) output head q8_0, each dequantizing to its checkpoint weights within q8_0's error."""
+    out = tmp_path / "q.gguf"
+    result = cli("export", on_grid, "--gguf", out, "--gguf-type", "q4_0", "--gguf-embedding-type", "q8_0")
+    assert result.code == 0, result
+    assert "q4_0, embedding q8_0" in result.err
+    found = tensors(gguf.GGUFReader(out))
+    q4, q8 = gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0
+    heads = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight"}
+    for name, t in found.items():
+        want = gguf.GGMLQuantizationType.F32 if len(t.shape) == 1 else q8 if name in heads else q4
+        assert t.tensor_type == want, name
+    state = headprune_cli.load(on_grid).state_dict()
+    for name, key in heads.items():
+        weight = state[key].numpy()
+        back = gguf.quants.dequantize(found[name].data, q8).reshape(weight.shape)
+        assert np.abs(back - weight).max() <= 0.01 * np.abs(weight).max(), name
+
+
+def test_embedding_type_refusals(on_grid, tmp_path, cli):
+    result = cli("export", on_grid, "--gguf", tmp_path / "x.gguf", "--gguf-embedding-type", "q6_K")
+    assert_refused(result, 2, "unknown --gguf-embedding-type 'q6_K'; supported: f32, f16, bf16, q8_0")
+    result = cli("export", on_grid, "--onnx", tmp_path / "x.onnx", "--gguf-embedding-type", "q8_0")
+    assert_refused(result, 2, "--gguf-embedding-type goes with --gguf FILE")
+    assert not list(tmp_path.iterdir())
+
+
 def test_same_input_gives_byte_identical_gguf(on_grid, tmp_path, cli):
     for name in ("a.gguf", "b.gguf"):
         assert cli("export", on_grid, "--gguf", tmp_path / name, "--gguf-type", "q8_0").code == 0
