@@ -101,6 +101,9 @@ def test_the_shared_plan_predicts_each_task_models_cut_and_names_its_rule(shared
         assert plan["config"]["tasks"] == ["a", "b"]
         inputs = {m["role"]: Path(m["path"]).name for m in plan["inputs"]}
         assert inputs == {"scores": f"scores-{name}.json", "model": f"{name}.safetensors"}
+        own_inputs = {m["role"]: m["path"] for m in own["inputs"]}  # the task's own plan names its scores file too
+        model = str(shared_base / f"{name}.safetensors")
+        assert own_inputs == {"scores": str(out / f"scores-{name}.json"), "model": model}
 
 
 def test_tasks_take_scores_artifacts(shared_base: Path, cli):
@@ -252,3 +255,59 @@ def test_shared_plan_is_select_on_the_summed_normalised_scores(shared_base: Path
     assert len(set(a)) == len(a) and len(set(b)) == len(b)  # no ties: ranks are argsort's
     rho = np.corrcoef(a.argsort().argsort(), b.argsort().argsort())[0, 1]
     assert art["pairs"][0]["spearman_heads"] == pytest.approx(rho, abs=1e-12)
+
+
+def _score_files(shared_base: Path, cli, *extra: str) -> tuple[dict[str, dict], list[str]]:
+    """Each task's scores file (fisher), parsed, and the --task options that name them."""
+    data, raw, args = shared_base / "data.safetensors", {}, []
+    for name in ("a", "b"):
+        path, model = shared_base / f"s-{name}.json", shared_base / f"{name}.safetensors"
+        assert cli("score", model, "--data", data, "--method", "fisher", *extra, "-o", path).code == 0
+        raw[name] = json.loads(path.read_text())
+        args += ["--task", f"name={name},model={model},scores={path}"]
+    return raw, args
+
+
+def test_scores_without_a_cost_table_share_the_plan_select_makes_from_the_summed_scores(shared_base: Path, cli):
+    """Scores files whose cost table is empty (an earlier version's): no prediction to price,
+    so each task's shared plan is the shared selection as it is, equal to `headprune select`
+    on the summed normalised head scores under the same --ratio."""
+    raw, args = _score_files(shared_base, cli)
+    for name, scores in raw.items():
+        scores["cost"] = {}
+        (shared_base / f"s-{name}.json").write_text(json.dumps(scores))
+    out = shared_base / "out"
+    result = cli("tasks", *args, "--ratio", "0.5", "-o", out)
+    assert result.code == 0, result
+    units = {n: {(int(l), int(h)): s for l, hs in raw[n]["heads"].items() for h, s in hs.items()} for n in raw}
+    norm = {n: {u: s / sum(abs(v) for v in units[n].values()) for u, s in units[n].items()} for n in raw}
+    reference = json.loads(json.dumps(raw["a"]))
+    reference["heads"] = {
+        layer: {head: norm["a"][(int(layer), int(head))] + norm["b"][(int(layer), int(head))] for head in heads}
+        for layer, heads in raw["a"]["heads"].items()
+    }
+    (shared_base / "summed.json").write_text(json.dumps(reference))
+    assert cli("select", shared_base / "summed.json", "--ratio", "0.5", "-o", shared_base / "ref.json").code == 0
+    expected = json.loads((shared_base / "ref.json").read_text())
+    assert expected["remove_heads"] and expected["predicted"] == {}  # heads removed, nothing to price
+    total = sum(len(v) for v in raw["a"]["heads"].values())
+    assert sum(len(v) for v in expected["remove_heads"].values()) == total // 2
+    for name in raw:
+        shared = json.loads((out / f"plan-shared-{name}.json").read_text())
+        for key in ("strategy", "remove_heads", "remove_layers", "remove_ffn", "predicted"):
+            assert shared.get(key) == expected.get(key), key
+        assert shared["config"]["strategy"] == "shared-" + expected["strategy"]
+
+
+def test_the_shared_plan_drops_no_layer_even_from_scores_that_rank_layers(shared_base: Path, cli):
+    """The shared table leaves the tasks' layer scores out (they are on each task's own loss
+    scale), so the shared selection never removes a layer: a fixed --drop-layers is refused
+    and a cost budget removes heads and neurons only."""
+    _, args = _score_files(shared_base, cli, "--ffn", "--layers")
+    result = cli("tasks", *args, *BUDGET, "--drop-layers", "1", "-o", shared_base / "o1")
+    assert_refused(result, 2, "layer removal needs layer scores")
+    out = shared_base / "out"
+    assert cli("tasks", *args, *BUDGET, "-o", out).code == 0
+    for name in ("a", "b"):
+        shared = json.loads((out / f"plan-shared-{name}.json").read_text())
+        assert shared["remove_layers"] == [] and shared["remove_heads"]
