@@ -3,6 +3,7 @@ its refusals. vLLM itself loads these folders in tests/engines/test_vllm.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,7 +12,8 @@ import transformers as T
 from safetensors.torch import load_file
 
 import headprune_cli
-from headprune_cli.model.formats.vllm import CONFIG_FILE
+from headprune_cli.model.checkpoint import read_info
+from headprune_cli.model.formats.vllm import CONFIG_FILE, nas_folder_config, nas_plan
 from tests.support.gguf_models import ROPES, write_checkpoint
 from tests.support.models import TINY
 from tests.support.refusals import assert_refused, snapshot
@@ -35,9 +37,17 @@ def test_the_folder_states_every_layer_and_holds_the_checkpoints_weights(nas, tm
     assert config["hidden_size"] == 128 and config["vocab_size"] == 320 and config["tie_word_embeddings"] is False
     assert config["auto_map"] == {"AutoConfig": "configuration_headprune_nas.HeadpruneNasConfig"}
     blocks = config["block_configs"]
-    assert [b["attention"]["n_heads_in_group"] for b in blocks] == [2, 1, 2]
-    assert [b["ffn"]["intermediate_size"] for b in blocks] == [256, 128, 173]  # exact: no ffn_mult, no padding
-    assert not any("ffn_mult" in b["ffn"] or b["ffn"]["no_op"] or b["attention"]["no_op"] for b in blocks)
+    # Each block as NVIDIA's nemotron-nas configs spell it: no_op and replace_with_linear both False
+    # (a real attention and a real gated MLP), whole numbers (vLLM divides the head count by
+    # n_heads_in_group), the FFN width exact: no ffn_mult, no padding.
+    assert blocks == [
+        {
+            "attention": {"no_op": False, "replace_with_linear": False, "n_heads_in_group": group},
+            "ffn": {"no_op": False, "replace_with_linear": False, "intermediate_size": width},
+        }
+        for group, width in ((2, 256), (1, 128), (2, 173))
+    ]
+    assert all(type(b["attention"]["n_heads_in_group"]) is int for b in blocks)
     assert (out / "configuration_headprune_nas.py").read_text() == CONFIG_FILE
     model = headprune_cli.load(nas)
     weights = load_file(str(out / "model.safetensors"))
@@ -184,3 +194,25 @@ def test_config_json_carries_the_sources_model_settings(tmp_path, cli):
     for key in (*settings, "vocab_size", "hidden_size", "tie_word_embeddings"):
         assert written[key] == source[key], key
     assert "qkv_bias" not in written  # a LLaMA's q/k/v have no bias
+
+
+def test_a_transformers_4_header_keeps_its_rope_theta_and_rope_scaling(nas, tmp_path):
+    """A checkpoint written under transformers 4 states RoPE as `rope_theta` + `rope_scaling`
+    (no `rope_parameters`): config.json carries both, so transformers (and vLLM) compute the
+    frequencies the source config does."""
+    info = read_info(nas)
+    config = {k: v for k, v in info.config.items() if k != "rope_parameters"}
+    llama3 = {k: v for k, v in ROPES["llama3"].items() if k != "rope_theta"}
+    config |= {"rope_theta": 40000.0, "rope_scaling": llama3}
+    info = dataclasses.replace(info, config=config)
+    written = nas_folder_config(info, nas_plan(info)).config
+    assert written["rope_theta"] == 40000.0 and written["rope_scaling"] == llama3
+    shape = {"hidden_size": 128, "num_attention_heads": 4, "head_dim": 32, "max_position_embeddings": 256}
+    rope = {key: written[key] for key in ("rope_theta", "rope_scaling", "rope_parameters") if key in written}
+
+    def inv_freq(**fields) -> torch.Tensor:
+        return T.models.llama.modeling_llama.LlamaRotaryEmbedding(T.LlamaConfig(**shape, **fields)).inv_freq
+
+    expected = inv_freq(rope_theta=40000.0, rope_scaling=dict(llama3))
+    assert not torch.allclose(expected, inv_freq())  # neither transformers' default theta nor unscaled
+    torch.testing.assert_close(inv_freq(**rope), expected, rtol=1e-6, atol=0)

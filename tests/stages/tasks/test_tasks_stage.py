@@ -11,6 +11,7 @@ import pytest
 from headprune_cli import load
 from headprune_cli.artifacts.neuron_scores import decode, encode
 from headprune_cli.artifacts.schema import read_artifact
+from headprune_cli.files.io import sha256_file
 from headprune_cli.model.checkpoint import read_info
 from headprune_cli.stages.tasks.plans import SHARED_RULE
 from tests.stages.tasks.conftest import task_args
@@ -101,6 +102,9 @@ def test_the_shared_plan_predicts_each_task_models_cut_and_names_its_rule(shared
         assert plan["config"]["tasks"] == ["a", "b"]
         inputs = {m["role"]: Path(m["path"]).name for m in plan["inputs"]}
         assert inputs == {"scores": f"scores-{name}.json", "model": f"{name}.safetensors"}
+        own_inputs = {m["role"]: m["path"] for m in own["inputs"]}  # the task's own plan names its scores file too
+        model = str(shared_base / f"{name}.safetensors")
+        assert own_inputs == {"scores": str(out / f"scores-{name}.json"), "model": model}
 
 
 def test_tasks_take_scores_artifacts(shared_base: Path, cli):
@@ -252,3 +256,131 @@ def test_shared_plan_is_select_on_the_summed_normalised_scores(shared_base: Path
     assert len(set(a)) == len(a) and len(set(b)) == len(b)  # no ties: ranks are argsort's
     rho = np.corrcoef(a.argsort().argsort(), b.argsort().argsort())[0, 1]
     assert art["pairs"][0]["spearman_heads"] == pytest.approx(rho, abs=1e-12)
+
+
+def _score_files(shared_base: Path, cli, *extra: str) -> tuple[dict[str, dict], list[str]]:
+    """Each task's scores file (fisher), parsed, and the --task options that name them."""
+    data, raw, args = shared_base / "data.safetensors", {}, []
+    for name in ("a", "b"):
+        path, model = shared_base / f"s-{name}.json", shared_base / f"{name}.safetensors"
+        assert cli("score", model, "--data", data, "--method", "fisher", *extra, "-o", path).code == 0
+        raw[name] = json.loads(path.read_text())
+        args += ["--task", f"name={name},model={model},scores={path}"]
+    return raw, args
+
+
+def test_scores_without_a_cost_table_share_the_plan_select_makes_from_the_summed_scores(shared_base: Path, cli):
+    """Scores files whose cost table is empty (an earlier version's): no prediction to price,
+    so each task's shared plan is the shared selection as it is, equal to `headprune select`
+    on the summed normalised head scores under the same --ratio."""
+    raw, args = _score_files(shared_base, cli)
+    for name, scores in raw.items():
+        scores["cost"] = {}
+        (shared_base / f"s-{name}.json").write_text(json.dumps(scores))
+    out = shared_base / "out"
+    result = cli("tasks", *args, "--ratio", "0.5", "-o", out)
+    assert result.code == 0, result
+    units = {n: {(int(l), int(h)): s for l, hs in raw[n]["heads"].items() for h, s in hs.items()} for n in raw}
+    norm = {n: {u: s / sum(abs(v) for v in units[n].values()) for u, s in units[n].items()} for n in raw}
+    reference = json.loads(json.dumps(raw["a"]))
+    reference["heads"] = {
+        layer: {head: norm["a"][(int(layer), int(head))] + norm["b"][(int(layer), int(head))] for head in heads}
+        for layer, heads in raw["a"]["heads"].items()
+    }
+    (shared_base / "summed.json").write_text(json.dumps(reference))
+    assert cli("select", shared_base / "summed.json", "--ratio", "0.5", "-o", shared_base / "ref.json").code == 0
+    expected = json.loads((shared_base / "ref.json").read_text())
+    assert expected["remove_heads"] and expected["predicted"] == {}  # heads removed, nothing to price
+    total = sum(len(v) for v in raw["a"]["heads"].values())
+    assert sum(len(v) for v in expected["remove_heads"].values()) == total // 2
+    for name in raw:
+        shared = json.loads((out / f"plan-shared-{name}.json").read_text())
+        for key in ("strategy", "remove_heads", "remove_layers", "remove_ffn", "predicted"):
+            assert shared.get(key) == expected.get(key), key
+        assert shared["config"]["strategy"] == "shared-" + expected["strategy"]
+    for entry in json.loads((out / "tasks.json").read_text())["tasks"]:
+        assert entry["own"]["flops_kept"] is None and entry["shared"]["flops_kept"] is None  # no cost to share
+
+
+def test_the_shared_plan_drops_no_layer_even_from_scores_that_rank_layers(shared_base: Path, cli):
+    """The shared table leaves the tasks' layer scores out (they are on each task's own loss
+    scale), so the shared selection never removes a layer: a fixed --drop-layers is refused
+    and a cost budget removes heads and neurons only."""
+    _, args = _score_files(shared_base, cli, "--ffn", "--layers")
+    result = cli("tasks", *args, *BUDGET, "--drop-layers", "1", "-o", shared_base / "o1")
+    assert_refused(result, 2, "layer removal needs layer scores")
+    out = shared_base / "out"
+    assert cli("tasks", *args, *BUDGET, "-o", out).code == 0
+    for name in ("a", "b"):
+        shared = json.loads((out / f"plan-shared-{name}.json").read_text())
+        assert shared["remove_layers"] == [] and shared["remove_heads"]
+
+
+def _per_layer(units: set, kind: str, layers: list[int]) -> dict[str, list[int]]:
+    return {str(layer): sorted(u[2] for u in units if u[0] == kind and u[1] == layer) for layer in layers}
+
+
+def _view(units: set, layers: list[int]) -> dict:
+    """What the tasks artifact says one kept set holds, counted here from the units."""
+    return {
+        "heads": _per_layer(units, "heads", layers),
+        "heads_kept": sum(u[0] == "heads" for u in units),
+        "ffn_kept": sum(u[0] == "ffn" for u in units),
+        "ffn_per_layer": {k: len(v) for k, v in _per_layer(units, "ffn", layers).items()},
+    }
+
+
+def _jaccard(a: set, b: set) -> float:
+    return len(a & b) / len(a | b) if a | b else 1.0
+
+
+def test_the_tasks_artifact_states_what_each_plan_keeps(shared_base: Path, cli):
+    """Every view in tasks.json recounted from the plan files and the scores files: per task its
+    own plan (which drops layers here: layer scores let it) and the shared one, what every task
+    or only one keeps, heads and FFN neurons, the shared plan's view, the budget, the base and
+    the files."""
+    raw, args = _score_files(shared_base, cli, "--ffn", "--layers")
+    out = shared_base / "out"
+    assert cli("tasks", *args, *BUDGET, "-o", out).code == 0
+    art = json.loads((out / "tasks.json").read_text())
+    layers = list(range(len(raw["a"]["num_heads"])))
+    own, shared = {}, {}
+    for name in ("a", "b"):
+        units = set(_scores_by_unit(raw[name]))
+        own[name] = _kept_units(json.loads((out / f"plan-{name}.json").read_text()), units)
+        shared[name] = _kept_units(json.loads((out / f"plan-shared-{name}.json").read_text()), units)
+        entry = next(t for t in art["tasks"] if t["name"] == name)
+        assert (entry["objective"], entry["method"], entry["samples"]) == (
+            "classification",
+            "fisher",
+            raw[name]["samples"],
+        )
+        assert {k: entry["own"][k] for k in _view(own[name], layers)} == _view(own[name], layers)
+        heads = {u for u in own[name] if u[0] == "heads"}, {u for u in shared[name] if u[0] == "heads"}
+        ffn = {u for u in own[name] if u[0] == "ffn"}, {u for u in shared[name] if u[0] == "ffn"}
+        assert entry["shared"]["jaccard_heads_with_own"] == pytest.approx(_jaccard(*heads), abs=1e-12)
+        assert entry["shared"]["jaccard_ffn_with_own"] == pytest.approx(_jaccard(*ffn), abs=1e-12)
+    assert json.loads((out / "plan-a.json").read_text())["remove_layers"]  # dropped layers are in the views
+    assert shared["a"] == shared["b"] and shared["a"] != own["a"]
+    plan = json.loads((out / "plan-shared-a.json").read_text())
+    view = {"rule": SHARED_RULE, "strategy": plan["strategy"], **_view(shared["a"], layers)}
+    assert art["shared"] == view
+    for kind, spell in (("heads", lambda us: [f"{u[1]}:{u[2]}" for u in sorted(us)]), ("ffn", None)):
+        mine = {n: {u for u in own[n] if u[0] == kind} for n in own}
+        every, only = mine["a"] & mine["b"], {"a": mine["a"] - mine["b"], "b": mine["b"] - mine["a"]}
+        write = spell or (lambda us: _per_layer(us, "ffn", layers))
+        expected = {"every": write(every), "every_count": len(every)}
+        expected |= {
+            "only": {n: write(us) for n, us in only.items()},
+            "only_count": {n: len(us) for n, us in only.items()},
+        }
+        assert art[kind] == expected, kind
+    assert art["budget"] == {"kind": "flops", "value": 0.6, "option": "--target-flops"}
+    assert art["base"] == {"sha256": sha256_file(shared_base / "base.safetensors"), "how": "base"}
+    files = {"artifact": "tasks.json", "markdown": "tasks.md", "png": "tasks.png"}
+    files |= {
+        f"{kind}:{n}": f"{stem}{n}.json"
+        for n in ("a", "b")
+        for kind, stem in (("plan", "plan-"), ("shared-plan", "plan-shared-"))
+    }
+    assert art["files"] == files and all((out / f).is_file() for f in files.values())
