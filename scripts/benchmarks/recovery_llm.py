@@ -108,11 +108,12 @@ class Snapshots(threading.Thread):
         super().__init__(daemon=True)
         self.state, self.keep, self.steps, self.done = state, keep, steps, threading.Event()
         self.stop_at, self.stopped, self.interrupt = stop_at, False, lambda: None
+        self.missed: set[int] = set()  # saved and replaced between two looks: steps too fast to copy
 
     def run(self) -> None:
         while not self.done.is_set():
             self.copy()
-            time.sleep(0.5)
+            time.sleep(0.1)
         self.copy()
 
     def copy(self) -> None:
@@ -121,6 +122,7 @@ class Snapshots(threading.Thread):
         except (OSError, ValueError, KeyError):
             return
         target = self.keep / f"step-{step:08d}"
+        self.missed |= {s for s in self.steps if s < step and not (self.keep / f"step-{s:08d}").exists()}
         if step in self.steps and not target.exists():
             tmp = self.keep / f".{target.name}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
@@ -152,6 +154,8 @@ def timed_finetune(args: list, log: Path, snapshots: Snapshots) -> float | None:
             snapshots.done.set()
             snapshots.join()
     text = log.read_text()
+    if snapshots.missed:
+        raise SystemExit(f"the states of steps {sorted(snapshots.missed)} were replaced before they could be copied")
     if code != 0 and not (snapshots.stopped and "Exit status: 130" in text):
         raise SystemExit(f"headprune finetune failed: {text.strip()[-800:]}")
     peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
