@@ -44,6 +44,7 @@ import torch
 from safetensors.torch import load_file, load_model
 
 import headprune_cli as hp
+from scripts.benchmarks.recovery_llm_report import plot, render
 
 LORA_A, LORA_B = ".lora_A.default.weight", ".lora_B.default.weight"
 PEFT_PREFIX = "base_model.model."
@@ -314,8 +315,20 @@ def main() -> None:
     parser.add_argument("--eval-rows", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--unpruned-ppl", type=float, required=True, help="the unpruned model on the same rows")
+    parser.add_argument("--plot", type=Path, help="also draw the curves here (PNG)")
+    parser.add_argument("--project-to", type=float, default=2e6, help="tokens the curves are extrapolated to")
+    parser.add_argument("--render", action="store_true", help="only write OUT/table.md (and --plot) from the rows")
     args = parser.parse_args()
     bench = Bench(args)
+    if not args.render:
+        run(bench, args)
+    (bench.out / "table.md").write_text(render(bench.rows(), args.project_to))
+    if args.plot:
+        plot(bench.rows(), args.plot, args.unpruned_ppl, args.project_to)
+    print((bench.out / "table.md").read_text())
+
+
+def run(bench: Bench, args) -> None:
     for target in args.targets:
         for route in args.routes:
             bench.curve(target, route, bench.lr_trial(target, route) if args.lrs else args.lr)

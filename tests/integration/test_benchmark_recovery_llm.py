@@ -14,6 +14,7 @@ import headprune_cli as hp
 from headprune_cli.stages.options import LoraSpec
 from headprune_cli.stages.training.lora import attach, merge
 from scripts.benchmarks import recovery_llm
+from scripts.benchmarks import recovery_llm_report as report
 from tests.support import ROOT
 from tests.support.gguf_models import TEXT, tiny_llama
 
@@ -76,3 +77,16 @@ def test_curve_and_rate_trial_on_the_tiny_llama(tmp_path):
         [sys.executable, "-m", "scripts.benchmarks.recovery_llm", *map(str, argv)], cwd=ROOT, capture_output=True
     )
     assert again.returncode == 0 and (out / "results.jsonl").read_text().count("\n") == len(rows)
+
+
+def test_projection_follows_a_power_law_and_the_table_says_it_is_one():
+    rows = [{"target": 0.8, "route": "cut", "step": 0, "tokens": 0, "ppl": 60.0, "x_ppl": 1.6}]
+    for step, tokens in ((24, 25_000), (48, 50_000), (96, 100_000)):
+        x = 1 + 2 * tokens**-0.25
+        rows.append({"target": 0.8, "route": "lora", "step": step, "tokens": tokens, "ppl": 37.29 * x, "x_ppl": x})
+    curve = report.curves(rows)[(0.8, "lora")]
+    assert [r["step"] for r in curve] == [0, 24, 48, 96]
+    assert report.projection(curve, 2e6) == pytest.approx(1 + 2 * 2e6**-0.25, rel=1e-9)
+    assert report.projection(curve[:2], 2e6) is None  # one trained point fits no slope
+    table = report.render(rows, 2e6)
+    assert "| 0.8 | LoRA KD | 96 | 100,000 | 41.48 | 1.112 |" in table and "| extrapolated | 2,000,000 | | ~" in table
