@@ -27,6 +27,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -194,6 +195,7 @@ class Bench:
             self.record({**row, "x_ppl": ppl / a.unpruned_ppl, "flops_share": flops})
         return path
 
+    @functools.cache  # noqa: B019 (one Bench per run)
     def tokens_per_step(self) -> float:
         """Rows x --max-length, times the share of those positions the training rows fill."""
         a = self.args
@@ -237,15 +239,28 @@ class Bench:
         if self.has(target=target, route=route, step=a.steps):
             return
         output, keep, peak, seconds = self.train(cut, run_name(route, target, lr), route, lr, set(a.points))
+        self.measure(target, route, lr)
         per_step, scaling = self.tokens_per_step(), lora_scaling(route)
-        for step in a.points:
-            if not self.has(target=target, route=route, step=step):
-                model = snapshot_model(cut, keep / f"step-{step:08d}", scaling)
-                self.row(target, route, step, per_step, perplexity(model, a.heldout, a.eval_rows), lr=lr)
         final = hp.load(output)
         ppl = perplexity(final, a.heldout, a.eval_rows)
         check = self.check(cut, final, run_name(route, target, lr), scaling)
         self.row(target, route, a.steps, per_step, ppl, lr=lr, peak_rss_gib=peak, train_seconds=seconds, check=check)
+
+    def measure(self, target: float, route: str, lr: float | None) -> None:
+        """A row for each copied state of the run at `lr` that has none yet (also while it trains)."""
+        a, cut = self.args, self.cut(target)
+        keep = self.out / f"{run_name(route, target, lr)}.steps"
+        for step in a.points:
+            folder = keep / f"step-{step:08d}"
+            if folder.is_dir() and not self.has(target=target, route=route, step=step):
+                model = snapshot_model(cut, folder, lora_scaling(route))
+                ppl = perplexity(model, a.heldout, a.eval_rows)
+                self.row(target, route, step, self.tokens_per_step(), ppl, lr=lr)
+
+    def chosen_lr(self, target: float, route: str) -> float | None:
+        """The rate the trial picked (lowest dev perplexity), else --lr."""
+        trials = [r for r in self.rows() if r["target"] == target and r["route"] == f"{route} lr trial"]
+        return min(trials, key=lambda r: r["dev_ppl"])["lr"] if trials else self.args.lr
 
     def row(self, target: float, route: str, step: int, per_step: float, ppl: float, **extra) -> None:
         base = self.args.unpruned_ppl
@@ -278,8 +293,7 @@ class Bench:
             self.record(
                 {**row, "dev_ppl": perplexity(model, a.dev, a.eval_rows), "peak_rss_gib": peak, "seconds": seconds}
             )
-        trials = [r for r in self.rows() if r["target"] == target and r["route"] == f"{route} lr trial"]
-        return min(trials, key=lambda r: r["dev_ppl"])["lr"]
+        return self.chosen_lr(target, route)
 
     def trial_run(self, cut: Path, route: str, target: float, lr: float) -> tuple:
         steps = self.args.trial_steps
@@ -317,6 +331,7 @@ def main() -> None:
     parser.add_argument("--unpruned-ppl", type=float, required=True, help="the unpruned model on the same rows")
     parser.add_argument("--plot", type=Path, help="also draw the curves here (PNG)")
     parser.add_argument("--project-to", type=float, default=2e6, help="tokens the curves are extrapolated to")
+    parser.add_argument("--measure", action="store_true", help="only measure the states copied so far")
     parser.add_argument("--render", action="store_true", help="only write OUT/table.md (and --plot) from the rows")
     args = parser.parse_args()
     bench = Bench(args)
@@ -331,7 +346,10 @@ def main() -> None:
 def run(bench: Bench, args) -> None:
     for target in args.targets:
         for route in args.routes:
-            bench.curve(target, route, bench.lr_trial(target, route) if args.lrs else args.lr)
+            if args.measure:
+                bench.measure(target, route, bench.chosen_lr(target, route))
+            else:
+                bench.curve(target, route, bench.lr_trial(target, route) if args.lrs else args.lr)
 
 
 if __name__ == "__main__":
