@@ -45,38 +45,49 @@ def greedy_order(gram: torch.Tensor, weight: torch.Tensor, group: int, damp: flo
         raise ValueError(f"{n} input features do not split into groups of {group}")
     hinv = damped_inverse(gram.double(), damp)
     w = weight.double().clone()
-    alive = list(range(n // group))  # groups still in, in index order
+    ids = torch.arange(n // group)  # the group each current block of `group` features is
+    dead = torch.zeros(len(ids), dtype=torch.bool)  # removed, not yet compacted away
     order: list[int] = []
     errors: list[float] = []
     total = 0.0
-    while alive:
-        costs, solved = _costs(hinv, w, group)
+    while len(order) < n // group:
+        costs = _costs(hinv, w, group).masked_fill_(dead, float("inf"))
         pick = int(torch.argmin(costs))  # the first minimum: the lowest group index on ties
         total += max(float(costs[pick]), 0.0)
-        order.append(alive.pop(pick))
+        order.append(int(ids[pick]))
         errors.append(total)
-        hinv, w = _remove(hinv, w, pick, group, solved[pick])
+        _remove(hinv, w, pick, group)
+        dead[pick] = True
+        if 4 * int(dead.sum()) > len(dead):  # shrink once a quarter is gone: the updates cost m^2
+            hinv, w, ids, dead = _compact(hinv, w, ids, dead, group)
     return Greedy(order, errors)
 
 
-def _costs(hinv: torch.Tensor, w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per alive group: E = tr(W_S^T (Hinv_SS)^-1 W_S), and (Hinv_SS)^-1 W_S [group, out] for the update."""
+def _costs(hinv: torch.Tensor, w: torch.Tensor, group: int) -> torch.Tensor:
+    """Per current group: E = tr(W_S^T (Hinv_SS)^-1 W_S)."""
     m = w.shape[0] // group
-    if group == 1:  # one feature: a scalar block, no batched solve
-        d = torch.diagonal(hinv).clamp_min(1e-300)
-        solved = (w / d[:, None])[:, None, :]
-        return (w * w).sum(1) / d, solved
+    if group == 1:  # a scalar block: no batched solve
+        return (w * w).sum(1) / torch.diagonal(hinv).clamp_min(1e-300)
     blocks = hinv.reshape(m, group, m, group).diagonal(dim1=0, dim2=2).permute(2, 0, 1)  # [m, g, g]
     ws = w.reshape(m, group, -1)
-    solved = torch.linalg.solve(blocks, ws)
-    return (ws * solved).sum((1, 2)), solved
+    try:
+        solved = torch.linalg.solve(blocks, ws)
+    except torch.linalg.LinAlgError:  # a removed group's block is zero until compaction
+        solved = torch.linalg.lstsq(blocks, ws).solution
+    return (ws * solved).sum((1, 2))
 
 
-def _remove(hinv: torch.Tensor, w: torch.Tensor, pick: int, group: int, solved: torch.Tensor):
-    """Move group `pick`'s contribution onto the rest, then drop its rows and columns."""
+def _remove(hinv: torch.Tensor, w: torch.Tensor, pick: int, group: int) -> None:
+    """In place: move group `pick`'s contribution onto the rest (W -= Hinv_:S (Hinv_SS)^-1 W_S) and
+    take it out of Hinv by the Schur complement; its rows and columns become zero."""
     cols = slice(pick * group, (pick + 1) * group)
-    w = w - hinv[:, cols] @ solved
-    block = hinv[cols, cols]
-    hinv = hinv - hinv[:, cols] @ torch.linalg.solve(block, hinv[cols, :])
-    keep = torch.cat([torch.arange(0, pick * group), torch.arange((pick + 1) * group, w.shape[0])])
-    return hinv[keep][:, keep], w[keep]
+    block = hinv[cols, cols].clone()
+    side = hinv[:, cols].clone()  # [m, g]
+    w.addmm_(side, torch.linalg.solve(block, w[cols]), alpha=-1)
+    hinv.addmm_(side, torch.linalg.solve(block, side.T), alpha=-1)
+
+
+def _compact(hinv, w, ids, dead, group):
+    """Drop the removed groups' (zero) rows and columns."""
+    keep = (~dead).repeat_interleave(group)
+    return hinv[keep][:, keep], w[keep], ids[~dead], torch.zeros(int((~dead).sum()), dtype=torch.bool)
