@@ -196,6 +196,12 @@ HELP = """Score the importance of every attention head (and, with --layers, ever
       headprune score lm.safetensors --data wiki.txt --method loo --layers --samples 256
 
       headprune score emb.safetensors --data sentences.txt --method combined --weights taylor=1,entropy=0.5
+
+    --method obs scores what `prune --data` (the lstsq refit) cannot repair: per layer, the
+    heads (KV groups) and FFN neurons in the order structured OBS removes them, each scored by
+    the layer's refit error once it is gone; meant for cuts made with `prune --data`:
+
+      headprune score lm.safetensors --data calib.txt --method obs --ffn -o scores.json
     """
 
 STAGE = Stage(

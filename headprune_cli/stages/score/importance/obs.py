@@ -20,10 +20,12 @@ stream entering the block (the error as the next RMSNorm/LayerNorm sees it).
 
 Scores (`obs_score`): `cumulative` gives a unit the layer's error after its removal (so a
 threshold keeps a prefix of every layer's order); `marginal` the error its step added,
-raised where needed to the previous step's (strictly increasing), so that select's budget
+raised where needed to just above the previous step's, so that select's budget
 greedy, which sums a layer's removed scores, pays about the layer's refit error and takes
 the steps with the least error per FLOP saved across layers. Higher = more important. A
 head's score is its group's divided by the heads in the group (a group sums to its score).
+Either way the scores rise strictly along the order in float32, the precision the artifact
+keeps, so sorting them gives the order back.
 With `--gqa-unit head` the heads of one group tie. Projection biases (BERT, GPT-2), which
 the refit also fits, are not modelled: the errors are upper bounds there.
 """
@@ -100,20 +102,22 @@ def _unit_scores(stats: Stats, module, group: int, obs: Obs, scale: float) -> to
     greedy = greedy_order(stats.gram, weight, group, obs.damp)
     errors = torch.tensor(greedy.errors, dtype=torch.float64) * (scale / max(stats.yy, 1e-300))
     if obs.score == "marginal":
-        errors = _rising(torch.diff(errors, prepend=errors.new_zeros(1)))
+        errors = torch.diff(errors, prepend=errors.new_zeros(1))
     scores = torch.empty(len(greedy.order), dtype=torch.float64)
-    scores[torch.tensor(greedy.order)] = errors
+    scores[torch.tensor(greedy.order)] = _rising(errors)
     return scores
 
 
 def _rising(steps: torch.Tensor) -> torch.Tensor:
-    """Each step at least the one before, and strictly above it: select sorts a layer's units by
-    score, so the order must survive the sort (ties would go by index)."""
-    out = steps.clone()
+    """Each value strictly above the one before, in float32 (what the artifact stores neuron
+    scores in): select sorts a layer's units by score, so the greedy order must survive the
+    sort, and ties would go by index."""
+    out = steps.float()
+    up = out.new_tensor(float("inf"))
     for k in range(1, len(out)):
         if out[k] <= out[k - 1]:
-            out[k] = torch.nextafter(out[k - 1], out.new_tensor(float("inf")))
-    return out
+            out[k] = torch.nextafter(out[k - 1], up)
+    return out.double()
 
 
 def _width(module) -> int:

@@ -103,7 +103,7 @@ def test_model_scores_are_the_refit_error_of_every_prefix(tmp_path, name):
             order = sorted(range(len(scores)), key=lambda u: scores[u])
             for k in range(1, len(order) + 1):
                 expected = _refit_error(xw, w.T, order[:k], features, lam) / yy
-                assert scores[order[k - 1]] == pytest.approx(expected, rel=1e-6)
+                assert scores[order[k - 1]] == pytest.approx(expected, rel=1e-6)  # float32-exact
 
 
 def _grouped(heads: dict[int, float], size: int) -> list[list[float]]:
@@ -119,9 +119,11 @@ def test_marginal_scores_rise_and_sum_to_at_least_the_layer_error(tmp_path):
     for layer, scores in cumulative.ffn.items():
         order = sorted(range(len(scores)), key=lambda j: scores[j])
         steps = [marginal.ffn[layer][j] for j in order]
-        assert all(b > a for a, b in zip(steps, steps[1:]))  # the cumulative order survives select's sort
-        assert sum(steps) >= scores[order[-1]] * (1 - 1e-9)
-        assert steps[0] == pytest.approx(scores[order[0]], rel=1e-12)
+        # The cumulative order survives select's sort, also in the artifact's float32.
+        assert all(b > a for a, b in zip(steps, steps[1:]))
+        assert all(b > a for a, b in zip(torch.tensor(steps).float(), torch.tensor(steps).float()[1:]))
+        assert sum(steps) >= scores[order[-1]] * (1 - 1e-6)
+        assert steps[0] == pytest.approx(scores[order[0]], rel=1e-6)
 
 
 def test_output_norm_scales_each_layer_by_its_output_energy(tmp_path):
@@ -136,9 +138,9 @@ def test_output_norm_scales_each_layer_by_its_output_energy(tmp_path):
         y = seen[("down", layer)].double() @ _weight(down).T
         energy = float((y * y).sum(1).mean())
         ratio = [o / r for o, r in zip(output.ffn[layer], relative.ffn[layer])]
-        assert ratio == pytest.approx([energy] * len(ratio), rel=1e-9)
+        assert ratio == pytest.approx([energy] * len(ratio), rel=1e-6)  # float32 scores
         ratio = [o / r for o, r in zip(residual.ffn[layer], relative.ffn[layer])]
-        assert ratio == pytest.approx([energy / hidden[layer]] * len(ratio), rel=1e-9)
+        assert ratio == pytest.approx([energy / hidden[layer]] * len(ratio), rel=1e-6)
 
 
 def _residual_energy(model, data, blocks) -> list[float]:
