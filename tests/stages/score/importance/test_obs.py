@@ -13,7 +13,7 @@ import torch
 from headprune_cli.errors import UsageError
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.stages.score.importance import score_model
-from headprune_cli.stages.score.importance.obs_greedy import greedy_order
+from headprune_cli.stages.score.importance.obs_greedy import STEP_SHARE, greedy_order
 from tests.stages.score.importance.test_published import _inputs, _setup, _weight
 
 
@@ -43,6 +43,22 @@ def test_cumulative_error_is_the_best_refit_of_the_rest(group, damp):
     lam = damp * float(torch.diagonal(gram).mean())
     for k in range(1, len(greedy.order) + 1):
         assert greedy.errors[k - 1] == pytest.approx(_refit_error(x, w, greedy.order[:k], group, lam), rel=1e-7)
+
+
+def test_wide_layers_remove_a_share_per_step_and_stay_exact_at_every_step():
+    torch.manual_seed(3)
+    x = torch.randn(400, 160, dtype=torch.float64) @ torch.randn(160, 160, dtype=torch.float64)
+    w = torch.randn(160, 4, dtype=torch.float64)
+    greedy = greedy_order(x.T @ x, w, 1, 0.1)
+    assert greedy.steps[0] == 160 // STEP_SHARE and sum(greedy.steps) == 160 and greedy.steps[-1] == 1
+    assert all(b >= a for a, b in zip(greedy.errors, greedy.errors[1:]))
+    lam = 0.1 * float(torch.diagonal(x.T @ x).mean())
+    alone = {j: _refit_error(x, w, [j], 1, lam) for j in range(160)}
+    assert sorted(greedy.order[: greedy.steps[0]]) == sorted(sorted(alone, key=alone.get)[: greedy.steps[0]])
+    done = 0
+    for take in greedy.steps[:6]:
+        done += take
+        assert greedy.errors[done - 1] == pytest.approx(_refit_error(x, w, greedy.order[:done], 1, lam), rel=1e-7)
 
 
 def test_each_step_removes_the_group_the_refit_repairs_best():
