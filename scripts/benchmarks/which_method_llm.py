@@ -9,7 +9,11 @@ Every route cuts the same checkpoint to the same share of the FLOPs per token (e
   whole layers, least influential first (`prune --ratio 0 --drop-layers N`), that meet T;
 - METHOD+lstsq: the same cut with headprune's lstsq compensation on the calibration rows;
   METHOD@uniform: every layer keeps the same widths (`--uniform`), the per-layer ratio of
-  the Wanda-sp, LLM-Pruner and Minitron papers;
+  the Wanda-sp, LLM-Pruner and Minitron papers; @rows=N and @ridge=R (any route with lstsq)
+  refit on N calibration rows, with ridge R;
+- obs+lstsq: headprune's structured OBS scores (`score --method obs --ffn`, the units the
+  refit repairs best) with the lstsq refit; METHOD:KEY=VALUE passes `--METHOD-KEY VALUE` to
+  score (obs:score=marginal:norm=residual+lstsq);
 - default: headprune's documented route, `score --ffn` (fisher) and
   `prune --target-flops T --data CALIB` (lstsq compensation, the default with --data);
 - iterate: `iterate --ffn --target-flops T --recover lstsq` (rescoring between rounds);
@@ -98,26 +102,48 @@ class Bench:
                     if route == "torch-pruning":
                         route_torch_pruning(self, route, target, started)
                     else:
-                        getattr(self, "route_" + route.replace("-", "_"), self.published)(route, target, started)
+                        base = route.partition("@")[0]
+                        getattr(self, "route_" + base.replace("-", "_"), self.published)(route, target, started)
 
     def published(self, route: str, target: float, started: float) -> None:
         """METHOD[+COMPENSATION][@uniform]: the method's cut, with headprune's compensation on the
         calibration rows, and with every layer keeping the same widths (the papers' uniform ratio)."""
-        name, _, shape = route.partition("@")
-        method, _, compensation = name.partition("+")
-        scores = self.scores(method, "--method", method, "--ffn")
+        name = route.partition("@")[0]
+        spec, _, compensation = name.partition("+")
+        method, *settings = spec.split(":")
+        options = [a for kv in settings for a in (f"--{method}-{kv.partition('=')[0]}", kv.partition("=")[2])]
+        scores = self.scores(spec, "--method", method, "--ffn", *options)
         cut = self.out / f"{method}-{target}.safetensors"
         extra = [*self.calib(), "--compensate", compensation] if compensation else []
-        extra += ["--uniform"] if shape == "uniform" else []
-        headprune("prune", self.args.model, "--scores", scores, "--target-flops", target, *extra, "-o", cut, "--force")
+        headprune(
+            "prune", self.args.model, "--scores", scores, "--target-flops", target, *extra, *self.prune_flags(route),
+            "-o", cut, "--force",
+        )  # fmt: skip
         self.record(route, target, cut, started)
+
+    def prune_flags(self, route: str) -> list:
+        """A route's @FLAG suffixes as prune options: @uniform, @rows=N (calibration rows of the
+        lstsq refit, instead of --calib-rows), @ridge=R (the refit's ridge)."""
+        flags: list = []
+        for part in route.split("@")[1:]:
+            key, _, value = part.partition("=")
+            if key == "uniform":
+                flags.append("--uniform")
+            elif key == "rows":
+                flags += ["--samples", value]  # the later --samples wins over calib()'s
+            elif key == "ridge":
+                flags += ["--ridge", value]
+            else:
+                raise SystemExit(f"unknown route flag @{part} in {route}")
+        return flags
 
     def route_default(self, route: str, target: float, started: float) -> None:
         scores = self.scores("fisher", "--ffn")
         cut = self.out / f"default-{target}.safetensors"
         headprune(
-            "prune", self.args.model, "--scores", scores, "--target-flops", target, *self.calib(), "-o", cut, "--force"
-        )
+            "prune", self.args.model, "--scores", scores, "--target-flops", target, *self.calib(),
+            *self.prune_flags(route), "-o", cut, "--force",
+        )  # fmt: skip
         self.record(route, target, cut, started)
 
     def route_shortgpt(self, route: str, target: float, started: float) -> None:

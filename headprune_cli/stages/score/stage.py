@@ -43,12 +43,24 @@ class ScoreOptions(ChosenMethod, SeedOptions, TokenOptions, RecomputeOptions, De
     ffn: bool = option(
         False,
         "Also score every FFN neuron (gradient, taylor, taylor-weight, fisher, activation, flap, wanda-sp, minitron, "
-        "llm-pruner, random), "
+        "llm-pruner, obs, random), "
         "in the same pass: `select --target-*` then cuts heads, neurons and layers under one budget.",
     )
     layer_method: str | None = option(None, LAYER_METHOD_HELP)
     weights: list[str] | None = option(None, "For combined: METHOD=WEIGHT[,METHOD=WEIGHT] (default taylor=1,loo=1).")
     normalize: bool = option(True, "gradient: divide each layer's scores by their L2 norm.", negative="--no-normalize")
+    obs_norm: str | None = option(
+        None,
+        "obs: how layers' refit errors compare: relative (default: each token's error relative to the layer's "
+        "output, as the refit weighs it), output (times the layer's output energy) or residual (relative to the "
+        "residual stream).",
+    )
+    obs_score: str | None = option(
+        None,
+        "obs: a unit's score is the layer's error after its removal (cumulative, default) or the error its step "
+        "added (marginal).",
+    )
+    obs_damp: float | None = option(None, "obs: damping of the input Gram, times its mean diagonal (default 0.1).")
     output: Path | None = option(None, "Write the scores JSON here (default: stdout).", "--output", "-o")
     force: bool = option(False, "Overwrite an existing output file.")
 
@@ -57,12 +69,20 @@ class ScoreOptions(ChosenMethod, SeedOptions, TokenOptions, RecomputeOptions, De
         entry = head_method(self.chosen_method())
         if self.weights and "weights" not in entry.options:
             raise UsageError("--weights only applies to --method combined")
+        given = sorted(key for key, value in self.method_options().items() if key not in entry.options)
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} only applies to --method obs")
         if self.ffn:
             check_ffn(self.chosen_method())
         if self.layer_method is not None:
             if not self.layers:
                 raise UsageError("--layer-method needs --layers (it names how whole layers are scored)")
             layer_method(self.layer_method)
+
+    def method_options(self) -> dict[str, Any]:
+        """The method's own options given on the command line (the method's defaults fill the rest)."""
+        given = {"obs_norm": self.obs_norm, "obs_score": self.obs_score, "obs_damp": self.obs_damp}
+        return {key: value for key, value in given.items() if value is not None}
 
     def chosen_layer_method(self) -> str | None:
         return (self.layer_method or DEFAULT_LAYER_METHOD) if self.layers else None
@@ -107,6 +127,7 @@ def run(opts: ScoreOptions, ctx: Context) -> Result:
             progress=progress,
             ffn=opts.ffn,
             recompute=opts.recompute,
+            method_options=opts.method_options(),
         )
     if rank == 0:
         dtype = dtype_name(opts.dtype)
@@ -175,6 +196,12 @@ HELP = """Score the importance of every attention head (and, with --layers, ever
       headprune score lm.safetensors --data wiki.txt --method loo --layers --samples 256
 
       headprune score emb.safetensors --data sentences.txt --method combined --weights taylor=1,entropy=0.5
+
+    --method obs scores what `prune --data` (the lstsq refit) cannot repair: per layer, the
+    heads (KV groups) and FFN neurons in the order structured OBS removes them, each scored by
+    the layer's refit error once it is gone; meant for cuts made with `prune --data`:
+
+      headprune score lm.safetensors --data calib.txt --method obs --ffn -o scores.json
     """
 
 STAGE = Stage(

@@ -44,6 +44,7 @@ def score_model(
     seq_len: int | None = None,
     ffn: bool = False,
     recompute: bool | None = None,
+    method_options: Mapping[str, object] | None = None,
 ) -> ScoreTable:
     """Score every kept head (original indices); `layers` = 'refit', 'loo' or 'cosine' adds layer scores.
 
@@ -53,7 +54,9 @@ def score_model(
     loss of removing each layer's whole FFN). `recompute` runs gradient passes with each block
     recomputed in the backward (less memory, the same scores; None: on for models of 400 M
     parameters or more and for causal LMs whose batch would outgrow their activation budget,
-    see runtime.recompute; such a batch is also run a few rows at a time). Under torchrun
+    see runtime.recompute; such a batch is also run a few rows at a time). `method_options`:
+    a method's own options (obs: obs_norm, obs_score, obs_damp); the method takes those its
+    registry entry names. Under torchrun
     every process must call this with the same arguments.
     """
     objective = check_objective(objective, model)
@@ -61,7 +64,7 @@ def score_model(
         raise DataError("the classification objective needs a `label` for every example")
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1 (got {batch_size})")
-    scorer = make_scorer(method, normalize=normalize, weights=weights)
+    scorer = make_scorer(method, normalize=normalize, weights=weights, **dict(method_options or {}))
     if ffn:
         check_ffn(method)
     scorer.check(ffn)

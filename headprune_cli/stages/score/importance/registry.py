@@ -68,6 +68,8 @@ _HEADS = [
     Method("wanda-sp", "flap:WandaSp", "heads", False, ffn=YES),
     Method("minitron", "flap:Minitron", "heads", False, ffn=YES),
     Method("llm-pruner", "llm_pruner:LlmPruner", "heads", False, ffn=YES),
+    # Structured OBS (obs.py): the units the least-squares refit of `prune --data` repairs best.
+    Method("obs", "obs:Obs", "heads", False, ("obs_norm", "obs_score", "obs_damp"), ffn=YES),
     Method(
         "l0",
         "l0:L0",
