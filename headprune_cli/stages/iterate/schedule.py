@@ -34,6 +34,4 @@ def check_schedule(schedule: Sequence[float], kind: str = "heads") -> None:
     if kind == "heads" and (any(not 0 < r < 1 for r in values) or values != sorted(values)):
         raise UsageError(f"the iterative schedule must rise strictly within (0, 1): {values}")
     if kind != "heads" and (any(not 0 < r < 1 for r in values) or values != sorted(values, reverse=True)):
-        raise UsageError(
-            f"the {kind.replace('_', ' ')} fractions to keep must fall strictly within (0, 1): {values}"
-        )
+        raise UsageError(f"the {kind.replace('_', ' ')} fractions to keep must fall strictly within (0, 1): {values}")

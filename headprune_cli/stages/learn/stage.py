@@ -37,10 +37,11 @@ from headprune_cli.stages.unit import Context, Result, Stage, option
 
 
 class LearnOptions(TrainFilesOptions, TrainingOptions, TokenOptions, LoraOptions, BudgetOptions, ShapeOptions):
-    gate_ffn: bool = option(False, "Gate every FFN neuron too, under the same --target-flops/--target-params/--target-block-params budget.")
+    gate_ffn: bool = option(False, "Gate every FFN neuron too, under the same cost budget (a --target-*, not --ratio).")
     gate_layers: bool = option(
         False,
-        "Gate every whole layer too (a closed layer is dropped), under the same --target-flops/--target-params/--target-block-params budget.",
+        "Gate every whole layer too (a closed layer is dropped), under the same cost budget "
+        "(a --target-*, not --ratio).",
     )
     gates_out: Path | None = option(
         None, "Also write the final gate open probabilities as a scores JSON (method `learned`)."

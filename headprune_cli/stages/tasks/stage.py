@@ -85,7 +85,8 @@ class TasksOptions(SelectionOptions, TokenOptions, DeviceOptions):
         file_names(parse_tasks(self.task, self.base))
         if self.budget() is None:
             raise UsageError(
-                "give the one budget every plan meets: --target-flops, --target-params, --target-block-params or --ratio"
+                "give the one budget every plan meets: "
+                "--target-flops, --target-params, --target-block-params or --ratio"
             )
         head_method(self.method)
         if self.ffn:

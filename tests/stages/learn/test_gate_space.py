@@ -59,7 +59,7 @@ def test_a_block_params_budget_prices_the_blocks_alone():
     model = TINY["llama"]()
     blocks = sum(p.numel() for p in model.model.layers.parameters())
     every = {kind: GateSpace(model, Budget(kind, 0.5), 16, layers=True) for kind in ("params", "block_params")}
-    shut = {kind: torch.cat([torch.ones(s.size - len(s.layers)), torch.zeros(len(s.layers))]) for kind, s in every.items()}
+    shut = {k: torch.cat([torch.ones(s.size - len(s.layers)), torch.zeros(len(s.layers))]) for k, s in every.items()}
     assert float(every["block_params"].expected_removed(shut["block_params"])) == pytest.approx(1.0, abs=1e-9)
     total = sum(p.numel() for p in model.parameters())
     assert float(every["params"].expected_removed(shut["params"])) == pytest.approx(blocks / total, abs=1e-9)
