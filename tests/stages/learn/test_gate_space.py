@@ -145,3 +145,21 @@ def test_per_kind_counts_query_heads_neurons_and_layers():
     assert space.per_kind(half) == {"heads": 10.0, "neurons": 72.0, "layers": 1.5}
     heads_only = GateSpace(model, Budget("heads", 0.5), 8)
     assert heads_only.per_kind(torch.ones(heads_only.size)) == {"heads": 20.0}
+
+
+def test_gates_under_a_block_params_budget_close_on_the_blocks_share():
+    from headprune_cli.model.surgery import apply_plan
+
+    model = TINY["reference"]()
+    blocks = lambda m: sum(p.numel() for p in m.layers.parameters())  # noqa: E731
+    gates = make_gates(
+        model, Budget("block_params", 0.5), Constraints(ffn_multiple_of=1), seed=0, seq_len=16, lr=0.3, warmup=0.5,
+        closed_share=0.4, ffn=True, layers=True,
+    )  # fmt: skip
+    selection = gates.close(gates.table())
+    cut = TINY["reference"]()
+    apply_plan(cut, selection.remove_heads, selection.remove_layers, selection.remove_ffn)
+    # The closing meets 0.5 of the blocks (not of all params, which would leave ~0.4 of them).
+    assert 0.45 < blocks(cut) / blocks(model) <= 0.5 + 1e-9
+    assert gates.removed_share(selection) == pytest.approx(1 - blocks(cut) / blocks(model), abs=1e-6)
+    assert gates.report(selection)["budget"] == "block_params"

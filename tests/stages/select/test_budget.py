@@ -90,3 +90,22 @@ def test_prune_scores_takes_target_block_params_and_refuses_it_with_another_budg
     assert "--target-block-params" in both.err
     bad = cli("select", scores, "--target-block-params", "0")
     assert bad.code != 0 and "--target-block-params 0.0 is outside (0, 1]" in bad.err
+
+
+def test_search_meets_a_block_params_budget_on_the_blocks(tmp_path, cli):
+    from tests.support import tensor_data
+
+    model, model_path = saved_model(tmp_path)
+    out = tmp_path / "plan.json"
+    result = cli(
+        "search", model_path, "--data", tensor_data(tmp_path), "--objective", "fidelity", "--method", "random",
+        "--target-block-params", "0.9", "--evaluations", "6", "--compensate", "none", "--judge", "loss", "-o", out,
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    plan = json.loads(out.read_text())
+    assert plan["config"]["target_block_params"] == 0.9
+    cut = load(model_path)
+    apply_plan(cut, {int(k): v for k, v in plan["remove_heads"].items()}, plan["remove_layers"])
+    # At most 0.9 of the blocks kept, within about a head (4.7% of the blocks) of it: a plan
+    # meeting 0.9 of all the params would keep at most 0.813 of them.
+    assert 0.85 < _block_params(cut) / _block_params(model) <= 0.9
