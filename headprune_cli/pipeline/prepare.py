@@ -41,7 +41,15 @@ from headprune_cli.pipeline.option_checks import check_stage_options, check_valu
 from headprune_cli.stages import unit
 
 # prune options that mean "select inside prune from scores" rather than "apply a plan".
-SELECT_KEYS = ("ratio", "target_params", "target_flops", "threshold", "target_latency", "target_ms")
+SELECT_KEYS = (
+    "ratio",
+    "target_params",
+    "target_flops",
+    "target_block_params",
+    "threshold",
+    "target_latency",
+    "target_ms",
+)
 LATENCY_KEYS = ("target_latency", "target_ms")  # what makes select read a latency table
 STATE_FILE = "run-state.json"  # stage fingerprints, written by execute
 RESOLVED_FILE = "resolved.yaml"  # the config as it ran, written by execute

@@ -2,8 +2,10 @@
 
 A budget is a kind and a value: `heads` (the fraction of the kept heads to remove,
 `--ratio`), `params` or `flops` (the fraction of that cost to keep, `--target-params`,
-`--target-flops`), `latency` (the fraction of the profiled latency to keep,
-`--target-latency`) or `ms` (milliseconds, `--target-ms`). A schedule (`iterate`,
+`--target-flops`), `block_params` (the fraction of the parameters inside the transformer
+blocks to keep, `--target-block-params`: the cost table's params less its `outside_params`,
+the embeddings, final norms and task heads no cut changes), `latency` (the fraction of the
+profiled latency to keep, `--target-latency`) or `ms` (milliseconds, `--target-ms`). A schedule (`iterate`,
 `sweep`) is a list of budgets of one kind. select, search, iterate, sweep and learned
 gates all take a Budget; none re-derives one from loose options.
 
@@ -24,6 +26,9 @@ KINDS = {
     "heads": ("--ratio", None),
     "params": ("--target-params", "params"),
     "flops": ("--target-flops", "flops_per_token"),
+    # Priced on the params field less the table's outside_params (Budget.priced): the papers'
+    # "non-embedding parameters", the share a cut of the blocks can actually move.
+    "block_params": ("--target-block-params", "params"),
     "latency": ("--target-latency", None),
     "ms": ("--target-ms", None),
 }
@@ -32,6 +37,7 @@ OPTION_FIELDS = {
     "ratio": "heads",
     "target_params": "params",
     "target_flops": "flops",
+    "target_block_params": "block_params",
     "target_latency": "latency",
     "target_ms": "ms",
 }
@@ -55,6 +61,8 @@ class BudgetUnreachable(UsageError):
 class Budget:
     kind: str
     value: float
+    # block_params: the cost table's outside_params, set by priced(); the other kinds ignore it.
+    outside: float | None = None
 
     @property
     def option(self) -> str:
@@ -79,15 +87,40 @@ class Budget:
         gates' expected sparsity is on."""
         return self.value if self.kind == "heads" else 1.0 - self.value
 
+    def priced(self, table) -> Budget:
+        """This budget against a cost table (model/cost_table.CostTable): a block_params budget
+        learns the params outside the blocks, which it leaves out; the other kinds are as they are."""
+        if self.kind != "block_params":
+            return self
+        return Budget(self.kind, self.value, float(table.outside_params))
+
+    def _outside(self) -> float:
+        if self.kind != "block_params":
+            return 0.0
+        if self.outside is None:
+            raise ValueError("a block_params budget is priced by a cost table first (Budget.priced)")
+        return self.outside
+
+    def cost(self, predicted: dict) -> float:
+        """The cost this budget counts in predict()'s dict: params or FLOPs, or the block params."""
+        if self.kind != "block_params":
+            return predicted[self.cost_key]
+        return predicted[self.cost_key] - self._outside()
+
     def limit(self, before: dict) -> float:
-        """The most the plan may cost, given the cost `before` it (predict()'s dict)."""
-        return self.value * before[self.cost_key]
+        """The most the plan may cost, given the cost `before` it (predict()'s dict), on predict()'s
+        own scale (all the params, for a block_params budget)."""
+        if self.kind != "block_params":
+            return self.value * before[self.cost_key]
+        return self._outside() + self.value * self.cost(before)
 
     def fits(self, after: dict, before: dict) -> bool:
         return after[self.cost_key] <= self.limit(before) * SLACK
 
     def share(self, before: dict, after: dict) -> str:
         """'0.612 of the flops per token': how much of the cost a plan keeps."""
+        if self.kind == "block_params":
+            return f"{self.cost(after) / self.cost(before):.3f} of the block params"
         return f"{after[self.cost_key] / before[self.cost_key]:.3f} of the {self.cost_key.replace('_', ' ')}"
 
     def as_options(self) -> dict:
@@ -95,7 +128,7 @@ class Budget:
         return {name: (self.value if kind == self.kind else None) for name, kind in OPTION_FIELDS.items()}
 
     def with_value(self, value: float) -> Budget:
-        return Budget(self.kind, value)
+        return Budget(self.kind, value, self.outside)
 
 
 def checked(budget: Budget) -> Budget:
@@ -109,7 +142,7 @@ def checked(budget: Budget) -> Budget:
     # NaN fails every range below, so it is refused with the range's own message.
     if budget.kind == "heads" and not 0 <= value <= 1:
         raise UsageError(f"--ratio {value} is outside [0, 1] (the fraction of kept heads to remove)")
-    if budget.kind in ("params", "flops") and not 0 < value <= 1:
+    if budget.kind in ("params", "flops", "block_params") and not 0 < value <= 1:
         raise UsageError(f"{budget.option} {value} is outside (0, 1] (the fraction of the cost to keep)")
     if budget.kind == "latency" and not 0 < value <= 1:
         raise UsageError(f"--target-latency {value} is outside (0, 1] (the fraction of the profiled latency to keep)")
@@ -132,3 +165,9 @@ def one_of(**options: float | None) -> Budget | None:
     if len(found) > 1:
         raise UsageError(f"give exactly one of {', '.join(KINDS[OPTION_FIELDS[name]][0] for name in options)}")
     return checked(found[0]) if found else None
+
+
+def block_params(value: float | None) -> dict:
+    """`target_block_params` as an artifact's config records it: only when given, so the
+    artifacts of the other budgets keep the bytes they had before this budget existed."""
+    return {} if value is None else {"target_block_params": value}

@@ -103,15 +103,27 @@ class BudgetOptions(Options):
     ratio: float | None = option(None, "Fraction of the kept heads to remove, in [0, 1].")
     target_params: float | None = option(None, "Keep this fraction of the parameters.")
     target_flops: float | None = option(None, "Keep this fraction of the FLOPs per token.")
+    target_block_params: float | None = option(
+        None,
+        "Keep this fraction of the parameters inside the transformer blocks (the papers' non-embedding "
+        "parameters: embeddings, tied LM head, final norm and task heads are not counted).",
+    )
+
+    def _amounts(self) -> dict[str, float | None]:
+        return {
+            "ratio": self.ratio,
+            "target_params": self.target_params,
+            "target_flops": self.target_flops,
+            "target_block_params": self.target_block_params,
+        }
 
     def budgets(self) -> list[Budget]:
         """The budgets given, each range-checked."""
-        found = given(ratio=self.ratio, target_params=self.target_params, target_flops=self.target_flops)
-        return [checked(b) for b in found]
+        return [checked(b) for b in given(**self._amounts())]
 
     def budget(self) -> Budget | None:
         """The one budget given (None if none); two is a UsageError."""
-        return one_of(ratio=self.ratio, target_params=self.target_params, target_flops=self.target_flops)
+        return one_of(**self._amounts())
 
 
 class ShapeOptions(Options):

@@ -1,7 +1,9 @@
 """Published LLM pruning methods against headprune's routes on one real LLM, without training.
 
 Every route cuts the same checkpoint to the same share of the FLOPs per token (each of
---targets) and is judged by perplexity on held-out text that no route reads:
+--targets), or with --budget block-params to the same share of the parameters inside the
+transformer blocks (`--target-block-params`, the papers' "non-embedding parameters"), and is
+judged by perplexity on held-out text that no route reads:
 - flap, wanda-sp, minitron, llm-pruner: `score --method M --ffn` on the calibration rows,
   then `prune --scores --target-flops T` (the budget greedy over heads and FFN neurons);
   no compensation (FLAP's own bias compensation needs a bias LLaMA projections lack);
@@ -40,6 +42,7 @@ from pathlib import Path
 import headprune_cli as hp
 
 PUBLISHED = ("flap", "wanda-sp", "minitron", "llm-pruner")
+BUDGETS = ("flops", "block-params")  # --budget: the CLI's --target-flops or --target-block-params
 
 
 def headprune(*args) -> str:
@@ -66,7 +69,8 @@ class Bench:
         self.args, self.out = args, Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.results = self.out / "results.jsonl"
-        self.done = {(r["route"], r["target"]) for r in self.rows()}
+        self.budget, self.flag = args.budget, f"--target-{args.budget}"
+        self.done = {(r["route"], r["target"], r.get("budget", "flops")) for r in self.rows()}
         self.base = next((r for r in self.rows() if r["route"] == "unpruned"), None)
 
     def rows(self) -> list[dict]:
@@ -74,6 +78,8 @@ class Bench:
 
     def record(self, route: str, target: float, path: Path, started: float) -> None:
         row = {"route": route, "target": target, **measure(path, self.args.heldout, self.args.eval_rows, self.base)}
+        if self.budget != "flops":  # rows of the FLOPs budget keep the keys they always had
+            row["budget"] = self.budget
         row["seconds"] = round(time.time() - started, 1)
         with self.results.open("a") as f:
             f.write(json.dumps(row) + "\n")
@@ -97,7 +103,7 @@ class Bench:
             self.base = self.rows()[0]
         for target in a.targets:
             for route in a.routes:
-                if (route, target) not in self.done:
+                if (route, target, self.budget) not in self.done:
                     started = time.time()
                     if route == "torch-pruning":
                         route_torch_pruning(self, route, target, started)
@@ -116,7 +122,7 @@ class Bench:
         cut = self.out / f"{method}-{target}.safetensors"
         extra = [*self.calib(), "--compensate", compensation] if compensation else []
         headprune(
-            "prune", self.args.model, "--scores", scores, "--target-flops", target, *extra, *self.prune_flags(route),
+            "prune", self.args.model, "--scores", scores, self.flag, target, *extra, *self.prune_flags(route),
             "-o", cut, "--force",
         )  # fmt: skip
         self.record(route, target, cut, started)
@@ -141,7 +147,7 @@ class Bench:
         scores = self.scores("fisher", "--ffn")
         cut = self.out / f"default-{target}.safetensors"
         headprune(
-            "prune", self.args.model, "--scores", scores, "--target-flops", target, *self.calib(),
+            "prune", self.args.model, "--scores", scores, self.flag, target, *self.calib(),
             *self.prune_flags(route), "-o", cut, "--force",
         )  # fmt: skip
         self.record(route, target, cut, started)
@@ -150,8 +156,7 @@ class Bench:
         scores = self.scores("cosine", "--method", "random", "--layers", "--layer-method", "cosine")
         for drop in range(1, 30):
             plan = json.loads(headprune("select", scores, "--ratio", 0, "--drop-layers", drop))
-            predicted = plan["predicted"]
-            if predicted["after"]["flops_per_token"] <= target * predicted["before"]["flops_per_token"]:
+            if kept_share(plan["predicted"], self.budget, outside_params(scores)) <= target:
                 break
         cut = self.out / f"shortgpt-{target}.safetensors"
         headprune(
@@ -164,9 +169,22 @@ class Bench:
         schedule = ",".join(str(round(1 - (1 - target) * k / 2, 4)) for k in (1, 2))  # two rounds
         headprune(
             "iterate", self.args.model, *self.calib(), "--eval-data", self.args.calib, "--ffn",
-            "--target-flops", schedule, "--recover", "lstsq", "-o", cut, "--force",
+            self.flag, schedule, "--recover", "lstsq", "-o", cut, "--force",
         )  # fmt: skip
         self.record(route, target, cut, started)
+
+
+def outside_params(scores: Path) -> int:
+    """The params outside the blocks (embeddings, tied head, final norm), from the scores' cost table."""
+    return int(json.loads(scores.read_text())["cost"]["outside_params"])
+
+
+def kept_share(predicted: dict, budget: str, outside: int) -> float:
+    """The share of the budget's cost a plan keeps (predict()'s before and after)."""
+    before, after = predicted["before"], predicted["after"]
+    if budget == "flops":
+        return after["flops_per_token"] / before["flops_per_token"]
+    return (after["params"] - outside) / (before["params"] - outside)
 
 
 def route_torch_pruning(bench: Bench, route: str, target: float, started: float) -> None:
@@ -188,7 +206,11 @@ def route_torch_pruning(bench: Bench, route: str, target: float, started: float)
     model = AutoModelForCausalLM.from_pretrained(bench.args.hf_folder, local_files_only=True).eval()
     c = model.config
     ffn_flops = 2 * 3 * c.hidden_size * c.intermediate_size * c.num_hidden_layers
-    ratio = (1 - target) * bench.base["flops"] / ffn_flops
+    if bench.budget == "flops":
+        ratio = (1 - target) * bench.base["flops"] / ffn_flops
+    else:  # the FFN's params are its FLOPs / 2 per token; the blocks' are the model's less the outside
+        blocks = bench.base["params"] - outside_params(bench.out / "scores-fisher.json")
+        ratio = (1 - target) * blocks / (ffn_flops / 2)
     attention = [getattr(b.self_attn, n) for b in model.model.layers for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
     example = torch.tensor([Tokenizer.from_file(f"{bench.args.hf_folder}/tokenizer.json").encode("Hello world.").ids])
     pruner = tp.pruner.BasePruner(
@@ -211,21 +233,32 @@ def route_torch_pruning(bench: Bench, route: str, target: float, started: float)
     bench.record(route, target, cut, started)
 
 
-def render(rows: list[dict]) -> str:
-    """One Markdown table: a row per route, a column per FLOPs target (perplexity, x unpruned)."""
+def render(rows: list[dict], outside: int | None = None) -> str:
+    """One Markdown table: a row per route, a column per budget and target (perplexity, x
+    unpruned, the share of the column's cost kept); `outside`: the params outside the blocks."""
     base = next(r for r in rows if r["route"] == "unpruned")
-    targets = sorted({r["target"] for r in rows if r["route"] != "unpruned"}, reverse=True)
-    cells = {(r["route"], r["target"]): r for r in rows}
+    columns = sorted(
+        {(r.get("budget", "flops"), r["target"]) for r in rows if r["route"] != "unpruned"},
+        key=lambda c: (BUDGETS.index(c[0]), -c[1]),
+    )
+    cells = {(r["route"], r.get("budget", "flops"), r["target"]): r for r in rows}
     routes = list(dict.fromkeys(r["route"] for r in rows if r["route"] != "unpruned"))
-    head = "| route | " + " | ".join(f"{t:g} of the FLOPs" for t in targets) + " |"
+
+    def share(c: dict, budget: str) -> float:
+        if budget == "flops":
+            return c["flops_share"]
+        assert outside is not None  # block-params rows are made with the scores that hold it
+        return (c["params"] - outside) / (base["params"] - outside)
+
+    names = {"flops": "FLOPs", "block-params": "block params"}
     lines = [
-        head,
-        "|---|" + "---:|" * len(targets),
-        f"| unpruned | {base['ppl']:.1f} (1.00x) |" + " |" * (len(targets) - 1),
+        "| route | " + " | ".join(f"{t:g} of the {names[b]}" for b, t in columns) + " |",
+        "|---|" + "---:|" * len(columns),
+        f"| unpruned | {base['ppl']:.1f} (1.00x) |" + " |" * (len(columns) - 1),
     ]
     for route in routes:
-        row = [cells.get((route, t)) for t in targets]
-        text = [f"{c['ppl']:.1f} ({c['x_ppl']:.2f}x, {c['flops_share']:.3f})" if c else "-" for c in row]
+        found = [(cells.get((route, b, t)), b) for b, t in columns]
+        text = [f"{c['ppl']:.1f} ({c['x_ppl']:.2f}x, {share(c, b):.3f})" if c else "-" for c, b in found]
         lines.append(f"| {route} | " + " | ".join(text) + " |")
     return "\n".join(lines) + "\n"
 
@@ -240,13 +273,15 @@ def main() -> None:
     parser.add_argument("--calib-rows", type=int, default=32)
     parser.add_argument("--eval-rows", type=int, default=64)
     parser.add_argument("--targets", type=lambda s: [float(v) for v in s.split(",")], default=[0.8, 0.9, 0.7, 0.5])
+    parser.add_argument("--budget", choices=BUDGETS, default="flops", help="what each target is a share of")
     parser.add_argument("--routes", type=lambda s: s.split(","), default=["default", *PUBLISHED, "shortgpt", "iterate"])
     parser.add_argument("--render", action="store_true", help="only write OUT/table.md from OUT/results.jsonl")
     args = parser.parse_args()
     bench = Bench(args)
     if not args.render:
         bench.run()
-    (bench.out / "table.md").write_text(render(bench.rows()))
+    fisher = bench.out / "scores-fisher.json"
+    (bench.out / "table.md").write_text(render(bench.rows(), outside_params(fisher) if fisher.exists() else None))
     print((bench.out / "table.md").read_text())
 
 

@@ -324,3 +324,21 @@ def test_an_iterate_stage_takes_ffn_and_a_flops_schedule(workdir):
     cfg["stages"][0]["target_flops"] = "0.7,0.9"  # rising: refused before any stage runs
     with pytest.raises(ConfigError, match=r"stages.0 \(iterate\).target_flops: the flops fractions to keep must fall"):
         prepare(cfg)
+
+
+def test_a_block_params_budget_reaches_prune_select_and_iterate_stages(workdir):
+    # prune with target_block_params and no select stage reads the scores, as with a ratio
+    pipeline = prepare(config(stages=[{"command": "score"}, {"command": "prune", "target_block_params": 0.8}]))
+    argv = " ".join(pipeline.stages[1].argv)
+    assert "--scores out/scores.json" in argv and "--target-block-params 0.8" in argv
+    stages = [{"command": "score"}, {"command": "select", "target_block_params": 0.8}, {"command": "prune"}]
+    assert "--target-block-params 0.8" in " ".join(prepare(config(stages=stages)).stages[1].argv)
+    cfg = config(stages=[{"command": "iterate", "ffn": True, "target_block_params": "0.9,0.7"}])
+    argv = prepare(cfg).stages[0].argv
+    assert argv[argv.index("--target-block-params") + 1] == "0.9,0.7"
+    cfg["stages"][0]["target_block_params"] = "0.7,0.9"  # rising: refused before any stage runs
+    with pytest.raises(ConfigError, match=r"target_block_params: the block params fractions to keep must fall"):
+        prepare(cfg)
+    cfg = config(stages=[{"command": "score"}, {"command": "select", "target_block_params": 1.5}])
+    with pytest.raises(ConfigError, match=r"--target-block-params 1.5 is outside \(0, 1\]"):
+        prepare(cfg)

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from headprune_cli.errors import UsageError
+from headprune_cli.model.cost_table import CostTable
 from headprune_cli.stages.budget import Budget, BudgetUnreachable, checked, given, one_of
 
 
@@ -46,6 +47,27 @@ def test_a_cost_budget_prices_plans_against_the_cost_before_them():
     assert not Budget("heads", 0.3).is_cost
     with pytest.raises(ValueError):
         Budget("heads", 0.3).cost_key  # noqa: B018
+
+
+def test_a_block_params_budget_leaves_out_the_params_outside_the_blocks():
+    # 300 params, 100 of them outside the blocks (embeddings, tied head): keeping 0.5 of the
+    # block params allows 100 + 0.5 * 200 = 200 in all, where --target-params 0.5 allows 150.
+    table = CostTable(seq_len=16, outside_params=100, outside_flops=0.0, layers=[])
+    budget = one_of(ratio=None, target_params=None, target_flops=None, target_block_params=0.5)
+    assert budget == Budget("block_params", 0.5) and budget.option == "--target-block-params"
+    priced = budget.priced(table)
+    before, fits, over = {"params": 300}, {"params": 200}, {"params": 201}
+    assert priced.is_cost and priced.cost_key == "params" and priced.limit(before) == 200.0
+    assert priced.fits(fits, before) and not priced.fits(over, before)
+    assert Budget("params", 0.5).limit(before) == 150.0
+    assert priced.cost(before) == 200 and priced.share(before, fits) == "0.500 of the block params"
+    assert priced.with_value(0.4).limit(before) == 180.0  # a schedule's next step keeps the price
+    assert Budget("params", 0.5).priced(table) == Budget("params", 0.5)
+    with pytest.raises(ValueError, match="priced by a cost table"):
+        budget.limit(before)  # never silently priced as if nothing lay outside the blocks
+    for bad in (0.0, 1.5, math.nan):
+        with pytest.raises(UsageError, match=r"--target-block-params .* is outside \(0, 1\]"):
+            checked(Budget("block_params", bad))
 
 
 def test_an_unreachable_budget_is_its_own_usage_error_with_the_best_plan():

@@ -81,8 +81,8 @@ def test_the_artifact_config_tables_name_every_option():
     from headprune_cli.stages.sweep.settings import CONFIG_KEYS as SWEEP_KEYS
     from headprune_cli.stages.sweep.settings import SweepSettings
     from headprune_cli.stages.tasks.stage import CONFIG_KEYS as TASKS_KEYS
-    from headprune_cli.stages.tasks.stage import NOT_RECORDED, TasksOptions
+    from headprune_cli.stages.tasks.stage import NOT_RECORDED, RECORDED_WHEN_GIVEN, TasksOptions
 
-    assert set(TASKS_KEYS) | set(NOT_RECORDED) == set(TasksOptions.model_fields)
+    assert set(TASKS_KEYS) | set(NOT_RECORDED) | set(RECORDED_WHEN_GIVEN) == set(TasksOptions.model_fields)
     assert set(REPORT_KEYS) | {"engine_python"} == set(ReportSettings.model_fields)
     assert {k if k != "targets" else "target_flops" for k in SWEEP_KEYS} == set(SweepSettings.model_fields)

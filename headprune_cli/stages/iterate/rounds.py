@@ -7,7 +7,7 @@ round rescores the current model, because importance changes once neighbours are
 When a round's recovered model falls below the quality floor, the loop stops and the
 last model above the floor is returned.
 
-With a cost `budget` ("flops" or "params") the schedule lists instead the fractions of
+With a cost `budget` ("flops", "params" or "block_params") the schedule lists instead the fractions of
 the ORIGINAL model's FLOPs per token (at `seq_len`) or parameters to keep after each
 round, falling (e.g. 0.9, 0.8, 0.7): every round selects under the budget that is left
 (selection.select, strategy `budget`), and with `ffn` it rescores FFN neurons too, so the
@@ -284,9 +284,11 @@ def _compensated_round(original, union: Selection, compensation: Compensation, d
 
 
 def _cost(model: nn.Module, budget: Budget, seq_len: int) -> float:
-    """The model's FLOPs per token at `seq_len`, or its parameters, as the cost table prices them."""
+    """The model's FLOPs per token at `seq_len`, or its parameters (in its blocks, for a block-params
+    budget), as the cost table prices them."""
     heads = info_of(model).layout
-    return predict(cost_table(model, seq_len), dict(zip(heads.layers, map(list, heads.heads))))[budget.cost_key]
+    table = cost_table(model, seq_len)
+    return budget.priced(table).cost(predict(table, dict(zip(heads.layers, map(list, heads.heads)))))
 
 
 def _check_budget(max_drop: float | None) -> None:

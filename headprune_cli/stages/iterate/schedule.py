@@ -1,7 +1,7 @@
 """An iterative schedule: budgets of one kind, one per round, of the ORIGINAL model.
 
 Head fractions removed (`--schedule`) rise; cost fractions kept (`--target-flops`,
-`--target-params`) fall; all lie within (0, 1). No torch here: `headprune run --check`
+`--target-params`, `--target-block-params`) fall; all lie within (0, 1). No torch here: `headprune run --check`
 validates schedules without loading it.
 """
 
@@ -13,7 +13,7 @@ from headprune_cli.errors import UsageError
 from headprune_cli.stages.budget import Budget
 
 DEFAULT_SCHEDULE = (0.1, 0.2, 0.3, 0.4)
-KINDS = ("heads", "flops", "params")
+KINDS = ("heads", "flops", "params", "block_params")
 
 
 def schedule_of(values: Sequence[float], kind: str = "heads") -> list[Budget]:
@@ -34,4 +34,4 @@ def check_schedule(schedule: Sequence[float], kind: str = "heads") -> None:
     if kind == "heads" and (any(not 0 < r < 1 for r in values) or values != sorted(values)):
         raise UsageError(f"the iterative schedule must rise strictly within (0, 1): {values}")
     if kind != "heads" and (any(not 0 < r < 1 for r in values) or values != sorted(values, reverse=True)):
-        raise UsageError(f"the {kind} fractions to keep must fall strictly within (0, 1): {values}")
+        raise UsageError(f"the {kind.replace('_', ' ')} fractions to keep must fall strictly within (0, 1): {values}")

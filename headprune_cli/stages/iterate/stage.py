@@ -40,6 +40,11 @@ class IterateOptions(ChosenMethod, SeedOptions, TokenOptions):
     target_params: Schedule | None = option(
         None, "Instead of --schedule: fractions of the ORIGINAL parameters to keep after each round, falling."
     )
+    target_block_params: Schedule | None = option(
+        None,
+        "Instead of --schedule: fractions of the ORIGINAL parameters inside the transformer blocks (embeddings "
+        "and heads not counted) to keep after each round, falling.",
+    )
     ffn: bool = option(
         False,
         "Also score FFN neurons every round and cut them with the heads under "
@@ -91,11 +96,15 @@ class IterateOptions(ChosenMethod, SeedOptions, TokenOptions):
 
         targets = [
             (name, values)
-            for name, values in (("flops", self.target_flops), ("params", self.target_params))
+            for name, values in (
+                ("flops", self.target_flops),
+                ("params", self.target_params),
+                ("block_params", self.target_block_params),
+            )
             if values is not None
         ]
         if len(targets) > 1:
-            raise UsageError("give --target-flops or --target-params, not both")
+            raise UsageError("give one of --target-flops, --target-params, --target-block-params")
         if targets and self.schedule is not None:
             raise UsageError(
                 "give --schedule (head fractions) or --target-flops/--target-params (cost fractions), not both"
@@ -122,7 +131,7 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
 
     schedule = opts.schedule_budgets()
     opts.check_recovery()
-    budget = None if schedule[0].kind == "heads" else schedule[0].kind
+    budget = None if schedule[0].kind == "heads" else schedule[0].kind.replace("_", " ")
     check_output(opts.output, opts.force, [opts.checkpoint, opts.data, opts.eval_data, opts.score_data, opts.teacher])
     model = load(opts.checkpoint)
     objective = check_objective(None, model)
@@ -238,7 +247,7 @@ def _schedule(kind: str) -> Callable[[Any], None]:
 
 
 # `headprune iterate --help`: the command's text (cli/ builds the command from STAGE).
-HELP = """Prune gradually: each round rescores the current model, removes heads up to the next fraction of the original heads (or, with --target-flops/--target-params, heads and with --ffn FFN neurons down to the next fraction of the original cost), and recovers; stops before the dev metric crosses the floor and writes the last model above it.
+HELP = """Prune gradually: each round rescores the current model, removes heads up to the next fraction of the original heads (or, with --target-flops/--target-params/--target-block-params, heads and with --ffn FFN neurons down to the next fraction of the original cost), and recovers; stops before the dev metric crosses the floor and writes the last model above it.
 
     Examples:
 
@@ -247,6 +256,8 @@ HELP = """Prune gradually: each round rescores the current model, removes heads 
       headprune iterate model.safetensors --data train.jsonl --eval-data dev.jsonl --schedule 0.2,0.4,0.6 --teacher self -o small.safetensors
 
       headprune iterate model.safetensors --data train.jsonl --eval-data dev.jsonl --method fisher --ffn --target-flops 0.8,0.65,0.5 -o small.safetensors
+
+      headprune iterate lm.safetensors --data calib.txt --eval-data dev.txt --ffn --target-block-params 0.9,0.8 --recover lstsq -o small.safetensors
     """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
 
 STAGE = Stage(
@@ -259,6 +270,11 @@ STAGE = Stage(
     outputs={"output": "{stem}.safetensors"},
     makes={"model": "output"},
     needs=("checkpoint", "data", "eval_data"),
-    checks={"schedule": _schedule("heads"), "target_flops": _schedule("flops"), "target_params": _schedule("params")},
+    checks={
+        "schedule": _schedule("heads"),
+        "target_flops": _schedule("flops"),
+        "target_params": _schedule("params"),
+        "target_block_params": _schedule("block_params"),
+    },
     help=HELP,
 )

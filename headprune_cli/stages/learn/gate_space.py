@@ -54,6 +54,7 @@ class GateSpace:
         self.neurons = [layout.kept_neurons(layer) for layer in self.layers] if ffn else []
         self.num_ffn = list(layout.num_ffn)
         self.cost = cost_table(model, seq_len, ffn=ffn)  # FLOPs priced at this sequence length
+        self.budget = budget.priced(self.cost)  # a block-params budget: shares of the blocks' params alone
         self.head_units, self.unit_of = _head_units(layout)
         self.sizes = {
             "heads": len(self.head_units),
@@ -103,7 +104,7 @@ class GateSpace:
             return
         key = self.budget.cost_key
         part = "params" if key == "params" else "flops"
-        self.now = predict(self.cost, dict(zip(self.layers, self.heads)))[key]
+        self.now = self.budget.cost(predict(self.cost, dict(zip(self.layers, self.heads))))
         price = {c.layer: c for c in self.cost.layers}
         q_head, kv_head = f"q_head_{part}", f"kv_head_{part}"
         self.head_price = torch.tensor(
@@ -170,7 +171,7 @@ class GateSpace:
             return round(float(((1.0 - heads.double()) * self.head_price).sum()), 6)
         kept = dict(zip(self.layers, self.heads))
         after = predict(self.cost, kept, selection.remove_heads, selection.remove_layers, selection.remove_ffn)
-        return round(1.0 - after[self.budget.cost_key] / self.now, 6)
+        return round(1.0 - self.budget.cost(after) / self.now, 6)
 
     def table(self, p: torch.Tensor, objective: str | None, samples: int, config: dict) -> ScoreTable:
         """The open probabilities as scores: every query head gets its unit's, every neuron and layer its own.

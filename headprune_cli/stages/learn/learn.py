@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from headprune_cli.artifacts.schema import input_ref
 from headprune_cli.errors import UsageError
-from headprune_cli.stages.budget import Budget, checked
+from headprune_cli.stages.budget import Budget, block_params, checked
 from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.select.plan import plan_artifact
@@ -31,7 +31,9 @@ def check_learning(targets: list[Budget], constraints_given: list[str]) -> Budge
     """The one budget learned pruning aims at, after refusing option combinations it cannot run with."""
     flags = [budget.option for budget in targets]
     if not flags:
-        raise UsageError("learn needs a target: --ratio R, --target-params F or --target-flops F")
+        raise UsageError(
+            "learn needs a target: --ratio R, --target-params F, --target-flops F or --target-block-params F"
+        )
     if len(flags) > 1:
         raise UsageError(f"learn takes one target, not {' and '.join(flags)}")
     neuron_rules = [
@@ -83,8 +85,8 @@ def make_gates(
 
     if (ffn or layers) and budget.kind == "heads":
         raise UsageError(
-            "--gate-ffn and --gate-layers price every unit on one cost: give --target-flops or --target-params, "
-            "not --ratio"
+            "--gate-ffn and --gate-layers price every unit on one cost: give --target-flops, --target-params or "
+            "--target-block-params, not --ratio"
         )
     gates = LearnedGates(
         model,
@@ -107,7 +109,7 @@ def make_gates(
     if reachable < budget.removed - slack - 1e-9:
         raise UsageError(
             f"{budget.option}: the gates would have to remove {budget.removed:.3f} of the "
-            f"{'heads' if budget.kind == 'heads' else budget.kind}, but the closing (select with "
+            f"{'heads' if budget.kind == 'heads' else budget.kind.replace('_', ' ')}, but the closing (select with "
             f"--min-heads {constraints.min_heads} and the other constraints) can remove at most {reachable:.3f}; "
             "lower the target"
         )
@@ -158,6 +160,7 @@ def close_gates(
         "threshold": None,
         "target_params": amount["target_params"],
         "target_flops": amount["target_flops"],
+        **block_params(amount["target_block_params"]),
         **constraints.to_dict(ffn=neurons is not None),
     }
     inputs = [input_ref("model", checkpoint, model.headprune.source_sha), input_ref("data", data)]

@@ -20,7 +20,7 @@ from headprune_cli.files.io import sha256_bytes
 from headprune_cli.files.outputs import check_distinct, check_output
 from headprune_cli.files.staged import published_together
 from headprune_cli.runtime.device import check as check_device
-from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.budget import Budget, block_params
 from headprune_cli.stages.learn.learn import check_learning, close_gates, make_gates
 from headprune_cli.stages.options import (
     BudgetOptions,
@@ -37,10 +37,11 @@ from headprune_cli.stages.unit import Context, Result, Stage, option
 
 
 class LearnOptions(TrainFilesOptions, TrainingOptions, TokenOptions, LoraOptions, BudgetOptions, ShapeOptions):
-    gate_ffn: bool = option(False, "Gate every FFN neuron too, under the same --target-flops/--target-params budget.")
+    gate_ffn: bool = option(False, "Gate every FFN neuron too, under the same cost budget (a --target-*, not --ratio).")
     gate_layers: bool = option(
         False,
-        "Gate every whole layer too (a closed layer is dropped), under the same --target-flops/--target-params budget.",
+        "Gate every whole layer too (a closed layer is dropped), under the same cost budget "
+        "(a --target-*, not --ratio).",
     )
     gates_out: Path | None = option(
         None, "Also write the final gate open probabilities as a scores JSON (method `learned`)."
@@ -163,6 +164,7 @@ def _close(opts: LearnOptions, model, gates, constraints, samples: int, ctx: Con
         "ratio": opts.ratio,
         "target_params": opts.target_params,
         "target_flops": opts.target_flops,
+        **block_params(opts.target_block_params),
         "kd_weight": opts.kd_weight,
         "teacher": opts.teacher,
     }
@@ -217,7 +219,7 @@ def gate_table(report: dict, rows: int = 10):
 # `headprune learn --help`: the command's text (cli/ builds the command from STAGE).
 HELP = """Prune by learned gates: hard-concrete gates train with the model under one budget, then the closed heads, neurons and layers are cut.
 
-    Gates on the heads (whole KV groups for GQA models), and with a FLOPs/params target on every FFN neuron (--gate-ffn) and every whole layer (--gate-layers), train with the model under the one budget (--ratio, --target-params or --target-flops); a Lagrangian (CoFi) drives the expected share removed to the target, which rises from 0 over --gate-warmup of the gate phase (the first 1 - --closed-share of the steps) and is then held. At the closing step, an expected share further than --gate-tolerance from the target trains up to --gate-extra-steps more gate steps, then refuses (nothing written). The gates then close as `headprune select` would choose from their open probabilities (with --min-heads, --multiple-of, --protect, --uniform, --min-ffn, --ffn-multiple-of; layers open with probability below 0.5 are dropped), the last --closed-share of the steps trains the model with them closed, and the output is the physically cut model. With a teacher, --hidden-weight (default 1 here) adds layer distillation: each block's output against the teacher's. --gates-out writes the open probabilities as scores (method `learned`) with the gates' report (expected vs target vs lambdas per step, expected vs closed share) under config.gates. --teacher auto on an unpruned model distils from the model itself. The training options are finetune's (--steps, --lr, --kd-weight, --lora, ...); not resumable, one process. Recover further with `headprune finetune`.
+    Gates on the heads (whole KV groups for GQA models), and with a FLOPs/params target on every FFN neuron (--gate-ffn) and every whole layer (--gate-layers), train with the model under the one budget (--ratio, --target-params, --target-flops or --target-block-params); a Lagrangian (CoFi) drives the expected share removed to the target, which rises from 0 over --gate-warmup of the gate phase (the first 1 - --closed-share of the steps) and is then held. At the closing step, an expected share further than --gate-tolerance from the target trains up to --gate-extra-steps more gate steps, then refuses (nothing written). The gates then close as `headprune select` would choose from their open probabilities (with --min-heads, --multiple-of, --protect, --uniform, --min-ffn, --ffn-multiple-of; layers open with probability below 0.5 are dropped), the last --closed-share of the steps trains the model with them closed, and the output is the physically cut model. With a teacher, --hidden-weight (default 1 here) adds layer distillation: each block's output against the teacher's. --gates-out writes the open probabilities as scores (method `learned`) with the gates' report (expected vs target vs lambdas per step, expected vs closed share) under config.gates. --teacher auto on an unpruned model distils from the model itself. The training options are finetune's (--steps, --lr, --kd-weight, --lora, ...); not resumable, one process. Recover further with `headprune finetune`.
 
     Examples:
 

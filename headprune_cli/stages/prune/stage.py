@@ -192,6 +192,8 @@ HELP = """Remove heads, FFN neurons and layers physically (smaller dense matrice
 
       headprune prune --scores scores.json --ratio 0.3 --compensate lstsq --data calib.txt -o small.safetensors
 
+      headprune prune lm.safetensors --scores scores.json --target-block-params 0.8 --data calib.txt -o small.safetensors
+
       headprune score m.safetensors --method taylor --data d.jsonl | headprune prune --ratio 0.3 --min-heads 1 -o small.safetensors
     """  # noqa: E501 - the --help text, byte for byte: rich keeps its line breaks, so a paragraph is one line
 

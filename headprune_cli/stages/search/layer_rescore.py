@@ -92,5 +92,5 @@ def check_reachable(table, budget: Budget, c) -> None:
     protected = [layer for layer in space.layers() if layer not in space.droppable]
     keep_one = [()] if protected else [(layer,) for layer in space.droppable]
     if not any(space.fits((deepest, frozenset(space.droppable) - set(kept))) for kept in keep_one):
-        what = "params" if budget.kind == "params" else "FLOPs per token"
+        what = {"params": "params", "block_params": "block params"}.get(budget.kind, "FLOPs per token")
         raise BudgetUnreachable(detail=f"even with all layers but one dropped ({what})")

@@ -72,6 +72,7 @@ def search_space(table, start: Selection | None, budget: Budget, c: Constraints)
         space = Space(scored, chains, droppable, fits=fits, layers_move=False)
     else:  # the predicted cost within the budget
         before = predict(table.cost, table.kept())
+        budget = budget.priced(table.cost)  # a block-params budget leaves out the cost outside the blocks
 
         def fits(state: State) -> bool:
             remove_heads, remove_layers, remove_ffn = space.removal(state)

@@ -18,7 +18,7 @@ from headprune_cli.errors import DataError, UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.runtime.device import check as check_device
 from headprune_cli.runtime.device import place
-from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.budget import Budget, block_params
 from headprune_cli.stages.options import (
     BatchSize,
     BudgetOptions,
@@ -119,7 +119,7 @@ class SearchOptions(ChosenMethod, BudgetOptions, SeedOptions, TokenOptions, Devi
         """The one budget given: a search needs one (check() refuses none)."""
         budget = self.budget()
         if budget is None:
-            raise UsageError("give exactly one of --ratio, --target-params, --target-flops")
+            raise UsageError("give exactly one of --ratio, --target-params, --target-flops, --target-block-params")
         return budget
 
     def evaluation_limit(self) -> int:
@@ -337,6 +337,7 @@ def _plan(model, opts: SearchOptions, result, max_length: int, judge: str) -> di
         "ratio": opts.ratio,
         "target_params": opts.target_params,
         "target_flops": opts.target_flops,
+        **block_params(opts.target_block_params),
         "method": opts.chosen_method(),
         "layers": opts.layers,
         "layer_method": opts.layer_method,

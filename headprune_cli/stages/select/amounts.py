@@ -40,5 +40,6 @@ def check_latency_options(opts) -> Budget | None:
         "--threshold": opts.threshold,
         "--target-params": opts.target_params,
         "--target-flops": opts.target_flops,
+        "--target-block-params": opts.target_block_params,
     }
     return latency_budget(opts.target_latency, opts.target_ms, others)

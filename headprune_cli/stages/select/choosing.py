@@ -11,7 +11,7 @@ from typing import Any
 
 from headprune_cli.artifacts.schema import input_ref, read_artifact
 from headprune_cli.errors import UsageError
-from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.budget import Budget, block_params
 from headprune_cli.stages.constraints import parse_protect
 from headprune_cli.stages.options import BudgetOptions, ConstraintOptions, SeedOptions
 from headprune_cli.stages.score.table import ScoreTable
@@ -53,7 +53,9 @@ class SelectionOptions(BudgetOptions, SeedOptions, ConstraintOptions):
         Latency budgets are priced by their table (`_latency_plan`)."""
         found = self.budgets()
         if len(found) > 1 or (found and self.threshold is not None):
-            raise UsageError("give exactly one of --ratio, --threshold, --target-params, --target-flops")
+            raise UsageError(
+                "give exactly one of --ratio, --threshold, --target-params, --target-flops, --target-block-params"
+            )
         return found[0] if found else None
 
     def check(self) -> None:
@@ -100,6 +102,7 @@ def _config(opts: SelectionOptions, selection, constraints, scores, **latency) -
         "threshold": opts.threshold,
         "target_params": opts.target_params,
         "target_flops": opts.target_flops,
+        **block_params(opts.target_block_params),
         **latency,
         **constraints.to_dict(ffn=getattr(scores, "ffn", None) is not None),
         **({"seed": opts.seed} if selection.strategy == "random" else {}),

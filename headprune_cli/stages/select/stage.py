@@ -62,6 +62,8 @@ HELP = """Choose the heads, FFN neurons and layers to remove from importance sco
 
       headprune select scores.json --target-flops 0.7 --protect 0:3,5:1
 
+      headprune select scores.json --target-block-params 0.8 -o plan.json   # 20% of the non-embedding params removed
+
       headprune select scores.json --ratio 0.5 --uniform -o plan.json
 
       headprune select scores.json --target-flops 0.6 --runtime vllm -o plan.json   # only plans vLLM loads

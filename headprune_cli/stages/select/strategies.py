@@ -131,7 +131,9 @@ AMOUNT = {name: s.amount for name, s in STRATEGIES.items()}
 
 def default_strategy(budget: Budget | None, threshold) -> str:
     if (budget is None) == (threshold is None):
-        raise UsageError("give exactly one of --ratio, --threshold, --target-params, --target-flops")
+        raise UsageError(
+            "give exactly one of --ratio, --threshold, --target-params, --target-flops, --target-block-params"
+        )
     if budget is None:
         return "threshold"
     return "global" if budget.kind == "heads" else "budget"
@@ -154,6 +156,7 @@ def select(
         raise UsageError(f"unknown strategy {chosen!r}{did_you_mean(chosen, STRATEGIES)}")
     _check_amount(chosen, budget, threshold)
     check_table(table, constraints)
+    budget = _priced(budget, table)
     entry = STRATEGIES[chosen]
     if entry.rescore is not None:
         table = entry.rescore(table, 0 if seed is None else seed)
@@ -186,6 +189,16 @@ def select(
     if entry.amount == "target" and not kwargs["fits"](prefixes):
         raise BudgetUnreachable(best=_share(selection, _target(budget)))
     return selection
+
+
+def _priced(budget: Budget | None, table: ScoreTable) -> Budget | None:
+    """The budget against the scores' cost table (a block-params budget leaves out what lies
+    outside the blocks, which only the table knows)."""
+    if budget is None or budget.kind != "block_params":
+        return budget
+    if table.cost is None:
+        raise UsageError("a --target-block-params budget needs the cost table in the scores")
+    return budget.priced(table.cost)
 
 
 def _target(budget: Budget | None) -> Budget:
@@ -233,7 +246,10 @@ def _check_amount(strategy: str, budget: Budget | None, threshold) -> None:
             raise UsageError("strategy 'threshold' takes --threshold VALUE or --threshold P% (and no --ratio)")
     else:
         if budget is None or not budget.is_cost:
-            raise UsageError("strategy 'budget' takes one of --target-params F or --target-flops F (and no --ratio)")
+            raise UsageError(
+                "strategy 'budget' takes one of --target-params F, --target-flops F or --target-block-params F "
+                "(and no --ratio)"
+            )
         checked(budget)
 
 

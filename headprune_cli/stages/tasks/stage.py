@@ -16,6 +16,7 @@ from headprune_cli.artifacts.schema import envelope, input_ref, model_of, write_
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_folder, check_output
 from headprune_cli.files.staged import stage_folder
+from headprune_cli.stages.budget import block_params
 from headprune_cli.stages.options import BatchSize, DeviceOptions, Samples, TokenOptions
 from headprune_cli.stages.score.importance.registry import check_ffn, head_method
 from headprune_cli.stages.select.choosing import SelectionOptions
@@ -59,6 +60,8 @@ CONFIG_KEYS = (
     "max_length",
 )
 NOT_RECORDED = ("task", "base", "output", "force", "device", "dtype")
+# Recorded only when set, so artifacts made with the other budgets keep their bytes.
+RECORDED_WHEN_GIVEN = ("target_block_params",)
 
 
 class TasksOptions(SelectionOptions, TokenOptions, DeviceOptions):
@@ -81,7 +84,10 @@ class TasksOptions(SelectionOptions, TokenOptions, DeviceOptions):
         super().check()
         file_names(parse_tasks(self.task, self.base))
         if self.budget() is None:
-            raise UsageError("give the one budget every plan meets: --target-flops, --target-params or --ratio")
+            raise UsageError(
+                "give the one budget every plan meets: "
+                "--target-flops, --target-params, --target-block-params or --ratio"
+            )
         head_method(self.method)
         if self.ffn:
             check_ffn(self.method)
@@ -162,7 +168,7 @@ def _input_refs(scored) -> list[dict]:
 def _config(opts: TasksOptions) -> dict:
     resolved = spelled(parse_tasks(opts.task, opts.base))
     dumped = opts.model_dump()
-    return {k: dumped[k] for k in CONFIG_KEYS} | {"tasks": resolved}
+    return {k: dumped[k] for k in CONFIG_KEYS} | block_params(opts.target_block_params) | {"tasks": resolved}
 
 
 def _write(folder: Path, paths: dict[str, Path], scored, plans, artifact: dict) -> None:

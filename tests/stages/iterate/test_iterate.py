@@ -152,6 +152,32 @@ def test_flops_rounds_rescore_neurons_and_cut_them_with_the_heads():
     assert _neurons(model) == 144 and _flops(model) == start  # the input is untouched
 
 
+def test_block_params_rounds_keep_their_share_of_the_original_blocks():
+    from headprune_cli.stages.constraints import Constraints
+
+    model = TINY["reference"]()  # embeddings, final norm and classifier: 4,098 of 25,562 params
+    blocks = lambda m: sum(p.numel() for p in m.layers.parameters())  # noqa: E731
+    start = blocks(model)
+    result = iterative_prune(
+        model,
+        dataset(32, 0),
+        dataset(16, 1),
+        schedule=schedule_of((0.8, 0.6), "block_params"),
+        method="taylor",
+        finetune_config=CFG,
+        ffn=True,
+        seq_len=8,
+        constraints=Constraints(ffn_multiple_of=4),
+    )
+    assert [r.ratio for r in result.rounds] == [0.8, 0.6] and all(r.accepted for r in result.rounds)
+    for r in result.rounds:
+        assert r.ratio - 0.05 < r.cost_kept <= r.ratio + 1e-9  # of the ORIGINAL blocks, met
+    # The share is the blocks' own, measured on the cut model: counting the embeddings would
+    # keep 0.6 of all params, i.e. about 0.52 of the blocks.
+    assert blocks(result.model) / start == pytest.approx(result.rounds[1].cost_kept, abs=1e-9)
+    assert blocks(result.model) / start > 0.55
+
+
 def test_a_budget_without_ffn_cuts_heads_only_and_ffn_needs_a_budget():
     model = TINY["reference"]()
     result = iterative_prune(

@@ -33,12 +33,15 @@ def removed_by_mask(space: GateSpace, mask: torch.Tensor) -> float:
         start += len(kept)
     dropped = [layer for layer, on in zip(space.layers, layers.tolist()) if not on]
     kept = dict(zip(space.layers, space.heads))
-    after = predict(space.cost, kept, remove_heads, dropped, remove_ffn)
-    return 1.0 - after[space.budget.cost_key] / space.now
+    after, before = predict(space.cost, kept, remove_heads, dropped, remove_ffn), predict(space.cost, kept)
+    # A block-params budget counts neither side's embeddings and heads (the cost table's outside).
+    outside = space.cost.outside_params if space.budget.kind == "block_params" else 0
+    key = space.budget.cost_key
+    return 1.0 - (after[key] - outside) / (before[key] - outside)
 
 
 @pytest.mark.parametrize("family", ["reference", "llama-gqa"])
-@pytest.mark.parametrize("kind", ["flops", "params"])
+@pytest.mark.parametrize("kind", ["flops", "params", "block_params"])
 def test_the_expected_share_is_the_mean_cost_of_the_sampled_models(family, kind):
     space = GateSpace(TINY[family](), Budget(kind, 0.5), 16, ffn=True, layers=True)
     p = torch.rand(space.size, generator=torch.Generator().manual_seed(0))
@@ -48,6 +51,19 @@ def test_the_expected_share_is_the_mean_cost_of_the_sampled_models(family, kind)
     # At 0/1 probabilities the expectation is the cut's exact share, as select prices it.
     mask = draws[0].float()
     assert float(space.expected_removed(mask)) == pytest.approx(removed_by_mask(space, mask), abs=1e-9)
+
+
+def test_a_block_params_budget_prices_the_blocks_alone():
+    # Every layer gate closed removes every block: all of the block params, but only part of
+    # the params (the embeddings and the LM head stay); a budget counting those would say < 1.
+    model = TINY["llama"]()
+    blocks = sum(p.numel() for p in model.model.layers.parameters())
+    every = {kind: GateSpace(model, Budget(kind, 0.5), 16, layers=True) for kind in ("params", "block_params")}
+    shut = {k: torch.cat([torch.ones(s.size - len(s.layers)), torch.zeros(len(s.layers))]) for k, s in every.items()}
+    assert float(every["block_params"].expected_removed(shut["block_params"])) == pytest.approx(1.0, abs=1e-9)
+    total = sum(p.numel() for p in model.parameters())
+    assert float(every["params"].expected_removed(shut["params"])) == pytest.approx(blocks / total, abs=1e-9)
+    assert every["block_params"].now == blocks
 
 
 def test_without_layer_or_neuron_gates_the_share_is_the_heads_share_of_the_cost():
@@ -129,3 +145,21 @@ def test_per_kind_counts_query_heads_neurons_and_layers():
     assert space.per_kind(half) == {"heads": 10.0, "neurons": 72.0, "layers": 1.5}
     heads_only = GateSpace(model, Budget("heads", 0.5), 8)
     assert heads_only.per_kind(torch.ones(heads_only.size)) == {"heads": 20.0}
+
+
+def test_gates_under_a_block_params_budget_close_on_the_blocks_share():
+    from headprune_cli.model.surgery import apply_plan
+
+    model = TINY["reference"]()
+    blocks = lambda m: sum(p.numel() for p in m.layers.parameters())  # noqa: E731
+    gates = make_gates(
+        model, Budget("block_params", 0.5), Constraints(ffn_multiple_of=1), seed=0, seq_len=16, lr=0.3, warmup=0.5,
+        closed_share=0.4, ffn=True, layers=True,
+    )  # fmt: skip
+    selection = gates.close(gates.table())
+    cut = TINY["reference"]()
+    apply_plan(cut, selection.remove_heads, selection.remove_layers, selection.remove_ffn)
+    # The closing meets 0.5 of the blocks (not of all params, which would leave ~0.4 of them).
+    assert 0.45 < blocks(cut) / blocks(model) <= 0.5 + 1e-9
+    assert gates.removed_share(selection) == pytest.approx(1 - blocks(cut) / blocks(model), abs=1e-6)
+    assert gates.report(selection)["budget"] == "block_params"

@@ -1,5 +1,5 @@
-"""`--target-flops` and `--target-params` budget different costs: on a model where the two
-disagree, each plan meets its own budget, measured on the cut model itself."""
+"""`--target-flops`, `--target-params` and `--target-block-params` budget different costs: on a
+model where they disagree, each plan meets its own budget, measured on the cut model itself."""
 
 from __future__ import annotations
 
@@ -43,3 +43,69 @@ def test_target_flops_budgets_flops_and_target_params_budgets_params(tmp_path, c
     per_head_params = (params0 - p_p) / n_p
     assert f_f + per_head_flops > 0.9 * flops0
     assert p_p + per_head_params > 0.9 * params0
+
+
+def _block_params(model) -> int:
+    """The params inside the tiny BERT's transformer blocks, counted from its modules."""
+    return sum(p.numel() for p in model.bert.encoder.layer.parameters())
+
+
+def test_target_block_params_budgets_the_blocks_and_not_the_embeddings(tmp_path, cli):
+    # The tiny BERT's embeddings are most of its parameters: 0.9 of the block params removes
+    # far fewer heads than 0.9 of all params, and a budget that counted the embeddings (or
+    # left them in the total) would cut past its own limit by several heads.
+    model, model_path = saved_model(tmp_path)
+    scores = write_scores(tmp_path, model, model_path)
+    blocks0 = _block_params(model)
+    plans = {}
+    for option in ("--target-block-params", "--target-params"):
+        out = tmp_path / f"plan{option}.json"
+        result = cli("select", scores, option, "0.9", "-o", out)
+        assert result.code == 0, result.err
+        plans[option] = json.loads(out.read_text())
+    plan = plans["--target-block-params"]
+    assert plan["config"]["target_block_params"] == 0.9
+    assert "target_block_params" not in plans["--target-params"]["config"]  # other budgets' bytes unchanged
+    cut = load(model_path)
+    apply_plan(cut, {int(k): v for k, v in plan["remove_heads"].items()}, plan["remove_layers"])
+    removed = sum(len(v) for v in plan["remove_heads"].values())
+    blocks = _block_params(cut)
+    assert not plan["remove_layers"] and removed > 0
+    assert blocks <= 0.9 * blocks0
+    assert blocks + (blocks0 - blocks) / removed > 0.9 * blocks0  # one head fewer would miss it
+    assert removed < sum(len(v) for v in plans["--target-params"]["remove_heads"].values())
+    cut_all = sum(p.numel() for p in cut.parameters())
+    assert cut_all > 0.9 * sum(p.numel() for p in model.parameters())  # the embeddings are not cut into
+
+
+def test_prune_scores_takes_target_block_params_and_refuses_it_with_another_budget(tmp_path, cli):
+    model, model_path = saved_model(tmp_path)
+    scores = write_scores(tmp_path, model, model_path)
+    out = tmp_path / "small.safetensors"
+    result = cli("prune", model_path, "--scores", scores, "--target-block-params", "0.9", "-o", out)
+    assert result.code == 0, result.err
+    assert _block_params(load(out)) <= 0.9 * _block_params(model)
+    both = cli("select", scores, "--target-block-params", "0.9", "--target-flops", "0.9")
+    assert both.code != 0 and both.err.count("\n") == 1 and both.err.startswith("Error: give exactly one of")
+    assert "--target-block-params" in both.err
+    bad = cli("select", scores, "--target-block-params", "0")
+    assert bad.code != 0 and "--target-block-params 0.0 is outside (0, 1]" in bad.err
+
+
+def test_search_meets_a_block_params_budget_on_the_blocks(tmp_path, cli):
+    from tests.support import tensor_data
+
+    model, model_path = saved_model(tmp_path)
+    out = tmp_path / "plan.json"
+    result = cli(
+        "search", model_path, "--data", tensor_data(tmp_path), "--objective", "fidelity", "--method", "random",
+        "--target-block-params", "0.9", "--evaluations", "6", "--compensate", "none", "--judge", "loss", "-o", out,
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    plan = json.loads(out.read_text())
+    assert plan["config"]["target_block_params"] == 0.9
+    cut = load(model_path)
+    apply_plan(cut, {int(k): v for k, v in plan["remove_heads"].items()}, plan["remove_layers"])
+    # At most 0.9 of the blocks kept, within about a head (4.7% of the blocks) of it: a plan
+    # meeting 0.9 of all the params would keep at most 0.813 of them.
+    assert 0.85 < _block_params(cut) / _block_params(model) <= 0.9

@@ -384,3 +384,19 @@ def test_the_tasks_artifact_states_what_each_plan_keeps(shared_base: Path, cli):
         for kind, stem in (("plan", "plan-"), ("shared-plan", "plan-shared-"))
     }
     assert art["files"] == files and all((out / f).is_file() for f in files.values())
+
+
+def test_a_block_params_budget_is_met_on_the_blocks_by_every_plan(shared_base: Path, cli):
+    out = shared_base / "out"
+    result = cli("tasks", *task_args(shared_base), "--target-block-params", "0.8", "--ffn-multiple-of", "1", "-o", out)
+    assert result.code == 0, result
+    art = json.loads((out / "tasks.json").read_text())
+    assert art["budget"] == {"kind": "block_params", "value": 0.8, "option": "--target-block-params"}
+    assert art["config"]["target_block_params"] == 0.8
+    base = load(shared_base / "base.safetensors")
+    outside = sum(p.numel() for p in base.parameters()) - sum(p.numel() for p in base.bert.encoder.layer.parameters())
+    for name in ("a", "b", "fid"):
+        for plan_file in (f"plan-{name}.json", f"plan-shared-{name}.json"):
+            predicted = json.loads((out / plan_file).read_text())["predicted"]
+            before, after = predicted["before"]["params"] - outside, predicted["after"]["params"] - outside
+            assert 0.7 < after / before <= 0.8 + 1e-12, (plan_file, after / before)
