@@ -31,7 +31,7 @@ from headprune_cli.stages.prune.compensation import (
     solve_lstsq,
     write_solved,
 )
-from headprune_cli.stages.prune.streams import token_weights
+from headprune_cli.stages.refit.streams import token_weights
 
 
 class _Stop(Exception):

@@ -69,7 +69,7 @@ from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, NeuronGates, removal_gates
 from headprune_cli.names import did_you_mean
 from headprune_cli.runtime.device import input_device
-from headprune_cli.stages.prune.solve import (  # noqa: F401  (the solvers' home; re-exported for tests)
+from headprune_cli.stages.refit.solve import (  # noqa: F401  (the solvers' home; re-exported for tests)
     Stats,
     kept_weights,
     linear_weights,
@@ -78,7 +78,7 @@ from headprune_cli.stages.prune.solve import (  # noqa: F401  (the solvers' home
     solve_lstsq,
     write_solved,
 )
-from headprune_cli.stages.prune.streams import Original, Streams
+from headprune_cli.stages.refit.streams import Original, Streams
 
 METHODS = ("none", "bias", "lstsq")
 FFN_FITS = ("full", "diag")  # lstsq on the down projection: every kept column, or one scale each

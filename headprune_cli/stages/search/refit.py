@@ -7,7 +7,7 @@ pass each. Here the statistics are collected once, with the unpruned model, over
 feature of every projection the search may cut: G = [X 1]^T diag(w) [X 1], C = [X 1]^T diag(w) Y
 with Y the projection's own output and w_t = 1 / |Y_t|^2 (the same per-token weights prune
 uses). A candidate's kept features K select a sub-block, G[K, K] and C[K], and the same
-closed forms (prune/solve.py) give its weights: a small linear solve per cut projection,
+closed forms (refit/solve.py) give its weights: a small linear solve per cut projection,
 cached per (projection, kept features) since a move changes one or two layers.
 
 The one approximation: prune takes X from the pruned model, with every earlier layer already
@@ -36,8 +36,8 @@ from headprune_cli.model.arch.base import HFModule, out_rows
 from headprune_cli.model.ffn import current_positions, ffn_cuts
 from headprune_cli.model.layout import info_of
 from headprune_cli.runtime.device import input_device
-from headprune_cli.stages.prune.solve import Stats, kept_weights, linear_weights, solve_bias, solve_lstsq, write_solved
-from headprune_cli.stages.prune.streams import token_weights
+from headprune_cli.stages.refit.solve import Stats, kept_weights, linear_weights, solve_bias, solve_lstsq, write_solved
+from headprune_cli.stages.refit.streams import token_weights
 
 CACHE_SIZE = 64  # solved projections kept (a MiniLM FFN's is 2.4 MB in float32)
 

@@ -10,7 +10,7 @@ the units `select` removes by default: one FFN neuron (a down-projection column)
 group of query heads for grouped-query attention (its heads' columns of the output
 projection; select's default `--gqa-unit group`), one head otherwise.
 
-Statistics are those of the refit itself, from prune's streams (stages/prune/streams.py) on
+Statistics are those of the refit itself, from prune's streams (stages/refit/streams.py) on
 a plan that removes nothing: X = the projection's input, with every token weighted by
 1 / |Y_t|^2 as the refit weighs it, so the error is the mean over tokens of each token's
 squared error relative to its own output (`relative`). How errors compare across layers
@@ -42,8 +42,8 @@ from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.arch.base import is_conv1d
 from headprune_cli.model.surgery import removal_gates
 from headprune_cli.names import did_you_mean
-from headprune_cli.stages.prune.solve import Stats, kept_weights
-from headprune_cli.stages.prune.streams import Streams
+from headprune_cli.stages.refit.solve import Stats, kept_weights
+from headprune_cli.stages.refit.streams import Streams
 from headprune_cli.stages.score.importance.context import ScoreContext
 from headprune_cli.stages.score.importance.obs_greedy import greedy_order
 from headprune_cli.stages.score.importance.protocol import Importance

@@ -19,7 +19,7 @@ from torch import nn
 
 from headprune_cli.errors import NumericalError
 from headprune_cli.model.arch.base import HFModule
-from headprune_cli.stages.prune.solve import Stats, linear_weights
+from headprune_cli.stages.refit.solve import Stats, linear_weights
 
 
 class _Stop(Exception):
