@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
+import transformers as T
 
 from headprune_cli import save
 from headprune_cli.data.readers import read_data
+from headprune_cli.errors import UsageError
 from headprune_cli.model.formats.vllm import nas_plan
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
@@ -130,3 +133,81 @@ def test_vllm_ffn_steps_run_out_when_nothing_fits():
     state = {0: [0, 0], 1: [0, 0]}
     assert not _fill_ffn(layers, state, lambda s: False)
     assert state == {0: [0, 1], 1: [0, 1]}  # every step taken before giving up
+
+
+# check_serves: which scored checkpoints an engine takes. The expected lists are docs/serving.md's:
+# vLLM's nemotron-nas takes llama, mistral and qwen2; llama.cpp's GGUF also qwen3.
+VLLM_SERVES = "(llama, mistral, qwen2)"
+LLAMA_CPP_SERVES = "(llama, mistral, qwen2, qwen3)"
+
+
+def _scores_naming(model: str, objective: str = "causal-lm"):
+    """What check_serves reads of a scores artifact: its model input and its objective."""
+    return SimpleNamespace(kind="scores", inputs=[SimpleNamespace(role="model", path=model)], objective=objective)
+
+
+def _refusal(runtime: str, scores, source: str | None) -> str | None:
+    from headprune_cli.stages.select.runtime import check_serves
+
+    try:
+        check_serves(runtime, scores, source)
+    except UsageError as refused:
+        return str(refused)
+    return None
+
+
+def _llama_classifier():
+    config = T.LlamaConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
+    config.update({"intermediate_size": 48, "num_labels": 2, "pad_token_id": 0})
+    return T.LlamaForSequenceClassification(config)
+
+
+@pytest.mark.parametrize(
+    ("runtime", "family", "what"),
+    [
+        ("vllm", "llama", None),
+        ("vllm", "mistral", None),
+        ("vllm", "qwen2", None),
+        ("vllm", "qwen3", "a qwen3 causal-lm"),  # GGUF writes Qwen3, nemotron-nas does not
+        ("llama.cpp", "qwen3", None),
+        ("llama.cpp", "llama", None),
+        ("vllm", "gpt2", "a gpt2 causal-lm"),
+        ("llama.cpp", "gpt2", "a gpt2 causal-lm"),
+        ("llama.cpp", "bert", "a bert classification"),
+        ("vllm", "reference", "a headprune-reference classification"),  # named by its model_type
+        ("vllm", "llama-classifier", "a llama classification"),  # a LLaMA, but not a causal LM
+        ("llama.cpp", "llama-classifier", "a llama classification"),
+    ],
+)
+def test_an_engine_serves_only_the_llama_family_causal_lms_it_loads(tmp_path, monkeypatch, runtime, family, what):
+    model = _llama_classifier() if family == "llama-classifier" else TINY[family]()
+    save(model, tmp_path / "m.safetensors")
+    monkeypatch.chdir(tmp_path.parent)  # the scores name their model beside them, not in the working folder
+    refusal = _refusal(runtime, _scores_naming("m.safetensors"), str(tmp_path / "s.json"))
+    if what is None:
+        assert refusal is None
+        return
+    served = VLLM_SERVES if runtime == "vllm" else LLAMA_CPP_SERVES
+    assert refusal == (
+        f"--runtime {runtime} serves LLaMA-family causal LMs {served}; the scored model "
+        f"{tmp_path / 'm.safetensors'} is {what}: choose --runtime onnxruntime or transformers"
+    )
+
+
+@pytest.mark.parametrize("runtime", [None, "transformers", "onnxruntime"])
+def test_the_other_engines_serve_any_scored_model(tmp_path, runtime):
+    save(TINY["bert"](), tmp_path / "m.safetensors")
+    assert _refusal(runtime, _scores_naming(str(tmp_path / "m.safetensors"), "classification"), None) is None
+
+
+@pytest.mark.parametrize("runtime", ["vllm", "llama.cpp"])
+def test_without_the_checkpoint_only_classifier_scores_are_refused(tmp_path, runtime):
+    gone = str(tmp_path / "gone.safetensors")
+    served = VLLM_SERVES if runtime == "vllm" else LLAMA_CPP_SERVES
+    assert _refusal(runtime, _scores_naming(gone, "classification"), None) == (
+        f"--runtime {runtime} serves LLaMA-family causal LMs {served}; these scores are of a classifier: "
+        "choose --runtime onnxruntime or transformers"
+    )
+    assert _refusal(runtime, _scores_naming(gone, "causal-lm"), None) is None  # export refuses the rest
