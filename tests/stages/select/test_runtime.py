@@ -46,6 +46,13 @@ def test_vllm_keeps_one_head_count_and_chooses_ffn_widths_per_layer(scored):
     assert nas_plan(info_of(model)).ffn == per_layer  # the vLLM export takes it as it is
 
 
+def test_vllm_removes_nothing_when_the_model_meets_the_budget_already(scored):
+    """A FLOPs budget of 1.0 is met by the unpruned model: no FFN step (nor head) is needed."""
+    _, table, _ = scored
+    selection = select(table, budget=Budget("flops", 1.0), constraints=Constraints(uniform_heads=True))
+    assert (selection.remove_heads, selection.remove_ffn, selection.remove_layers) == ({}, {}, [])
+
+
 def test_vllm_loses_no_more_score_than_transformers_at_the_same_budget(scored):
     """The transformers rule (one FFN width) is a special case of vLLM's, so the FFN-free choice
     never removes more score."""
