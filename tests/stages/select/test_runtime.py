@@ -14,7 +14,7 @@ from headprune_cli.errors import UsageError
 from headprune_cli.model.formats.vllm import nas_plan
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.budget import Budget, BudgetUnreachable
 from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.score.importance import score_model
 from headprune_cli.stages.select.strategies import select
@@ -51,6 +51,22 @@ def test_vllm_removes_nothing_when_the_model_meets_the_budget_already(scored):
     _, table, _ = scored
     selection = select(table, budget=Budget("flops", 1.0), constraints=Constraints(uniform_heads=True))
     assert (selection.remove_heads, selection.remove_ffn, selection.remove_layers) == ({}, {}, [])
+
+
+def test_vllm_meets_a_target_equal_to_its_own_plans_share(scored):
+    """A plan's FLOPs share (after / before, as the plan records it), given back as the target,
+    is met by that same plan: the budget compares with the slack for rounding, not strictly."""
+    _, table, _ = scored
+    first = select(table, budget=Budget("flops", 0.6), constraints=Constraints(uniform_heads=True))
+    share = first.predicted["after"]["flops_per_token"] / first.predicted["before"]["flops_per_token"]
+    again = select(table, budget=Budget("flops", share), constraints=Constraints(uniform_heads=True))
+    assert (again.remove_heads, again.remove_ffn) == (first.remove_heads, first.remove_ffn)
+
+
+def test_vllm_refuses_a_budget_no_common_head_count_meets(scored):
+    _, table, _ = scored
+    with pytest.raises(BudgetUnreachable, match="no common head count and FFN width fits it"):
+        select(table, budget=Budget("flops", 0.01), constraints=Constraints(uniform_heads=True))
 
 
 def test_vllm_loses_no_more_score_than_transformers_at_the_same_budget(scored):
