@@ -118,14 +118,15 @@ class _Neurons:
 
 
 class _Layer:
-    """A layer whose f-th FFN step costs `neuron_paid[f]` of loss and saves 10 units of cost."""
+    """A layer whose f-th FFN step costs `neuron_paid[f]` of loss and saves `saves` units of cost."""
 
-    def __init__(self, neuron_paid: list[float]):
+    def __init__(self, neuron_paid: list[float], saves: float = 10.0):
         self.neuron_paid = neuron_paid
         self.neurons = _Neurons(len(neuron_paid))
+        self.saves = saves  # cost saved by each FFN step
 
     def price(self, h: int, f: int) -> float:
-        return 100.0 - 10.0 * f
+        return 100.0 - self.saves * f
 
     def paid(self, h: int, f: int) -> float:
         return self.neuron_paid[f]
@@ -234,3 +235,24 @@ def test_without_the_checkpoint_only_classifier_scores_are_refused(tmp_path, run
         "choose --runtime onnxruntime or transformers"
     )
     assert _refusal(runtime, _scores_naming(gone, "causal-lm"), None) is None  # export refuses the rest
+
+
+def test_vllm_ffn_steps_are_ranked_by_loss_per_unit_of_cost_saved():
+    """Layer 0's step loses 2 and saves 10 (0.2 a unit); layer 1's loses 3 and saves 30 (0.1 a
+    unit): layer 1's goes first, though it loses more."""
+    from headprune_cli.stages.select.runtime import _fill_ffn
+
+    layers = {0: _Layer([0.0, 2.0], saves=10.0), 1: _Layer([0.0, 3.0], saves=30.0)}
+    state = {0: [0, 0], 1: [0, 0]}
+    assert _fill_ffn(layers, state, lambda s: sum(layers[l].price(*s[l]) for l in s) <= 175.0)
+    assert state == {0: [0, 0], 1: [0, 1]}
+
+
+def test_vllm_ffn_steps_that_save_nothing_are_never_taken_and_small_savings_are():
+    """A step that saves no cost is no step; one that saves half a unit is."""
+    from headprune_cli.stages.select.runtime import _fill_ffn
+
+    layers = {0: _Layer([0.0, 0.0, 0.0], saves=0.0), 1: _Layer([0.0, 1.0, 2.0], saves=0.5)}
+    state = {0: [0, 0], 1: [0, 0]}
+    assert _fill_ffn(layers, state, lambda s: sum(layers[l].price(*s[l]) for l in s) <= 199.0)
+    assert state == {0: [0, 0], 1: [0, 2]}
