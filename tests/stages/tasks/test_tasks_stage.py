@@ -302,6 +302,31 @@ def test_scores_without_a_cost_table_share_the_plan_select_makes_from_the_summed
         assert entry["own"]["flops_kept"] is None and entry["shared"]["flops_kept"] is None  # no cost to share
 
 
+def test_the_shared_plan_uses_the_strategy_asked_for(shared_base: Path, cli):
+    """--strategy layer (each layer's own share) chooses the shared plan, as `headprune select
+    --strategy layer` does on the summed normalised head scores; the default (global) would not."""
+    raw, args = _score_files(shared_base, cli)
+    out = shared_base / "out"
+    assert cli("tasks", *args, "--ratio", "0.5", "--strategy", "layer", "-o", out).code == 0
+    units = {n: {(int(l), int(h)): s for l, hs in raw[n]["heads"].items() for h, s in hs.items()} for n in raw}
+    norm = {n: {u: s / sum(abs(v) for v in units[n].values()) for u, s in units[n].items()} for n in raw}
+    reference = json.loads(json.dumps(raw["a"]))
+    reference["heads"] = {
+        layer: {head: norm["a"][(int(layer), int(head))] + norm["b"][(int(layer), int(head))] for head in heads}
+        for layer, heads in raw["a"]["heads"].items()
+    }
+    (shared_base / "summed.json").write_text(json.dumps(reference))
+    plans = {}
+    for strategy in ("layer", "global"):
+        ref = shared_base / f"ref-{strategy}.json"
+        assert cli("select", shared_base / "summed.json", "--ratio", "0.5", "--strategy", strategy, "-o", ref).code == 0
+        plans[strategy] = json.loads(ref.read_text())
+    assert plans["layer"]["remove_heads"] != plans["global"]["remove_heads"]  # the strategy matters here
+    for name in raw:
+        shared = json.loads((out / f"plan-shared-{name}.json").read_text())
+        assert (shared["strategy"], shared["remove_heads"]) == ("shared-layer", plans["layer"]["remove_heads"])
+
+
 def test_the_shared_plan_drops_no_layer_even_from_scores_that_rank_layers(shared_base: Path, cli):
     """The shared table leaves the tasks' layer scores out (they are on each task's own loss
     scale), so the shared selection never removes a layer: a fixed --drop-layers is refused
