@@ -195,7 +195,7 @@ def cut_files(args: argparse.Namespace, target: float) -> dict[tuple[str, str], 
         out = args.work / f"cut-{target}-{kind}.gguf"
         if not cut.exists() and not out.exists():
             headprune("select", args.work / "scores.json", "--target-flops", target, "--runtime", "llama.cpp",
-                      "--gguf-type", grid, "-o", plan)  # fmt: skip
+                      "--gguf-type", grid, "-o", plan, "--force")  # fmt: skip (an interrupted run's plan is redone)
             data = [] if args.no_compensation else ["--data", args.calib, "--samples", args.score_rows]
             headprune("prune", "--plan", plan, *data, "--max-length", 128, "-o", cut)
         if not out.exists():
