@@ -39,11 +39,12 @@ from headprune_cli.files.io import atomic_write, check_regular, hash_ahead, reme
 from headprune_cli.files.outputs import CHECKPOINT_FORMAT
 from headprune_cli.model.arch import adapter_for_family
 from headprune_cli.model.config_check import check_against_header, check_declared
+from headprune_cli.model.filebacked import track
 from headprune_cli.model.layout import Layout, ModelInfo, info_of
 from headprune_cli.model.materialize import build_empty, check_entries, fill, stored_dtype, tied_groups
 from headprune_cli.model.optional_imports import leave_out_scipy
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.model.tensorfile import Entry, Spec, read_entries, read_header, write_file
+from headprune_cli.model.tensorfile import Entry, Spec, read_entries, read_header, read_tensor, write_file
 
 FORMAT = CHECKPOINT_FORMAT  # defined beside the output rule, which recognises our files without torch
 FORMAT_VERSION = "1"
@@ -221,19 +222,26 @@ def _loads(text: str, key: str, path, kind: type):
     return value
 
 
-def load(path: str | os.PathLike) -> nn.Module:
+def load(path: str | os.PathLike, per_tensor: bool = False) -> nn.Module:
     """Rebuild the model stored in a headprune checkpoint (or an exported HF-style folder),
-    at exactly its stored shapes, in its stored dtype, from the memory-mapped file."""
+    at exactly its stored shapes, in its stored dtype, from the memory-mapped file.
+
+    `per_tensor`: each tensor mapped on its own and none of it resident after loading, so
+    that a stage walking the model can give each block's pages back (model/filebacked.py)."""
     info = read_info(path)
     entries = read_entries(weights_path(path))
     _check_header(info, entries, path)
     _hash_weights_ahead(path, entries)
     model = build_layout(info, stored_dtype(entries), path)
-    handles: dict[str, object] = {}
-    try:
-        fill(model, entries, lambda entry: _mapped(handles, entry), path)
-    finally:
-        handles.clear()  # the tensors keep their mappings alive; the handles are not needed
+    if per_tensor:
+        fill(model, entries, read_tensor, path)
+        track(model, entries, path)
+    else:
+        handles: dict[str, object] = {}
+        try:
+            fill(model, entries, lambda entry: _mapped(handles, entry), path)
+        finally:
+            handles.clear()  # the tensors keep their mappings alive; the handles are not needed
     model.eval()
     info_of(model).loaded_from = (str(path), weights_sha(path))
     return model

@@ -58,9 +58,9 @@ def prune_layout(
     tensors: Mapping[str, torch.Tensor] | None = None,
 ) -> str:
     """prune_file given `source`'s layout (read_layout_only(source, hashed=True)), which
-    it cuts in place. `tensors` (the state dict of `source` loaded and changed in memory,
-    as compensation does) are sliced instead of the file's: the file's tensors mapped a
-    second time would count twice in the resident set."""
+    it cuts in place. `tensors` (by the file's names: tensors of `source` changed in
+    memory, as compensation's refit projections) are sliced instead of the file's; every
+    other tensor is read from the file, one at a time."""
     specs = streamed_specs(model, source, remove_heads, remove_layers, remove_ffn, tensors)
     return write_checkpoint(output, specs, checkpoint_metadata(model, output, plan_sha))
 
@@ -128,7 +128,8 @@ def _own_tensors(module: nn.Module):
 
 def _reader(entry: Entry, cuts: list[Cut], where, tensors: Mapping[str, torch.Tensor] | None = None):
     def produce() -> torch.Tensor:
-        tensor = read_tensor(entry) if tensors is None else tensors[entry.name].detach()
+        given = None if tensors is None else tensors.get(entry.name)
+        tensor = read_tensor(entry) if given is None else given.detach()
         if not all_finite(tensor):  # as load() refuses it
             raise CheckpointError(f"{where}: tensor {entry.name!r} contains NaN or inf")
         for dim, index in cuts:

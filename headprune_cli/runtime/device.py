@@ -151,6 +151,19 @@ def place(model: nn.Module, device: str = "auto", dtype: str = "auto", keep_orig
     return Placement(target, stored, None, originals)
 
 
+def moves(model: nn.Module, device: str = "auto", dtype: str = "auto") -> bool:
+    """Whether `place` would change anything: False for a CPU model computing where and in
+    the dtype it is (then `restore` gives back each tensor as it is, and skipping the pair
+    spares restore's comparison, which reads every weight)."""
+    compute = resolve_dtype(dtype)
+    if resolve_device(device).type != "cpu":
+        return True
+    for p in model.parameters():
+        if p.device.type != "cpu" or (compute is not None and p.is_floating_point() and p.dtype != compute):
+            return True
+    return False
+
+
 def restore(model: nn.Module, placement: Placement) -> None:
     """Back on the CPU in the stored dtype: what `save` must write.
 

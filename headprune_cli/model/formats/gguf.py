@@ -234,7 +234,8 @@ def _write_file(tmp: str, tensors: list[_Tensor], info: ModelInfo, plan: GgufPla
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for t in tensors:
-        writer.write_tensor_data(_converted(t, plan))
+        # _Converted duck-types the ndarray API write_tensor_data uses (nbytes, tofile).
+        writer.write_tensor_data(_converted(t, plan))  # type: ignore[arg-type]
     writer.close()
 
 
@@ -288,15 +289,52 @@ def _order(name: str) -> tuple:
     )
 
 
-def _converted(t: _Tensor, plan: GgufPlan) -> np.ndarray:
+class _Converted:
+    """A tensor converted to its ggml type a few rows at a time as it is written: what
+    GGUFWriter.write_tensor_data reads of an array (nbytes, tofile). Whole, the float32
+    copy of a 32 k x 2048 embedding and its converted copy (393 MB at f16) came on top of
+    the source; in pieces of CHUNK_BYTES, only the source (mapped) and one piece are held.
+    Every ggml type converts rows independently (quantization blocks run along a row), so
+    the bytes are those of the whole tensor converted at once."""
+
+    CHUNK_BYTES = 16 << 20  # of float32 rows
+
+    def __init__(self, t: _Tensor, plan: GgufPlan):
+        import gguf  # noqa: PLC0415 (keeps gguf out of this module's import)
+
+        self.t, self.plan = t, plan
+        self.qtype = gguf.GGMLQuantizationType[t.ggml.upper()]
+        self.nbytes = math.prod(gguf.quants.quant_shape_to_byte_shape(t.shape, self.qtype))
+
+    def pieces(self):
+        """The converted rows, in order, CHUNK_BYTES of float32 at a time."""
+        source = _permuted(self.t.produce().detach(), self.t.name, self.plan)
+        rows = source.reshape(-1, source.shape[-1]) if source.dim() > 1 else source.reshape(1, -1)
+        step = max(1, self.CHUNK_BYTES // (4 * rows.shape[1]))
+        for start in range(0, rows.shape[0], step):
+            yield _converted_rows(rows[start : start + step], self.t.ggml, self.qtype)
+
+    def tofile(self, handle) -> None:
+        written = 0
+        for piece in self.pieces():
+            piece.tofile(handle)
+            written += piece.nbytes
+        assert written == self.nbytes, f"{self.t.name}: {written} bytes converted, {self.nbytes} announced"
+
+
+def _converted_rows(rows: torch.Tensor, ggml: str, qtype) -> np.ndarray:
     import gguf  # noqa: PLC0415 (keeps gguf out of this module's import)
 
-    data = _permuted(t.produce().detach().to(torch.float32), t.name, plan).contiguous().numpy()
-    if t.ggml == "f32":
+    data = rows.to(torch.float32).contiguous().numpy()
+    if ggml == "f32":
         return data
-    if t.ggml == "f16":
+    if ggml == "f16":
         return data.astype(np.float16)
-    return gguf.quants.quantize(data, gguf.GGMLQuantizationType[t.ggml.upper()])
+    return gguf.quants.quantize(data, qtype)
+
+
+def _converted(t: _Tensor, plan: GgufPlan) -> _Converted:
+    return _Converted(t, plan)
 
 
 def _permuted(tensor: torch.Tensor, name: str, plan: GgufPlan) -> torch.Tensor:

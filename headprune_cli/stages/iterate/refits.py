@@ -13,6 +13,7 @@ are the in-memory route's, weight for weight.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 from collections.abc import Callable
 from pathlib import Path
@@ -53,9 +54,13 @@ def refit_file(work: Path, number: int) -> Path:
 
 
 def write_refit(source: Path, out: Path, union: Selection, compensation: Compensation) -> None:
-    """The original refit in memory (its own load, dropped on return), written cut."""
-    model = load(source)
-    refit(model, union, compensation)
+    """The original refit in memory (its own load, read and given back block by block as
+    compensation walks it: model/filebacked.py), written cut: the refit projections from
+    memory, everything else sliced from the file."""
+    model = load(source, per_tensor=True)
+    result = refit(model, union, dataclasses.replace(compensation, release=True))
+    assert result is not None  # lstsq recovery always has a compensation
+    state = model.state_dict(keep_vars=True)
     prune_layout(
         read_layout_only(source, hashed=True),
         source,
@@ -63,16 +68,17 @@ def write_refit(source: Path, out: Path, union: Selection, compensation: Compens
         union.remove_heads,
         union.remove_layers,
         remove_ffn=union.remove_ffn,
-        tensors=model.state_dict(keep_vars=True),
+        tensors={name: state[name] for name in result.rewritten},
     )
-    del model
+    del model, state
     gc.collect()
 
 
 def read_back(path: Path, like: ModelInfo) -> nn.Module:
     """A round's file, memory-mapped, standing for the original cut in memory: it keeps the
-    original's provenance (what `save` records), not the temporary file's."""
-    model = load(path)
+    original's provenance (what `save` records), not the temporary file's. Each tensor is
+    mapped on its own, so the next round can give its pages back once it is scored."""
+    model = load(path, per_tensor=True)
     info = info_of(model)
     info.loaded_from, info.provenance = like.loaded_from, copy.deepcopy(like.provenance)
     return model

@@ -35,6 +35,7 @@ from torch import nn
 
 from headprune_cli.data.readers import Dataset
 from headprune_cli.errors import UsageError
+from headprune_cli.model import filebacked
 from headprune_cli.model.cost import cost_table
 from headprune_cli.model.cost_table import predict
 from headprune_cli.model.layout import info_of
@@ -173,7 +174,10 @@ def iterative_prune(
             )
             union = _union(union, selection)
             if spill:
-                del current, result.model  # scored: let go before this round's models are read (both set again below)
+                # Scored: its pages go back to the file (whoever still holds it, as the CLI's
+                # datasets do), then it is let go before this round's models are read.
+                filebacked.release(current)
+                del current, result.model  # both set again below
                 recovered, pruned_value, value = spill.round(union, compensation, dev, objective)
             else:
                 recovered, pruned_value, value = _compensated_round(model, union, compensation, dev, objective, teacher)
@@ -241,7 +245,7 @@ class Spill:
         from headprune_cli.stages.iterate.refits import read_back  # noqa: PLC0415 (one route's module)
 
         gc.collect()
-        return load(self.source) if self.kept is None else read_back(self.kept, self.like)
+        return load(self.source, per_tensor=True) if self.kept is None else read_back(self.kept, self.like)
 
 
 def _prune_round(model, data, method, objective, amount: Budget, constraints, scoring: dict):

@@ -133,7 +133,8 @@ def run(opts: IterateOptions, ctx: Context) -> Result:
     opts.check_recovery()
     budget = None if schedule[0].kind == "heads" else schedule[0].kind.replace("_", " ")
     check_output(opts.output, opts.force, [opts.checkpoint, opts.data, opts.eval_data, opts.score_data, opts.teacher])
-    model = load(opts.checkpoint)
+    # lstsq rounds give the input model's pages back once it is scored (rounds.py)
+    model = load(opts.checkpoint, per_tensor=opts.recover == "lstsq")
     objective = check_objective(None, model)
     teacher = copy.deepcopy(model) if opts.teacher == "self" else None  # the unpruned start; no second load
     if opts.teacher not in (None, "self"):

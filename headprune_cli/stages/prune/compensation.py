@@ -62,6 +62,7 @@ import torch
 from torch import nn
 
 from headprune_cli.errors import PlanError, UsageError
+from headprune_cli.model import filebacked
 from headprune_cli.model.arch import adapter_for
 from headprune_cli.model.arch.base import HFModule, out_rows
 from headprune_cli.model.ffn import current_positions, ffn_cuts, removal_ffn_gates
@@ -105,6 +106,7 @@ class CompensationResult:
     ffn_skipped: dict[int, str] = field(default_factory=dict)
     ffn_error_before: dict[int, float] = field(default_factory=dict)
     ffn_error_after: dict[int, float] = field(default_factory=dict)
+    rewritten: list[str] = field(default_factory=list)  # state-dict names of the tensors written in place
 
 
 @dataclass
@@ -126,11 +128,15 @@ def compensate(
     progress: Callable[[int, int], None] | None = None,
     remove_ffn: Mapping[int, list[int]] | None = None,
     ffn_fit: str = MEASURED_FFN_FIT,
+    release: bool = False,
 ) -> CompensationResult:
     """Adjust output and down projections of `model` in place for the plan; returns what it did.
 
     `remove_ffn`: original layer -> original FFN neurons removed. `ffn_fit` (lstsq only):
-    "full" refits every kept down-projection column, "diag" one scale per kept neuron."""
+    "full" refits every kept down-projection column, "diag" one scale per kept neuron.
+    `release`: `model` was loaded with load(per_tensor=True) and not changed since; each
+    block's weights go back to the file once both streams have passed it, the refit
+    projections excepted (model/filebacked.py), so about one block is resident at a time."""
     if method not in METHODS:
         raise UsageError(f"unknown compensation {method!r}{did_you_mean(method, METHODS)}")
     if ffn_fit not in FFN_FITS:
@@ -158,7 +164,7 @@ def compensate(
     neuron_gates = NeuronGates(model, streams.ffn_gates) if streams.ffn_gates else nullcontext()
     with torch.no_grad(), HeadGates(model, streams.head_gates), neuron_gates:
         streams.record(batches)
-        _fit_in_order(streams, fits, set(remove_layers), method, ridge, ffn_fit, result, progress)
+        _fit_in_order(streams, fits, set(remove_layers), method, ridge, ffn_fit, result, progress, release)
     return result
 
 
@@ -185,9 +191,12 @@ def _fit_in_order(
     ffn_fit: str,
     result: CompensationResult,
     progress,
+    release: bool = False,
 ) -> None:
-    """One pass over the depth: each block's fits (heads, then FFN), then both streams move on."""
+    """One pass over the depth: each block's fits (heads, then FFN), then both streams move on
+    (and, with `release`, the block's weights that were not refit go back to the file)."""
     layout = info_of(streams.model).layout
+    names = {id(m): n for n, m in streams.model.named_modules()}
     done = 0
     for pos in range(streams.last + 1):
         layer = layout.layers[pos]
@@ -204,6 +213,10 @@ def _fit_in_order(
             streams.advance(pos, full=False)  # the pruned stream, through the new weights
         else:
             streams.advance(pos, pruned=layer not in drop)
+        written = [_projection(adapter_for(streams.model), streams.blocks[pos], f) for f in here]
+        result.rewritten += [f"{names[id(o)]}.{n}" for o in written for n, _ in o.named_parameters()]
+        if release:  # no stream runs this block again
+            filebacked.release(streams.blocks[pos], keep=[p for o in written for p in o.parameters()])
 
 
 def _planned_fits(model: nn.Module, remove_heads, remove_layers: list[int], remove_ffn) -> list[_Fit]:

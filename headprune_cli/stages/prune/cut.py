@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.runtime.device import place, restore
+from headprune_cli.runtime.device import moves, place, restore
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE, compensate
@@ -37,6 +37,9 @@ class Compensation:
     method: str
     batches: list
     ridge: float = DEFAULT_RIDGE
+    # The model is as loaded with load(per_tensor=True), untouched: each block's weights are
+    # given back to their file once compensation has passed the block (model/filebacked.py).
+    release: bool = False
 
 
 @dataclass
@@ -85,7 +88,7 @@ def refit(
     if compensation is None or compensation.method == "none":
         return None
     placement = None
-    if device is not None:
+    if device is not None and moves(model, device, dtype):
         placement = place(model, device, dtype, keep_originals=True)
     result = compensate(
         model,
@@ -95,6 +98,7 @@ def refit(
         method=compensation.method,
         ridge=compensation.ridge,
         remove_ffn=selection.remove_ffn,
+        release=compensation.release,
     )
     if placement is not None:
         restore(model, placement)

@@ -138,18 +138,23 @@ def _streamed(artifact, path: Path, output: Path, selection: Selection, plan_sha
 
 
 def _compensated(artifact, path: Path, opts: PruneOptions, selection: Selection, plan_sha: str, ctx: Context) -> str:
-    """Refit in memory, then slice while writing (the bytes `cut` + `save` would write):
-    the model, memory-mapped from its file, is the only copy of the weights held."""
+    """Refit in memory, then slice while writing (the bytes `cut` + `save` would write).
+    The model is read from its file block by block as compensation walks it and each block
+    given back once passed (model/filebacked.py); the refit projections are the only
+    weights held, and the rest is sliced from the file as it is written."""
     from headprune_cli.model.checkpoint import load, read_layout_only  # noqa: PLC0415 (keeps numpy out of this module's import)
     from headprune_cli.model.streaming import prune_layout  # noqa: PLC0415 (keeps numpy out of this module's import)
 
     check_model(artifact, path)
-    model = load(path)
+    model = load(path, per_tensor=True)
     assert opts.data is not None  # check(): a compensation needs --data
     dataset = read_data(opts.data, model, max_length=opts.max_length, samples=opts.samples, need_labels=False)
-    compensation = Compensation(opts.chosen_compensation(), list(batches(dataset, opts.batch_size)), opts.ridge)
+    compensation = Compensation(
+        opts.chosen_compensation(), list(batches(dataset, opts.batch_size)), opts.ridge, release=True
+    )
     result = refit(model, selection, compensation, device=opts.device, dtype=opts.dtype)
     _tell(result, ctx)
+    state = model.state_dict(keep_vars=True)
     return prune_layout(
         read_layout_only(path, hashed=True),
         path,
@@ -158,7 +163,7 @@ def _compensated(artifact, path: Path, opts: PruneOptions, selection: Selection,
         selection.remove_layers,
         plan_sha=plan_sha,
         remove_ffn=selection.remove_ffn,
-        tensors=model.state_dict(keep_vars=True),
+        tensors={name: state[name] for name in result.rewritten},
     )
 
 

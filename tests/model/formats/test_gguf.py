@@ -407,3 +407,17 @@ def test_rope_settings_of_any_config_vintage_are_transformers_own(config):
     """The RoPE settings read from a config equal those transformers standardises it to."""
     assert _rope(config) == T.LlamaConfig(**config).rope_parameters
     _check_rope(config)  # each of these types is written
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16", "q8_0"])
+def test_tensors_converted_a_few_rows_at_a_time_give_the_bytes_of_whole_tensors(on_grid, tmp_path, monkeypatch, kind):
+    """The writer converts each tensor in pieces (to hold one piece, not the float32 copy of
+    the whole): pieces of one row and of several give the bytes of one piece per tensor."""
+    from headprune_cli.model.formats.gguf import _Converted
+
+    monkeypatch.setattr(_Converted, "CHUNK_BYTES", 1 << 40)  # every tensor in one piece
+    whole = headprune_cli.export_gguf(on_grid, tmp_path / "whole.gguf", kind).path.read_bytes()
+    for rows_of in (1, 3):
+        monkeypatch.setattr(_Converted, "CHUNK_BYTES", rows_of * 4 * 64)  # the on-grid model is 64 wide
+        out = tmp_path / f"pieces-{rows_of}.gguf"
+        assert headprune_cli.export_gguf(on_grid, out, kind).path.read_bytes() == whole, rows_of

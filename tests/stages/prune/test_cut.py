@@ -18,6 +18,7 @@ from headprune_cli.stages.score.table import ScoreTable
 from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.select.strategies import select
 from tests.support import TINY, calibration, model_inputs, model_output
+from tests.support.resident import linux_only, resident_kib
 
 
 def _table(model) -> ScoreTable:
@@ -95,3 +96,55 @@ def test_refit_then_a_sliced_write_gives_the_bytes_of_cut_then_save(tmp_path, fa
         tensors=model.state_dict(keep_vars=True),
     )
     assert (tmp_path / "sliced.safetensors").read_bytes() == (tmp_path / "cut.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+def test_the_streamed_refit_gives_the_bytes_of_cut_then_save_holding_only_the_refit(tmp_path, family):
+    """`prune --data` as it runs now: loaded tensor by tensor, each block given back to the
+    file once compensation passed it, only the rewritten projections sliced from memory."""
+    save(TINY[family](), tmp_path / "m.safetensors")
+    layout = info_of(load(tmp_path / "m.safetensors")).layout
+    width = len(layout.kept_neurons(layout.layers[0]))
+    selection = Selection(
+        "hand",
+        {layout.layers[0]: [1], layout.layers[-1]: [0, 2]},
+        [layout.layers[1]],
+        remove_ffn={layout.layers[0]: list(range(0, width, 3)), layout.layers[-1]: [1, 4]},
+    )
+    by_cut = load(tmp_path / "m.safetensors")
+    cut(by_cut, selection, Compensation("lstsq", calibration(3, seed=5)))
+    save(by_cut, tmp_path / "cut.safetensors", plan_sha="0" * 64)
+    model = load(tmp_path / "m.safetensors", per_tensor=True)
+    result = refit(model, selection, Compensation("lstsq", calibration(3, seed=5), release=True))
+    assert result is not None and result.rewritten
+    state = model.state_dict(keep_vars=True)
+    prune_layout(
+        read_layout_only(tmp_path / "m.safetensors", hashed=True),
+        tmp_path / "m.safetensors",
+        tmp_path / "sliced.safetensors",
+        selection.remove_heads,
+        selection.remove_layers,
+        plan_sha="0" * 64,
+        remove_ffn=selection.remove_ffn,
+        tensors={name: state[name] for name in result.rewritten},
+    )
+    assert (tmp_path / "sliced.safetensors").read_bytes() == (tmp_path / "cut.safetensors").read_bytes()
+
+
+@linux_only
+def test_the_streamed_refit_leaves_no_block_resident_but_the_refit_projections(tmp_path):
+    save(TINY["llama"](), tmp_path / "m.safetensors")
+    model = load(tmp_path / "m.safetensors", per_tensor=True)
+    selection = Selection("hand", {0: [1], 2: [0]}, [], remove_ffn={1: [0, 3, 5]})
+    result = refit(model, selection, Compensation("lstsq", calibration(3, seed=5), release=True))
+    assert result is not None
+    assert sorted(result.rewritten) == [
+        "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.1.mlp.down_proj.weight",
+        "model.layers.2.self_attn.o_proj.weight",
+    ]
+    state = model.state_dict(keep_vars=True)
+    blocks = {n: t for n, t in state.items() if n.startswith("model.layers.") and int(n.split(".")[2]) <= 2}
+    held = {n for n, t in blocks.items() if resident_kib(t) > 0}
+    assert held <= set(result.rewritten)
+    assert all(resident_kib(state[n]) > 0 for n in result.rewritten)  # written in place: held, not released
