@@ -269,6 +269,19 @@ def _score_files(shared_base: Path, cli, *extra: str) -> tuple[dict[str, dict], 
     return raw, args
 
 
+def _write_summed_scores(raw: dict[str, dict], path: Path) -> None:
+    """The reference the shared plan is checked against, computed here: task a's scores file
+    with each head's score replaced by the sum over tasks of its score over its task's total."""
+    units = {n: {(int(l), int(h)): s for l, hs in raw[n]["heads"].items() for h, s in hs.items()} for n in raw}
+    norm = {n: {u: s / sum(abs(v) for v in units[n].values()) for u, s in units[n].items()} for n in raw}
+    reference = json.loads(json.dumps(raw["a"]))
+    reference["heads"] = {
+        layer: {head: sum(norm[n][(int(layer), int(head))] for n in raw) for head in heads}
+        for layer, heads in raw["a"]["heads"].items()
+    }
+    path.write_text(json.dumps(reference))
+
+
 def test_scores_without_a_cost_table_share_the_plan_select_makes_from_the_summed_scores(shared_base: Path, cli):
     """Scores files whose cost table is empty (an earlier version's): no prediction to price,
     so each task's shared plan is the shared selection as it is, equal to `headprune select`
@@ -280,14 +293,7 @@ def test_scores_without_a_cost_table_share_the_plan_select_makes_from_the_summed
     out = shared_base / "out"
     result = cli("tasks", *args, "--ratio", "0.5", "-o", out)
     assert result.code == 0, result
-    units = {n: {(int(l), int(h)): s for l, hs in raw[n]["heads"].items() for h, s in hs.items()} for n in raw}
-    norm = {n: {u: s / sum(abs(v) for v in units[n].values()) for u, s in units[n].items()} for n in raw}
-    reference = json.loads(json.dumps(raw["a"]))
-    reference["heads"] = {
-        layer: {head: norm["a"][(int(layer), int(head))] + norm["b"][(int(layer), int(head))] for head in heads}
-        for layer, heads in raw["a"]["heads"].items()
-    }
-    (shared_base / "summed.json").write_text(json.dumps(reference))
+    _write_summed_scores(raw, shared_base / "summed.json")
     assert cli("select", shared_base / "summed.json", "--ratio", "0.5", "-o", shared_base / "ref.json").code == 0
     expected = json.loads((shared_base / "ref.json").read_text())
     assert expected["remove_heads"] and expected["predicted"] == {}  # heads removed, nothing to price
@@ -308,14 +314,7 @@ def test_the_shared_plan_uses_the_strategy_asked_for(shared_base: Path, cli):
     raw, args = _score_files(shared_base, cli)
     out = shared_base / "out"
     assert cli("tasks", *args, "--ratio", "0.5", "--strategy", "layer", "-o", out).code == 0
-    units = {n: {(int(l), int(h)): s for l, hs in raw[n]["heads"].items() for h, s in hs.items()} for n in raw}
-    norm = {n: {u: s / sum(abs(v) for v in units[n].values()) for u, s in units[n].items()} for n in raw}
-    reference = json.loads(json.dumps(raw["a"]))
-    reference["heads"] = {
-        layer: {head: norm["a"][(int(layer), int(head))] + norm["b"][(int(layer), int(head))] for head in heads}
-        for layer, heads in raw["a"]["heads"].items()
-    }
-    (shared_base / "summed.json").write_text(json.dumps(reference))
+    _write_summed_scores(raw, shared_base / "summed.json")
     plans = {}
     for strategy in ("layer", "global"):
         ref = shared_base / f"ref-{strategy}.json"
