@@ -194,8 +194,9 @@ def cut_files(args: argparse.Namespace, target: float) -> dict[tuple[str, str], 
         plan = cut.with_suffix(".json")
         out = args.work / f"cut-{target}-{kind}.gguf"
         if not cut.exists() and not out.exists():
+            # --force: an interrupted run's plan (its cut was never written) is redone
             headprune("select", args.work / "scores.json", "--target-flops", target, "--runtime", "llama.cpp",
-                      "--gguf-type", grid, "-o", plan, "--force")  # fmt: skip (an interrupted run's plan is redone)
+                      "--gguf-type", grid, "-o", plan, "--force")  # fmt: skip
             data = [] if args.no_compensation else ["--data", args.calib, "--samples", args.score_rows]
             headprune("prune", "--plan", plan, *data, "--max-length", 128, "-o", cut)
         if not out.exists():
