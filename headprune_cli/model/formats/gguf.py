@@ -235,7 +235,7 @@ def _write_file(tmp: str, tensors: list[_Tensor], info: ModelInfo, plan: GgufPla
     writer.write_ti_data_to_file()
     for t in tensors:
         # _Converted duck-types the ndarray API write_tensor_data uses (nbytes, tofile).
-        writer.write_tensor_data(_converted(t, plan))  # type: ignore[arg-type]
+        writer.write_tensor_data(_Converted(t, plan))  # type: ignore[arg-type]
     writer.close()
 
 
@@ -331,10 +331,6 @@ def _converted_rows(rows: torch.Tensor, ggml: str, qtype) -> np.ndarray:
     if ggml == "f16":
         return data.astype(np.float16)
     return gguf.quants.quantize(data, qtype)
-
-
-def _converted(t: _Tensor, plan: GgufPlan) -> _Converted:
-    return _Converted(t, plan)
 
 
 def _permuted(tensor: torch.Tensor, name: str, plan: GgufPlan) -> torch.Tensor:
