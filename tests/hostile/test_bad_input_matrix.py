@@ -1612,6 +1612,20 @@ SERVING_CASES = [
         _llama,
     ),
     Case(
+        "export --gguf with an embedding type llama.cpp's k-quant mixes alone choose",
+        lambda f: ["export", f / "lm.safetensors", "--gguf", f / "x.gguf", "--gguf-embedding-type", "q4_K_M"],
+        2,
+        "unknown --gguf-embedding-type 'q4_K_M'; supported: f32, f16, bf16, q8_0",
+        _llama,
+    ),
+    Case(
+        "export --gguf-embedding-type without --gguf",
+        lambda f: ["export", f / "lm.safetensors", "--hf", f / "out", "--gguf-embedding-type", "q8_0"],
+        2,
+        "--gguf-embedding-type goes with --gguf FILE",
+        _llama,
+    ),
+    Case(
         "export --gguf of a family llama.cpp has no architecture for",
         lambda f: ["export", f / "gpt2.safetensors", "--gguf", f / "x.gguf"],
         1,
