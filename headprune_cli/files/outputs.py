@@ -171,7 +171,8 @@ def check_output(path: str | os.PathLike, force: bool = False, inputs: Iterable[
     out = Path(path)
     refuse_overlap(out, inputs)
     refuse_special(out)
-    if os.path.lexists(out) and not out.exists() and not force:
+    existed = os.path.lexists(out)
+    if existed and not out.exists() and not force:
         raise UsageError(f"{out} is a symlink to a missing file; pass --force to replace the link")
     if out.exists() and not force:
         raise UsageError(f"{out} exists; pass --force to overwrite it")
@@ -182,7 +183,7 @@ def check_output(path: str | os.PathLike, force: bool = False, inputs: Iterable[
             f"{out} is {what} headprune did not write; --force replaces only headprune's outputs (choose another path)"
         )
     check_parent(out)
-    _claim_unless_forced(out, force)
+    _claim_unless_forced(out, force, existed)
     return out
 
 
@@ -194,10 +195,12 @@ def refuse_special(out: Path, what: str = "output") -> None:
         raise UsageError(f"{what} {out} {why}; headprune never replaces one, even with --force{hint}")
 
 
-def _claim_unless_forced(out: Path, force: bool) -> None:
+def _claim_unless_forced(out: Path, force: bool, existed: bool) -> None:
+    """Claim `out` as new when it did not exist at the checks: decided by that one look, so a
+    file another process publishes between the checks and here is still refused at the rename."""
     if force:
         release_claim(out)
-    elif not os.path.lexists(out):
+    elif not existed:
         claim_new(out)
 
 
@@ -265,7 +268,8 @@ def check_folder(
     out = Path(path)
     refuse_overlap(out, inputs)
     refuse_special(out, what)
-    if os.path.lexists(out) and not out.is_dir():
+    existed = os.path.lexists(out)
+    if existed and not out.is_dir():
         raise UsageError(f"{what} {out} is a file, not a folder")
     if out.is_dir() and not owned(out):
         raise UsageError(
@@ -275,7 +279,7 @@ def check_folder(
         parent = _existing_ancestor(out)
         if not os.access(parent, os.W_OK):
             raise HeadpruneError(f"cannot create {what} {out}: {parent} is not writable")
-    _claim_unless_forced(out, force)
+    _claim_unless_forced(out, force, existed)
     return out
 
 

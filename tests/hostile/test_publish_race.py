@@ -126,6 +126,30 @@ def test_a_new_folder_another_process_creates_first_is_not_shared(work, what):
     assert (folder / "head_map.png").read_bytes() == b"the winner's plot"
 
 
+def test_a_file_published_between_the_checks_and_the_claim_is_not_replaced(work, monkeypatch):
+    """The race CI met as they came: the other process published after this one's existence
+    check but before its claim. The claim follows the check's look, so the rename still refuses."""
+    from headprune_cli.errors import HeadpruneError
+    from headprune_cli.files import outputs
+    from headprune_cli.files.temps import publish
+
+    out = work / "new-plan.json"
+    real_check_parent = outputs.check_parent
+
+    def winner_publishes_now(path):
+        out.write_text("the winner's plan")
+        real_check_parent(path)
+
+    monkeypatch.setattr(outputs, "check_parent", winner_publishes_now)
+    with outputs.own_claims():
+        outputs.check_output(out)
+        mine = work / "mine.json"
+        mine.write_text("this process's plan")
+        with pytest.raises(HeadpruneError, match="now exists: another process wrote it"):
+            publish(mine, out)
+    assert out.read_text() == "the winner's plan"
+
+
 def test_force_still_replaces(work, cli):
     assert cli("select", work / "scores.json", "--ratio", "0.25", "-o", work / "p.json").code == 0
     result = cli("select", work / "scores.json", "--ratio", "0.5", "-o", work / "p.json", "--force")
