@@ -61,6 +61,16 @@ def setup() -> Dist:
     return Dist(rank=rank, world=world, device=device)
 
 
+def finish() -> None:
+    """Leave the process group together once the work is done: every rank waits for the
+    others (rank 0 may still be writing), then the group is destroyed. A rank that exits with
+    the group alive can abort at interpreter exit (gloo's threads outlive it: "terminate
+    called without an active exception")."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def _join(backend: str) -> None:
     """init_process_group, its failures (nobody listening at the rendezvous, a timeout) as one line."""
     try:

@@ -72,13 +72,15 @@ class FinetuneOptions(TrainFilesOptions, RecoveryOptions, TokenOptions, LoraOpti
 
 
 def run(opts: FinetuneOptions, ctx: Context) -> Result:
-    from headprune_cli.runtime.distributed import setup  # noqa: PLC0415 (keeps torch out of this module's import)
+    from headprune_cli.runtime.distributed import finish, setup  # noqa: PLC0415 (keeps torch out of this module's import)
     from headprune_cli.runtime.faults import peer_faults  # noqa: PLC0415 (keeps torch out of this module's import)
 
     setup()  # a bad torchrun environment is refused before anything is read
     # --keep-adapter's folder is published with the output, or removed when the run fails.
     with peer_faults(opts.state_dir or opts.output.with_name(opts.output.name + ".state")), published_together():
-        return _run(opts, ctx)
+        result = _run(opts, ctx)
+        finish()
+    return result
 
 
 def _run(opts: FinetuneOptions, ctx: Context) -> Result:

@@ -136,7 +136,9 @@ def run(opts: ScoreOptions, ctx: Context) -> Result:
             model, result, model_path=opts.checkpoint, data_path=opts.data, max_length=max_length, extra_config=extra
         )
         write_artifact(artifact, opts.output)
-    _finish_distributed()
+    from headprune_cli.runtime.distributed import finish  # noqa: PLC0415 (keeps torch out of this module's import)
+
+    finish()
     return Result([str(opts.output)] if opts.output is not None else [], value=result)
 
 
@@ -160,14 +162,6 @@ def _progress(ctx: Context, show: bool):
 
     with bar:
         yield factory
-
-
-def _finish_distributed() -> None:
-    import torch.distributed as dist  # noqa: PLC0415 (keeps torch out of this module's import)
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 def _method(value: Any) -> None:

@@ -149,6 +149,7 @@ config = train.FinetuneConfig(steps=3, lr=0.5, warmup=0, max_grad_norm=0, batch_
 result = train.finetune(model, data, config)
 if train.distributed.setup().main:
     save_file({k: v.contiguous() for k, v in result.model.state_dict().items()}, sys.argv[3])
+train.distributed.finish()
 """
 
 
