@@ -13,11 +13,14 @@ from rich.table import Table
 from headprune_cli.errors import UsageError
 from headprune_cli.files.outputs import check_output
 from headprune_cli.names import did_you_mean
-from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.budget import KINDS, OPTION_FIELDS, Budget
 from headprune_cli.stages.iterate.schedule import DEFAULT_SCHEDULE, check_schedule, schedule_of
 from headprune_cli.stages.options import BatchSize, LearningRate, RecoveryOptions, Schedule, SeedOptions, TokenOptions
 from headprune_cli.stages.score.importance.registry import METHOD_DEFAULT_HELP, ChosenMethod, check_ffn
 from headprune_cli.stages.unit import Context, Result, Stage, comma_list, option
+
+# The cost budgets a schedule can step through, by option field (their kinds are budget.py's).
+COST_TARGETS = {name: kind for name, kind in OPTION_FIELDS.items() if kind in ("flops", "params", "block_params")}
 
 RECOVERIES = ("finetune", "lstsq")  # rounds.RECOVERIES, without importing torch here
 LSTSQ_SAMPLES = 256  # as `prune --samples`
@@ -93,18 +96,10 @@ class IterateOptions(ChosenMethod, SeedOptions, TokenOptions):
 
     def schedule_budgets(self) -> list[Budget]:
         """The schedule: head fractions removed, or FLOPs or params fractions kept."""
-
-        targets = [
-            (name, values)
-            for name, values in (
-                ("flops", self.target_flops),
-                ("params", self.target_params),
-                ("block_params", self.target_block_params),
-            )
-            if values is not None
-        ]
+        given = {kind: getattr(self, name) for name, kind in COST_TARGETS.items()}
+        targets = [(kind, values) for kind, values in given.items() if values is not None]
         if len(targets) > 1:
-            raise UsageError("give one of --target-flops, --target-params, --target-block-params")
+            raise UsageError(f"give one of {', '.join(KINDS[kind][0] for kind in COST_TARGETS.values())}")
         if targets and self.schedule is not None:
             raise UsageError(
                 "give --schedule (head fractions) or --target-flops/--target-params (cost fractions), not both"
@@ -271,11 +266,6 @@ STAGE = Stage(
     outputs={"output": "{stem}.safetensors"},
     makes={"model": "output"},
     needs=("checkpoint", "data", "eval_data"),
-    checks={
-        "schedule": _schedule("heads"),
-        "target_flops": _schedule("flops"),
-        "target_params": _schedule("params"),
-        "target_block_params": _schedule("block_params"),
-    },
+    checks={"schedule": _schedule("heads"), **{name: _schedule(kind) for name, kind in COST_TARGETS.items()}},
     help=HELP,
 )
