@@ -4,9 +4,9 @@
 # the unpruned model, and written as the GGUF file a user deploys with llama.cpp.
 #   import the GGUF (dequantized to float32) -> real text: The Debian Administrator's Handbook
 #   (scripts/tools/handbook_corpus.py; calibration / training / held-out sections) -> score heads and
-#   FFN neurons (taylor) on DEMO_CALIB calibration rows -> select --target-flops 0.7 -> prune with
-#   lstsq compensation -> finetune --lora --teacher auto for DEMO_STEPS steps -> export --gguf f16
-#   (the non-uniform cut as llama.cpp's `deci`) -> perplexity before/after on DEMO_EVAL held-out rows,
+#   FFN neurons (fisher, as docs/methods.md recommends) on DEMO_CALIB calibration rows -> select
+#   --target-flops 0.7 -> prune with lstsq compensation -> finetune --lora --teacher auto for
+#   DEMO_STEPS steps -> export --gguf f16 (the non-uniform cut as llama.cpp's `deci`) -> perplexity before/after on DEMO_EVAL held-out rows,
 #   and decode tokens/s of both f16 GGUFs in llama.cpp. Sourced by scripts/demo.sh (after _env.sh).
 set -euo pipefail
 OUT="${OUT:-out/llm}"
@@ -20,7 +20,7 @@ step "corpus: The Debian Administrator's Handbook (debian-handbook)"
 python -m scripts.tools.handbook_corpus --out "$OUT/corpus" >/dev/null
 head -n "$EVAL_ROWS" "$OUT/corpus/heldout.txt" > "$OUT/eval.txt"
 step "score heads + FFN neurons on $CALIB calibration rows"
-headprune score "$OUT/model.safetensors" --method taylor --ffn --data "$OUT/corpus/calib.txt" \
+headprune score "$OUT/model.safetensors" --method fisher --ffn --data "$OUT/corpus/calib.txt" \
   --samples "$CALIB" --max-length 128 --batch-size 8 -o "$OUT/scores.json" --force
 step "select 0.7 of the FLOPs, prune with lstsq compensation"
 headprune select "$OUT/scores.json" --target-flops 0.7 -o "$OUT/plan.json" --force
