@@ -6,8 +6,8 @@
 #   (scripts/tools/handbook_corpus.py; calibration / training / held-out sections) -> score heads and
 #   FFN neurons (fisher, as docs/methods.md recommends) on DEMO_CALIB calibration rows -> select
 #   --target-flops 0.7 -> prune with lstsq compensation -> finetune --lora --teacher auto for
-#   DEMO_STEPS steps -> export --gguf f16 (the non-uniform cut as llama.cpp's `deci`) -> perplexity before/after on DEMO_EVAL held-out rows,
-#   and decode tokens/s of both f16 GGUFs in llama.cpp. Sourced by scripts/demo.sh (after _env.sh).
+#   DEMO_STEPS steps -> export --gguf f16 (the non-uniform cut as llama.cpp's `deci`) -> perplexity
+#   before/after on DEMO_EVAL held-out rows, and decode tokens/s of both f16 GGUFs in llama.cpp. Sourced by scripts/demo.sh (after _env.sh).
 set -euo pipefail
 OUT="${OUT:-out/llm}"
 CALIB="${DEMO_CALIB:-32}" STEPS="${DEMO_STEPS:-30}" EVAL_ROWS="${DEMO_EVAL:-64}" THREADS="${DEMO_THREADS:-2}"
