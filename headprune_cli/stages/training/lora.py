@@ -18,6 +18,7 @@ for engines that serve adapters; it applies to the input checkpoint.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -129,7 +130,10 @@ def attach(model: nn.Module, spec: LoraSpec, seed: int):
         fan_in_fan_out=any(is_conv1d(m) for m in targets.values()),  # GPT-2's Conv1D stores W transposed
         bias="none",
     )
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # peft reads transformers' deprecated `is_gradient_checkpointing`: a FutureWarning about
+        # peft's code on every --lora run, nothing the user can act on.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(seed)
         return get_peft_model(model, config)
 

@@ -336,3 +336,14 @@ def test_a_projection_cut_to_one_neuron_is_still_adapted():
     assert check(model, LoraSpec(rank=1, targets=("mlp.up_proj",)))  # width 1 bounds the rank at 1
     with pytest.raises(UsageError, match=re.escape("--lora-rank 2 is outside 1..1")):
         check(model, LoraSpec(rank=2, targets=("mlp.up_proj",)))
+
+
+def test_attaching_adapters_prints_no_warning_about_peft_internals():
+    """peft reads transformers' deprecated `is_gradient_checkpointing`; every --lora run printed
+    that FutureWarning, which names nothing the user can change."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        attach(TINY["llama-gqa"](), LoraSpec(rank=2), seed=0)
+    assert [str(w.message) for w in caught if "checkpointing" in str(w.message)] == []
