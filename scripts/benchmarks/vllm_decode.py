@@ -10,7 +10,11 @@ every layer, KV heads 2 or 4, FFN widths per layer). Each folder is timed in the
 prompt at batch 1 (decode tokens/s = new tokens / (generate time - prefill time)), and a prefill
 of the same prompt with one new token; medians of --rounds after one warm-up.
 
+With --checkpoints NAME=PATH,... real checkpoints take the place of the random shape: the first
+is the unpruned model (timed as `--hf` and `--vllm` folders), each other a cut (`--vllm`).
+
 Usage: OMP_NUM_THREADS=1 nice -n 10 python -m scripts.benchmarks.vllm_decode [--work /tmp/vllm-bench]
+       ... --checkpoints unpruned=smollm2.safetensors,0.8=cut-0.8.safetensors
 Prints the markdown table on stdout; progress on stderr.
 """
 
@@ -95,6 +99,24 @@ def export(work: Path, name: str, flag: str) -> tuple[Path, int, list[str]]:
     return folder, params, command
 
 
+def export_checkpoint(work: Path, name: str, checkpoint: Path, flag: str) -> tuple[Path, int, list[str]]:
+    """A headprune checkpoint exported by the CLI (`flag`: --hf or --vllm) into WORK/NAME-FLAG."""
+    folder = work / f"{name}{flag.replace('--', '-')}"
+    command = [sys.executable, "-m", "headprune_cli", "export", str(checkpoint), flag, str(folder), "--force"]
+    subprocess.run(command, check=True, capture_output=True)
+    return folder, count_params(headprune_cli.load(checkpoint)), command
+
+
+def exported(args) -> list[tuple[str, str, Path, int]]:
+    """(cut, flag, folder, params) of every folder to time: the random shape's cuts, or --checkpoints'."""
+    if not args.checkpoints:
+        runs = (("unpruned", "--hf"), ("unpruned", "--vllm"), ("uniform", "--hf"), ("non-uniform", "--vllm"))
+        return [(name, flag, *export(args.work, name, flag)[:2]) for name, flag in runs]
+    named = [item.split("=", 1) for item in args.checkpoints.split(",")]
+    runs = [(named[0][0], "--hf", named[0][1]), *[(name, "--vllm", path) for name, path in named]]
+    return [(name, flag, *export_checkpoint(args.work, name, Path(path), flag)[:2]) for name, flag, path in runs]
+
+
 def time_in_vllm(python: str, folder: Path, args) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     out = subprocess.run(
@@ -115,11 +137,11 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--checkpoints", help="NAME=PATH,...: the unpruned checkpoint first, then cuts")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []
-    for name, flag in (("unpruned", "--hf"), ("unpruned", "--vllm"), ("uniform", "--hf"), ("non-uniform", "--vllm")):
-        folder, params, _ = export(args.work, name, flag)
+    for name, flag, folder, params in exported(args):
         print(f"timing {folder.name} ...", file=sys.stderr)
         rows.append((name, flag, params, time_in_vllm(args.python, folder, args)))
     base = rows[0]
