@@ -4,8 +4,8 @@ quantizing alone (BENCHMARKS.md, "Which engine").
     python -m scripts.benchmarks.gguf_frontier --model M.safetensors --calib calib.txt --heldout heldout.txt \\
         --work DIR [--targets 0.9,0.8,0.7,0.5] [--types f16,q8_0,q4_K_M,q4_0] [--score-rows 64] \\
         [--eval-rows 32] [--threads 2] [--repeats 3] --json out.json [--plot frontier.png]
-    # each cut recovered by N steps of LoRA + KD on --train before export (rows labelled T+loraN)
-    ... --recover-steps 40 --train train.txt
+    # each cut also after N steps of LoRA + KD on --train (rows labelled T+loraN; 0: the cut as it is)
+    ... --recover-steps 0,40 --train train.txt
     # the 1.1 B shape (random weights, no tokenizer): speed and size only, a cut's files at a time
     ... --method random --no-compensation --no-perplexity --tokenizer-text train.txt --per-target
 
@@ -190,32 +190,33 @@ def unpruned_files(args: argparse.Namespace, model: Path) -> dict[tuple[str, str
 
 def cut_files(args: argparse.Namespace, target: float) -> dict[tuple[str, str], tuple[Path, Path | None]]:
     files = {}
-    label = f"{target}+lora{args.recover_steps}" if args.recover_steps else str(target)
-    for kind in args.types:
-        grid = grid_of(kind)
-        cut = args.work / f"cut-{target}-{grid}.safetensors"
-        plan = cut.with_suffix(".json")
-        out = args.work / f"cut-{label}-{kind}.gguf"
-        if not cut.exists() and not out.exists():
-            # --force: an interrupted run's plan (its cut was never written) is redone
-            headprune("select", args.work / "scores.json", "--target-flops", target, "--runtime", "llama.cpp",
-                      "--gguf-type", grid, "-o", plan, "--force")  # fmt: skip
-            data = [] if args.no_compensation else ["--data", args.calib, "--samples", args.score_rows]
-            headprune("prune", "--plan", plan, *data, "--max-length", 128, "-o", cut)
-        if not out.exists():
-            headprune("export", recovered(args, cut), "--gguf", out, *export_args(kind))
-        files[(label, kind)] = (out, plan)
+    for steps in args.recover_steps:
+        label = f"{target}+lora{steps}" if steps else str(target)
+        for kind in args.types:
+            grid = grid_of(kind)
+            cut = args.work / f"cut-{target}-{grid}.safetensors"
+            plan = cut.with_suffix(".json")
+            out = args.work / f"cut-{label}-{kind}.gguf"
+            if not cut.exists() and not out.exists():
+                # --force: an interrupted run's plan (its cut was never written) is redone
+                headprune("select", args.work / "scores.json", "--target-flops", target, "--runtime", "llama.cpp",
+                          "--gguf-type", grid, "-o", plan, "--force")  # fmt: skip
+                data = [] if args.no_compensation else ["--data", args.calib, "--samples", args.score_rows]
+                headprune("prune", "--plan", plan, *data, "--max-length", 128, "-o", cut)
+            if not out.exists():
+                headprune("export", recovered(args, cut, steps), "--gguf", out, *export_args(kind))
+            files[(label, kind)] = (out, plan)
     return files
 
 
-def recovered(args: argparse.Namespace, cut: Path) -> Path:
-    """The cut itself, or with --recover-steps N the cut after N steps of LoRA + distillation from
-    the unpruned model (`finetune --lora --teacher auto`, 8 rows x 128 tokens of --train a step)."""
-    if not args.recover_steps:
+def recovered(args: argparse.Namespace, cut: Path, steps: int) -> Path:
+    """The cut itself (steps 0), or the cut after `steps` steps of LoRA + distillation from the
+    unpruned model (`finetune --lora --teacher auto`, 8 rows x 128 tokens of --train a step)."""
+    if not steps:
         return cut
-    out = cut.with_name(f"{cut.stem}-lora{args.recover_steps}.safetensors")
+    out = cut.with_name(f"{cut.stem}-lora{steps}.safetensors")
     if not out.exists():
-        headprune("finetune", cut, "--data", args.train, "--teacher", "auto", "--lora", "--steps", args.recover_steps,
+        headprune("finetune", cut, "--data", args.train, "--teacher", "auto", "--lora", "--steps", steps,
                   "--batch-size", 8, "--max-length", 128, "--seed", 0, "-o", out)  # fmt: skip
     return out
 
@@ -359,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--score-rows", type=int, default=64)
     parser.add_argument("--method", default="fisher", help="score --method (random for random weights)")
     parser.add_argument("--no-compensation", action="store_true", help="prune without --data (no lstsq)")
-    parser.add_argument("--recover-steps", type=int, default=0, help="LoRA + KD steps on each cut before export")
+    parser.add_argument("--recover-steps", default="0", help="LoRA + KD steps before export: 0 (none) or a list, 0,40")
     parser.add_argument("--train", type=Path, help="--recover-steps' training text (never --heldout)")
     parser.add_argument("--no-perplexity", action="store_true", help="speed and size only (random weights)")
     parser.add_argument("--tokenizer-text", type=Path, help="train a BPE on it for a model without a tokenizer")
@@ -383,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [t for t in args.types if t.partition("+")[0] not in GRIDS]
     if unknown:
         parser.error(f"unknown types {unknown}; known: {', '.join(GRIDS)}, each optionally +EMBEDDING_TYPE")
-    if args.recover_steps and args.train is None:
+    args.recover_steps = [int(n) for n in args.recover_steps.split(",")]
+    if any(args.recover_steps) and args.train is None:
         parser.error("--recover-steps needs --train")
     table = remeasured(args) if args.measured else run(args)
     if args.files_only:
