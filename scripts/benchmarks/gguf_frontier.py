@@ -180,11 +180,13 @@ def unpruned_files(args: argparse.Namespace, model: Path) -> dict[tuple[str, str
         scoring = ["--objective", "causal-lm", "--method", args.method, "--ffn", "--samples", args.score_rows]
         headprune("score", model, "--data", args.calib, *scoring, "--max-length", 128, "--batch-size", 4, "-o", scores)
     files = {}
-    for kind in args.types:
-        out = args.work / f"unpruned-{kind}.gguf"
-        if not out.exists():
-            headprune("export", model, "--gguf", out, *export_args(kind))
-        files[("unpruned", kind)] = (out, None)
+    for steps in args.recover_steps:  # quantize alone, after the same training as the cuts when they train
+        label = f"unpruned+lora{steps}" if steps else "unpruned"
+        for kind in args.types:
+            out = args.work / f"{label}-{kind}.gguf"
+            if not out.exists():
+                headprune("export", recovered(args, model, steps), "--gguf", out, *export_args(kind))
+            files[(label, kind)] = (out, None)
     return files
 
 
@@ -209,14 +211,16 @@ def cut_files(args: argparse.Namespace, target: float) -> dict[tuple[str, str], 
     return files
 
 
-def recovered(args: argparse.Namespace, cut: Path, steps: int) -> Path:
-    """The cut itself (steps 0), or the cut after `steps` steps of LoRA + distillation from the
-    unpruned model (`finetune --lora --teacher auto`, 8 rows x 128 tokens of --train a step)."""
+def recovered(args: argparse.Namespace, model: Path, steps: int) -> Path:
+    """The model itself (steps 0), or after `steps` steps of LoRA + distillation from the unpruned
+    model (`finetune --lora --teacher auto`: half cross-entropy on --train, half KD; 8 rows x 128
+    tokens a step). The unpruned model trains too (its teacher is itself), so that training on
+    --train's domain is not credited to pruning."""
     if not steps:
-        return cut
-    out = cut.with_name(f"{cut.stem}-lora{steps}.safetensors")
+        return model
+    out = args.work / f"{model.stem}-lora{steps}.safetensors"
     if not out.exists():
-        headprune("finetune", cut, "--data", args.train, "--teacher", "auto", "--lora", "--steps", steps,
+        headprune("finetune", model, "--data", args.train, "--teacher", "auto", "--lora", "--steps", steps,
                   "--batch-size", 8, "--max-length", 128, "--seed", 0, "-o", out)  # fmt: skip
     return out
 
@@ -264,8 +268,9 @@ def remeasured(args: argparse.Namespace) -> list[dict]:
     table = []
     for old in json.loads(args.measured.read_text())["rows"]:
         cut, kind = old["cut"], old["type"]
-        path = args.work / f"{cut}-{kind}.gguf" if cut == "unpruned" else args.work / f"cut-{cut}-{kind}.gguf"
-        plan = None if cut == "unpruned" else args.work / f"cut-{cut.partition('+')[0]}-{grid_of(kind)}.json"
+        alone = cut.startswith("unpruned")
+        path = args.work / f"{cut}-{kind}.gguf" if alone else args.work / f"cut-{cut}-{kind}.gguf"
+        plan = None if alone else args.work / f"cut-{cut.partition('+')[0]}-{grid_of(kind)}.json"
         keep = ("cut", "type", "file_mb", "perplexity", "tokens", "prefill_tok_s", "decode_tok_s")
         row = {k: old[k] for k in keep}
         row.update(bytes_read=headprune_cli.gguf_decode_bytes(path, args.prompt + args.decode / 2)["total"])
@@ -290,7 +295,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         for grid in {grid_of(kind) for kind in args.types}:  # the cut checkpoints are no longer needed
             args.work.joinpath(f"cut-{target}-{grid}.safetensors").unlink(missing_ok=True)
         found = measure(args, {**unpruned, **cuts})
-        table += [r for r in found if r["cut"] != "unpruned" or not table]
+        table += [r for r in found if not r["cut"].startswith("unpruned") or not table]
         for path, _ in cuts.values():
             path.unlink()
         print(markdown(table), file=sys.stderr, flush=True)  # each target's rows as soon as they are measured
@@ -336,8 +341,12 @@ def plot(table: list[dict], path: Path) -> None:
     )
     for r in alone:
         ax.annotate(r["type"], (r["decode_tok_s"], r["perplexity"]), fontsize=8)
+    trained = [r for r in table if r["cut"].startswith("unpruned+")]
+    if trained:
+        xs, ys = [r["decode_tok_s"] for r in trained], [r["perplexity"] for r in trained]
+        ax.plot(xs, ys, "^", color="gray", label="quantize alone, trained as the cuts")
     for kind in sorted({r["type"] for r in table}):
-        cuts = [r for r in table if r["type"] == kind and r["cut"] != "unpruned"]
+        cuts = [r for r in table if r["type"] == kind and not r["cut"].startswith("unpruned")]
         ax.plot([r["decode_tok_s"] for r in cuts], [r["perplexity"] for r in cuts], "s--", label=f"prune + {kind}")
         for r in cuts:
             ax.annotate(r["cut"], (r["decode_tok_s"], r["perplexity"]), fontsize=7)
