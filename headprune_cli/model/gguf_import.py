@@ -130,6 +130,12 @@ def _load_model(path: Path) -> nn.Module:
         # Only if it was on: re-enabling under HF_HUB_DISABLE_PROGRESS_BARS (the CLI sets it) warns.
         if was_enabled:
             transformers.utils.logging.enable_progress_bar()
+    # The weights are floats now, but transformers still marks the model GGUF-quantized: an
+    # exported folder would repeat that (naming a .gguf it does not hold), and save_pretrained
+    # refuses a quantized model. The provenance keeps the GGUF's name, hash and type.
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
     model.eval()
     return model
 

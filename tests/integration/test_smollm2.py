@@ -96,3 +96,26 @@ def test_cut_heads_neurons_and_a_layer_then_reload(imported: Path, tmp_path: Pat
     assert layout.ffn_width(3) == 768 and cut.model.layers[3].mlp.down_proj.in_features == 768
     assert info_of(cut).provenance["source"]["quantization"] == "Q4_1"  # the GGUF stays named down the chain
     assert torch.equal(_logits(cut, batch), _logits(model, batch))
+
+
+def test_the_exported_folder_is_a_plain_float_model(imported: Path, tmp_path: Path) -> None:
+    """transformers marks a model read from a GGUF as quantized; the import drops that mark
+    (the weights are floats), so the exported folder names no .gguf, loads as a plain model,
+    and can be saved again (save_pretrained refuses a GGUF-quantized model)."""
+    import json
+
+    from headprune_cli.cli import main
+    from tests.support.deploy import run_without_headprune
+
+    assert "quantization_config" not in info_of(load(imported)).config
+    folder = tmp_path / "hf"
+    assert main(["export", str(imported), "--hf", str(folder)]) == 0
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())
+    script = (
+        "import sys, transformers\n"
+        "model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], local_files_only=True)\n"
+        "assert not getattr(model, 'is_quantized', False)\n"
+        "model.save_pretrained(sys.argv[2])\n"
+        "print('saved')\n"
+    )
+    assert run_without_headprune(script, tmp_path, str(folder), str(tmp_path / "again")).strip() == "saved"
