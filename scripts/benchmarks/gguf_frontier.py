@@ -213,14 +213,15 @@ def cut_files(args: argparse.Namespace, target: float) -> dict[tuple[str, str], 
 
 def recovered(args: argparse.Namespace, model: Path, steps: int) -> Path:
     """The model itself (steps 0), or after `steps` steps of LoRA + distillation from the unpruned
-    model (`finetune --lora --teacher auto`: half cross-entropy on --train, half KD; 8 rows x 128
+    model (`finetune --lora --teacher MODEL`: half cross-entropy on --train, half KD; 8 rows x 128
     tokens a step). The unpruned model trains too (its teacher is itself), so that training on
     --train's domain is not credited to pruning."""
     if not steps:
         return model
     out = args.work / f"{model.stem}-lora{steps}.safetensors"
     if not out.exists():
-        headprune("finetune", model, "--data", args.train, "--teacher", "auto", "--lora", "--steps", steps,
+        # --teacher: the unpruned model for both (what `auto` finds for a cut; the unpruned has no parent)
+        headprune("finetune", model, "--data", args.train, "--teacher", args.model, "--lora", "--steps", steps,
                   "--batch-size", 8, "--max-length", 128, "--seed", 0, "-o", out)  # fmt: skip
     return out
 
