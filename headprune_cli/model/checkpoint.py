@@ -201,7 +201,7 @@ def _info(meta: dict[str, str], path) -> ModelInfo:
     return ModelInfo(
         family=meta["family"],
         architecture=meta["architecture"],
-        config=_loads(meta["config"], "config", path, dict),
+        config=_without_gguf_mark(_loads(meta["config"], "config", path, dict)),
         layout=Layout.from_dict(_loads(meta["layout"], "layout", path, dict)),
         task=meta["task"],
         tokenizer=meta.get("tokenizer"),
@@ -210,6 +210,16 @@ def _info(meta: dict[str, str], path) -> ModelInfo:
         build_options=_loads(meta.get("build_options", "{}"), "build_options", path, dict),
         provenance=_loads(meta.get("provenance", "{}"), "provenance", path, dict),
     )
+
+
+def _without_gguf_mark(config: dict) -> dict:
+    """A checkpoint's tensors are plain floats: a GGUF `quantization_config` in its config is the
+    mark transformers put on a model it read from a GGUF, which imports before 2026-12-04 kept
+    (an exported folder would name a .gguf it does not hold)."""
+    mark = config.get("quantization_config")
+    if isinstance(mark, dict) and mark.get("quant_method") == "gguf":
+        return {k: v for k, v in config.items() if k != "quantization_config"}
+    return config
 
 
 def _loads(text: str, key: str, path, kind: type):

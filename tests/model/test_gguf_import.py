@@ -83,3 +83,21 @@ def test_a_fifo_is_named_as_what_it_is(tmp_path, cli):
     result = cli("import", fifo, "-o", tmp_path / "out.safetensors")
     assert_refused(result, EXIT_ERROR, "not a regular file or a folder")
     assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_a_checkpoint_imported_with_transformers_gguf_mark_loads_and_exports_without_it(tmp_path: Path) -> None:
+    """Imports before 2026-12-04 kept transformers' `quantization_config` of a GGUF read; such a
+    checkpoint's tensors are floats all the same, so it loads unmarked and its folder names no .gguf."""
+    import json
+
+    from headprune_cli import load, save
+    from headprune_cli.cli import main
+    from headprune_cli.model.layout import info_of
+    from tests.support import TINY
+
+    model = TINY["llama-gqa"]()
+    model.config.quantization_config = {"quant_method": "gguf", "gguf_file": "x.Q4_1.gguf", "dequantize": False}
+    save(model, tmp_path / "old.safetensors")
+    assert "quantization_config" not in info_of(load(tmp_path / "old.safetensors")).config
+    assert main(["export", str(tmp_path / "old.safetensors"), "--hf", str(tmp_path / "hf")]) == 0
+    assert "quantization_config" not in json.loads((tmp_path / "hf" / "config.json").read_text())
