@@ -67,11 +67,11 @@ def test_choose_picks_the_strategy_from_the_budget():
     assert choose(model, Budget("heads", 0.25), table, strategy="layer").strategy == "layer"
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
-def test_refit_then_a_sliced_write_gives_the_bytes_of_cut_then_save(tmp_path, family):
-    """`prune --data`'s route (refit in memory, slice while writing) against cut + save."""
-    save(TINY[family](), tmp_path / "m.safetensors")
-    layout = info_of(load(tmp_path / "m.safetensors")).layout
+def _cut_by_hand(folder, family: str) -> Selection:
+    """A tiny `family` model at folder/m.safetensors, and folder/cut.safetensors: that model
+    cut (heads, a layer, FFN neurons) with lstsq compensation and saved, the reference bytes."""
+    save(TINY[family](), folder / "m.safetensors")
+    layout = info_of(load(folder / "m.safetensors")).layout
     width = len(layout.kept_neurons(layout.layers[0]))
     selection = Selection(
         "hand",
@@ -79,56 +79,48 @@ def test_refit_then_a_sliced_write_gives_the_bytes_of_cut_then_save(tmp_path, fa
         [layout.layers[1]],
         remove_ffn={layout.layers[0]: list(range(0, width, 3)), layout.layers[-1]: [1, 4]},
     )
-    compensation = Compensation("lstsq", calibration(3, seed=5))
-    by_cut = load(tmp_path / "m.safetensors")
-    cut(by_cut, selection, compensation)
-    save(by_cut, tmp_path / "cut.safetensors", plan_sha="0" * 64)
-    model = load(tmp_path / "m.safetensors")
-    assert refit(model, selection, compensation) is not None
+    by_cut = load(folder / "m.safetensors")
+    cut(by_cut, selection, Compensation("lstsq", calibration(3, seed=5)))
+    save(by_cut, folder / "cut.safetensors", plan_sha="0" * 64)
+    return selection
+
+
+def _write_sliced(folder, selection: Selection, tensors: dict) -> bytes:
+    """folder/m.safetensors cut by `selection` while written, `tensors` taken from memory."""
     prune_layout(
-        read_layout_only(tmp_path / "m.safetensors", hashed=True),
-        tmp_path / "m.safetensors",
-        tmp_path / "sliced.safetensors",
+        read_layout_only(folder / "m.safetensors", hashed=True),
+        folder / "m.safetensors",
+        folder / "sliced.safetensors",
         selection.remove_heads,
         selection.remove_layers,
         plan_sha="0" * 64,
         remove_ffn=selection.remove_ffn,
-        tensors=model.state_dict(keep_vars=True),
+        tensors=tensors,
     )
-    assert (tmp_path / "sliced.safetensors").read_bytes() == (tmp_path / "cut.safetensors").read_bytes()
+    return (folder / "sliced.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+def test_refit_then_a_sliced_write_gives_the_bytes_of_cut_then_save(tmp_path, family):
+    """`prune --data`'s route (refit in memory, slice while writing) against cut + save."""
+    selection = _cut_by_hand(tmp_path, family)
+    model = load(tmp_path / "m.safetensors")
+    assert refit(model, selection, Compensation("lstsq", calibration(3, seed=5))) is not None
+    sliced = _write_sliced(tmp_path, selection, model.state_dict(keep_vars=True))
+    assert sliced == (tmp_path / "cut.safetensors").read_bytes()
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
 def test_the_streamed_refit_gives_the_bytes_of_cut_then_save_holding_only_the_refit(tmp_path, family):
     """`prune --data` as it runs now: loaded tensor by tensor, each block given back to the
     file once compensation passed it, only the rewritten projections sliced from memory."""
-    save(TINY[family](), tmp_path / "m.safetensors")
-    layout = info_of(load(tmp_path / "m.safetensors")).layout
-    width = len(layout.kept_neurons(layout.layers[0]))
-    selection = Selection(
-        "hand",
-        {layout.layers[0]: [1], layout.layers[-1]: [0, 2]},
-        [layout.layers[1]],
-        remove_ffn={layout.layers[0]: list(range(0, width, 3)), layout.layers[-1]: [1, 4]},
-    )
-    by_cut = load(tmp_path / "m.safetensors")
-    cut(by_cut, selection, Compensation("lstsq", calibration(3, seed=5)))
-    save(by_cut, tmp_path / "cut.safetensors", plan_sha="0" * 64)
+    selection = _cut_by_hand(tmp_path, family)
     model = load(tmp_path / "m.safetensors", per_tensor=True)
     result = refit(model, selection, Compensation("lstsq", calibration(3, seed=5), release=True))
     assert result is not None and result.rewritten
     state = model.state_dict(keep_vars=True)
-    prune_layout(
-        read_layout_only(tmp_path / "m.safetensors", hashed=True),
-        tmp_path / "m.safetensors",
-        tmp_path / "sliced.safetensors",
-        selection.remove_heads,
-        selection.remove_layers,
-        plan_sha="0" * 64,
-        remove_ffn=selection.remove_ffn,
-        tensors={name: state[name] for name in result.rewritten},
-    )
-    assert (tmp_path / "sliced.safetensors").read_bytes() == (tmp_path / "cut.safetensors").read_bytes()
+    sliced = _write_sliced(tmp_path, selection, {name: state[name] for name in result.rewritten})
+    assert sliced == (tmp_path / "cut.safetensors").read_bytes()
 
 
 @linux_only
