@@ -56,6 +56,7 @@ class Placement:
     stored_dtype: torch.dtype
     device_map: dict | None = None  # set when the layers were spread over several devices
     originals: dict | None = None  # parameter name -> its tensor as loaded (place(keep_originals=True))
+    moved: bool = True  # False: the model already computed where and in the dtype asked; restore has nothing to do
 
 
 def resolve_device(spec: str = "auto") -> torch.device:
@@ -141,6 +142,9 @@ def place(model: nn.Module, device: str = "auto", dtype: str = "auto", keep_orig
     target = resolve_device(device)
     compute = resolve_dtype(dtype)
     stored = stored_dtype(model)
+    if not _moves(model, target, compute):
+        # restore would compare every weight with itself (reading pages a stage may have given back)
+        return Placement(target, stored, moved=False)
     originals = {name: p.data for name, p in model.named_parameters()} if keep_originals else None
     if compute is not None:
         cast_parameters(model, compute)
@@ -151,17 +155,15 @@ def place(model: nn.Module, device: str = "auto", dtype: str = "auto", keep_orig
     return Placement(target, stored, None, originals)
 
 
-def moves(model: nn.Module, device: str = "auto", dtype: str = "auto") -> bool:
-    """Whether `place` would change anything: False for a CPU model computing where and in
-    the dtype it is (then `restore` gives back each tensor as it is, and skipping the pair
-    spares restore's comparison, which reads every weight)."""
-    compute = resolve_dtype(dtype)
-    if resolve_device(device).type != "cpu":
+def _moves(model: nn.Module, target: torch.device, compute: torch.dtype | None) -> bool:
+    """Whether placing `model` on `target` in `compute` changes anything: any parameter off the
+    CPU, a target other than the CPU, or a floating-point parameter in another dtype."""
+    if target.type != "cpu":
         return True
-    for p in model.parameters():
-        if p.device.type != "cpu" or (compute is not None and p.is_floating_point() and p.dtype != compute):
-            return True
-    return False
+    return any(
+        p.device.type != "cpu" or (compute is not None and p.is_floating_point() and p.dtype != compute)
+        for p in model.parameters()
+    )
 
 
 def restore(model: nn.Module, placement: Placement) -> None:
@@ -171,6 +173,8 @@ def restore(model: nn.Module, placement: Placement) -> None:
     through the compute dtype); a changed one is cast to the stored dtype."""
     import torch  # noqa: PLC0415 (keeps torch out of this module's import)
 
+    if not placement.moved:
+        return
     if placement.device_map is not None:
         from accelerate.hooks import remove_hook_from_submodules  # noqa: PLC0415 (accelerate: an optional extra)
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from torch import nn
 
-from headprune_cli.model.checkpoint import load, read_layout_only
+from headprune_cli.model.checkpoint import load
 from headprune_cli.model.layout import ModelInfo, info_of
-from headprune_cli.model.streaming import prune_file, prune_layout
-from headprune_cli.stages.prune.cut import Compensation, refit
+from headprune_cli.model.streaming import prune_file
+from headprune_cli.stages.prune.cut import Compensation, refit, write_refit_cut
 from headprune_cli.stages.select.chains import Selection
 
 
@@ -60,17 +60,8 @@ def write_refit(source: Path, out: Path, union: Selection, compensation: Compens
     model = load(source, per_tensor=True)
     result = refit(model, union, dataclasses.replace(compensation, release=True))
     assert result is not None  # lstsq recovery always has a compensation
-    state = model.state_dict(keep_vars=True)
-    prune_layout(
-        read_layout_only(source, hashed=True),
-        source,
-        out,
-        union.remove_heads,
-        union.remove_layers,
-        remove_ffn=union.remove_ffn,
-        tensors={name: state[name] for name in result.rewritten},
-    )
-    del model, state
+    write_refit_cut(model, source, out, union, result)
+    del model
     gc.collect()
 
 

@@ -19,8 +19,10 @@ from typing import Any
 
 from torch import nn
 
+from headprune_cli.model.checkpoint import read_layout_only
+from headprune_cli.model.streaming import prune_layout
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.runtime.device import moves, place, restore
+from headprune_cli.runtime.device import place, restore
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE, compensate
@@ -87,9 +89,7 @@ def refit(
     copy of every sliced tensor is never held beside the model."""
     if compensation is None or compensation.method == "none":
         return None
-    placement = None
-    if device is not None and moves(model, device, dtype):
-        placement = place(model, device, dtype, keep_originals=True)
+    placement = None if device is None else place(model, device, dtype, keep_originals=True)
     result = compensate(
         model,
         selection.remove_heads,
@@ -103,6 +103,23 @@ def refit(
     if placement is not None:
         restore(model, placement)
     return result
+
+
+def write_refit_cut(model, source, output, selection: Selection, result, plan_sha: str | None = None) -> str:
+    """`source` cut by `selection` into `output`, the bytes `cut` + `save` would write, with the
+    projections `refit` rewrote (`result.rewritten`) taken from `model` (loaded from `source`)
+    and every other tensor sliced from the file as it is written. Returns the output's sha256."""
+    state = model.state_dict(keep_vars=True)
+    return prune_layout(
+        read_layout_only(source, hashed=True),
+        source,
+        output,
+        selection.remove_heads,
+        selection.remove_layers,
+        plan_sha=plan_sha,
+        remove_ffn=selection.remove_ffn,
+        tensors={name: state[name] for name in result.rewritten},
+    )
 
 
 def prune_once(

@@ -19,7 +19,7 @@ from headprune_cli.runtime.device import check as check_device
 from headprune_cli.stages.options import BatchSize, DeviceOptions, TokenOptions
 from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE
 from headprune_cli.stages.prune.compensation import METHODS as COMPENSATIONS
-from headprune_cli.stages.prune.cut import Compensation, refit
+from headprune_cli.stages.prune.cut import Compensation, refit, write_refit_cut
 from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.select.choosing import SELECTION_CHECKS, SelectionOptions, plan_from_scores
 from headprune_cli.stages.select.plan import check_model, find_model, selection_of
@@ -142,8 +142,7 @@ def _compensated(artifact, path: Path, opts: PruneOptions, selection: Selection,
     The model is read from its file block by block as compensation walks it and each block
     given back once passed (model/filebacked.py); the refit projections are the only
     weights held, and the rest is sliced from the file as it is written."""
-    from headprune_cli.model.checkpoint import load, read_layout_only  # noqa: PLC0415 (keeps numpy out of this module's import)
-    from headprune_cli.model.streaming import prune_layout  # noqa: PLC0415 (keeps numpy out of this module's import)
+    from headprune_cli.model.checkpoint import load  # noqa: PLC0415 (keeps numpy out of this module's import)
 
     check_model(artifact, path)
     model = load(path, per_tensor=True)
@@ -154,17 +153,7 @@ def _compensated(artifact, path: Path, opts: PruneOptions, selection: Selection,
     )
     result = refit(model, selection, compensation, device=opts.device, dtype=opts.dtype)
     _tell(result, ctx)
-    state = model.state_dict(keep_vars=True)
-    return prune_layout(
-        read_layout_only(path, hashed=True),
-        path,
-        opts.output,
-        selection.remove_heads,
-        selection.remove_layers,
-        plan_sha=plan_sha,
-        remove_ffn=selection.remove_ffn,
-        tensors={name: state[name] for name in result.rewritten},
-    )
+    return write_refit_cut(model, path, opts.output, selection, result, plan_sha)
 
 
 def _tell(result, ctx: Context) -> None:
