@@ -181,7 +181,7 @@ def unpruned_files(args: argparse.Namespace, model: Path) -> dict[tuple[str, str
         headprune("score", model, "--data", args.calib, *scoring, "--max-length", 128, "--batch-size", 4, "-o", scores)
     files = {}
     for steps in args.recover_steps:  # quantize alone, after the same training as the cuts when they train
-        label = f"unpruned+lora{steps}" if steps else "unpruned"
+        label = trained("unpruned", steps)
         for kind in args.types:
             out = args.work / f"{label}-{kind}.gguf"
             if not out.exists():
@@ -193,7 +193,7 @@ def unpruned_files(args: argparse.Namespace, model: Path) -> dict[tuple[str, str
 def cut_files(args: argparse.Namespace, target: float) -> dict[tuple[str, str], tuple[Path, Path | None]]:
     files = {}
     for steps in args.recover_steps:
-        label = f"{target}+lora{steps}" if steps else str(target)
+        label = trained(str(target), steps)
         for kind in args.types:
             grid = grid_of(kind)
             cut = args.work / f"cut-{target}-{grid}.safetensors"
@@ -209,6 +209,11 @@ def cut_files(args: argparse.Namespace, target: float) -> dict[tuple[str, str], 
                 headprune("export", recovered(args, cut, steps), "--gguf", out, *export_args(kind))
             files[(label, kind)] = (out, plan)
     return files
+
+
+def trained(cut: str, steps: int) -> str:
+    """A row's cut label: 'unpruned' or the FLOPs target, +loraN after N recovery steps."""
+    return f"{cut}+lora{steps}" if steps else cut
 
 
 def recovered(args: argparse.Namespace, model: Path, steps: int) -> Path:
