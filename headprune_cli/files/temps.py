@@ -71,7 +71,10 @@ def _make(target: Path, folder: bool) -> tuple[str, int]:
         path = temp_name(target)
         if folder:
             os.mkdir(path, 0o755)
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            except FileNotFoundError:  # another process's sweep removed it, still empty and unlocked
+                continue
         else:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         _lock(fd, wait=True)

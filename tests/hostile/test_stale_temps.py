@@ -114,3 +114,27 @@ def test_an_abandoned_temporary_folder_is_removed_too(work, cli):
     assert result.code == 0, result.err
     assert f"Note: removed 1 temporary file (6.0 KB) that a killed headprune left in {work}" in result.err.splitlines()
     assert not left.exists() and (work / "exported" / "config.json").is_file()
+
+
+def test_a_temporary_folder_swept_before_its_maker_opened_it_is_made_again(tmp_path, monkeypatch):
+    """Another process's sweep can remove a new, still empty and unlocked temporary folder in the
+    instant between its mkdir and its open; the maker then takes a fresh name (CI met this as
+    "No such file or directory" when two exports raced)."""
+    import os
+
+    from headprune_cli.files import temps
+
+    real_mkdir, swept = os.mkdir, []
+
+    def mkdir_then_swept(path, mode=0o777):
+        real_mkdir(path, mode)
+        if not swept:  # the first one only: the sweep of the other process, right now
+            swept.append(path)
+            os.rmdir(path)
+
+    monkeypatch.setattr(temps.os, "mkdir", mkdir_then_swept)
+    path, fd = temps.make_temp_folder(tmp_path / "exported")
+    try:
+        assert path.is_dir() and str(path) != str(swept[0])
+    finally:
+        os.close(fd)
