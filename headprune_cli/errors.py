@@ -54,6 +54,13 @@ class NumericalError(HeadpruneError):
     """A NaN/inf appeared where a finite number is required."""
 
 
+class PeerFault(HeadpruneError):
+    """A torchrun peer process died or the process group broke (runtime/faults.py names it).
+
+    torchrun stops the surviving ranks with SIGTERM right after; that stop must not replace
+    this line when it lands while the error is already on its way out (main() reports it)."""
+
+
 class Interrupted(BaseException):
     """SIGINT or SIGTERM arrived. A BaseException, so that `except Exception` cannot swallow
     it while every `finally` and `except BaseException` on the way out removes temporaries."""

@@ -27,7 +27,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from headprune_cli.cli.command import from_options
 from headprune_cli.cli.common import context
-from headprune_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, Interrupted, UsageError, report
+from headprune_cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, Interrupted, PeerFault, UsageError, report
 from headprune_cli.files.outputs import own_claims
 from headprune_cli.files.temps import forget_sweeps, sweep
 from headprune_cli.files.watcher import watched
@@ -226,7 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with _signals_interrupt(), own_claims():
             result = app(args=argv, prog_name="headprune", standalone_mode=False)
-    except Interrupted:
+    except Interrupted as exc:
+        if str(exc) == "SIGTERM" and isinstance(exc.__context__, PeerFault):
+            # torchrun's stop of the survivors landed while this rank was already failing on
+            # the peer it names (in a cleanup on the way out): that line is the news
+            return report(exc.__context__)
         return _fail("interrupted", EXIT_INTERRUPTED)
     except typer.Exit as exc:
         return exc.exit_code

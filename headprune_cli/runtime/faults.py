@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from headprune_cli.errors import HeadpruneError, Interrupted, first_line, shorten
+from headprune_cli.errors import HeadpruneError, Interrupted, PeerFault, first_line, shorten
 from headprune_cli.files.watcher import note_state, resume_advice
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def peer_faults(state_dir: Path | None) -> Iterator[None]:
         dead = dead_peers() if _PEERS and str(exc) == "SIGTERM" else []
         if not dead:
             raise
-        raise HeadpruneError(fault_line(dead, state_dir)) from None
+        raise PeerFault(fault_line(dead, state_dir)) from None
     except HeadpruneError:
         raise  # already one line about this rank's own input
     except (KeyboardInterrupt, SystemExit, GeneratorExit):
@@ -107,10 +107,10 @@ def peer_faults(state_dir: Path | None) -> Iterator[None]:
             raise
         dead = _waited_for_dead()
         if dead:
-            raise HeadpruneError(fault_line(dead, state_dir)) from None
+            raise PeerFault(fault_line(dead, state_dir)) from None
         if not _communication_error(exc):
             raise
-        raise HeadpruneError(
+        raise PeerFault(
             f"the torchrun process group broke while rank {_RANK} trained ({shorten(first_line(exc), 100)}): a "
             f"process on another machine died or the network failed; {resume_advice(state_dir)}"
         ) from None
