@@ -10,7 +10,10 @@ quantization type), so a checkpoint says which quantized file its float weights 
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -115,13 +118,14 @@ def _load_model(path: Path) -> nn.Module:
     was_enabled = transformers.utils.logging.is_progress_bar_enabled()
     transformers.utils.logging.disable_progress_bar()
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path.parent),
-            gguf_file=path.name,
-            local_files_only=True,
-            trust_remote_code=False,
-            dtype=torch.float32,
-        )
+        with _no_dequantizing_bar():
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path.parent),
+                gguf_file=path.name,
+                local_files_only=True,
+                trust_remote_code=False,
+                dtype=torch.float32,
+            )
     except HeadpruneError:
         raise
     except Exception as exc:
@@ -138,6 +142,23 @@ def _load_model(path: Path) -> nn.Module:
         quantizer.remove_quantization_config(model)
     model.eval()
     return model
+
+
+@contextmanager
+def _no_dequantizing_bar() -> Iterator[None]:
+    """transformers' GGUF reader draws a tqdm bar of its own ("Converting and de-quantizing GGUF
+    tensors"), which its progress-bar switch does not reach: a log line per import in CI."""
+    from transformers import modeling_gguf_pytorch_utils as reader  # noqa: PLC0415 (only the GGUF import reads it)
+
+    drawn = getattr(reader, "tqdm", None)
+    if drawn is None:  # a transformers that no longer draws it
+        yield
+        return
+    reader.tqdm = functools.partial(drawn, disable=True)
+    try:
+        yield
+    finally:
+        reader.tqdm = drawn
 
 
 def _tokenizer(path: Path) -> tuple[str | None, dict]:
