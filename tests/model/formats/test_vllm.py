@@ -12,6 +12,7 @@ import transformers as T
 from safetensors.torch import load_file
 
 import headprune_cli
+from headprune_cli.errors import ArchitectureError, PlanError
 from headprune_cli.model.checkpoint import read_info
 from headprune_cli.model.formats.vllm import CONFIG_FILE, nas_folder_config, nas_plan
 from tests.support.gguf_models import ROPES, write_checkpoint
@@ -34,6 +35,7 @@ def test_the_folder_states_every_layer_and_holds_the_checkpoints_weights(nas, tm
     assert config["model_type"] == "nemotron-nas" and config["architectures"] == ["DeciLMForCausalLM"]
     assert config["num_hidden_layers"] == 3 and config["num_attention_heads"] == 4 and config["head_dim"] == 32
     assert config["num_key_value_heads"] == 2  # layer 0's, as vLLM reads the top-level count
+    assert type(config["num_key_value_heads"]) is int and type(config["head_dim"]) is int  # 2.0 is not 2 to vLLM
     assert config["hidden_size"] == 128 and config["vocab_size"] == 320 and config["tie_word_embeddings"] is False
     assert config["auto_map"] == {"AutoConfig": "configuration_headprune_nas.HeadpruneNasConfig"}
     blocks = config["block_configs"]
@@ -109,16 +111,65 @@ def test_refuses_per_layer_query_heads_naming_the_layer(tmp_path, cli):
     source = write_checkpoint(tmp_path / "u.safetensors", UNEVEN_QUERY, tiny_llama32())
     result = cli("export", source, "--vllm", tmp_path / "out")
     assert_refused(result, 1, "layer 1 keeps 8 query heads where layer 0 keeps 4")
-    assert "select --runtime vllm" in result.err
+    assert result.err == (
+        "Error: layer 1 keeps 8 query heads where layer 0 keeps 4: vLLM's nemotron-nas reads one query-head "
+        "count for every layer (KV heads and FFN widths may differ); choose the plan with `select --runtime vllm`\n"
+    )
     assert not (tmp_path / "out").exists()
+
+
+def test_refuses_a_layout_whose_query_heads_are_no_whole_multiple_of_its_kv_heads(nas):
+    """headprune's own cuts keep whole groups; a layout written by hand may not (4 query heads over 3 KV)."""
+    info = read_info(nas)
+    layout = dataclasses.replace(info.layout, heads=[[0, 1, 2, 4], *info.layout.heads[1:]])
+    layout.kv_heads = [[0, 1, 2], *info.layout.kv_heads[1:]]
+    with pytest.raises(PlanError) as refused:
+        nas_plan(dataclasses.replace(info, layout=layout))
+    assert str(refused.value) == (
+        "layer 0 keeps 4 query heads over 3 KV heads; vLLM needs a whole number of query heads per KV head"
+    )
+
+
+def test_a_heads_only_cut_states_the_configs_ffn_width_in_every_block(tmp_path, cli):
+    heads_only = ({0: [4, 5, 6, 7], 1: [0, 1, 2, 3], 2: [1, 3, 5, 7], 3: [2, 3, 6, 7]}, [], {})
+    source = write_checkpoint(tmp_path / "h.safetensors", heads_only, tiny_llama32())
+    assert cli("export", source, "--vllm", tmp_path / "out").code == 0
+    blocks = json.loads((tmp_path / "out" / "config.json").read_text())["block_configs"]
+    assert [b["ffn"]["intermediate_size"] for b in blocks] == [256] * 4
+    assert [b["attention"]["n_heads_in_group"] for b in blocks] == [2, 2, 1, 2]
+
+
+def test_head_dim_of_a_config_that_does_not_state_it_is_hidden_over_heads(nas):
+    info = read_info(nas)
+    config = {k: v for k, v in info.config.items() if k != "head_dim"} | {"hidden_size": 384}
+    plan = nas_plan(dataclasses.replace(info, config=config))
+    assert plan.head_dim == 48 and type(plan.head_dim) is int  # 384 // 8 query heads of the source
+
+
+def test_a_sliding_window_switched_off_serves(nas):
+    """Qwen2 configs on the Hub state `sliding_window` beside `use_sliding_window: false` (transformers 4
+    kept both; transformers 5 drops the window): only a window in use is refused."""
+    info = read_info(nas)
+    switched_off = info.config | {"sliding_window": 32768, "use_sliding_window": False}
+    assert nas_plan(dataclasses.replace(info, config=switched_off)).heads == 4
+    with pytest.raises(ArchitectureError, match="sliding window of 32768 tokens"):
+        nas_plan(dataclasses.replace(info, config=switched_off | {"use_sliding_window": True}))
 
 
 @pytest.mark.parametrize(
     "make, message",
     [
         (lambda: TINY["bert"](), "this checkpoint is a bert"),
-        (lambda: tiny_llama32(T.Qwen3ForCausalLM, T.Qwen3Config), "(llama, mistral, qwen2)"),
-        (lambda: tiny_llama32(T.MistralForCausalLM, T.MistralConfig, sliding_window=64), "sliding window of 64"),
+        (
+            lambda: tiny_llama32(T.Qwen3ForCausalLM, T.Qwen3Config),
+            "--vllm writes LLaMA-family causal LMs (llama, mistral, qwen2) in vLLM's nemotron-nas format; "
+            "this checkpoint is a qwen3 causal-lm",
+        ),
+        (
+            lambda: tiny_llama32(T.MistralForCausalLM, T.MistralConfig, sliding_window=64),
+            "this model attends through a sliding window of 64 tokens, which vLLM's nemotron-nas layers do "
+            "not; it serves in vLLM as a --uniform plain folder (export --hf)",
+        ),
     ],
     ids=["encoder", "qwen3", "mistral-sliding-window"],
 )
@@ -126,7 +177,9 @@ def test_refuses_what_nemotron_nas_cannot_state(tmp_path, cli, make, message):
     source = tmp_path / "m.safetensors"
     headprune_cli.save(make(), source)
     before = snapshot(tmp_path)
-    assert_refused(cli("export", source, "--vllm", tmp_path / "out"), 1, message)
+    result = cli("export", source, "--vllm", tmp_path / "out")
+    assert_refused(result, 1, message)
+    assert message in result.err  # as written: the case of vLLM, KV, FFN
     assert snapshot(tmp_path) == before
 
 
