@@ -137,6 +137,8 @@ def test_a_heads_only_cut_states_the_configs_ffn_width_in_every_block(tmp_path, 
     blocks = json.loads((tmp_path / "out" / "config.json").read_text())["block_configs"]
     assert [b["ffn"]["intermediate_size"] for b in blocks] == [256] * 4
     assert [b["attention"]["n_heads_in_group"] for b in blocks] == [2, 2, 1, 2]
+    # read from the header alone (as `inspect` reads it), a layout with no FFN cut lists no widths
+    assert read_info(source).layout.num_ffn == [] and nas_plan(read_info(source)).ffn == [256] * 4
 
 
 def test_head_dim_of_a_config_that_does_not_state_it_is_hidden_over_heads(nas):
