@@ -38,9 +38,22 @@ def _main_running(command, monkeypatch) -> int:
     return app.main([])
 
 
-def _sigterm_to_self() -> None:
-    os.kill(os.getpid(), signal.SIGTERM)
+def _signal_self(signum: int = signal.SIGTERM) -> None:
+    os.kill(os.getpid(), signum)
     time.sleep(0.5)  # the handler runs at the next bytecode; never reached when it raises
+
+
+def _gloo_error_then(signum: int):
+    """A rank's command that fails on gloo's error and gets `signum` while the error unwinds."""
+
+    def command():
+        try:
+            with faults.peer_faults(None):
+                raise dist.DistError("[gloo] Connection closed by peer")
+        finally:
+            _signal_self(signum)
+
+    return command
 
 
 def test_a_communication_error_names_the_dead_rank(dead_peer: int, monkeypatch, capsys):
@@ -57,7 +70,7 @@ def test_a_communication_error_names_the_dead_rank(dead_peer: int, monkeypatch, 
 def test_torchruns_sigterm_after_a_dead_peer_names_it(dead_peer: int, monkeypatch, capsys):
     def command():
         with faults.peer_faults(None):
-            _sigterm_to_self()
+            _signal_self()
 
     assert _main_running(command, monkeypatch) == 1
     assert capsys.readouterr().err.startswith(f"Error: rank 1 (pid {dead_peer}) died while rank 0 trained")
@@ -66,27 +79,12 @@ def test_torchruns_sigterm_after_a_dead_peer_names_it(dead_peer: int, monkeypatc
 def test_torchruns_sigterm_during_the_cleanup_after_a_named_fault_keeps_the_line(dead_peer: int, monkeypatch, capsys):
     # The flaky CI case: rank 0 named the dead rank from gloo's error, and torchrun's SIGTERM
     # came while that error unwound through a cleanup; it printed "Error: interrupted".
-    def command():
-        try:
-            with faults.peer_faults(None):
-                raise dist.DistError("[gloo] Connection closed by peer")
-        finally:
-            _sigterm_to_self()
-
-    assert _main_running(command, monkeypatch) == 1
+    assert _main_running(_gloo_error_then(signal.SIGTERM), monkeypatch) == 1
     assert capsys.readouterr().err.startswith(f"Error: rank 1 (pid {dead_peer}) died while rank 0 trained")
 
 
 def test_a_ctrl_c_is_the_users_stop_even_with_a_dead_peer(dead_peer: int, monkeypatch, capsys):
-    def command():
-        try:
-            with faults.peer_faults(None):
-                raise dist.DistError("[gloo] Connection closed by peer")
-        finally:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.5)
-
-    assert _main_running(command, monkeypatch) == EXIT_INTERRUPTED
+    assert _main_running(_gloo_error_then(signal.SIGINT), monkeypatch) == EXIT_INTERRUPTED
     assert capsys.readouterr().err.strip() == "Error: interrupted"
 
 
@@ -96,7 +94,7 @@ def test_a_sigterm_with_every_peer_alive_is_a_stop(monkeypatch, capsys):
 
     def command():
         with faults.peer_faults(None):
-            _sigterm_to_self()
+            _signal_self()
 
     assert _main_running(command, monkeypatch) == EXIT_INTERRUPTED
     assert capsys.readouterr().err.strip() == "Error: interrupted"
