@@ -114,11 +114,8 @@ def import_gguf(path: Path) -> nn.Module:
 
 
 def _load_model(path: Path) -> nn.Module:
-    # transformers' own progress bar would print before a refusal's one line; the stage has its own output
-    was_enabled = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.utils.logging.disable_progress_bar()
     try:
-        with _no_dequantizing_bar():
+        with _no_progress_bars():
             model = transformers.AutoModelForCausalLM.from_pretrained(
                 str(path.parent),
                 gguf_file=path.name,
@@ -130,10 +127,6 @@ def _load_model(path: Path) -> nn.Module:
         raise
     except Exception as exc:
         raise CheckpointError(f"{path}: transformers could not dequantize this GGUF ({first_line(exc)})") from None
-    finally:
-        # Only if it was on: re-enabling under HF_HUB_DISABLE_PROGRESS_BARS (the CLI sets it) warns.
-        if was_enabled:
-            transformers.utils.logging.enable_progress_bar()
     # The weights are floats now, but transformers still marks the model GGUF-quantized: an
     # exported folder would repeat that (naming a .gguf it does not hold), and save_pretrained
     # refuses a quantized model. The provenance keeps the GGUF's name, hash and type.
@@ -145,20 +138,25 @@ def _load_model(path: Path) -> nn.Module:
 
 
 @contextmanager
-def _no_dequantizing_bar() -> Iterator[None]:
-    """transformers' GGUF reader draws a tqdm bar of its own ("Converting and de-quantizing GGUF
-    tensors"), which its progress-bar switch does not reach: a log line per import in CI."""
+def _no_progress_bars() -> Iterator[None]:
+    """transformers' bars off while it reads the GGUF: they would print before a refusal's one
+    line, and the stage has its own output. Its GGUF reader draws a tqdm bar of its own
+    ("Converting and de-quantizing GGUF tensors") that its progress-bar switch does not reach."""
     from transformers import modeling_gguf_pytorch_utils as reader  # noqa: PLC0415 (only the GGUF import reads it)
 
-    drawn = getattr(reader, "tqdm", None)
-    if drawn is None:  # a transformers that no longer draws it
-        yield
-        return
-    reader.tqdm = functools.partial(drawn, disable=True)
+    was_enabled = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    drawn = getattr(reader, "tqdm", None)  # None: a transformers that no longer draws it
+    if drawn is not None:
+        reader.tqdm = functools.partial(drawn, disable=True)
     try:
         yield
     finally:
-        reader.tqdm = drawn
+        if drawn is not None:
+            reader.tqdm = drawn
+        # Only if it was on: re-enabling under HF_HUB_DISABLE_PROGRESS_BARS (the CLI sets it) warns.
+        if was_enabled:
+            transformers.utils.logging.enable_progress_bar()
 
 
 def _tokenizer(path: Path) -> tuple[str | None, dict]:
