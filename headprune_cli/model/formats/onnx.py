@@ -103,7 +103,7 @@ def export_onnx(
         raise UsageError(
             f"ONNX export of {info.family} causal LMs is not supported (supported: LLaMA, Mistral, Qwen2, Qwen3, GPT-2)"
         )
-    external = _weight_bytes(model) >= MAX_ONNX_BYTES
+    external = needs_external_data(model)
     out = Path(path)
     data = out.with_name(out.name + ".data")
     if external:
@@ -127,9 +127,11 @@ def export_onnx(
     return result
 
 
-def _weight_bytes(model: nn.Module) -> int:
+def needs_external_data(model: nn.Module) -> bool:
+    """Whether the model's weights reach protobuf's single-file limit (the graph then keeps
+    them in FILE.data beside it)."""
     seen = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}  # tied weights once
-    return sum(seen.values())
+    return sum(seen.values()) >= MAX_ONNX_BYTES
 
 
 @dataclass

@@ -5,9 +5,10 @@ against PyTorch to 1e-4, formats/onnx.py), then onnxruntime.quantization rewrite
 - int8-dynamic (`quantize_dynamic`): the weights of every MatMul with a constant weight to
   int8 (QInt8, one scale per output channel), its input quantized at run time per tensor.
   No data needed.
-- int8-static (`quantize_static`, QDQ format, the same weights): the ranges of those
-  MatMuls' inputs fixed from calibration data (the task's own text, MinMax), so nothing is
-  measured at run time. On the measured tasks it keeps less quality than int8-dynamic (see OPS).
+- int8-static (`quantize_static`, QDQ format, the same weights): the ranges of every
+  MatMul's inputs (attention's activation MatMuls too) fixed from calibration data (the
+  task's own text, MinMax), so nothing is measured at run time. On the measured tasks it
+  keeps less quality than int8-dynamic (see OPS).
 Both are for encoders (classifiers, embedding models); a causal LM's quantized serving
 path is GGUF.
 
@@ -26,7 +27,6 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +36,13 @@ from torch import nn
 
 from headprune_cli.errors import DataError, HeadpruneError, NumericalError, UsageError, first_line
 from headprune_cli.files.temps import temp_folder
-from headprune_cli.model.formats.onnx import example_inputs, export_onnx, move_into_place, require_onnx
+from headprune_cli.model.formats.onnx import (
+    example_inputs,
+    export_onnx,
+    move_into_place,
+    needs_external_data,
+    require_onnx,
+)
 from headprune_cli.model.layout import info_of
 from headprune_cli.names import did_you_mean
 
@@ -44,9 +50,11 @@ QUANTIZATIONS = ("int8-dynamic", "int8-static")
 SOURCE_KEY = "headprune.source_sha256"  # ONNX metadata: the checkpoint the graph was exported from
 QUANTIZATION_KEY = "headprune.quantization"
 CALIBRATION_BATCH = 8
-# What is quantized: the weight MatMuls only (MatMulConstBOnly, dynamic's default), with one
-# scale per output channel. Measured on all-MiniLM-L6-v2 (fidelity = mean cosine to fp32 on
-# examples/minilm_heldout.txt, 2026-12-02): dynamic per-tensor 0.9668, per-channel 0.9938;
+# What is quantized: MatMuls only, weights with one scale per output channel. int8-dynamic
+# quantizes the weight MatMuls (MatMulConstBOnly is its default); int8-static's QDQ format also
+# puts attention's two activation MatMuls through int8 (onnxruntime 1.32 writes the same bytes
+# with MatMulConstBOnly on or off there). Measured on all-MiniLM-L6-v2 (fidelity = mean cosine to
+# fp32 on examples/minilm_heldout.txt, 2026-12-02): dynamic per-tensor 0.9668, per-channel 0.9938;
 # static over every op 0.4254 (softmax, LayerNorm and residual adds in int8), MatMul only 0.9412.
 OPS = ["MatMul"]
 
@@ -90,7 +98,6 @@ def export_quantized(
     calibration=None,
     seq_len: int = 16,
     opset: int = 17,
-    inputs: Iterable[str | os.PathLike] = (),
 ) -> QuantizedExport:
     """Export `model` to ONNX, quantize it (`kind` in QUANTIZATIONS; `calibration` a
     data.Dataset for int8-static), check it in onnxruntime and move it into place at `path`
@@ -99,13 +106,13 @@ def export_quantized(
     info = info_of(model)
     if info.task == "causal-lm":
         raise UsageError("--quantize is for encoders (classifiers, embedding models); causal LMs are not supported")
+    if needs_external_data(model):  # onnxruntime's quantizer would need the weights beside the graph
+        raise UsageError("--quantize: models of 2 GB or more (ONNX external data) are not supported")
     out = Path(path)
     with temp_folder(out) as tmp:
         try:
             fp32 = tmp / "fp32.onnx"
-            plain = export_onnx(model, fp32, seq_len=seq_len, opset=opset, inputs=inputs)
-            if plain.external_data:
-                raise UsageError("--quantize: models of 2 GB or more (ONNX external data) are not supported")
+            plain = export_onnx(model, fp32, seq_len=seq_len, opset=opset)  # in the temporary folder: no input there
             graph = tmp / out.name
             rows = _quantize(fp32, graph, kind, plain.inputs, calibration)
             _stamp(graph, {SOURCE_KEY: info.loaded_from[1] if info.loaded_from else "", QUANTIZATION_KEY: kind})
@@ -141,7 +148,7 @@ def _quantize(fp32: Path, graph: Path, kind: str, names: list[str], calibration)
                 per_channel=True,
                 op_types_to_quantize=OPS,
                 calibrate_method=q.CalibrationMethod.MinMax,
-                extra_options={"ActivationSymmetric": False, "WeightSymmetric": True, "MatMulConstBOnly": True},
+                extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
             )
             return reader.rows
     except HeadpruneError:

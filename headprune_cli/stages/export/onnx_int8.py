@@ -29,7 +29,6 @@ def export_quantized_onnx(opts, ctx: Context) -> Result:
         calibration=calibration,
         seq_len=opts.seq_len,
         opset=opts.opset,
-        inputs=[opts.checkpoint, opts.calib_data],
     )
     rows = f", calibrated on {result.calibration_rows} rows" if result.calibration_rows else ""
     ctx.print(

@@ -10,21 +10,31 @@ rows) 4.7% and 0.9991. Asserted with headroom: dynamic 5% / 0.995, static 10% / 
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
+import transformers as T
+from onnx import numpy_helper
 
 from headprune_cli import load, save
 from headprune_cli.data.readers import read_data
-from headprune_cli.errors import DataError, UsageError
+from headprune_cli.errors import DataError, HeadpruneError, NumericalError, UsageError
+from headprune_cli.model.formats import onnx as onnx_export
+from headprune_cli.model.formats import onnx_quantize
+from headprune_cli.model.formats.onnx import example_inputs, export_onnx
 from headprune_cli.model.formats.onnx_quantize import (
     CALIBRATION_BATCH,
     QUANTIZATION_KEY,
     SOURCE_KEY,
     _CalibrationReader,
+    _check_in_onnxruntime,
+    _quantize,
+    _stamp,
     check_quantization,
     export_quantized,
     read_stamp,
@@ -56,8 +66,9 @@ def _cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def quantized(tmp_path_factory):
-    """(name, kind) -> (checkpoint model, int8 file): a pruned classifier both ways, a base model dynamic."""
+def exports(tmp_path_factory):
+    """(name, kind) -> (checkpoint model, int8 file, what export_quantized returned): a pruned
+    classifier both ways (logits), a base model dynamic (hidden states: one row per token)."""
     folder = tmp_path_factory.mktemp("q")
     made = {}
     for name, kinds in (("bert", ("int8-dynamic", "int8-static")), ("roberta", ("int8-dynamic",))):
@@ -67,9 +78,15 @@ def quantized(tmp_path_factory):
         for kind in kinds:
             calib = read_data(tensor_data(folder), model, max_length=16, need_labels=False)
             path = folder / f"{name}-{kind}.onnx"
-            export_quantized(model, path, kind, calibration=calib if kind == "int8-static" else None)
-            made[name, kind] = (model, path)
+            result = export_quantized(model, path, kind, calibration=calib if kind == "int8-static" else None)
+            made[name, kind] = (model, path, result)
     return made
+
+
+@pytest.fixture(scope="module")
+def quantized(exports):
+    """(name, kind) -> (checkpoint model, int8 file)."""
+    return {key: (model, path) for key, (model, path, _) in exports.items()}
 
 
 def test_int8_runs_in_onnxruntime_without_headprune_within_the_bound(quantized, tmp_path):
@@ -161,3 +178,183 @@ def test_calibration_data_without_rows_or_without_the_graphs_inputs_is_refused(t
         _CalibrationReader(calib, ["input_ids", "pixels"])
     with pytest.raises(DataError, match="^--calib-data has no rows"):
         _CalibrationReader(None, ["input_ids"])
+
+
+def test_the_returned_record_is_what_was_written_and_measured(exports, tmp_path):
+    """Every field of the record against the file and an independent rerun of the check: the
+    fp32 export of the same model, and onnxruntime on the two shapes the docstring names
+    (2 rows of seq_len 16 with seed 0, 3 rows of 16 // 2 + 1 with seed 1), compared per output
+    row: one row per example for logits, one per token for hidden states."""
+    for (name, kind), (model, path, result) in exports.items():
+        fp32 = export_onnx(model, tmp_path / f"{name}-{kind}-fp32.onnx")
+        assert result.path == str(path) and result.quantization == kind
+        assert (result.inputs, result.outputs) == (fp32.inputs, fp32.outputs)
+        assert result.inputs[0] == "input_ids" and result.outputs == [
+            "logits" if name == "bert" else "last_hidden_state"
+        ]
+        opsets = {o.domain: o.version for o in onnx.load(str(path)).opset_import}
+        assert result.opset == 17 == opsets[""]
+        assert result.fp32_bytes == (tmp_path / f"{name}-{kind}-fp32.onnx").stat().st_size
+        assert result.bytes == path.stat().st_size
+        assert result.calibration_rows == (24 if kind == "int8-static" else 0)  # tensor_data's rows
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        diffs, cosines = [], []
+        for batch, length, seed in ((2, 16, 0), (3, 9, 1)):
+            sample = example_inputs(model, batch=batch, seq_len=length, seed=seed)
+            want = model_output(model, sample).numpy()
+            (got,) = session.run(None, {n: sample[n].numpy() for n in result.inputs})
+            diffs.append(np.abs(got - want).max())
+            cosines.append(_cosines(got, want).min())
+        assert result.max_abs_diff == pytest.approx(max(diffs), rel=1e-5), (name, kind)
+        assert result.min_cosine == pytest.approx(min(cosines), rel=1e-6), (name, kind)
+
+
+def _weight_products(graph, ops: set[str]) -> int:
+    """How many `ops` nodes multiply by a constant weight (the Linear layers in the fp32 graph)."""
+    constants = {t.name for t in graph.initializer}
+    return sum(1 for node in graph.node if node.op_type in ops and node.input[1] in constants)
+
+
+def test_dynamic_quantizes_each_weight_matmul_per_output_channel_and_nothing_else(quantized, tmp_path):
+    model, path = quantized["bert", "int8-dynamic"]
+    export_onnx(model, tmp_path / "fp32.onnx")
+    graph = onnx.load(str(path)).graph
+    tensors = {t.name: t for t in graph.initializer}
+    integer = [node for node in graph.node if node.op_type == "MatMulInteger"]
+    # onnxruntime's dynamic path reads the pooler's and classifier's Gemm as a MatMul plus a bias
+    assert len(integer) == _weight_products(onnx.load(str(tmp_path / "fp32.onnx")).graph, {"MatMul", "Gemm"})
+    for node in integer:  # B int8 [in, out]; its zero point one per output column
+        weight, zero_point = tensors[node.input[1]], tensors[node.input[3]]
+        assert weight.data_type == onnx.TensorProto.INT8 and list(zero_point.dims) == [weight.dims[1]]
+    quantized_names = {node.input[i] for node in integer for i in (1, 3)}
+    assert {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8} == quantized_names
+    _assert_embeddings_stay_float(graph)
+    assert "DequantizeLinear" not in {node.op_type for node in graph.node}
+
+
+def test_static_fixes_matmul_ranges_only_per_channel_weights_and_asymmetric_activations(quantized, tmp_path):
+    model, path = quantized["bert", "int8-static"]
+    export_onnx(model, tmp_path / "fp32.onnx")
+    graph = onnx.load(str(path)).graph
+    tensors = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    dequantizers = [node for node in graph.node if node.op_type == "DequantizeLinear"]
+    weights = [node for node in dequantizers if node.input[0] in tensors]
+    assert len(weights) == _weight_products(onnx.load(str(tmp_path / "fp32.onnx")).graph, {"MatMul"})
+    for node in weights:  # one scale per output column, zero points 0 (symmetric int8 weights)
+        weight, scale, zero_point = (tensors[name] for name in node.input)
+        assert weight.dtype == np.int8 and scale.shape == zero_point.shape == (weight.shape[1],)
+        assert not zero_point.any()
+    activations = [tensors[node.input[2]] for node in dequantizers if node.input[0] not in tensors]
+    assert activations and all(z.shape == () for z in activations)  # one range per tensor
+    assert any(int(z) != 0 for z in activations)  # asymmetric: a zero point where the range is not centred
+    consumers = {
+        node.op_type for node in graph.node for name in node.input if name.endswith("_DequantizeLinear_Output")
+    }
+    assert not consumers & {"Gather", "Gemm", "Softmax", "LayerNormalization"}  # only MatMuls are quantized
+    _assert_embeddings_stay_float(graph)
+
+
+def _assert_embeddings_stay_float(graph) -> None:
+    tensors = {t.name: t for t in graph.initializer}
+    tables = [tensors[node.input[0]] for node in graph.node if node.op_type == "Gather" and node.input[0] in tensors]
+    assert tables and all(t.data_type == onnx.TensorProto.FLOAT for t in tables)
+
+
+def test_a_causal_lm_is_refused_and_nothing_is_written(tmp_path):
+    with pytest.raises(UsageError) as refused:
+        export_quantized(TINY["gpt2"](), tmp_path / "lm.onnx", "int8-dynamic")
+    assert str(refused.value) == (
+        "--quantize is for encoders (classifiers, embedding models); causal LMs are not supported"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_past_protobufs_limit_is_refused_before_anything_is_traced(tmp_path, monkeypatch):
+    monkeypatch.setattr(onnx_export, "MAX_ONNX_BYTES", 1)  # every model is "2 GB or more" now
+    with pytest.raises(UsageError) as refused:
+        export_quantized(pruned("bert"), tmp_path / "big.onnx", "int8-dynamic")
+    assert str(refused.value) == "--quantize: models of 2 GB or more (ONNX external data) are not supported"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_never_saved_names_no_source_and_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
+    path = tmp_path / "m.onnx"
+    export_quantized(pruned("bert"), path, "int8-dynamic")
+    assert read_stamp(path) == {SOURCE_KEY: "", QUANTIZATION_KEY: "int8-dynamic"}
+
+    def disk_full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(onnx_quantize, "move_into_place", disk_full)
+    with pytest.raises(HeadpruneError) as failed:
+        export_quantized(pruned("bert"), tmp_path / "again.onnx", "int8-dynamic")
+    assert str(failed.value) == f"could not write {tmp_path / 'again.onnx'}: No space left on device"
+    assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
+
+
+def test_a_graph_the_quantizer_or_onnxruntime_cannot_read_is_one_line(tmp_path, quantized):
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"not a protobuf at all")
+    with pytest.raises(HeadpruneError) as failed:
+        _quantize(garbage, tmp_path / "out.onnx", "int8-dynamic", ["input_ids"], None)
+    prefix = "onnxruntime could not quantize the graph (int8-dynamic): "
+    assert str(failed.value).startswith(prefix) and len(str(failed.value)) > len(prefix) + 10
+    assert "\n" not in str(failed.value) and "None" not in str(failed.value)
+    model, _ = quantized["bert", "int8-dynamic"]
+    with pytest.raises(HeadpruneError) as failed:
+        _check_in_onnxruntime(garbage, model, ["input_ids"], 16)
+    prefix = "onnxruntime cannot load the quantized graph: "
+    assert str(failed.value).startswith(prefix) and len(str(failed.value)) > len(prefix) + 10
+    assert "\n" not in str(failed.value) and "None" not in str(failed.value)
+
+
+def test_the_self_check_refuses_a_wrong_shape_and_non_finite_outputs(quantized, tmp_path):
+    model, path = quantized["bert", "int8-dynamic"]  # logits for 3 labels
+    two_labels = T.BertForSequenceClassification(
+        T.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48)
+    ).eval()
+    with pytest.raises(NumericalError) as refused:
+        _check_in_onnxruntime(path, two_labels, ["input_ids", "attention_mask"], 16)
+    assert str(refused.value) == (
+        "the quantized graph gives outputs of shape (2, 3) (want (2, 2)) or non-finite values; not written"
+    )
+    proto = onnx.load(str(path))
+    bias = next(t for t in proto.graph.initializer if t.name.endswith("classifier.bias"))
+    bias.CopyFrom(numpy_helper.from_array(np.full(3, np.nan, dtype=np.float32), bias.name))
+    onnx.save_model(proto, str(tmp_path / "nan.onnx"))
+    with pytest.raises(NumericalError, match=r"^the quantized graph gives outputs of shape \(2, 3\) \(want \(2, 3\)\)"):
+        _check_in_onnxruntime(tmp_path / "nan.onnx", model, ["input_ids", "attention_mask"], 16)
+
+
+def test_the_stamp_replaces_its_own_keys_keeps_the_rest_and_reads_without_external_weights(tmp_path):
+    weight = numpy_helper.from_array(np.ones((4, 4), dtype=np.float32), "w")
+    node = onnx.helper.make_node("MatMul", ["x", "w"], ["y"])
+    tensor = onnx.helper.make_tensor_value_info
+    graph = onnx.helper.make_graph(
+        [node],
+        "g",
+        [tensor("x", onnx.TensorProto.FLOAT, [1, 4])],
+        [tensor("y", onnx.TensorProto.FLOAT, [1, 4])],
+        [weight],
+    )
+    proto = onnx.helper.make_model(graph)
+    onnx.helper.set_model_props(proto, {"author": "someone", SOURCE_KEY: "old"})
+    onnx.save_model(proto, str(tmp_path / "g.onnx"), save_as_external_data=True, location="g.data", size_threshold=0)
+    _stamp(tmp_path / "g.onnx", {SOURCE_KEY: "new", QUANTIZATION_KEY: "int8-dynamic"})
+    props = [(p.key, p.value) for p in onnx.load(str(tmp_path / "g.onnx")).metadata_props]
+    assert props == [("author", "someone"), (QUANTIZATION_KEY, "int8-dynamic"), (SOURCE_KEY, "new")]
+    (tmp_path / "g.data").unlink()  # a stamp is read from the graph alone, never the weights beside it
+    assert read_stamp(tmp_path / "g.onnx") == {QUANTIZATION_KEY: "int8-dynamic", SOURCE_KEY: "new"}
+
+
+def test_one_calibration_row_is_enough_and_every_missing_input_is_named(tmp_path):
+    model = pruned("bert")
+    one_row = read_data(tensor_data(tmp_path, n=1), model, max_length=16, need_labels=False)
+    reader = _CalibrationReader(one_row, ["input_ids", "attention_mask"])
+    assert reader.rows == 1 and len(reader.get_next()["input_ids"]) == 1 and reader.get_next() is None
+    with pytest.raises(DataError) as refused:
+        _CalibrationReader(one_row, ["input_ids", "pixels", "boxes"])
+    assert (
+        str(refused.value)
+        == "--calib-data does not match the model: the graph takes pixels, boxes, which the data lacks"
+    )
