@@ -4,6 +4,9 @@ and the closing drops the layers whose gates closed."""
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
 import torch
 
@@ -163,3 +166,102 @@ def test_gates_under_a_block_params_budget_close_on_the_blocks_share():
     assert 0.45 < blocks(cut) / blocks(model) <= 0.5 + 1e-9
     assert gates.removed_share(selection) == pytest.approx(1 - blocks(cut) / blocks(model), abs=1e-6)
     assert gates.report(selection)["budget"] == "block_params"
+
+
+def _exact_expectation(space: GateSpace, base: torch.Tensor, free: list[int], probs: list[float]) -> float:
+    """The share removed averaged over every draw of the `free` gates (open with `probs`,
+    independently), the others fixed at `base`: the expectation by enumeration."""
+    total = 0.0
+    for bits in itertools.product([0.0, 1.0], repeat=len(free)):
+        mask = base.clone()
+        mask[free] = torch.tensor(bits, dtype=torch.float64)
+        weight = math.prod(q if on else 1.0 - q for on, q in zip(bits, probs))
+        total += weight * removed_by_mask(space, mask)
+    return total
+
+
+@pytest.mark.parametrize("ffn, layers", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("kind", ["flops", "params"])
+def test_the_expected_share_is_exact_for_every_mix_of_gates(ffn, layers, kind):
+    """One head unit, one neuron and one layer gate of layer 0 left open at 0.3 / 0.6 / 0.8
+    (those the space has), every other gate drawn 0/1: the expected share equals the
+    enumerated mean of the cost table's price of each cut, to float precision."""
+    space = GateSpace(TINY["llama-gqa"](), Budget(kind, 0.5), 16, ffn=ffn, layers=layers)
+    base = (torch.rand(space.size, generator=torch.Generator().manual_seed(3)) < 0.7).double()
+    free = [1] + ([space.sizes["heads"] + 2] if ffn else []) + ([space.size - 3] if layers else [])
+    probs = [0.3, 0.6, 0.8][: len(free)]
+    p = base.clone()
+    p[free] = torch.tensor(probs, dtype=torch.float64)
+    assert float(space.expected_removed(p)) == pytest.approx(_exact_expectation(space, base, free, probs), abs=1e-12)
+
+
+def test_a_heads_budget_prices_each_unit_by_its_query_heads():
+    """llama-gqa: 3 layers of 2 KV groups of 4 query heads, 24 heads in 6 units of 4/24 each."""
+    space = GateSpace(TINY["llama-gqa"](), Budget("heads", 0.5), 8)
+    p = torch.tensor([1.0, 0.0, 0.5, 1.0, 0.25, 1.0])
+    assert float(space.expected_removed(p)) == pytest.approx((4 + 0.5 * 4 + 0.75 * 4) / 24, abs=1e-12)
+    # A unit goes when all its heads go: layer 1 keeps a head of its second group.
+    one_unit = Selection("budget", {0: [0, 1, 2, 3], 1: [4, 5, 6]}, [])
+    assert space.removed_share(one_unit) == round(4 / 24, 6) == 0.166667
+    assert space.removed_share(Selection("budget", {0: [0, 1, 2, 3]}, [2])) == 0.5  # and a dropped layer's 8
+
+
+def test_a_cost_share_is_rounded_to_six_places():
+    space = GateSpace(TINY["reference"](), Budget("flops", 0.5), 16, ffn=True)
+    selection = Selection("budget", {0: [1]}, [], remove_ffn={2: [0, 5, 7]})
+    share = space.removed_share(selection)
+    assert share == round(share, 6) and share != round(share, 5)
+    mask = space.closed(selection)
+    assert share == pytest.approx(removed_by_mask(space, mask), abs=5e-7)
+
+
+def test_split_gives_each_hook_its_columns_of_a_row_of_gates_per_example():
+    space = GateSpace(TINY["llama-gqa"](), Budget("flops", 0.5), 8, ffn=True, layers=True)
+    z = torch.arange(5 * space.size, dtype=torch.float32).reshape(5, space.size)
+    heads, neurons, layers = space.parts(z)
+    assert (heads.shape, neurons.shape, layers.shape) == ((5, 6), (5, 144), (5, 3))
+    out = space.split(z)
+    assert torch.equal(out["head.0"], z[:, [0, 0, 0, 0, 1, 1, 1, 1]])  # layer 0's 8 query heads in 2 units
+    assert torch.equal(out["head.2"], z[:, [4, 4, 4, 4, 5, 5, 5, 5]])
+    assert torch.equal(out["ffn.1"], z[:, 6 + 48 : 6 + 96])
+    assert torch.equal(out["layer"], z[:, -3:])
+
+
+def test_without_layer_gates_protection_and_closings_cover_heads_and_neurons_only():
+    """reference: heads [4, 3, 4] (units 0-3, 4-6, 7-10), 48 neurons per layer, no layer gates."""
+    space = GateSpace(TINY["reference"](), Budget("flops", 0.5), 16, ffn=True, protect=((2, 0),))
+    assert space.protected.shape == (space.size,) == (11 + 144,) and space.protected.dtype == torch.bool
+    assert space.protected.nonzero().flatten().tolist() == [7]
+    closed = space.closed(Selection("budget", {0: [1]}, [1], remove_ffn={2: [0, 5]}))
+    assert closed.shape == (space.size,)
+    heads, neurons, _ = space.parts(closed)
+    assert heads.tolist() == [1, 0, 1, 1, 0, 0, 0, 1, 1, 1, 1]
+    assert (neurons == 0).nonzero().flatten().tolist() == list(range(48, 96)) + [96, 101]
+
+
+@pytest.mark.parametrize("ffn, layers", [(False, False), (True, True)])
+def test_the_table_carries_the_probabilities_and_where_they_came_from(ffn, layers):
+    """Heads alone: every query head scores its unit's open probability. With neuron gates a
+    score is P times the cost one closing saves (a head's share of its unit's), checked against
+    the cost table's price of closing that unit or neuron alone."""
+    space = GateSpace(TINY["llama-gqa"](), Budget("flops", 0.5), 8, ffn=ffn, layers=layers)
+    p = torch.linspace(0.05, 0.95, space.size, dtype=torch.float64)
+    table = space.table(p, "kd", 12, {"lr": 0.3})
+    assert (table.method, table.objective, table.samples) == ("learned", "kd", 12)
+    assert table.layer_method == ("learned" if layers else None)
+    assert table.config == ({"lr": 0.3, "layers": "learned"} if layers else {"lr": 0.3})
+    assert (table.num_heads, table.num_kv_heads, table.cost) == ([8, 8, 8], [2, 2, 2], space.cost)
+    if not ffn:
+        assert table.layers is None and table.ffn is None and table.num_ffn is None
+        assert table.heads[1] == {h: float(p[2 + h // 4]) for h in range(8)}
+        return
+
+    def alone(index: int) -> float:
+        mask = torch.ones(space.size)
+        mask[index] = 0.0
+        return removed_by_mask(space, mask)
+
+    assert table.heads[1][5] == pytest.approx(float(p[3]) * alone(3) / 4, rel=1e-9)
+    assert table.ffn[2][7] == pytest.approx(float(p[6 + 96 + 7]) * alone(6 + 96 + 7), rel=1e-9)
+    assert table.num_ffn == [48, 48, 48] and table.ffn_kept == {layer: list(range(48)) for layer in range(3)}
+    assert table.layers == {layer: float(p[-3 + layer]) for layer in range(3)}
