@@ -76,7 +76,7 @@ rerun() {
   names=$(grep -E ': (survived|no tests|timeout|suspicious)$' "$WORK/$name.before.results" | sed 's/^ *//; s/: .*//')
   set -f
   (cd "$dir" && env -u PYTHONPATH HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 \
-      nice -n "${MUTATION_NICE:-10}" mutmut run --max-children "$CHILDREN" $names > "$WORK/$name.rerun.log" 2>&1) || true
+      nice -n "${MUTATION_NICE:-10}" python "$ROOT/scripts/tools/mutmut_whole_files.py" run --max-children "$CHILDREN" $names > "$WORK/$name.rerun.log" 2>&1) || true
   set +f
   report "$name" "$dir"
 }
@@ -129,7 +129,7 @@ CONF
   # PYTHONPATH would put the unmutated tree ahead of mutmut's copy: clear it.
   set -f
   (cd "$dir" && env -u PYTHONPATH HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 \
-      nice -n "${MUTATION_NICE:-10}" mutmut run --max-children "$CHILDREN" $patterns > "$WORK/$name.log" 2>&1) || true
+      nice -n "${MUTATION_NICE:-10}" python "$ROOT/scripts/tools/mutmut_whole_files.py" run --max-children "$CHILDREN" $patterns > "$WORK/$name.log" 2>&1) || true
   set +f
   echo "$name: $(( $(date +%s) - start )) s"
   report "$name" "$dir"
