@@ -50,7 +50,7 @@ TESTS[tasks_payload]='tests/stages/tasks/test_tasks_stage.py'
 FILE[rounds]=headprune_cli/stages/iterate/rounds.py; PATTERN[rounds]='*'
 TESTS[rounds]='tests/stages/iterate/test_lstsq_rounds.py tests/stages/iterate/test_iterate.py'
 FILE[refit]=headprune_cli/stages/search/refit.py; PATTERN[refit]='*'
-TESTS[refit]='tests/stages/search/test_judged_after_compensation.py tests/stages/search/test_search.py'
+TESTS[refit]='tests/stages/search/test_refit.py tests/stages/search/test_judged_after_compensation.py tests/stages/search/test_search.py'
 
 # Tests that run `python -m headprune_cli` in another working folder: mutmut's trampolines
 # there look for mutmut's configuration in that folder and fail, whatever the mutant; the

@@ -211,6 +211,17 @@ def pruned(name: str):
     return apply_plan(model, remove_heads, remove_layers)
 
 
+def with_biases(model):
+    """`model` with every Linear bias drawn at random: a trained model's biases are not the zeros
+    a fresh BERT starts from, and compensation must carry them."""
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                module.bias.copy_(0.2 * torch.randn(module.bias.shape, generator=generator))
+    return model
+
+
 def calibration(n_batches: int, seed: int, batch: int = 16, seq: int = 12) -> list[dict]:
     """Token batches for compensation, with padding in every fourth row."""
     gen = torch.Generator().manual_seed(seed)
