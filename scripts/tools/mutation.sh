@@ -10,8 +10,8 @@
 #   MUTATION_MAX_CHILDREN=2 MUTATION_WORK=/tmp/mut scripts/tools/mutation.sh surgery
 #   MUTATION_RERUN=1 scripts/tools/mutation.sh lora  # after new tests: the same mutants, those not killed
 #
-# MUTATION_RERUN=1 keeps the module's scratch folder and its mutants, copies the module's test
-# files in from this tree and reruns every mutant the last run did not kill (survived, no tests,
+# MUTATION_RERUN=1 keeps the module's scratch folder and its mutants, copies tests/ in from this
+# tree and reruns every mutant the last run did not kill (survived, no tests,
 # timeout); the last run's verdicts are kept in $WORK/NAME.before.results.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -64,14 +64,21 @@ DESELECT='"-k", "not locked_out and not signal_during_a_write and not sigkill_wh
 # (tests may be edited meanwhile).
 tree_before=$(cd "$ROOT" && git status --porcelain -- headprune_cli && git diff -- headprune_cli)
 
+# The module's test files that exist in folder $2, as a TOML list's items.
+selection() {
+  local t tests=""
+  for t in ${TESTS[$1]}; do [ -f "$2/$t" ] && tests="$tests\"$t\", "; done
+  echo "$tests"
+}
+
 # The not-killed mutants of an earlier run of module $1 in folder $2, against its test files as
 # they are in this tree now.
 rerun() {
-  local name=$1 dir=$2 t names
+  local name=$1 dir=$2 names
   [ -d "$dir/mutants" ] || { echo "no earlier run of $name in $dir" >&2; exit 2; }
-  for t in ${TESTS[$name]}; do
-    [ -f "$ROOT/$t" ] && cp "$ROOT/$t" "$dir/$t" && cp "$ROOT/$t" "$dir/mutants/$t"
-  done
+  # the whole tests/ folder: new test files, and the support code they import
+  cp -r "$ROOT/tests" "$dir/" && cp -r "$ROOT/tests" "$dir/mutants/"
+  sed -i "s|^pytest_add_cli_args_test_selection = .*|pytest_add_cli_args_test_selection = [$(selection "$name" "$dir")]|" "$dir/pyproject.toml"
   (cd "$dir" && mutmut results --all true > "$WORK/$name.before.results" 2>&1) || true
   names=$(grep -E ': (survived|no tests|timeout|suspicious)$' "$WORK/$name.before.results" | sed 's/^ *//; s/: .*//')
   set -f
@@ -104,8 +111,7 @@ for name in "${modules[@]}"; do
   fi
   rm -rf "$dir" && mkdir -p "$dir"
   (cd "$ROOT" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$dir")
-  tests=""
-  for t in ${TESTS[$name]}; do [ -f "$dir/$t" ] && tests="$tests\"$t\", "; done
+  tests=$(selection "$name" "$dir")
   cat >> "$dir/pyproject.toml" <<CONF
 
 [tool.mutmut]
