@@ -4,8 +4,11 @@ mutmut 3 runs, for a mutant, only the tests its stats run saw calling the mutate
 and it charges a call to the test being set up at the time: a module-scoped fixture that
 exports or trains once for a whole file is charged to the file's first test alone, so the
 tests that read that fixture's result never judge the mutant (onnx_quantize, 2026-12-05:
-per-channel weights, asserted by a test of the fixture's file, "survived"). Here a mutant is
-judged by every test of each file one of its covering tests is in, as the suite judges it.
+the returned record's fields, asserted by a test of the fixture's file, "survived"; the same
+mutant run by hand against the file fails that test). Here, once the stats are collected or
+loaded, each function's tests become every test of the files its covering tests are in, as
+the suite judges it. mutmut 3.8 reads that table directly (`tests_by_mangled_function_name`)
+when it submits a mutant, so the table itself is widened, not a helper around it.
 
     python scripts/tools/mutmut_whole_files.py run [mutmut's arguments]
 """
@@ -15,17 +18,29 @@ from __future__ import annotations
 import mutmut.__main__ as mutmut_main
 from mutmut.state import state
 
-_covering = mutmut_main.tests_for_mutant_names
+_collect_or_load_stats = mutmut_main.collect_or_load_stats
 
 
-def _whole_files(mutant_names) -> set[str]:
-    tests = set(_covering(mutant_names))
-    files = {test.split("::")[0] for test in tests}
-    # duration_by_test holds every test the stats run collected, under the names mutmut runs them by
-    return tests | {test for test in state().duration_by_test if test.removeprefix("mutants/").split("::")[0] in files}
+def _file_of(test: str) -> str:
+    return test.removeprefix("mutants/").split("::")[0]
 
 
-mutmut_main.tests_for_mutant_names = _whole_files
+def _widen_to_whole_files() -> None:
+    """Every function's covering tests, plus every other test of their files."""
+    by_file: dict[str, set[str]] = {}
+    for test in state().duration_by_test:  # every test the stats run collected, by mutmut's names
+        by_file.setdefault(_file_of(test), set()).add(test)
+    table = state().tests_by_mangled_function_name
+    for function, tests in table.items():
+        table[function] = set(tests).union(*(by_file.get(_file_of(test), set()) for test in tests))
+
+
+def _collect_then_widen(*args, **kwargs) -> None:
+    _collect_or_load_stats(*args, **kwargs)
+    _widen_to_whole_files()
+
+
+mutmut_main.collect_or_load_stats = _collect_then_widen
 
 if __name__ == "__main__":
     mutmut_main.cli()

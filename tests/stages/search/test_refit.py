@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headprune_cli.errors import UsageError
+from headprune_cli.errors import NumericalError, UsageError
 from headprune_cli.stages.prune.compensation import DEFAULT_RIDGE
 from headprune_cli.stages.search import refit as refit_module
 from headprune_cli.stages.search.refit import Refit
@@ -78,3 +78,16 @@ def test_solved_projections_are_cached_least_recently_used_first_at_the_models_p
     kept = [cols for (_, cols) in refit._solved]
     assert kept == [tuple(range(8, 32)), (*range(16), *range(24, 32))]  # head 0's cut, then head 2's
     assert all(weight.dtype == bias.dtype == torch.float32 for weight, bias in refit._solved.values())
+
+
+@pytest.mark.parametrize("poison", [float("inf"), float("nan")])
+def test_a_projection_whose_outputs_are_not_finite_is_refused(poison):
+    # The last collected projection (layer 2's attention output: nothing downstream is collected
+    # with ffn=False) gets one non-finite weight. Its inputs stay finite, so with inf its Gram
+    # matrix stays finite and only the cross term is not: either alone must refuse.
+    model = with_biases(TINY["bert"]())
+    with torch.no_grad():
+        model.bert.encoder.layer[2].attention.output.dense.weight[0, 0] = poison
+    with pytest.raises(NumericalError) as refused:
+        Refit(model, calibration(2, seed=1), "lstsq", DEFAULT_RIDGE, ffn=False)
+    assert str(refused.value) == "calibration activations contain NaN or inf"
