@@ -148,7 +148,9 @@ def _quantize(fp32: Path, graph: Path, kind: str, names: list[str], calibration)
                 per_channel=True,
                 op_types_to_quantize=OPS,
                 calibrate_method=q.CalibrationMethod.MinMax,
-                extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
+                # onnxruntime's defaults give asymmetric activations and symmetric weights (zero
+                # points 0), which the tests read from the graph; stating them, or even asking for
+                # asymmetric weights, wrote the same bytes (onnxruntime 1.32, 2026-12-05)
             )
             return reader.rows
     except HeadpruneError:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -343,7 +344,17 @@ def test_the_stamp_replaces_its_own_keys_keeps_the_rest_and_reads_without_extern
     _stamp(tmp_path / "g.onnx", {SOURCE_KEY: "new", QUANTIZATION_KEY: "int8-dynamic"})
     props = [(p.key, p.value) for p in onnx.load(str(tmp_path / "g.onnx")).metadata_props]
     assert props == [("author", "someone"), (QUANTIZATION_KEY, "int8-dynamic"), (SOURCE_KEY, "new")]
+    # _stamp writes the weights inline (a quantized graph is under 2 GB): put them beside it again
+    onnx.save_model(
+        onnx.load(str(tmp_path / "g.onnx")),
+        str(tmp_path / "g.onnx"),
+        save_as_external_data=True,
+        location="g.data",
+        size_threshold=0,
+    )
     (tmp_path / "g.data").unlink()  # a stamp is read from the graph alone, never the weights beside it
+    with pytest.raises(onnx.checker.ValidationError):  # the weights really are gone
+        onnx.load(str(tmp_path / "g.onnx"))
     assert read_stamp(tmp_path / "g.onnx") == {QUANTIZATION_KEY: "int8-dynamic", SOURCE_KEY: "new"}
 
 
@@ -358,3 +369,42 @@ def test_one_calibration_row_is_enough_and_every_missing_input_is_named(tmp_path
         str(refused.value)
         == "--calib-data does not match the model: the graph takes pixels, boxes, which the data lacks"
     )
+
+
+def _one_hidden_unit_negated(fp32: Path, out: Path, unit: int) -> None:
+    """The fp32 graph with hidden unit `unit` of its output multiplied by -1."""
+    proto = onnx.load(str(fp32))
+    name = proto.graph.output[0].name
+    hidden = proto.graph.output[0].type.tensor_type.shape.dim[-1].dim_value
+    for node in proto.graph.node:
+        node.output[:] = [f"{o}_raw" if o == name else o for o in node.output]
+    signs = np.ones(hidden, dtype=np.float32)
+    signs[unit] = -1
+    proto.graph.initializer.append(numpy_helper.from_array(signs, "signs"))
+    proto.graph.node.append(onnx.helper.make_node("Mul", [f"{name}_raw", "signs"], [name]))
+    onnx.save_model(proto, str(out))
+
+
+@pytest.mark.parametrize("seq_len", [16, 1])
+def test_the_self_check_measures_each_token_row_on_its_two_shapes(tmp_path, seq_len):
+    """A graph whose hidden unit 0 is negated: each token row's cosine to PyTorch's is
+    1 - 2 x0^2 / |x|^2 (a cosine per hidden unit across tokens would be -1 for unit 0), the
+    largest difference 2 max |x0|, on 2 rows of seq_len (seed 0) and 3 of seq_len // 2 + 1 (seed 1)."""
+    model = TINY["roberta"]()  # a base encoder: hidden states, one row per token
+    plain = export_onnx(model, tmp_path / "fp32.onnx")
+    _one_hidden_unit_negated(tmp_path / "fp32.onnx", tmp_path / "negated.onnx", unit=0)
+    diff, cosine = _check_in_onnxruntime(tmp_path / "negated.onnx", model, plain.inputs, seq_len)
+    rows = []
+    for batch, length, seed in ((2, seq_len, 0), (3, seq_len // 2 + 1, 1)):
+        hidden = model_output(model, example_inputs(model, batch=batch, seq_len=length, seed=seed)).double()
+        rows.append(hidden.reshape(-1, hidden.shape[-1]).numpy())
+    both = np.concatenate(rows)
+    assert diff == pytest.approx(2 * np.abs(both[:, 0]).max(), rel=1e-5)
+    assert cosine == pytest.approx((1 - 2 * both[:, 0] ** 2 / (both**2).sum(1)).min(), rel=1e-5)
+    assert cosine > 0  # a row per token, not a column per hidden unit
+
+
+def test_the_graph_is_written_in_the_opset_asked_for(tmp_path):
+    result = export_quantized(TINY["roberta"](), tmp_path / "m.onnx", "int8-dynamic", opset=18)
+    opsets = {o.domain: o.version for o in onnx.load(str(tmp_path / "m.onnx")).opset_import}
+    assert result.opset == 18 == opsets[""]
