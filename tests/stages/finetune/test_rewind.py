@@ -4,6 +4,8 @@ the pruned model keeps; `--reinit` is the model's own init, deterministic per se
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -12,8 +14,9 @@ import transformers as T
 from safetensors.torch import save_file
 
 from headprune_cli import load, save
+from headprune_cli.errors import CheckpointError, UsageError
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.stages.finetune.rewind import reinit, rewind
+from headprune_cli.stages.finetune.rewind import Rewound, reinit, rewind
 from tests.support import TINY
 
 HEAD_DIM = 8  # tiny bert: hidden 32, 4 heads
@@ -223,3 +226,122 @@ def test_rewind_onto_a_partly_pruned_source_reads_each_layer_by_its_original_ind
     mine, theirs = model.bert.encoder.layer[1], base.bert.encoder.layer[2]
     assert torch.equal(mine.intermediate.dense.weight, theirs.intermediate.dense.weight[:24])
     assert torch.equal(mine.output.dense.weight, theirs.output.dense.weight[:, :24])
+
+
+# --- what rewind reports, and what it refuses, by the exact line -------------------------------
+def test_the_summary_names_the_source_its_hash_its_root_and_what_it_kept():
+    done = Rewound("base.safetensors", "a" * 12 + "b" * 52, 17, ["classifier.bias", "classifier.weight"])
+    assert done.summary("c" * 12 + "d" * 52) == (
+        "rewound 17 tensors (the kept heads, FFN neurons and layers, by original index) to base.safetensors "
+        "(weights sha256 aaaaaaaaaaaa; its root model is cccccccccccc); kept from the pruned model (absent in "
+        "the source): classifier.bias, classifier.weight"
+    )
+    assert Rewound("b", "e" * 64, 3).summary(None) == (
+        "rewound 3 tensors (the kept heads, FFN neurons and layers, by original index) to b "
+        "(weights sha256 eeeeeeeeeeee; it is a root model)"
+    )
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_rewind_reports_the_source_its_weights_hash_and_what_it_copied(ticket):
+    folder = ticket["folder"]
+    model = load(folder / "pruned.safetensors")
+    done = rewind(model, folder / "base.safetensors")
+    assert (done.source, done.sha256) == (str(folder / "base.safetensors"), _sha256(folder / "base.safetensors"))
+    assert (done.copied, done.kept) == (len(model.state_dict()), [])
+    one = rewind(load(folder / "pruned.safetensors"), folder / "base-hf")
+    assert (one.source, one.sha256) == (str(folder / "base-hf"), _sha256(folder / "base-hf" / "model.safetensors"))
+    # a folder of several safetensors files: the sha256 of their sorted "name sha256" lines
+    ticket["base"].save_pretrained(str(folder / "sharded"), max_shard_size="20KB")
+    files = sorted((folder / "sharded").glob("*.safetensors"))
+    assert len(files) > 1
+    listing = "\n".join(f"{f.name} {_sha256(f)}" for f in files).encode()
+    assert rewind(load(folder / "pruned.safetensors"), folder / "sharded").sha256 == hashlib.sha256(listing).hexdigest()
+
+
+def test_a_bare_encoder_source_copies_every_tensor_but_the_task_head(ticket):
+    folder = ticket["folder"]
+    save(ticket["base"].bert, folder / "encoder.safetensors")
+    model = load(folder / "pruned.safetensors")
+    done = rewind(model, folder / "encoder.safetensors")
+    head = ["classifier.bias", "classifier.weight"]
+    assert (done.copied, done.kept) == (len(model.state_dict()) - 2, head)
+
+
+def _refusal(model, source) -> str:
+    with pytest.raises(UsageError) as refused:
+        rewind(model, source)
+    return str(refused.value)
+
+
+def test_a_source_of_another_family_architecture_or_shape_is_refused_naming_it(ticket):
+    folder = ticket["folder"]
+    model = load(folder / "pruned.safetensors")
+    save(TINY["llama"](), folder / "llama.safetensors")
+    assert _refusal(model, folder / "llama.safetensors") == (
+        f"--rewind-to {folder / 'llama.safetensors'} is a llama model; the model to rewind is bert"
+    )
+    shape = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
+    save(T.LlamaForCausalLM(T.LlamaConfig(**shape)), folder / "l.safetensors")
+    save(T.Qwen3ForCausalLM(T.Qwen3Config(**shape, head_dim=8)), folder / "q.safetensors")
+    assert _refusal(load(folder / "l.safetensors"), folder / "q.safetensors") == (
+        f"--rewind-to {folder / 'q.safetensors'} is a 'qwen3' model; the model to rewind is 'llama' "
+        "(rewind needs the same architecture)"
+    )
+    wide = T.BertForSequenceClassification(T.BertConfig(**{**ticket["base"].config.to_dict(), "intermediate_size": 64}))
+    wide.save_pretrained(str(folder / "wide-hf"))
+    assert _refusal(model, folder / "wide-hf") == (
+        f"--rewind-to {folder / 'wide-hf'} has another architecture or shape than the model to rewind "
+        "(intermediate_size 64 vs 48)"
+    )
+
+
+def test_a_shape_key_one_config_does_not_state_is_not_compared(ticket):
+    folder = ticket["folder"]
+    config = json.loads((folder / "base-hf" / "config.json").read_text())
+    del config["type_vocab_size"]  # transformers' default (2) is the model's
+    (folder / "base-hf" / "config.json").write_text(json.dumps(config))
+    model = load(folder / "pruned.safetensors")
+    rewind(model, folder / "base-hf")
+    _check_rewound(model, ticket["base"], ticket["tuned"])
+
+
+def test_a_source_that_lacks_what_the_model_keeps_is_refused_naming_the_first_unit(ticket):
+    folder = ticket["folder"]
+    model = load(folder / "pruned.safetensors")  # keeps heads 0, 2 of layer 0, 32 neurons of layer 1, layers 0-1
+    for name, heads, layers, ffn, what in (
+        ("no-head", {0: [2]}, [], {}, "layer 0 heads [2]"),
+        ("no-layer", {}, [1], {}, "layer 1"),
+        ("no-neurons", {}, [], {1: [0, 2, 3, 4]}, "layer 1: 3 FFN neurons"),  # 4 is cut already
+    ):
+        source = copy.deepcopy(ticket["base"])
+        apply_plan(source, heads, layers, ffn)
+        save(source, folder / f"{name}.safetensors")
+        assert _refusal(model, folder / f"{name}.safetensors") == (
+            f"--rewind-to {folder / name}.safetensors lacks what the model keeps ({what}); "
+            "rewind to a less pruned model"
+        )
+
+
+def test_a_source_with_tensors_the_model_has_no_place_for_is_refused(tmp_path):
+    shape = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
+    save(T.LlamaForCausalLM(T.LlamaConfig(**shape)), tmp_path / "plain.safetensors")
+    save(T.LlamaForCausalLM(T.LlamaConfig(**shape, attention_bias=True)), tmp_path / "biased.safetensors")
+    assert _refusal(load(tmp_path / "plain.safetensors"), tmp_path / "biased.safetensors") == (
+        f"--rewind-to {tmp_path / 'biased.safetensors'} has tensors the model to rewind has no place for "
+        "(model.layers.0.self_attn.k_proj.bias and 7 more); rewind needs the same architecture"
+    )
+
+
+def test_a_folder_whose_config_cannot_be_read_is_refused_as_the_rewind_source(tmp_path):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError) as refused:
+        rewind(TINY["bert"](), tmp_path / "hf")
+    assert str(refused.value) == (
+        f"--rewind-to {tmp_path / 'hf' / 'config.json'}: not valid JSON "
+        "(Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"
+    )
