@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from headprune_cli import load, save
 from headprune_cli.errors import CheckpointError, UsageError
 from headprune_cli.model.surgery import apply_plan
-from headprune_cli.stages.finetune.rewind import Rewound, reinit, rewind
+from headprune_cli.stages.finetune.rewind import Rewound, _check_roles, reinit, rewind
 from tests.support import TINY
 
 HEAD_DIM = 8  # tiny bert: hidden 32, 4 heads
@@ -345,3 +345,28 @@ def test_a_folder_whose_config_cannot_be_read_is_refused_as_the_rewind_source(tm
         f"--rewind-to {tmp_path / 'hf' / 'config.json'}: not valid JSON "
         "(Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"
     )
+
+
+def test_tensors_with_no_place_are_named_first_then_counted():
+    t = torch.zeros(1)
+    with pytest.raises(UsageError) as refused:
+        _check_roles({"a": t, "b": t}, {"a": t}, "src")
+    assert str(refused.value) == (
+        "--rewind-to src has tensors the model to rewind has no place for (b); rewind needs the same architecture"
+    )
+    with pytest.raises(UsageError) as refused:
+        _check_roles({"d": t, "c": t, "e": t}, {}, "src")
+    assert str(refused.value).startswith(
+        "--rewind-to src has tensors the model to rewind has no place for (c and 2 more)"
+    )
+    _check_roles({"a": t}, {"a": t, "b": t}, "src")  # the model may hold more than the source
+
+
+def test_a_bare_encoder_rewound_to_a_classifier_takes_its_encoder(ticket):
+    folder = ticket["folder"]
+    save(ticket["tuned"].bert, folder / "encoder.safetensors")
+    model = load(folder / "encoder.safetensors")
+    done = rewind(model, folder / "base.safetensors")  # a classifier: its head has no counterpart, nor is needed
+    assert (done.copied, done.kept) == (len(model.state_dict()), [])
+    want = ticket["base"].bert.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in model.state_dict().items())
