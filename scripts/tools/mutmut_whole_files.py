@@ -10,15 +10,22 @@ loaded, each function's tests become every test of the files its covering tests 
 the suite judges it. mutmut 3.8 reads that table directly (`tests_by_mangled_function_name`)
 when it submits a mutant, so the table itself is widened, not a helper around it.
 
+A function the stats run saw no test call (sharding's `check_fsdp`, 2026-12-05, although the
+test that calls it directly kills its mutants when run by hand) is judged by every test of the
+module's own test files (`pytest_add_cli_args_test_selection`), not reported "no tests".
+
     python scripts/tools/mutmut_whole_files.py run [mutmut's arguments]
 """
 
 from __future__ import annotations
 
 import mutmut.__main__ as mutmut_main
+from mutmut.configuration import config
 from mutmut.state import state
+from mutmut.utils.format_utils import mangled_name_from_mutant_name
 
 _collect_or_load_stats = mutmut_main.collect_or_load_stats
+_collect_mutants = mutmut_main.collect_source_file_mutation_data
 
 
 def _file_of(test: str) -> str:
@@ -40,7 +47,24 @@ def _collect_then_widen(*args, **kwargs) -> None:
     _widen_to_whole_files()
 
 
+def _selected_tests() -> set[str]:
+    """Every collected test of the module's own test files."""
+    files = set(config().pytest_add_cli_args_test_selection)
+    return {test for test in state().duration_by_test if _file_of(test) in files}
+
+
+def _mutants_then_fill(*args, **kwargs):
+    mutants, by_path = _collect_mutants(*args, **kwargs)
+    table = state().tests_by_mangled_function_name
+    for _, name, _ in mutants:
+        function = mangled_name_from_mutant_name(name.replace("__init__.", ""))
+        if not table.get(function):
+            table[function] = _selected_tests()
+    return mutants, by_path
+
+
 mutmut_main.collect_or_load_stats = _collect_then_widen
+mutmut_main.collect_source_file_mutation_data = _mutants_then_fill
 
 if __name__ == "__main__":
     mutmut_main.cli()
