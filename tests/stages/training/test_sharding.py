@@ -267,3 +267,62 @@ def test_a_state_that_does_not_restore_names_dcps_first_failure(rank0, checkpoin
     message = str(refused.value)
     assert message.startswith(prefix) and "\n" not in message
     print("MSG", message)
+
+
+def test_buffers_are_the_models_own_and_copied_out_of_it(rank0, checkpoint):
+    """Buffers come from the sharded model, not from the config (a RoPE table changed at run
+    time keeps its values), as copies (the plain model does not share the training model's memory)."""
+    model = load(checkpoint)
+    sharding.shard(model, rank0)
+    rope = model.model.rotary_emb
+    rope.inv_freq.mul_(3.0)
+    plain = sharding.gathered(model, rank0)
+    torch.testing.assert_close(plain.model.rotary_emb.inv_freq, rope.inv_freq, rtol=0, atol=0)
+    assert "rotary_emb.inv_freq" not in vars(plain.model)  # set on its owner module, not as a dotted attribute
+    rope.inv_freq.add_(1.0)
+    assert not torch.equal(plain.model.rotary_emb.inv_freq, rope.inv_freq)
+
+
+def test_gathered_weights_that_do_not_fit_the_plain_model_are_refused(rank0, checkpoint, monkeypatch):
+    from headprune_cli.model import checkpoint as checkpoint_module  # noqa: PLC0415 (replaced below)
+
+    model = load(checkpoint)
+    sharding.shard(model, rank0)
+    real = checkpoint_module.read_layout_only
+
+    def with_an_extra_projection(path):
+        plain = real(path)
+        plain.extra = torch.nn.Linear(2, 2, device="meta")
+        return plain
+
+    monkeypatch.setattr(checkpoint_module, "read_layout_only", with_an_extra_projection)
+    with pytest.raises(HeadpruneError) as refused:
+        sharding.gathered(model, rank0)
+    assert str(refused.value) == "gathered weights do not fit the model (extra.weight)"
+
+    def without_the_head(path):
+        plain = real(path)
+        del plain.lm_head
+        return plain
+
+    monkeypatch.setattr(checkpoint_module, "read_layout_only", without_the_head)
+    with pytest.raises(HeadpruneError) as refused:
+        sharding.gathered(model, rank0)
+    assert str(refused.value) == "gathered weights do not fit the model (lm_head.weight)"
+
+
+def test_a_save_replaces_a_temporary_left_by_a_crash_and_writes_no_best_it_was_not_given(rank0, checkpoint, tmp_path):
+    from torch.distributed.checkpoint import FileSystemReader  # noqa: PLC0415
+
+    model = load(checkpoint)
+    sharding.shard(model, rank0)
+    optimizer = _trained_one_step(model)
+    sharding.save_state(tmp_path / "s", 1, model, optimizer, {}, None, rank0, sharding.plan(model, 1))
+    stale = tmp_path / "s" / ".step-00000002.tmp"  # a crash mid-save of step 2
+    stale.mkdir()
+    (stale / "half-written").write_bytes(b"x")
+    sharding.save_state(tmp_path / "s", 2, model, optimizer, {}, None, rank0, sharding.plan(model, 1))
+    step = tmp_path / "s" / "step-00000002"
+    assert not stale.exists() and not (step / "half-written").exists()
+    keys = FileSystemReader(str(step)).read_metadata().state_dict_metadata
+    assert keys and not [k for k in keys if k.startswith("best")]
