@@ -291,11 +291,11 @@ def test_a_source_of_another_family_architecture_or_shape_is_refused_naming_it(t
         f"--rewind-to {folder / 'q.safetensors'} is a 'qwen3' model; the model to rewind is 'llama' "
         "(rewind needs the same architecture)"
     )
-    wide = T.BertForSequenceClassification(T.BertConfig(**{**ticket["base"].config.to_dict(), "intermediate_size": 64}))
-    wide.save_pretrained(str(folder / "wide-hf"))
+    other = {**ticket["base"].config.to_dict(), "intermediate_size": 64, "vocab_size": 70}
+    T.BertForSequenceClassification(T.BertConfig(**other)).save_pretrained(str(folder / "wide-hf"))
     assert _refusal(model, folder / "wide-hf") == (
         f"--rewind-to {folder / 'wide-hf'} has another architecture or shape than the model to rewind "
-        "(intermediate_size 64 vs 48)"
+        "(intermediate_size 64 vs 48; vocab_size 70 vs 60)"
     )
 
 
@@ -353,6 +353,11 @@ def test_tensors_with_no_place_are_named_first_then_counted():
         _check_roles({"a": t, "b": t}, {"a": t}, "src")
     assert str(refused.value) == (
         "--rewind-to src has tensors the model to rewind has no place for (b); rewind needs the same architecture"
+    )
+    with pytest.raises(UsageError) as refused:
+        _check_roles({"d": t, "c": t}, {}, "src")
+    assert str(refused.value).startswith(
+        "--rewind-to src has tensors the model to rewind has no place for (c and 1 more)"
     )
     with pytest.raises(UsageError) as refused:
         _check_roles({"d": t, "c": t, "e": t}, {}, "src")
