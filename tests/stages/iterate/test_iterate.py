@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from headprune_cli.data.readers import batches
 from headprune_cli.errors import UsageError
+from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.iterate.rounds import _acceptable, iterative_prune
 from headprune_cli.stages.iterate.schedule import schedule_of
-from headprune_cli.stages.objectives import Metric
+from headprune_cli.stages.objectives import Metric, evaluate
+from headprune_cli.stages.prune.cut import Compensation
 from headprune_cli.stages.report.build import gates, main_metric
 from headprune_cli.stages.training.train import FinetuneConfig
 from tests.stages.iterate.support import dataset, write_task
@@ -259,3 +263,82 @@ def test_finetune_rounds_report_the_cut_before_training():
     assert first.metric_pruned == evaluate(plain, dev, "fidelity", reference=model)[0].value
     assert first.metric_recovered == evaluate(result.model, dev, "fidelity", reference=model)[0].value
     assert first.metric_pruned != first.metric_recovered
+
+
+def _heads(model) -> list[int]:
+    return [len(h) for h in model.headprune.layout.heads]
+
+
+def test_a_step_that_removes_no_new_head_is_skipped_and_the_next_one_runs():
+    # 11 heads: 0.1 removes round(1.1) = 1 (one head is a round), 0.12 still round(1.32) = 1 (nothing
+    # new: skipped, no round), 0.5 removes round(5.5) = 6
+    result = iterative_prune(
+        TINY["reference"](), dataset(32, 0), dataset(16, 1), schedule=schedule_of((0.1, 0.12, 0.5)), finetune_config=CFG
+    )
+    assert [(r.ratio, r.heads_kept) for r in result.rounds] == [(0.1, 10), (0.5, 5)]
+
+
+def test_the_default_recovery_is_one_epoch_under_the_seed_given():
+    def rounds(**options):
+        result = iterative_prune(
+            TINY["reference"](), dataset(32, 0), dataset(16, 1), schedule=schedule_of((0.3,)), seed=3, **options
+        )
+        return [(r.remove_heads, r.metric_pruned, r.metric_recovered) for r in result.rounds]
+
+    assert rounds() == rounds(finetune_config=FinetuneConfig(epochs=1, seed=3))
+
+
+def test_the_result_names_the_metric_and_the_baseline_measured_against_the_teacher():
+    model, teacher, dev = TINY["reference"](), TINY["reference"](), dataset(16, 1)
+    with torch.no_grad():
+        for param in teacher.parameters():
+            param.add_(0.05)
+    result = iterative_prune(
+        model,
+        dataset(32, 0),
+        dev,
+        schedule=schedule_of((0.2,)),
+        finetune_config=CFG,
+        objective="fidelity",
+        teacher=teacher,
+    )
+    want = evaluate(model, dev, "fidelity", reference=teacher)[0]
+    assert (result.metric_name, result.higher_is_better, result.baseline) == ("fidelity", True, want.value)
+    assert want.value < 0.999  # against the teacher, not against itself
+    plain = iterative_prune(
+        model, dataset(32, 0), dev, schedule=schedule_of((0.2,)), finetune_config=CFG, max_drop=100.0
+    )
+    assert (plain.metric_name, plain.higher_is_better) == ("accuracy", True)
+    lm = iterative_prune(
+        TINY["llama"](), dataset(16, 0), dataset(8, 1), schedule=schedule_of((0.2,)), finetune_config=CFG
+    )
+    assert (lm.metric_name, lm.higher_is_better) == ("perplexity", False)
+
+
+@pytest.mark.parametrize("recover", ["finetune", "lstsq"])
+def test_every_round_keeps_the_protected_heads(recover):
+    layer2 = tuple((2, h) for h in range(4))
+    options = dict(schedule=schedule_of((0.4,)), finetune_config=CFG, recover=recover)
+    if recover == "lstsq":
+        options["compensation"] = Compensation("lstsq", list(batches(dataset(32, 0), 16)), 0.1)
+    free = iterative_prune(TINY["reference"](), dataset(32, 0), dataset(16, 1), **options)
+    assert _heads(free.model)[2] < 4  # unconstrained, the cut reaches layer 2
+    kept = iterative_prune(
+        TINY["reference"](), dataset(32, 0), dataset(16, 1), constraints=Constraints(protect=layer2), **options
+    )
+    assert _heads(kept.model)[2] == 4 and sum(_heads(kept.model)) == 11 - 4
+
+
+def test_the_library_refuses_what_the_command_refuses_by_the_same_line():
+    model = TINY["reference"]()
+    with pytest.raises(UsageError) as refused:
+        iterative_prune(model, dataset(8, 0), dataset(8, 1), schedule=schedule_of((0.2,)), ffn=True)
+    assert str(refused.value) == (
+        "FFN neurons are cut under a cost budget: give the schedule as FLOPs or params fractions to keep"
+    )
+    with pytest.raises(UsageError) as refused:
+        iterative_prune(model, dataset(8, 0), dataset(8, 1), recover="lstsq")
+    assert str(refused.value) == "lstsq recovery needs calibration batches (a Compensation with data)"
+    with pytest.raises(UsageError) as refused:
+        iterative_prune(model, dataset(8, 0), dataset(8, 1), schedule=schedule_of((0.2,)), max_drop=-1.0)
+    assert str(refused.value) == "max_drop must be a number >= 0 (got -1.0)"
