@@ -209,6 +209,7 @@ def test_a_missing_or_unreadable_state_is_refused_in_one_line(tmp_path):
         ),
         ({"step": 4, "folder": "step-4x"}, """("latest.json names 'step-4x', not a step folder of this state")"""),
         ({"step": 4, "folder": 7}, """("latest.json names '7', not a step folder of this state")"""),
+        ({"step": 4, "folder": "step-x1"}, """("latest.json names 'step-x1', not a step folder of this state")"""),
         ({"step": 4}, """("'folder'")"""),
     ):
         (folder / "latest.json").write_text(json.dumps(pointer))
@@ -326,3 +327,65 @@ def test_a_save_replaces_a_temporary_left_by_a_crash_and_writes_no_best_it_was_n
     assert not stale.exists() and not (step / "half-written").exists()
     keys = FileSystemReader(str(step)).read_metadata().state_dict_metadata
     assert keys and not [k for k in keys if k.startswith("best")]
+
+
+def test_state_json_is_sorted_and_indented_and_a_step_saved_twice_is_replaced(rank0, checkpoint, tmp_path):
+    model = load(checkpoint)
+    sharding.shard(model, rank0)
+    optimizer = _trained_one_step(model)
+    layout = sharding.plan(model, 1)
+    for _ in range(2):  # a resumed run saves the step it resumed from again
+        sharding.save_state(tmp_path / "s", 3, model, optimizer, {"b": 1, "a": [2]}, None, rank0, layout)
+    step = tmp_path / "s" / "step-00000003"
+    files = {p.name: p.stat().st_size for p in sorted(step.iterdir()) if p.name != "state.json"}
+    meta = {"a": [2], "b": 1, "files": files, "has_best": False, "plan": layout, "step": 3}
+    assert (step / "state.json").read_text() == json.dumps(meta, sort_keys=True, indent=1)
+
+
+def test_a_save_that_fails_before_its_temporary_exists_reports_the_first_error(
+    rank0, checkpoint, tmp_path, monkeypatch
+):
+    model = load(checkpoint)
+    sharding.shard(model, rank0)
+    optimizer = _trained_one_step(model)
+
+    def disk_full(folder):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(sharding, "make_folder", disk_full)
+    with pytest.raises(HeadpruneError) as failed:
+        sharding.save_state(tmp_path / "s", 1, model, optimizer, {}, None, rank0, sharding.plan(model, 1))
+    assert str(failed.value) == f"could not save the training state in {tmp_path / 's'}: No space left on device"
+
+
+def test_a_rank_that_read_the_state_still_refuses_when_another_did_not(tmp_path):
+    class OtherRankRefused(Dist):
+        def sum(self, tensor):
+            return tensor + 1
+
+    folder, step = _saved(tmp_path, layout={"world": 1, "units": UNITS})
+    with pytest.raises(UsageError) as refused:
+        sharding.read_state_agreed(folder, {"world": 1, "units": UNITS}, OtherRankRefused())
+    assert str(refused.value) == f"--resume: 1 other process(es) refused the training state in {folder}"
+
+
+def test_dcps_collected_failure_is_named_by_its_first_exception_cut_to_160_characters():
+    from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415
+
+    failure = CheckpointException("rank 0 failed", {0: (ValueError("bad shard\nsecond line"), None)})
+    assert sharding._reason(failure) == "'bad shard'"
+    assert sharding._reason(CheckpointException("x", {1: OSError("plain")})) == "'plain'"
+    long = sharding._reason(RuntimeError("y" * 400))
+    assert len(long) == 160 and long.endswith("...")
+
+
+def test_an_unreadable_state_quotes_at_most_160_characters_of_the_reason(tmp_path):
+    name = "step-" + "0" * 150  # a step folder without its state.json: the reason quotes the long path
+    folder, _ = _saved(tmp_path)
+    (folder / name).mkdir()
+    (folder / "latest.json").write_text(json.dumps({"step": 0, "folder": name}))
+    with pytest.raises(UsageError) as refused:
+        sharding.read_state(folder, {"world": 2, "units": UNITS})
+    prefix = f"--resume: training state in {folder} is unreadable or not a sharded (--fsdp) state ("
+    reason = str(refused.value).removeprefix(prefix)
+    assert len(reason) == 160 + 1 and reason.endswith("...)")
