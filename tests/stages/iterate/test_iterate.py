@@ -342,3 +342,51 @@ def test_the_library_refuses_what_the_command_refuses_by_the_same_line():
     with pytest.raises(UsageError) as refused:
         iterative_prune(model, dataset(8, 0), dataset(8, 1), schedule=schedule_of((0.2,)), max_drop=-1.0)
     assert str(refused.value) == "max_drop must be a number >= 0 (got -1.0)"
+
+
+def test_the_floor_and_the_drop_admit_their_boundary_for_either_direction():
+    accuracy, ppl = Metric("accuracy", 0.75, True), Metric("perplexity", 10.0, False)
+    assert _acceptable(accuracy, 0.75, 0.75, None) and not _acceptable(accuracy, 0.7499, 0.75, None)
+    assert _acceptable(ppl, 10.5, 11.0, None) and _acceptable(ppl, 11.0, 11.0, None)
+    assert not _acceptable(ppl, 11.01, 11.0, None)
+    assert _acceptable(accuracy, 0.75, None, 0.0) and _acceptable(ppl, 10.0, None, 0.0)
+
+
+def test_a_drop_budget_of_zero_is_a_valid_budget_that_refuses_any_loss():
+    model, dev = TINY["reference"](), dataset(16, 1)
+    options = dict(schedule=schedule_of((0.3,)), finetune_config=CFG, objective="fidelity", teacher=model)
+    strict = iterative_prune(model, dataset(32, 0), dev, max_drop=0.0, **options)
+    (only,) = strict.rounds
+    assert only.metric_recovered < strict.baseline and not only.accepted
+    assert sum(_heads(strict.model)) == 11  # the input model comes back
+    half = iterative_prune(model, dataset(32, 0), dev, max_drop=0.5, **options)  # half a point is a budget too
+    assert 100 * (half.baseline - half.rounds[0].metric_recovered) > 0.5 and not half.rounds[0].accepted
+    assert iterative_prune(model, dataset(32, 0), dev, max_drop=2.0, **options).rounds[0].accepted
+
+
+def test_finetune_rounds_distil_from_the_teacher_given():
+    """Round 1 equals cutting the input by its removals and finetuning the cut with the teacher,
+    done here step by step; without the teacher it trains to other weights."""
+    import copy
+
+    from headprune_cli.stages.prune.cut import cut
+    from headprune_cli.stages.select.chains import Selection
+    from headprune_cli.stages.training.train import finetune
+
+    model, teacher, train, dev = TINY["reference"](), TINY["reference"](), dataset(32, 0), dataset(16, 1)
+    with torch.no_grad():
+        for param in teacher.parameters():
+            param.add_(0.05)
+    cfg = FinetuneConfig(steps=4, lr=3e-3, batch_size=16, kd_weight=1.0)
+    options = dict(schedule=schedule_of((0.3,)), finetune_config=cfg, objective="fidelity", teacher=teacher)
+    (first,) = iterative_prune(model, train, dev, **options).rounds
+    candidate = copy.deepcopy(model)
+    cut(candidate, Selection("r", first.remove_heads, []))
+    metrics = lambda m: {x.name: x.value for x in evaluate(m, dev, "fidelity", reference=teacher)}  # noqa: E731
+    by_hand = finetune(candidate, train, cfg, metrics, True, teacher)
+    assert first.metric_recovered == by_hand.history[by_hand.best_epoch].metrics["fidelity"]
+    candidate = copy.deepcopy(model)
+    cut(candidate, Selection("r", first.remove_heads, []))
+    plain_cfg = FinetuneConfig(steps=4, lr=3e-3, batch_size=16, kd_weight=0.0)
+    alone = finetune(candidate, train, plain_cfg, metrics, True, None)
+    assert alone.history[-1].metrics["fidelity"] != by_hand.history[-1].metrics["fidelity"]
