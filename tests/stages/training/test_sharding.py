@@ -55,7 +55,7 @@ def test_the_plan_is_the_world_size_and_one_unit_per_block_plus_the_root(checkpo
     assert sharding.plan(load(checkpoint), 3) == {"world": 3, "units": UNITS}
 
 
-def test_fsdp_is_refused_outside_torchrun_and_beside_lora():
+def test_fsdp_is_refused_outside_a_process_group_and_beside_lora():  # no "torchrun": mutation.sh deselects those names
     with pytest.raises(UsageError) as refused:
         sharding.check_fsdp(Dist(world=1), lora=False)
     assert str(refused.value) == "--fsdp shards over torchrun's processes; start it with torchrun --nproc-per-node N"
