@@ -97,6 +97,9 @@ def test_rounds_from_the_file_give_the_in_memory_rounds_bytes(tmp_path, monkeypa
     source = dict(source=tmp_path / "m.safetensors", work=tmp_path / "work")
     spilled = _iterate(load(tmp_path / "m.safetensors"), compensation, **source)
     assert spilled.rounds == in_memory.rounds and len(in_memory.rounds) == (failing or 2)
+    # the rounds went through files, numbered from 1 (the in-memory route writes none)
+    rounds_written = sorted(p.name for p in (tmp_path / "work").iterdir())
+    assert rounds_written == [f"round-{n}.safetensors" for n in range(1, len(spilled.rounds) + 1)]
     save(in_memory.model, tmp_path / "a.safetensors")
     save(spilled.model, tmp_path / "b.safetensors")
     assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
