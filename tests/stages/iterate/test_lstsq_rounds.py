@@ -208,3 +208,10 @@ def test_lstsq_calibration_is_the_first_samples_rows_of_data_at_the_ridge_given(
     every = _compensation(options(recover="lstsq", samples=1000), train)
     assert sum(len(b["input_ids"]) for b in every.batches) == 40 and every.ridge == DEFAULT_RIDGE
     assert _compensation(options(), train) is None  # finetune recovery: no calibration
+
+
+def test_a_cost_step_the_last_round_already_met_is_skipped():
+    # round 0.8 keeps 0.7954 of the FLOPs (FFN widths in multiples of 4), under 0.799: nothing to do there
+    result = _iterate(TINY["reference"](), _lstsq(dataset(32, 2)), targets=(0.8, 0.799, 0.7))
+    assert [r.ratio for r in result.rounds] == [0.8, 0.7]
+    assert result.rounds[0].cost_kept < 0.799
