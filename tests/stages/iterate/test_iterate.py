@@ -247,16 +247,7 @@ def test_finetune_rounds_report_the_cut_before_training():
     from headprune_cli.stages.select.chains import Selection
 
     model, dev = TINY["reference"](), dataset(16, 1)
-    cfg = FinetuneConfig(steps=4, lr=3e-4, batch_size=16)
-    result = iterative_prune(
-        model,
-        dataset(32, 0),
-        dev,
-        schedule=schedule_of((0.3,)),
-        finetune_config=cfg,
-        objective="fidelity",
-        teacher=model,
-    )
+    result = _fidelity_rounds(model, model, FinetuneConfig(steps=4, lr=3e-4, batch_size=16), 0.3)
     (first,) = result.rounds
     plain = copy.deepcopy(model)
     cut(plain, Selection("r", first.remove_heads, []))
@@ -267,6 +258,28 @@ def test_finetune_rounds_report_the_cut_before_training():
 
 def _heads(model) -> list[int]:
     return [len(h) for h in model.headprune.layout.heads]
+
+
+def _fidelity_rounds(model, teacher, cfg, ratio: float, **options):
+    """iterative_prune of `model` at one heads step, judged by fidelity to `teacher`."""
+    return iterative_prune(
+        model,
+        dataset(32, 0),
+        dataset(16, 1),
+        schedule=schedule_of((ratio,)),
+        finetune_config=cfg,
+        objective="fidelity",
+        teacher=teacher,
+        **options,
+    )
+
+
+def _moved(model):
+    """A teacher that is `model` with every weight moved by 0.05."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05)
+    return model
 
 
 def test_a_step_that_removes_no_new_head_is_skipped_and_the_next_one_runs():
@@ -297,19 +310,8 @@ def test_the_default_recovery_is_one_epoch_under_the_seed_given(monkeypatch):
 
 
 def test_the_result_names_the_metric_and_the_baseline_measured_against_the_teacher():
-    model, teacher, dev = TINY["reference"](), TINY["reference"](), dataset(16, 1)
-    with torch.no_grad():
-        for param in teacher.parameters():
-            param.add_(0.05)
-    result = iterative_prune(
-        model,
-        dataset(32, 0),
-        dev,
-        schedule=schedule_of((0.2,)),
-        finetune_config=CFG,
-        objective="fidelity",
-        teacher=teacher,
-    )
+    model, teacher, dev = TINY["reference"](), _moved(TINY["reference"]()), dataset(16, 1)
+    result = _fidelity_rounds(model, teacher, CFG, 0.2)
     want = evaluate(model, dev, "fidelity", reference=teacher)[0]
     assert (result.metric_name, result.higher_is_better, result.baseline) == ("fidelity", True, want.value)
     assert want.value < 0.999  # against the teacher, not against itself
@@ -361,15 +363,14 @@ def test_the_floor_and_the_drop_admit_their_boundary_for_either_direction():
 
 
 def test_a_drop_budget_of_zero_is_a_valid_budget_that_refuses_any_loss():
-    model, dev = TINY["reference"](), dataset(16, 1)
-    options = dict(schedule=schedule_of((0.3,)), finetune_config=CFG, objective="fidelity", teacher=model)
-    strict = iterative_prune(model, dataset(32, 0), dev, max_drop=0.0, **options)
+    model = TINY["reference"]()
+    strict = _fidelity_rounds(model, model, CFG, 0.3, max_drop=0.0)
     (only,) = strict.rounds
     assert only.metric_recovered < strict.baseline and not only.accepted
     assert sum(_heads(strict.model)) == 11  # the input model comes back
-    half = iterative_prune(model, dataset(32, 0), dev, max_drop=0.5, **options)  # half a point is a budget too
+    half = _fidelity_rounds(model, model, CFG, 0.3, max_drop=0.5)  # half a point is a budget too
     assert 100 * (half.baseline - half.rounds[0].metric_recovered) > 0.5 and not half.rounds[0].accepted
-    assert iterative_prune(model, dataset(32, 0), dev, max_drop=2.0, **options).rounds[0].accepted
+    assert _fidelity_rounds(model, model, CFG, 0.3, max_drop=2.0).rounds[0].accepted
 
 
 def test_finetune_rounds_distil_from_the_teacher_given():
@@ -381,13 +382,9 @@ def test_finetune_rounds_distil_from_the_teacher_given():
     from headprune_cli.stages.select.chains import Selection
     from headprune_cli.stages.training.train import finetune
 
-    model, teacher, train, dev = TINY["reference"](), TINY["reference"](), dataset(32, 0), dataset(16, 1)
-    with torch.no_grad():
-        for param in teacher.parameters():
-            param.add_(0.05)
+    model, teacher, train, dev = TINY["reference"](), _moved(TINY["reference"]()), dataset(32, 0), dataset(16, 1)
     cfg = FinetuneConfig(steps=4, lr=3e-3, batch_size=16, kd_weight=1.0)
-    options = dict(schedule=schedule_of((0.3,)), finetune_config=cfg, objective="fidelity", teacher=teacher)
-    (first,) = iterative_prune(model, train, dev, **options).rounds
+    (first,) = _fidelity_rounds(model, teacher, cfg, 0.3).rounds
     candidate = copy.deepcopy(model)
     cut(candidate, Selection("r", first.remove_heads, []))
     metrics = lambda m: {x.name: x.value for x in evaluate(m, dev, "fidelity", reference=teacher)}  # noqa: E731
