@@ -215,3 +215,29 @@ def test_a_cost_step_the_last_round_already_met_is_skipped():
     result = _iterate(TINY["reference"](), _lstsq(dataset(32, 2)), targets=(0.8, 0.799, 0.7))
     assert [r.ratio for r in result.rounds] == [0.8, 0.7]
     assert result.rounds[0].cost_kept < 0.799
+
+
+def test_lstsq_rounds_score_by_the_objective_asked_for():
+    """The heads a round removes are those the objective's scores choose: on this model fidelity
+    and classification choose different heads."""
+    from headprune_cli.stages.budget import Budget
+    from headprune_cli.stages.prune.cut import choose
+
+    model, data = TINY["reference"](), dataset(32, 0)
+    share = Budget("heads", 3 / 11)  # 0.3 of 11 heads: round(3.3) = 3 removed
+
+    def chosen(objective):
+        return choose(model, share, "taylor", Constraints(), data=data, objective=objective, seed=0, ffn=False)
+
+    assert chosen("fidelity").remove_heads != chosen("classification").remove_heads
+    result = iterative_prune(
+        model,
+        data,
+        dataset(16, 1),
+        schedule=schedule_of((0.3,)),
+        objective="fidelity",
+        teacher=model,
+        recover="lstsq",
+        compensation=_lstsq(data),
+    )
+    assert result.rounds[0].remove_heads == chosen("fidelity").remove_heads
