@@ -59,7 +59,8 @@ TESTS[refit]='tests/stages/search/test_refit.py tests/stages/search/test_judged_
 # there look for mutmut's configuration in that folder and fail, whatever the mutant; the
 # torchrun test, which starts two more interpreters per mutant; and the shell pipe, whose
 # `headprune` console script imports the installed (unmutated) package: it judges no mutant
-# and took 19 of the 51 s that checkpoint's tests take.
+# and took 19 of the 51 s that checkpoint's tests take. `-k` matches words of test names: a test
+# meant to judge a module must not have one of these words in its name (test_sharding.py's did).
 DESELECT='"-k", "not locked_out and not signal_during_a_write and not sigkill_while_writing and not torchrun and not score_select_prune_pipe", '
 
 # mutmut works in the scratch copies only; the package must end as it began (no mutant left in a
