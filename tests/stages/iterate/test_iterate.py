@@ -395,3 +395,29 @@ def test_finetune_rounds_distil_from_the_teacher_given():
     plain_cfg = FinetuneConfig(steps=4, lr=3e-3, batch_size=16, kd_weight=0.0)
     alone = finetune(candidate, train, plain_cfg, metrics, True, None)
     assert alone.history[-1].metrics["fidelity"] != by_hand.history[-1].metrics["fidelity"]
+
+
+@pytest.mark.parametrize("recover", ["finetune", "lstsq"])
+def test_head_rounds_normalise_gradient_scores_per_layer(recover):
+    """Heads only: Michel et al.'s per-layer normalisation is on, as `score --method gradient`
+    has it by default; on this model it chooses other heads than the raw scores."""
+    from headprune_cli.stages.budget import Budget
+    from headprune_cli.stages.prune.cut import choose
+
+    model, data = TINY["reference"](), dataset(32, 0)
+    share = Budget("heads", 3 / 11)  # 0.3 of 11 heads: round(3.3) = 3 removed
+
+    def chosen(normalize: bool) -> dict:
+        scoring = dict(data=data, objective="classification", normalize=normalize, seed=0, ffn=False)
+        return choose(model, share, "gradient", Constraints(), **scoring).remove_heads
+
+    assert chosen(True) != chosen(False)
+    options = dict(finetune_config=CFG, recover=recover, method="gradient")
+    if recover == "lstsq":
+        options["compensation"] = Compensation("lstsq", list(batches(data, 16)), 0.1)
+    result = iterative_prune(model, data, dataset(16, 1), schedule=schedule_of((0.3,)), **options)
+    assert result.rounds[0].remove_heads == chosen(True)
+    # with FFN neurons it is off (heads and neurons on one scale; scoring refuses the two together)
+    flops = schedule_of((0.8,), "flops")
+    ffn = dict(ffn=True, seq_len=8, constraints=Constraints(ffn_multiple_of=4))
+    assert len(iterative_prune(model, data, dataset(16, 1), schedule=flops, **ffn, **options).rounds) == 1
