@@ -241,3 +241,22 @@ def test_lstsq_rounds_score_by_the_objective_asked_for():
         compensation=_lstsq(data),
     )
     assert result.rounds[0].remove_heads == chosen("fidelity").remove_heads
+
+
+def test_work_without_a_source_keeps_the_rounds_in_memory(tmp_path):
+    (tmp_path / "work").mkdir()
+    result = _iterate(TINY["reference"](), _lstsq(dataset(32, 2)), targets=(0.8,), work=tmp_path / "work")
+    assert len(result.rounds) == 1 and list((tmp_path / "work").iterdir()) == []
+
+
+def test_rounds_score_in_batches_of_32_and_price_at_128_tokens_by_default(monkeypatch):
+    seen = []
+
+    def recording(*args, **scoring):
+        seen.append((scoring["batch_size"], scoring["seq_len"]))
+        return real(*args, **scoring)
+
+    real = rounds.prune_once
+    monkeypatch.setattr(rounds, "prune_once", recording)
+    iterative_prune(TINY["reference"](), dataset(32, 0), dataset(16, 1), schedule=schedule_of((0.8,), "flops"))
+    assert seen == [(32, 128)]
