@@ -6,7 +6,10 @@ from pathlib import Path
 
 import torch
 
-from headprune_cli.data.readers import Dataset
+from headprune_cli.data.readers import Dataset, batches
+from headprune_cli.stages.budget import Budget
+from headprune_cli.stages.constraints import Constraints
+from headprune_cli.stages.prune.cut import Compensation, choose
 from tests.support import TINY, VOCAB
 
 
@@ -30,3 +33,15 @@ def write_task(folder: Path) -> None:
             {"input_ids": d.input_ids, "attention_mask": d.attention_mask, "labels": d.labels},
             str(folder / f"{name}.safetensors"),
         )
+
+
+def lstsq(data: Dataset) -> Compensation:
+    """lstsq recovery calibrated on `data` in batches of 16, ridge 0.1."""
+    return Compensation("lstsq", list(batches(data, 16)), 0.1)
+
+
+def heads_chosen_at_three_tenths(model, data: Dataset, method: str, **scoring) -> dict[int, list[int]]:
+    """The heads `select` would remove from the tiny reference encoder's 11 at a schedule step
+    of 0.3 (round(3.3) = 3 heads), scored by `method` on `data`: what a round must remove."""
+    share = Budget("heads", 3 / 11)
+    return choose(model, share, method, Constraints(), data=data, seed=0, ffn=False, **scoring).remove_heads

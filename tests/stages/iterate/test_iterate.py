@@ -5,16 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headprune_cli.data.readers import batches
 from headprune_cli.errors import UsageError
 from headprune_cli.stages.constraints import Constraints
 from headprune_cli.stages.iterate.rounds import _acceptable, iterative_prune
 from headprune_cli.stages.iterate.schedule import schedule_of
 from headprune_cli.stages.objectives import Metric, evaluate
-from headprune_cli.stages.prune.cut import Compensation
 from headprune_cli.stages.report.build import gates, main_metric
 from headprune_cli.stages.training.train import FinetuneConfig
-from tests.stages.iterate.support import dataset, write_task
+from tests.stages.iterate.support import dataset, heads_chosen_at_three_tenths, lstsq, write_task
 from tests.support import TINY
 
 CFG = FinetuneConfig(steps=2, lr=1e-3, batch_size=16)
@@ -330,7 +328,7 @@ def test_every_round_keeps_the_protected_heads(recover):
     layer2 = tuple((2, h) for h in range(4))
     options = dict(schedule=schedule_of((0.4,)), finetune_config=CFG, recover=recover)
     if recover == "lstsq":
-        options["compensation"] = Compensation("lstsq", list(batches(dataset(32, 0), 16)), 0.1)
+        options["compensation"] = lstsq(dataset(32, 0))
     free = iterative_prune(TINY["reference"](), dataset(32, 0), dataset(16, 1), **options)
     assert _heads(free.model)[2] < 4  # unconstrained, the cut reaches layer 2
     kept = iterative_prune(
@@ -401,20 +399,15 @@ def test_finetune_rounds_distil_from_the_teacher_given():
 def test_head_rounds_normalise_gradient_scores_per_layer(recover):
     """Heads only: Michel et al.'s per-layer normalisation is on, as `score --method gradient`
     has it by default; on this model it chooses other heads than the raw scores."""
-    from headprune_cli.stages.budget import Budget
-    from headprune_cli.stages.prune.cut import choose
-
     model, data = TINY["reference"](), dataset(32, 0)
-    share = Budget("heads", 3 / 11)  # 0.3 of 11 heads: round(3.3) = 3 removed
 
     def chosen(normalize: bool) -> dict:
-        scoring = dict(data=data, objective="classification", normalize=normalize, seed=0, ffn=False)
-        return choose(model, share, "gradient", Constraints(), **scoring).remove_heads
+        return heads_chosen_at_three_tenths(model, data, "gradient", objective="classification", normalize=normalize)
 
     assert chosen(True) != chosen(False)
     options = dict(finetune_config=CFG, recover=recover, method="gradient")
     if recover == "lstsq":
-        options["compensation"] = Compensation("lstsq", list(batches(data, 16)), 0.1)
+        options["compensation"] = lstsq(data)
     result = iterative_prune(model, data, dataset(16, 1), schedule=schedule_of((0.3,)), **options)
     assert result.rounds[0].remove_heads == chosen(True)
     # with FFN neurons it is off (heads and neurons on one scale; scoring refuses the two together)

@@ -7,7 +7,6 @@ import copy
 import pytest
 import torch
 
-from headprune_cli.data.readers import Dataset, batches
 from headprune_cli.errors import UsageError
 from headprune_cli.model.cost import flops_per_token
 from headprune_cli.model.layout import info_of
@@ -18,12 +17,8 @@ from headprune_cli.stages.iterate.schedule import schedule_of
 from headprune_cli.stages.objectives import evaluate
 from headprune_cli.stages.prune.cut import Compensation, cut
 from headprune_cli.stages.select.chains import Selection
-from tests.stages.iterate.support import dataset, write_task
+from tests.stages.iterate.support import dataset, heads_chosen_at_three_tenths, lstsq, write_task
 from tests.support import TINY
-
-
-def _lstsq(data: Dataset) -> Compensation:
-    return Compensation("lstsq", list(batches(data, 16)), 0.1)
 
 
 def _iterate(model, compensation, targets=(0.8, 0.6), **options):
@@ -49,7 +44,7 @@ def test_lstsq_rounds_refit_the_original_by_every_removal_so_far(monkeypatch):
     monkeypatch.setattr(rounds, "finetune", no_training)
     model = TINY["reference"]()  # 11 heads, 3 x 48 FFN neurons
     start = flops_per_token(model, 8)
-    compensation = _lstsq(dataset(32, 2))
+    compensation = lstsq(dataset(32, 2))
     result = _iterate(model, compensation)
     first, second = result.rounds
     assert all(r.accepted for r in result.rounds) and second.neurons_kept < first.neurons_kept < 144
@@ -90,7 +85,7 @@ def test_rounds_from_the_file_give_the_in_memory_rounds_bytes(tmp_path, monkeypa
 
     monkeypatch.setattr(rounds, "_acceptable", lambda *args: accept_until_failing(*args))
     save(TINY["reference"](), tmp_path / "m.safetensors")
-    compensation = _lstsq(dataset(32, 2))
+    compensation = lstsq(dataset(32, 2))
     in_memory = _iterate(load(tmp_path / "m.safetensors"), compensation)
     calls.clear()
     (tmp_path / "work").mkdir()
@@ -112,7 +107,7 @@ def test_lstsq_rounds_report_the_plain_cuts_metric_then_the_refits():
     """Each round's "pruned" metric is the original cut by every removal so far WITHOUT the refit,
     measured here on its own; "recovered" is the refit one. Fidelity (continuous) tells them apart;
     accuracy on a few rows often cannot (a refit that moves no prediction across the boundary)."""
-    model, compensation, dev = TINY["reference"](), _lstsq(dataset(32, 2)), dataset(16, 1)
+    model, compensation, dev = TINY["reference"](), lstsq(dataset(32, 2)), dataset(16, 1)
     result = _iterate(model, compensation, objective="fidelity", teacher=model)
     union = Selection("r", {}, [])
     assert len(result.rounds) == 2
@@ -163,7 +158,7 @@ def _files(tmp_path):
     ]
 
 
-def test_iterate_command_recovers_by_lstsq(cli, tmp_path):
+def test_iterate_command_recovers_bylstsq(cli, tmp_path):
     from headprune_cli import load
 
     common = _files(tmp_path)
@@ -212,7 +207,7 @@ def test_lstsq_calibration_is_the_first_samples_rows_of_data_at_the_ridge_given(
 
 def test_a_cost_step_the_last_round_already_met_is_skipped():
     # round 0.8 keeps 0.7954 of the FLOPs (FFN widths in multiples of 4), under 0.799: nothing to do there
-    result = _iterate(TINY["reference"](), _lstsq(dataset(32, 2)), targets=(0.8, 0.799, 0.7))
+    result = _iterate(TINY["reference"](), lstsq(dataset(32, 2)), targets=(0.8, 0.799, 0.7))
     assert [r.ratio for r in result.rounds] == [0.8, 0.7]
     assert result.rounds[0].cost_kept < 0.799
 
@@ -220,16 +215,9 @@ def test_a_cost_step_the_last_round_already_met_is_skipped():
 def test_lstsq_rounds_score_by_the_objective_asked_for():
     """The heads a round removes are those the objective's scores choose: on this model fidelity
     and classification choose different heads."""
-    from headprune_cli.stages.budget import Budget
-    from headprune_cli.stages.prune.cut import choose
-
     model, data = TINY["reference"](), dataset(32, 0)
-    share = Budget("heads", 3 / 11)  # 0.3 of 11 heads: round(3.3) = 3 removed
-
-    def chosen(objective):
-        return choose(model, share, "taylor", Constraints(), data=data, objective=objective, seed=0, ffn=False)
-
-    assert chosen("fidelity").remove_heads != chosen("classification").remove_heads
+    fidelity = heads_chosen_at_three_tenths(model, data, "taylor", objective="fidelity")
+    assert fidelity != heads_chosen_at_three_tenths(model, data, "taylor", objective="classification")
     result = iterative_prune(
         model,
         data,
@@ -238,14 +226,14 @@ def test_lstsq_rounds_score_by_the_objective_asked_for():
         objective="fidelity",
         teacher=model,
         recover="lstsq",
-        compensation=_lstsq(data),
+        compensation=lstsq(data),
     )
-    assert result.rounds[0].remove_heads == chosen("fidelity").remove_heads
+    assert result.rounds[0].remove_heads == fidelity
 
 
 def test_work_without_a_source_keeps_the_rounds_in_memory(tmp_path):
     (tmp_path / "work").mkdir()
-    result = _iterate(TINY["reference"](), _lstsq(dataset(32, 2)), targets=(0.8,), work=tmp_path / "work")
+    result = _iterate(TINY["reference"](), lstsq(dataset(32, 2)), targets=(0.8,), work=tmp_path / "work")
     assert len(result.rounds) == 1 and list((tmp_path / "work").iterdir()) == []
 
 
