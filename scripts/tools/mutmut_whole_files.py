@@ -10,9 +10,9 @@ loaded, each function's tests become every test of the files its covering tests 
 the suite judges it. mutmut 3.8 reads that table directly (`tests_by_mangled_function_name`)
 when it submits a mutant, so the table itself is widened, not a helper around it.
 
-A function the stats run saw no test call (sharding's `check_fsdp`, 2026-12-05, although the
-test that calls it directly kills its mutants when run by hand) is judged by every test of the
-module's own test files (`pytest_add_cli_args_test_selection`), not reported "no tests".
+A function the stats run saw no test call is judged by every test of the module's own test
+files (`pytest_add_cli_args_test_selection`), not reported "no tests": a safety net (the one
+case so far, sharding's `check_fsdp`, was a test whose name mutation.sh's `-k` deselects).
 
     python scripts/tools/mutmut_whole_files.py run [mutmut's arguments]
 """
@@ -32,11 +32,17 @@ def _file_of(test: str) -> str:
     return test.removeprefix("mutants/").split("::")[0]
 
 
+def _tests_by_file() -> dict[str, set[str]]:
+    """Every test the stats run collected (by mutmut's names), grouped by file."""
+    by_file: dict[str, set[str]] = {}
+    for test in state().duration_by_test:
+        by_file.setdefault(_file_of(test), set()).add(test)
+    return by_file
+
+
 def _widen_to_whole_files() -> None:
     """Every function's covering tests, plus every other test of their files."""
-    by_file: dict[str, set[str]] = {}
-    for test in state().duration_by_test:  # every test the stats run collected, by mutmut's names
-        by_file.setdefault(_file_of(test), set()).add(test)
+    by_file = _tests_by_file()
     table = state().tests_by_mangled_function_name
     for function, tests in table.items():
         table[function] = set(tests).union(*(by_file.get(_file_of(test), set()) for test in tests))
@@ -49,17 +55,18 @@ def _collect_then_widen(*args, **kwargs) -> None:
 
 def _selected_tests() -> set[str]:
     """Every collected test of the module's own test files."""
-    files = set(config().pytest_add_cli_args_test_selection)
-    return {test for test in state().duration_by_test if _file_of(test) in files}
+    by_file = _tests_by_file()
+    return set().union(*(by_file.get(f, set()) for f in config().pytest_add_cli_args_test_selection))
 
 
 def _mutants_then_fill(*args, **kwargs):
     mutants, by_path = _collect_mutants(*args, **kwargs)
     table = state().tests_by_mangled_function_name
+    selected = _selected_tests()
     for _, name, _ in mutants:
         function = mangled_name_from_mutant_name(name.replace("__init__.", ""))
         if not table.get(function):
-            table[function] = _selected_tests()
+            table[function] = set(selected)
     return mutants, by_path
 
 
