@@ -13,12 +13,13 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.fsdp import FSDPModule
 
-from headprune_cli import load, save
+from headprune_cli import load
 from headprune_cli.errors import HeadpruneError, UsageError
 from headprune_cli.files.outputs import MARKER
 from headprune_cli.runtime.distributed import Dist
 from headprune_cli.stages.training import sharding
 from tests.support import TINY
+from tests.support.scores import saved_model
 
 UNITS = 3 + 1  # llama-gqa's three blocks, then the root
 
@@ -34,8 +35,7 @@ def rank0(tmp_path):
 
 @pytest.fixture
 def checkpoint(tmp_path):
-    save(TINY["llama-gqa"](), tmp_path / "m.safetensors")
-    return tmp_path / "m.safetensors"
+    return saved_model(tmp_path, "llama-gqa")[1]
 
 
 def _trained_one_step(model):
