@@ -400,10 +400,10 @@ def rope_freqs(config: dict, head_dim: int) -> np.ndarray | None:
     rope = _rope(config)
     if rope["rope_type"] != "llama3":
         return None
+    # All four are required: transformers refuses a llama3 config without any of them.
     base = float(rope["rope_theta"])
-    factor = rope.get("factor", 8.0)
-    low, high = rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
-    old = rope.get("original_max_position_embeddings", 8192)
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
     low_wavelen, high_wavelen = old / low, old / high
     factors = []
     for freq in 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)):

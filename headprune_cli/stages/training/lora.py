@@ -53,7 +53,7 @@ def short_names(names) -> list[str]:
     out: list[str] = []
     for name in names:
         parts = name.split(".")
-        index = next((i for i, part in enumerate(parts) if part.isdigit()), -1)
+        index = next(i for i, part in enumerate(parts) if part.isdigit())  # the layer number
         inner = ".".join(parts[index + 1 :])
         if inner not in out:
             out.append(inner)
@@ -61,36 +61,30 @@ def short_names(names) -> list[str]:
 
 
 def resolve_targets(model: nn.Module, targets: tuple[str, ...] | None) -> dict[str, nn.Module]:
-    """The projections LoRA adapts: all of them, or those whose name is or ends with a target."""
+    """The projections LoRA adapts: all of them, or those whose name is or ends with a target.
+
+    Every one is a Linear or a GPT-2 Conv1D at least one wide: surgery keeps a head and a
+    neuron in every layer it keeps, and at least one layer (model/surgery.py, model/ffn.py).
+    """
     candidates = projections(model)
-    if not candidates:
-        raise UsageError("--lora: this model has no attention or FFN projections left to adapt")
     if targets is None:
-        chosen = candidates
-    else:
-        chosen = {n: m for n, m in candidates.items() if any(n == t or n.endswith("." + t) for t in targets)}
-        unmatched = [t for t in targets if not any(n == t or n.endswith("." + t) for n in candidates)]
-        if unmatched:
-            raise UsageError(
-                f"--lora-targets {','.join(unmatched)} matches none of the model's attention/FFN projections "
-                f"(available: {', '.join(short_names(candidates))})"
-            )
-    chosen = {n: m for n, m in chosen.items() if min(_width(m)) > 0}  # a fully cut projection has nothing to adapt
-    if not chosen:
-        raise UsageError("--lora: every targeted projection was cut to width 0; nothing to adapt")
-    for name, module in chosen.items():
-        if not (isinstance(module, nn.Linear) or is_conv1d(module)):
-            raise UsageError(f"--lora adapts linear projections; {name} is a {type(module).__name__}")
-    return chosen
+        return candidates
+    unmatched = [t for t in targets if not any(_matches(n, t) for n in candidates)]
+    if unmatched:
+        raise UsageError(
+            f"--lora-targets {','.join(unmatched)} matches none of the model's attention/FFN projections "
+            f"(available: {', '.join(short_names(candidates))})"
+        )
+    return {n: m for n, m in candidates.items() if any(_matches(n, t) for t in targets)}
 
 
-def _width(module: nn.Module) -> tuple[int, int]:
-    """(inputs, outputs) of a Linear or a GPT-2 Conv1D (whose weight is stored transposed)."""
-    weight = module.weight
-    if not isinstance(weight, torch.Tensor):  # a submodule named `weight`: no projection to adapt
-        raise UsageError(f"--lora adapts linear projections; this one is a {type(module).__name__}")
-    rows, cols = weight.shape
-    return (rows, cols) if is_conv1d(module) else (cols, rows)
+def _matches(name: str, target: str) -> bool:
+    return name == target or name.endswith("." + target)
+
+
+def _width(module: nn.Module) -> int:
+    """The narrower side of a Linear or a GPT-2 Conv1D: the highest rank an adapter there can have."""
+    return min(module.get_parameter("weight").shape)
 
 
 def check(model: nn.Module, spec: LoraSpec) -> dict[str, nn.Module]:
@@ -100,8 +94,8 @@ def check(model: nn.Module, spec: LoraSpec) -> dict[str, nn.Module]:
     if spec.alpha is not None and not spec.alpha > 0:
         raise UsageError(f"--lora-alpha must be positive (got {spec.alpha})")
     targets = resolve_targets(model, spec.targets)
-    narrowest_name, narrowest = min(targets.items(), key=lambda item: min(_width(item[1])))
-    width = min(_width(narrowest))
+    narrowest_name, narrowest = min(targets.items(), key=lambda item: _width(item[1]))
+    width = _width(narrowest)
     if not 1 <= spec.rank <= width:
         raise UsageError(
             f"--lora-rank {spec.rank} is outside 1..{width} "
