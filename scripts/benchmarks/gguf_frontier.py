@@ -203,7 +203,7 @@ def cut_files(args: argparse.Namespace, target: float) -> dict[tuple[str, str], 
                 # --force: an interrupted run's plan (its cut was never written) is redone
                 headprune("select", args.work / "scores.json", "--target-flops", target, "--runtime", "llama.cpp",
                           "--gguf-type", grid, "-o", plan, "--force")  # fmt: skip
-                data = [] if args.no_compensation else ["--data", args.calib, "--samples", args.score_rows]
+                data = [] if args.no_compensation else ["--data", args.calib, "--samples", args.refit_rows]
                 headprune("prune", "--plan", plan, *data, "--max-length", 128, "-o", cut)
             if not out.exists():
                 headprune("export", recovered(args, cut, steps), "--gguf", out, *export_args(kind))
@@ -374,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--types", default="f16,q8_0,q4_K_M,q4_0", help="TYPE or TYPE+EMBEDDING_TYPE (q4_0+q8_0)")
     parser.add_argument("--score-rows", type=int, default=64)
     parser.add_argument("--method", default="fisher", help="score --method (random for random weights)")
+    parser.add_argument("--refit-rows", type=int, help="calibration rows of the lstsq refit (default: --score-rows)")
     parser.add_argument("--no-compensation", action="store_true", help="prune without --data (no lstsq)")
     parser.add_argument("--recover-steps", default="0", help="LoRA + KD steps before export: 0 (none) or a list, 0,40")
     parser.add_argument("--train", type=Path, help="--recover-steps' training text (never --heldout)")
@@ -400,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown types {unknown}; known: {', '.join(GRIDS)}, each optionally +EMBEDDING_TYPE")
     args.recover_steps = [int(n) for n in args.recover_steps.split(",")]
+    args.refit_rows = args.refit_rows or args.score_rows
     if any(args.recover_steps) and args.train is None:
         parser.error("--recover-steps needs --train")
     table = remeasured(args) if args.measured else run(args)
