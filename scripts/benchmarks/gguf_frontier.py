@@ -2,7 +2,7 @@
 quantizing alone (BENCHMARKS.md, "Which engine").
 
     python -m scripts.benchmarks.gguf_frontier --model M.safetensors --calib calib.txt --heldout heldout.txt \\
-        --work DIR [--targets 0.9,0.8,0.7,0.5] [--types f16,q8_0,q4_K_M,q4_0] [--score-rows 64] \\
+        --work DIR [--targets 0.9,0.8,0.7,0.5] [--types f16,q8_0,q4_K_M,q4_0] [--score-rows 64] [--refit-rows 256] \\
         [--eval-rows 32] [--threads 2] [--repeats 3] --json out.json [--plot frontier.png]
     # each cut also after N steps of LoRA + KD on --train (rows labelled T+loraN; 0: the cut as it is)
     ... --recover-steps 0,40 --train train.txt
