@@ -20,6 +20,8 @@ from headprune_cli.stages.finetune.rewind import Rewound, _check_roles, reinit, 
 from tests.support import TINY
 
 HEAD_DIM = 8  # tiny bert: hidden 32, 4 heads
+# a LLaMA-shaped config for the sources of another architecture
+LLAMA_SHAPE = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
 KEPT_HEADS = [0, 2]  # layer 0 after removing heads 1 and 3
 KEPT_NEURONS = [n for n in range(48) if n % 3 != 1]  # layer 1's FFN after the cut
 
@@ -284,9 +286,8 @@ def test_a_source_of_another_family_architecture_or_shape_is_refused_naming_it(t
     assert _refusal(model, folder / "llama.safetensors") == (
         f"--rewind-to {folder / 'llama.safetensors'} is a llama model; the model to rewind is bert"
     )
-    shape = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
-    save(T.LlamaForCausalLM(T.LlamaConfig(**shape)), folder / "l.safetensors")
-    save(T.Qwen3ForCausalLM(T.Qwen3Config(**shape, head_dim=8)), folder / "q.safetensors")
+    save(T.LlamaForCausalLM(T.LlamaConfig(**LLAMA_SHAPE)), folder / "l.safetensors")
+    save(T.Qwen3ForCausalLM(T.Qwen3Config(**LLAMA_SHAPE, head_dim=8)), folder / "q.safetensors")
     assert _refusal(load(folder / "l.safetensors"), folder / "q.safetensors") == (
         f"--rewind-to {folder / 'q.safetensors'} is a 'qwen3' model; the model to rewind is 'llama' "
         "(rewind needs the same architecture)"
@@ -327,9 +328,8 @@ def test_a_source_that_lacks_what_the_model_keeps_is_refused_naming_the_first_un
 
 
 def test_a_source_with_tensors_the_model_has_no_place_for_is_refused(tmp_path):
-    shape = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
-    save(T.LlamaForCausalLM(T.LlamaConfig(**shape)), tmp_path / "plain.safetensors")
-    save(T.LlamaForCausalLM(T.LlamaConfig(**shape, attention_bias=True)), tmp_path / "biased.safetensors")
+    save(T.LlamaForCausalLM(T.LlamaConfig(**LLAMA_SHAPE)), tmp_path / "plain.safetensors")
+    save(T.LlamaForCausalLM(T.LlamaConfig(**LLAMA_SHAPE, attention_bias=True)), tmp_path / "biased.safetensors")
     assert _refusal(load(tmp_path / "plain.safetensors"), tmp_path / "biased.safetensors") == (
         f"--rewind-to {tmp_path / 'biased.safetensors'} has tensors the model to rewind has no place for "
         "(model.layers.0.self_attn.k_proj.bias and 7 more); rewind needs the same architecture"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -9,7 +10,8 @@ import torch
 from headprune_cli.data.readers import Dataset, batches
 from headprune_cli.stages.budget import Budget
 from headprune_cli.stages.constraints import Constraints
-from headprune_cli.stages.prune.cut import Compensation, choose
+from headprune_cli.stages.prune.cut import Compensation, choose, cut
+from headprune_cli.stages.select.chains import Selection
 from tests.support import TINY, VOCAB
 
 
@@ -45,3 +47,10 @@ def heads_chosen_at_three_tenths(model, data: Dataset, method: str, **scoring) -
     of 0.3 (round(3.3) = 3 heads), scored by `method` on `data`: what a round must remove."""
     share = Budget("heads", 3 / 11)
     return choose(model, share, method, Constraints(), data=data, seed=0, ffn=False, **scoring).remove_heads
+
+
+def cut_copy(model, selection: Selection, compensation: Compensation | None = None):
+    """A copy of `model` cut by `selection` (refit by `compensation` when given); `model` stays as it is."""
+    out = copy.deepcopy(model)
+    cut(out, selection, compensation)
+    return out

@@ -11,8 +11,9 @@ from headprune_cli.stages.iterate.rounds import _acceptable, iterative_prune
 from headprune_cli.stages.iterate.schedule import schedule_of
 from headprune_cli.stages.objectives import Metric, evaluate
 from headprune_cli.stages.report.build import gates, main_metric
+from headprune_cli.stages.select.chains import Selection
 from headprune_cli.stages.training.train import FinetuneConfig
-from tests.stages.iterate.support import dataset, heads_chosen_at_three_tenths, lstsq, write_task
+from tests.stages.iterate.support import cut_copy, dataset, heads_chosen_at_three_tenths, lstsq, write_task
 from tests.support import TINY
 
 CFG = FinetuneConfig(steps=2, lr=1e-3, batch_size=16)
@@ -129,8 +130,6 @@ def _flops(model) -> float:
 
 
 def test_flops_rounds_rescore_neurons_and_cut_them_with_the_heads():
-    from headprune_cli.stages.constraints import Constraints
-
     model = TINY["reference"]()  # 11 heads, 3 x 48 FFN neurons
     start = _flops(model)
     result = iterative_prune(
@@ -155,8 +154,6 @@ def test_flops_rounds_rescore_neurons_and_cut_them_with_the_heads():
 
 
 def test_block_params_rounds_keep_their_share_of_the_original_blocks():
-    from headprune_cli.stages.constraints import Constraints
-
     model = TINY["reference"]()  # embeddings, final norm and classifier: 4,098 of 25,562 params
     blocks = lambda m: sum(p.numel() for p in m.layers.parameters())  # noqa: E731
     start = blocks(model)
@@ -238,17 +235,10 @@ def test_iterate_command_cuts_ffn_neurons_under_a_flops_schedule(cli, tmp_path):
 
 def test_finetune_rounds_report_the_cut_before_training():
     """Round 1's "pruned" metric is the input model cut by the round's removals, measured here."""
-    import copy
-
-    from headprune_cli.stages.objectives import evaluate
-    from headprune_cli.stages.prune.cut import cut
-    from headprune_cli.stages.select.chains import Selection
-
     model, dev = TINY["reference"](), dataset(16, 1)
     result = _fidelity_rounds(model, model, FinetuneConfig(steps=4, lr=3e-4, batch_size=16), 0.3)
     (first,) = result.rounds
-    plain = copy.deepcopy(model)
-    cut(plain, Selection("r", first.remove_heads, []))
+    plain = cut_copy(model, Selection("r", first.remove_heads, []))
     assert first.metric_pruned == evaluate(plain, dev, "fidelity", reference=model)[0].value
     assert first.metric_recovered == evaluate(result.model, dev, "fidelity", reference=model)[0].value
     assert first.metric_pruned != first.metric_recovered
@@ -374,24 +364,17 @@ def test_a_drop_budget_of_zero_is_a_valid_budget_that_refuses_any_loss():
 def test_finetune_rounds_distil_from_the_teacher_given():
     """Round 1 equals cutting the input by its removals and finetuning the cut with the teacher,
     done here step by step; without the teacher it trains to other weights."""
-    import copy
-
-    from headprune_cli.stages.prune.cut import cut
-    from headprune_cli.stages.select.chains import Selection
     from headprune_cli.stages.training.train import finetune
 
     model, teacher, train, dev = TINY["reference"](), _moved(TINY["reference"]()), dataset(32, 0), dataset(16, 1)
     cfg = FinetuneConfig(steps=4, lr=3e-3, batch_size=16, kd_weight=1.0)
     (first,) = _fidelity_rounds(model, teacher, cfg, 0.3).rounds
-    candidate = copy.deepcopy(model)
-    cut(candidate, Selection("r", first.remove_heads, []))
+    removals = Selection("r", first.remove_heads, [])
     metrics = lambda m: {x.name: x.value for x in evaluate(m, dev, "fidelity", reference=teacher)}  # noqa: E731
-    by_hand = finetune(candidate, train, cfg, metrics, True, teacher)
+    by_hand = finetune(cut_copy(model, removals), train, cfg, metrics, True, teacher)
     assert first.metric_recovered == by_hand.history[by_hand.best_epoch].metrics["fidelity"]
-    candidate = copy.deepcopy(model)
-    cut(candidate, Selection("r", first.remove_heads, []))
     plain_cfg = FinetuneConfig(steps=4, lr=3e-3, batch_size=16, kd_weight=0.0)
-    alone = finetune(candidate, train, plain_cfg, metrics, True, None)
+    alone = finetune(cut_copy(model, removals), train, plain_cfg, metrics, True, None)
     assert alone.history[-1].metrics["fidelity"] != by_hand.history[-1].metrics["fidelity"]
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -15,9 +13,9 @@ from headprune_cli.stages.iterate import rounds
 from headprune_cli.stages.iterate.rounds import _union, iterative_prune
 from headprune_cli.stages.iterate.schedule import schedule_of
 from headprune_cli.stages.objectives import evaluate
-from headprune_cli.stages.prune.cut import Compensation, cut
+from headprune_cli.stages.prune.cut import Compensation
 from headprune_cli.stages.select.chains import Selection
-from tests.stages.iterate.support import dataset, heads_chosen_at_three_tenths, lstsq, write_task
+from tests.stages.iterate.support import cut_copy, dataset, heads_chosen_at_three_tenths, lstsq, write_task
 from tests.support import TINY
 
 
@@ -52,13 +50,10 @@ def test_lstsq_rounds_refit_the_original_by_every_removal_so_far(monkeypatch):
     # The shipped model is the original cut by both rounds' removals and refit once, towards
     # the original's outputs: not the first round's refit model refit again.
     union = _union(Selection("r", first.remove_heads, [], remove_ffn=first.remove_ffn), _round_selection(second))
-    expected = copy.deepcopy(model)
-    cut(expected, union, compensation)
-    shipped, wanted = result.model.state_dict(), expected.state_dict()
+    shipped, wanted = result.model.state_dict(), cut_copy(model, union, compensation).state_dict()
     assert shipped.keys() == wanted.keys()
     assert all(torch.equal(shipped[k], wanted[k]) for k in wanted)
-    chained = copy.deepcopy(_first_round_model(model, compensation))
-    cut(chained, _round_selection(second), compensation)
+    chained = cut_copy(_first_round_model(model, compensation), _round_selection(second), compensation)
     assert any(not torch.equal(shipped[k], v) for k, v in chained.state_dict().items())
     assert flops_per_token(model, 8) == start  # the input is untouched
 
@@ -113,9 +108,7 @@ def test_lstsq_rounds_report_the_plain_cuts_metric_then_the_refits():
     assert len(result.rounds) == 2
     for r in result.rounds:
         union = _union(union, _round_selection(r))
-        plain, refit = copy.deepcopy(model), copy.deepcopy(model)
-        cut(plain, union)
-        cut(refit, union, compensation)
+        plain, refit = cut_copy(model, union), cut_copy(model, union, compensation)
         assert r.metric_pruned == evaluate(plain, dev, "fidelity", reference=model)[0].value
         assert r.metric_recovered == evaluate(refit, dev, "fidelity", reference=model)[0].value
         assert r.metric_pruned < r.metric_recovered < 1.0  # the refit moves the cut towards the original
@@ -158,7 +151,7 @@ def _files(tmp_path):
     ]
 
 
-def test_iterate_command_recovers_bylstsq(cli, tmp_path):
+def test_iterate_command_recovers_by_lstsq(cli, tmp_path):
     from headprune_cli import load
 
     common = _files(tmp_path)
