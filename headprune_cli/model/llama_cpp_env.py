@@ -17,14 +17,15 @@ ENV_VARIABLE = "HEADPRUNE_LLAMA_CPP_ENV"
 BUILD_HINT = "build it with `bash scripts/engines/llama_cpp.sh`"
 ENGINE_PYTHON_HELP = (
     "The python of llama.cpp's engine environment (default: $HEADPRUNE_LLAMA_CPP_ENV/bin/python, or the "
-    "repository's .engines/llama-cpp, which scripts/engines/llama_cpp.sh links to its build)."
+    "repository's .engines/llama-cpp, which scripts/engines/llama_cpp.sh links to its build, else that "
+    "script's build in the machine's engine cache)."
 )
 
 
 def engine_python(option: Path | None, what: str = "--gguf") -> Path:
     """--engine-python, else $HEADPRUNE_LLAMA_CPP_ENV/bin/python, else the repository's
-    .engines/llama-cpp (which scripts/engines/llama_cpp.sh links to its build; an installed package
-    has no repository, and then the option or the variable must say where)."""
+    environment (checkout_env; an installed package has no repository, and then the option or
+    the variable must say where)."""
     if option is not None:
         python = option
     elif os.environ.get(ENV_VARIABLE):
@@ -35,10 +36,24 @@ def engine_python(option: Path | None, what: str = "--gguf") -> Path:
             raise UsageError(
                 f"{what} needs llama.cpp's engine environment: pass --engine-python PATH or set {ENV_VARIABLE}"
             )
-        python = root / ".engines" / "llama-cpp" / "bin" / "python"
+        python = checkout_env(root) / "bin" / "python"
     if not python.is_file():
         raise UsageError(f"{what}: llama.cpp engine environment absent ({python} not found); {BUILD_HINT}")
     return python
+
+
+def checkout_env(root: Path) -> Path:
+    """The environment a checkout uses: its .engines/llama-cpp (which scripts/engines/llama_cpp.sh
+    links to its build), else the finished build in the machine's engine cache that the script
+    names (`--where`), so a fresh clone finds the build another clone made without rebuilding."""
+    linked = root / ".engines" / "llama-cpp"
+    if (linked / "bin" / "python").is_file():
+        return linked
+    where = subprocess.run(
+        ["bash", str(root / "scripts" / "engines" / "llama_cpp.sh"), "--where"], capture_output=True, text=True
+    )
+    cached = Path(where.stdout.strip()) if where.returncode == 0 and where.stdout.strip() else linked
+    return cached if (cached / ".headprune-built").is_file() else linked  # a build still under way is not one
 
 
 # llama.cpp's quantizer (what its llama-quantize tool runs), on a file headprune wrote: the
