@@ -42,15 +42,16 @@ def engine_python(option: Path | None, what: str = "--gguf") -> Path:
     return python
 
 
-def checkout_env(root: Path) -> Path:
-    """The environment a checkout uses: its .engines/llama-cpp (which scripts/engines/llama_cpp.sh
+def checkout_env(root: Path, folder: str = "llama-cpp", script: str = "llama_cpp.sh") -> Path:
+    """The engine environment a checkout uses: its .engines/FOLDER (which scripts/engines/SCRIPT
     links to its build), else the finished build in the machine's engine cache that the script
-    names (`--where`), so a fresh clone finds the build another clone made without rebuilding."""
-    linked = root / ".engines" / "llama-cpp"
+    names (`--where`), so a fresh clone finds the build another clone made without rebuilding.
+    (The engine tests find vLLM's the same way.)"""
+    linked = root / ".engines" / folder
     if (linked / "bin" / "python").is_file():
         return linked
     where = subprocess.run(
-        ["bash", str(root / "scripts" / "engines" / "llama_cpp.sh"), "--where"], capture_output=True, text=True
+        ["bash", str(root / "scripts" / "engines" / script), "--where"], capture_output=True, text=True
     )
     cached = Path(where.stdout.strip()) if where.returncode == 0 and where.stdout.strip() else linked
     return cached if (cached / ".headprune-built").is_file() else linked  # a build still under way is not one

@@ -8,10 +8,11 @@ another clone built. An engine test skips only when its environment is absent, a
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from headprune_cli.model.llama_cpp_env import checkout_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,9 +28,7 @@ def vllm_python() -> str:
 
 
 def _engine_python(engine: str, variable: str, folder: str, script: str) -> str:
-    env = Path(os.environ.get(variable, ROOT / ".engines" / folder))
-    if variable not in os.environ and not (env / "bin" / "python").is_file():
-        env = _cached(script)
+    env = Path(os.environ[variable]) if variable in os.environ else checkout_env(ROOT, folder, script)
     python = env / "bin" / "python"
     if not python.is_file() or not (env / ".headprune-built").is_file():
         reason = f"{engine} engine env absent ({env}): build it with `bash scripts/engines/{script}`"
@@ -37,11 +36,3 @@ def _engine_python(engine: str, variable: str, folder: str, script: str) -> str:
             pytest.fail(reason)
         pytest.skip(reason)
     return str(python)
-
-
-def _cached(script: str) -> Path:
-    """The cache folder the build script would build or reuse (it builds nothing with --where)."""
-    where = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "engines" / script), "--where"], capture_output=True, text=True, check=True
-    )
-    return Path(where.stdout.strip())
