@@ -60,16 +60,19 @@ GRIDS = {
 }
 
 
-def export_args(kind: str) -> list[str]:
-    """`--gguf-type` (and `--gguf-embedding-type`) of a type spec: TYPE, or TYPE+EMBEDDING for the
-    token embedding / output head in its own type (e.g. q4_0+q8_0, as llama-quantize's
-    --token-embedding-type)."""
-    base, _, embedding = kind.partition("+")
-    return ["--gguf-type", base, *(["--gguf-embedding-type", embedding] if embedding else [])]
+def export_args(kind: str, args: argparse.Namespace) -> list[str]:
+    """`--gguf-type` (and `--gguf-embedding-type`, `--calib-data`) of a type spec: TYPE, or
+    TYPE+EMBEDDING for the token embedding / output head in its own type (e.g. q4_0+q8_0, as
+    llama-quantize's --token-embedding-type), and @imatrix for blocks weighed by the importance
+    of their columns on the first --refit-rows rows of --calib (e.g. q4_0@imatrix)."""
+    spec, _, weighed = kind.partition("@")
+    base, _, embedding = spec.partition("+")
+    argv = ["--gguf-type", base, *(["--gguf-embedding-type", embedding] if embedding else [])]
+    return argv + (["--calib-data", str(args.calib), "--calib-samples", str(args.refit_rows)] if weighed else [])
 
 
 def grid_of(kind: str) -> str:
-    return GRIDS[kind.partition("+")[0]]
+    return GRIDS[kind.partition("@")[0].partition("+")[0]]
 
 
 ENGINE = r"""
@@ -185,7 +188,7 @@ def unpruned_files(args: argparse.Namespace, model: Path) -> dict[tuple[str, str
         for kind in args.types:
             out = args.work / f"{label}-{kind}.gguf"
             if not out.exists():
-                headprune("export", recovered(args, model, steps), "--gguf", out, *export_args(kind))
+                headprune("export", recovered(args, model, steps), "--gguf", out, *export_args(kind, args))
             files[(label, kind)] = (out, None)
     return files
 
@@ -206,7 +209,7 @@ def cut_files(args: argparse.Namespace, target: float) -> dict[tuple[str, str], 
                 data = [] if args.no_compensation else ["--data", args.calib, "--samples", args.refit_rows]
                 headprune("prune", "--plan", plan, *data, "--max-length", 128, "-o", cut)
             if not out.exists():
-                headprune("export", recovered(args, cut, steps), "--gguf", out, *export_args(kind))
+                headprune("export", recovered(args, cut, steps), "--gguf", out, *export_args(kind, args))
             files[(label, kind)] = (out, plan)
     return files
 
@@ -397,9 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.targets = [float(t) for t in args.targets.split(",")]
     args.types = args.types.split(",")
-    unknown = [t for t in args.types if t.partition("+")[0] not in GRIDS]
+    unknown = [t for t in args.types if t.partition("@")[0].partition("+")[0] not in GRIDS]
     if unknown:
-        parser.error(f"unknown types {unknown}; known: {', '.join(GRIDS)}, each optionally +EMBEDDING_TYPE")
+        known = f"{', '.join(GRIDS)}, each optionally +EMBEDDING_TYPE and @imatrix"
+        parser.error(f"unknown types {unknown}; known: {known}")
     args.recover_steps = [int(n) for n in args.recover_steps.split(",")]
     args.refit_rows = args.refit_rows or args.score_rows
     if any(args.recover_steps) and args.train is None:

@@ -25,6 +25,7 @@ A cut whose pruned widths are off the type's quantization grid is refused (gguf_
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from headprune_cli.files.temps import make_temp
 from headprune_cli.model import llama_cpp_env
 from headprune_cli.model.formats.gguf_grid import (
     LLAMA_CPP_TYPES,
+    WEIGHTED_TYPES,
     check_embedding_type,
     check_gguf_type,
     check_on_grid,
@@ -166,6 +168,7 @@ class _Tensor:
     shape: tuple[int, ...]  # as torch has it: (rows, columns)
     produce: Callable[[], torch.Tensor]
     ggml: str  # the ggml type written: f32, f16, bf16 or a quantized type
+    importance: torch.Tensor | None = None  # per column: the blocks' scales weigh it (gguf_imatrix)
 
 
 def export_gguf(
@@ -176,12 +179,14 @@ def export_gguf(
     engine: Path | None = None,
     arch: str = "auto",
     embedding_type: str | None = None,
+    importance: dict[str, torch.Tensor] | None = None,
 ) -> GgufExport:
     """Write the (meta) `model` whose tensors `specs` produce as a GGUF file at `out`, atomically.
     The caller has checked `out` (outputs.check_output), and for a k-quant found llama.cpp's
     `engine` python. Tensor infos come from the shapes, so the header is written first and then
     each tensor is read, converted and written in turn. `embedding_type`: the token embedding and
-    output head in that type instead of `gguf_type`."""
+    output head in that type instead of `gguf_type`. `importance` (weight name -> per-column mean
+    square input, gguf_imatrix.collect_importance): the q4_0 blocks of those matrices weigh it."""
     info = info_of(model)
     plan = gguf_plan(info, arch)
     check_gguf_type(gguf_type)
@@ -195,6 +200,7 @@ def export_gguf(
     written = own if gguf_type in LLAMA_CPP_TYPES else gguf_type
     # A k-quant's source file is lossless: llama.cpp's quantizer then gives the embedding its type.
     tensors = _tensors(specs, plan, info, written, None if gguf_type in LLAMA_CPP_TYPES else embedding_type)
+    _weigh(tensors, specs, plan, info, importance or {})
     fallback = [
         t.name
         for t in tensors
@@ -243,18 +249,10 @@ def _tensors(
     specs: list[Spec], plan: GgufPlan, info: ModelInfo, gguf_type: str, embedding_type: str | None = None
 ) -> list[_Tensor]:
     """Every tensor in llama.cpp's order (embeddings, blocks, final norm, output), with its type."""
-    import gguf  # noqa: PLC0415 (keeps gguf out of this module's import)
-
-    arch = {"llama": gguf.MODEL_ARCH.LLAMA, "deci": gguf.MODEL_ARCH.DECI, "qwen3": gguf.MODEL_ARCH.QWEN3}[plan.arch]
-    mapping = gguf.get_tensor_name_map(arch, len(plan.n_head))
     tied = bool(info.config.get("tie_word_embeddings"))
     named: dict[str, _Tensor] = {}
     for spec in specs:
-        name = mapping.get_name(spec.name, try_suffixes=(".weight", ".bias"))
-        if name is None:
-            raise ArchitectureError(f"tensor {spec.name} has no place in llama.cpp's {plan.arch} architecture")
-        if tied and name == "output.weight":  # one tensor serves both; llama.cpp duplicates token_embd
-            name = "token_embd.weight"
+        name = _gguf_name(spec.name, plan, tied)
         kind = embedding_type if embedding_type and name in EMBEDDING_TENSORS else gguf_type
         named[name] = _Tensor(name, tuple(spec.shape), spec.produce, _ggml_type(spec.shape, kind))
     factors = rope_freqs(info.config, plan.head_dim)
@@ -263,6 +261,41 @@ def _tensors(
             "rope_freqs.weight", factors.shape, lambda: torch.from_numpy(factors), "f32"
         )
     return sorted(named.values(), key=lambda t: _order(t.name))
+
+
+@functools.cache
+def _name_map(arch: str, blocks: int):
+    """gguf-py's checkpoint-name -> GGUF-name map (built once per architecture and depth)."""
+    import gguf  # noqa: PLC0415 (keeps gguf out of this module's import)
+
+    kind = {"llama": gguf.MODEL_ARCH.LLAMA, "deci": gguf.MODEL_ARCH.DECI, "qwen3": gguf.MODEL_ARCH.QWEN3}[arch]
+    return gguf.get_tensor_name_map(kind, blocks)
+
+
+def _gguf_name(name: str, plan: GgufPlan, tied: bool) -> str:
+    """The GGUF name of checkpoint tensor `name` in `plan`'s architecture."""
+    found = _name_map(plan.arch, len(plan.n_head)).get_name(name, try_suffixes=(".weight", ".bias"))
+    if found is None:
+        raise ArchitectureError(f"tensor {name} has no place in llama.cpp's {plan.arch} architecture")
+    if tied and found == "output.weight":  # one tensor serves both; llama.cpp duplicates token_embd
+        return "token_embd.weight"
+    return found
+
+
+def _weigh(
+    tensors: list[_Tensor], specs: list[Spec], plan: GgufPlan, info: ModelInfo, importance: dict[str, torch.Tensor]
+) -> None:
+    """Give each importance-weighted matrix its columns' importance. A tied embedding is weighed
+    by the output head's input (its only product); an untied one is a row lookup, not weighed."""
+    if not importance:
+        return
+    by_gguf = {t.name: t for t in tensors}
+    tied = bool(info.config.get("tie_word_embeddings"))
+    names = {_gguf_name(spec.name, plan, tied): spec.name for spec in specs}
+    for name, t in by_gguf.items():
+        source = "lm_head.weight" if tied and name == "token_embd.weight" else names.get(name)
+        if t.ggml in WEIGHTED_TYPES and source in importance:
+            t.importance = importance[source]
 
 
 def _ggml_type(shape, gguf_type: str) -> str:
@@ -312,7 +345,7 @@ class _Converted:
         rows = source.reshape(-1, source.shape[-1]) if source.dim() > 1 else source.reshape(1, -1)
         step = max(1, self.CHUNK_BYTES // (4 * rows.shape[1]))
         for start in range(0, rows.shape[0], step):
-            yield _converted_rows(rows[start : start + step], self.t.ggml, self.qtype)
+            yield _converted_rows(rows[start : start + step], self.t.ggml, self.qtype, self.t.importance)
 
     def tofile(self, handle) -> None:
         written = 0
@@ -322,9 +355,13 @@ class _Converted:
         assert written == self.nbytes, f"{self.t.name}: {written} bytes converted, {self.nbytes} announced"
 
 
-def _converted_rows(rows: torch.Tensor, ggml: str, qtype) -> np.ndarray:
+def _converted_rows(rows: torch.Tensor, ggml: str, qtype, importance: torch.Tensor | None = None) -> np.ndarray:
     import gguf  # noqa: PLC0415 (keeps gguf out of this module's import)
 
+    if importance is not None:
+        from headprune_cli.model.formats.gguf_imatrix import quantize_q4_0  # noqa: PLC0415 (keeps the quantizer out of this module's import)
+
+        return quantize_q4_0(rows, importance)
     data = rows.to(torch.float32).contiguous().numpy()
     if ggml == "f32":
         return data

@@ -27,6 +27,8 @@ NUMPY_TYPES = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q5_1": 32, "q5_0": 32
 # quantize these (NotImplementedError), and llama.cpp's mixes (_M) choose per tensor anyway.
 LLAMA_CPP_TYPES = {"q6_K": 256, "q5_K_M": 256, "q4_K_M": 256}
 GGUF_TYPES = (*NUMPY_TYPES, *LLAMA_CPP_TYPES)
+# The types whose blocks `export --calib-data` weighs by each column's importance (gguf_imatrix).
+WEIGHTED_TYPES = ("q4_0",)
 
 
 def check_gguf_type(name: str) -> str:

@@ -6,11 +6,17 @@ checked before a byte is written; the weights are read only while the file is wr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from headprune_cli.errors import UsageError
+from headprune_cli.errors import DataError, UsageError
 from headprune_cli.files.outputs import check_output
-from headprune_cli.model.formats.gguf_grid import LLAMA_CPP_TYPES, check_embedding_type, check_gguf_type
+from headprune_cli.model.formats.gguf_grid import (
+    LLAMA_CPP_TYPES,
+    WEIGHTED_TYPES,
+    check_embedding_type,
+    check_gguf_type,
+)
 from headprune_cli.model.llama_cpp_env import engine_python as engine_python_of
 from headprune_cli.stages.unit import Context, Result
 
@@ -23,14 +29,25 @@ def export_gguf_file(
     ctx: Context,
     engine_python: Path | None = None,
     embedding_type: str | None = None,
+    calib_data: Path | None = None,
+    calib_samples: int = 128,
 ) -> Result:
+    calibration = Calibration(calib_data, calib_samples, ctx) if calib_data is not None else None
     result = write_gguf(
-        checkpoint, out, gguf_type, force=force, engine_python=engine_python, embedding_type=embedding_type
+        checkpoint,
+        out,
+        gguf_type,
+        force=force,
+        engine_python=engine_python,
+        embedding_type=embedding_type,
+        calibration=calibration,
     )
     n = len(result.fallback)
     fallback = f"; {n} {'matrix' if n == 1 else 'matrices'} of the model's own widths off the block grid kept in f16"
     fallback = fallback if n else ""
     kind = result.gguf_type + (f", embedding {result.embedding_type}" if result.embedding_type else "")
+    if calibration is not None:
+        kind += f", weighted by {calibration.rows} calibration rows"
     ctx.print(
         f"wrote {out} (llama.cpp architecture {result.arch}, {kind}, {result.tensors} tensors{fallback})",
         soft_wrap=True,
@@ -48,22 +65,75 @@ def write_gguf(
     force: bool = False,
     engine_python: Path | None = None,
     embedding_type: str | None = None,
+    calibration: Calibration | None = None,
 ):
     """The checkpoint file as a GGUF file (what `export --gguf` writes; `arch` forces llama.cpp's
     `llama` or `deci` graph where both express the layout; `embedding_type` gives the token
-    embedding and output head their own type). Returns gguf.GgufExport."""
+    embedding and output head their own type; `calibration` weighs the q4_0 blocks by the
+    importance of each column on its text). Returns gguf.GgufExport."""
     checkpoint, out = Path(checkpoint), Path(out)
     check_gguf_type(gguf_type)
     check_embedding_type(embedding_type)
+    check_weighted(gguf_type, calibration)
     _require_gguf()
     # The k-quants are llama.cpp's own quantizer's: its environment is found before anything is read.
     engine = engine_python_of(engine_python, f"--gguf-type {gguf_type}") if gguf_type in LLAMA_CPP_TYPES else None
-    check_output(out, force, inputs=[checkpoint])
+    check_output(out, force, inputs=[checkpoint] + ([calibration.data] if calibration else []))
     from headprune_cli.model.formats.gguf import export_gguf  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
+    importance = calibration.importance(checkpoint) if calibration else None
     model, specs = export_specs(checkpoint)
-    return export_gguf(model, specs, out, gguf_type, engine, arch, embedding_type)
+    return export_gguf(model, specs, out, gguf_type, engine, arch, embedding_type, importance)
+
+
+def check_weighted(gguf_type: str, calibration: Calibration | None) -> None:
+    """--calib-data weighs the blocks headprune quantizes itself: q4_0 only (the k-quants are
+    llama.cpp's quantizer's, which takes no importance through its Python binding). Refused
+    before the model is read."""
+    if calibration is None:
+        return
+    if gguf_type not in WEIGHTED_TYPES:
+        raise UsageError(
+            f"--calib-data with --gguf goes with --gguf-type {' or '.join(WEIGHTED_TYPES)} "
+            f"(importance-weighted blocks; got {gguf_type})"
+        )
+    if not calibration.data.is_file():
+        raise DataError(f"{calibration.data}: no such data file")
+
+
+@dataclass
+class Calibration:
+    """The text whose activations weigh the quantized blocks (gguf_imatrix), read at up to
+    MAX_LENGTH tokens a row (llama-imatrix's default context)."""
+
+    data: Path
+    samples: int
+    ctx: Context | None = None
+    rows: int = 0
+    MAX_LENGTH = 512
+    BATCH = 8
+
+    def importance(self, checkpoint: Path) -> dict:
+        from rich.progress import track  # noqa: PLC0415 (rich's progress only when it runs)
+
+        from headprune_cli.data.readers import batches, num_batches, read_data  # noqa: PLC0415 (keeps torch out of this module's import)
+        from headprune_cli.model.checkpoint import load  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+        from headprune_cli.model.formats.gguf_imatrix import collect_importance  # noqa: PLC0415 (keeps torch out of this module's import)
+
+        model = load(checkpoint)
+        data = read_data(self.data, model, max_length=self.MAX_LENGTH, samples=self.samples, need_labels=False)
+        self.rows = len(data)
+        show = self.ctx is not None and self.ctx.progress
+        steps = track(
+            batches(data, self.BATCH),
+            description="weighing columns",
+            total=num_batches(data, self.BATCH),
+            console=self.ctx.console if self.ctx else None,
+            transient=True,
+            disable=not show,
+        )
+        return collect_importance(model, steps)
 
 
 def _require_gguf() -> None:

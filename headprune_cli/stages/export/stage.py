@@ -62,9 +62,12 @@ class ExportOptions(Options):
         "(activation ranges from --calib-data).",
     )
     calib_data: Path | None = option(
-        None, "--quantize int8-static: calibration data (JSONL/CSV/text/safetensors) the model will see."
+        None,
+        "Calibration data (JSONL/CSV/text/safetensors) the model will see: --quantize int8-static takes its "
+        "activation ranges from it; --gguf-type q4_0 weighs each block's rounding by its columns' importance on it "
+        "(llama.cpp's imatrix).",
     )
-    calib_samples: int = option(128, "--quantize int8-static: calibration rows read from --calib-data.", ge=1)
+    calib_samples: int = option(128, "--calib-data: rows read from it.", ge=1)
     force: bool = option(False, "Overwrite an existing output (a folder only if headprune wrote it).")
 
     def check(self) -> None:
@@ -73,6 +76,12 @@ class ExportOptions(Options):
             raise UsageError("give exactly one of --onnx FILE, --hf DIR, --gguf FILE or --vllm DIR")
         if self.gguf_embedding_type is not None and self.gguf is None:
             raise UsageError("--gguf-embedding-type goes with --gguf FILE")
+        if self.quantize is not None and self.onnx is None:
+            raise UsageError("--quantize goes with --onnx FILE (it quantizes the ONNX graph for onnxruntime)")
+        if self.calib_data is not None and self.onnx is None and self.gguf is None:
+            raise UsageError(
+                "--calib-data goes with --onnx FILE --quantize int8-static or --gguf FILE --gguf-type q4_0"
+            )
         if self.with_onnx is not None and self.hf is None:
             raise UsageError("--with-onnx/--no-onnx go with --hf DIR (--onnx FILE writes only the ONNX file)")
 
@@ -87,7 +96,15 @@ def run(opts: ExportOptions, ctx: Context) -> Result:
         from headprune_cli.stages.export.gguf_file import export_gguf_file  # noqa: PLC0415 (keeps torch out of this module's import)
 
         return export_gguf_file(
-            opts.checkpoint, opts.gguf, opts.gguf_type, opts.force, ctx, opts.engine_python, opts.gguf_embedding_type
+            opts.checkpoint,
+            opts.gguf,
+            opts.gguf_type,
+            opts.force,
+            ctx,
+            opts.engine_python,
+            opts.gguf_embedding_type,
+            opts.calib_data,
+            opts.calib_samples,
         )
     if opts.vllm is not None:
         from headprune_cli.stages.export.vllm_folder import export_vllm_folder  # noqa: PLC0415 (keeps torch out of this module's import)
@@ -200,7 +217,9 @@ HELP = """Export a (pruned) checkpoint for deployment: an ONNX file or an HF-sty
     and FFN widths (`select --runtime vllm`); --gguf FILE one llama.cpp loads
     (--gguf-type q8_0/q4_0/...: a cut chosen with `select --runtime llama.cpp
     --gguf-type T`, whose widths are on T's quantization blocks; q4_K_M/q5_K_M/q6_K
-    are quantized by llama.cpp's own quantizer in its engine environment).
+    are quantized by llama.cpp's own quantizer in its engine environment; q4_0 with
+    --calib-data TEXT rounds each block for the columns that text leans on, as
+    llama.cpp's imatrix does: same bytes, lower perplexity).
 
     Examples:
 
@@ -217,6 +236,8 @@ HELP = """Export a (pruned) checkpoint for deployment: an ONNX file or an HF-sty
       headprune export small-llama.safetensors --gguf small-q4km.gguf --gguf-type q4_K_M   # llama.cpp
 
       headprune export small-llama.safetensors --gguf small-q4.gguf --gguf-type q4_0 --gguf-embedding-type q8_0
+
+      headprune export small-llama.safetensors --gguf small-q4.gguf --gguf-type q4_0 --calib-data calib.txt   # imatrix
     """
 
 STAGE = Stage(
@@ -235,7 +256,7 @@ STAGE = Stage(
         "quantize": (
             "int8 ONNX goes with --onnx FILE: run `headprune export CKPT --onnx FILE --quantize ...` after the run"
         ),
-        "calib_data": "it goes with --quantize int8-static, which the export stage does not take",
+        "calib_data": "it goes with --quantize int8-static or --gguf, which the export stage does not take",
     },
     help=HELP,
 )

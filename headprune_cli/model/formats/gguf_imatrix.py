@@ -1,0 +1,104 @@
+"""Importance-weighted GGUF quantization (`export --gguf F --gguf-type q4_0 --calib-data TEXT`).
+
+What llama.cpp's `llama-imatrix` + `llama-quantize --imatrix` do, for the types whose blocks
+headprune writes itself: each matrix's importance is the mean square of its input, column by
+column, over calibration tokens (`collect_importance`), and each block of 32 weights takes the
+scale that minimises the importance-weighted squared error instead of the scale that maps its
+largest weight exactly (`quantize_q4_0`: ggml-quants.c's quantize_row_q4_0_impl and
+make_qx_quants, written here in torch over many blocks at once). A column the calibration text
+leans on is then rounded more faithfully, at no cost in file size or decode speed: the blocks
+have the same bytes, only the scales and rounding change.
+
+The token embedding is a row lookup, not a product, so it has no input to weigh: it is weighed
+only where it also serves as the tied output head (the head's input is then its importance).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+BLOCK = 32  # weights per q4_0 block
+LEVELS = 8  # q4_0 stores l + 8 for l in [-8, 7]
+# Scales tried after -LEVELS / max (make_qx_quants): -(LEVELS + 0.1 s) / max for s = -9..9, s != 0.
+_STEPS = [s for s in range(-9, 10) if s != 0]
+
+
+def collect_importance(model: nn.Module, batches) -> dict[str, torch.Tensor]:
+    """Weight name -> mean over real calibration tokens of each input column's square, for every
+    nn.Linear of `model` (what llama-imatrix accumulates), from one forward per batch."""
+    sums: dict[str, torch.Tensor] = {}
+    counts: dict[str, int] = {}
+    mask: list[torch.Tensor] = []
+
+    def hook(name: str):
+        def record(_module, inputs) -> None:
+            x = inputs[0].detach().float()
+            keep = mask[0].reshape(-1).bool() if mask and x.dim() == 3 else None
+            rows = x.reshape(-1, x.shape[-1])
+            rows = rows[keep] if keep is not None and keep.numel() == rows.shape[0] else rows
+            sums[name] = sums.get(name, 0) + (rows * rows).sum(0)
+            counts[name] = counts.get(name, 0) + rows.shape[0]
+
+        return record
+
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    handles = [m.register_forward_pre_hook(hook(f"{name}.weight")) for name, m in linears]
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                mask[:] = [batch["attention_mask"]]
+                model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: sums[name] / max(counts[name], 1) for name in sums}
+
+
+def quantize_q4_0(rows: torch.Tensor, importance: torch.Tensor) -> np.ndarray:
+    """`rows` [n, k] (k a multiple of 32) as q4_0 blocks (18 bytes each: an f16 scale, then 16 bytes
+    of 4-bit values, low nibbles the block's first 16), each block's scale chosen to minimise
+    sum_j w_j (x_j - d l_j)^2 with w_j = importance_j * sqrt(sigma^2 + x_j^2) (sigma^2: the
+    row's mean square), as llama.cpp weighs an imatrix."""
+    x = rows.to(torch.float32).reshape(rows.shape[0], -1, BLOCK)
+    sigma2 = (x * x).mean(dim=(1, 2), keepdim=True)
+    # A column the text never reached (importance 0) would zero a whole block's weights and so
+    # its scale; a floor far below any used column keeps the fit defined there.
+    imp = importance.to(torch.float32).clamp_min(float(importance.mean()) * 1e-6 + 1e-30)
+    weight = imp.reshape(1, -1, BLOCK) * torch.sqrt(sigma2 + x * x)
+    largest = x.gather(2, x.abs().argmax(dim=2, keepdim=True))  # the signed value of largest |x|
+    safe = torch.where(largest == 0, torch.ones_like(largest), largest)
+    best_l, best_score, best_scale = _candidate(x, weight, safe, 0.0)
+    for step in _STEPS:
+        levels, score, scale = _candidate(x, weight, safe, 0.1 * step)
+        better = score > best_score  # strictly: the first candidate keeps a tie, as make_qx_quants
+        best_l = torch.where(better, levels, best_l)
+        best_score = torch.where(better, score, best_score)
+        best_scale = torch.where(better, scale, best_scale)
+    zero = largest == 0  # an all-zero block: scale 0, every value stored as level 0 (the ggml convention)
+    codes = torch.where(zero, 0.0, best_l + LEVELS).to(torch.uint8)
+    scale = torch.where(zero, 0.0, best_scale)
+    return _pack(scale, codes)
+
+
+def _candidate(x: torch.Tensor, weight: torch.Tensor, largest: torch.Tensor, step: float) -> tuple:
+    """Levels rounded at scale -(LEVELS + step) / largest, the best scale for those levels
+    (sum w x l / sum w l^2) and its score (sum w x l)^2 / sum w l^2, which the weighted squared
+    error falls with. A candidate whose levels are all 0 scores 0 as the first one, below any
+    other (make_qx_quants only replaces its first guess with a better-defined one)."""
+    levels = torch.round(-(LEVELS + step) / largest * x).clamp(-LEVELS, LEVELS - 1)
+    sumlx = (weight * x * levels).sum(2, keepdim=True)
+    suml2 = (weight * levels * levels).sum(2, keepdim=True)
+    usable = suml2 > 0
+    divisor = torch.where(usable, suml2, 1.0)
+    score = torch.where(usable, sumlx * sumlx / divisor, 0.0 if step == 0 else -1.0)
+    return levels, score, torch.where(usable, sumlx / divisor, 0.0)
+
+
+def _pack(scale: torch.Tensor, codes: torch.Tensor) -> np.ndarray:
+    """The q4_0 bytes of [n, blocks, 1] scales and [n, blocks, 32] 4-bit codes."""
+    d = scale.to(torch.float16).numpy().view(np.uint8)  # [n, blocks, 2], little-endian f16
+    nibbles = (codes[..., :16] | (codes[..., 16:] << 4)).numpy()
+    n = codes.shape[0]
+    return np.concatenate([d, nibbles], axis=2).reshape(n, -1)
