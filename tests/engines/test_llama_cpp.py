@@ -272,3 +272,24 @@ def test_a_k_quant_takes_the_embedding_type_through_llama_cpps_quantizer(
     assert before["token_embd.weight"] != "Q8_0" and before["output.weight"] != "Q8_0"
     assert after["token_embd.weight"] == after["output.weight"] == "Q8_0"
     assert {k: v for k, v in after.items() if "blk." in k} == {k: v for k, v in before.items() if "blk." in k}
+
+
+def test_an_importance_weighted_q4_0_file_computes_its_own_weights(engine, checkpoints, cli, tmp_path):
+    """`--gguf-type q4_0 --calib-data`: llama.cpp reads headprune's own importance-weighted blocks
+    as the plain q4_0 it is, and computes what headprune computes on the file's weights."""
+    calib = tmp_path / "calib.txt"
+    calib.write_text("\n".join(TEXTS * 4) + "\n", encoding="utf-8")
+    path = tmp_path / "weighed.gguf"
+    result = cli(
+        "export", checkpoints["non-uniform-grid"], "--gguf", path, "--gguf-type", "q4_0", "--calib-data", calib
+    )
+    assert result.code == 0 and "weighted by" in result.err, result
+    theirs = llama_cpp_run(engine, path)
+    model = weights_of_file(checkpoints["non-uniform-grid"], path)
+    tokenizer = Tokenizer.from_str(info_of(model).tokenizer)
+    with torch.no_grad():
+        ours = [model(torch.tensor([tokenizer.encode(text).ids])).logits[0].double().numpy() for text in TEXTS]
+    pairs = [(np.asarray(run["logits"]), mine) for run, mine in zip(theirs["runs"], ours)]
+    worst = max(np.abs(got - want).max() / np.abs(want).max() for got, want in pairs)
+    assert [run["ids"] for run in theirs["runs"]] == [tokenizer.encode(text).ids for text in TEXTS]
+    assert worst < BOUNDS["q4_0"], worst
