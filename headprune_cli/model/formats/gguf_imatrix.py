@@ -21,8 +21,11 @@ from torch import nn
 
 BLOCK = 32  # weights per q4_0 block
 LEVELS = 8  # q4_0 stores l + 8 for l in [-8, 7]
-# Scales tried after -LEVELS / max (make_qx_quants): -(LEVELS + 0.1 s) / max for s = -9..9, s != 0.
-_STEPS = [s for s in range(-9, 10) if s != 0]
+# Scales tried (make_qx_quants): -LEVELS / max, then -(LEVELS + 0.1 s) / max for s = -9..9, s != 0,
+# each factor in float32 arithmetic as ggml computes it (a 0-dim tensor, so that rounding at a
+# candidate's factor and again at the factor kept give the same levels).
+_TENTH = torch.tensor(0.1, dtype=torch.float32)
+_FACTORS = [torch.tensor(-float(LEVELS))] + [-(LEVELS + _TENTH * s) for s in range(-9, 10) if s != 0]
 
 
 def collect_importance(model: nn.Module, batches) -> dict[str, torch.Tensor]:
@@ -69,31 +72,41 @@ def quantize_q4_0(rows: torch.Tensor, importance: torch.Tensor) -> np.ndarray:
     weight = imp.reshape(1, -1, BLOCK) * torch.sqrt(sigma2 + x * x)
     largest = x.gather(2, x.abs().argmax(dim=2, keepdim=True))  # the signed value of largest |x|
     safe = torch.where(largest == 0, torch.ones_like(largest), largest)
-    best_l, best_score, best_scale = _candidate(x, weight, safe, 0.0)
-    for step in _STEPS:
-        levels, score, scale = _candidate(x, weight, safe, 0.1 * step)
+    # Only each block's best candidate is kept while they are tried; its levels are rounded again
+    # at the end (the same rounding of the same numbers), so no full-size copy follows the loop.
+    weighted = weight * x
+    best_score, best_scale = _candidate(weighted, weight, x, safe, _FACTORS[0], first=True)
+    best_factor = _FACTORS[0].expand_as(best_score)
+    for factor in _FACTORS[1:]:
+        score, scale = _candidate(weighted, weight, x, safe, factor)
         better = score > best_score  # strictly: the first candidate keeps a tie, as make_qx_quants
-        best_l = torch.where(better, levels, best_l)
         best_score = torch.where(better, score, best_score)
         best_scale = torch.where(better, scale, best_scale)
+        best_factor = torch.where(better, factor, best_factor)
     zero = largest == 0  # an all-zero block: scale 0, every value stored as level 0 (the ggml convention)
-    codes = torch.where(zero, 0.0, best_l + LEVELS).to(torch.uint8)
-    scale = torch.where(zero, 0.0, best_scale)
-    return _pack(scale, codes)
+    codes = torch.where(zero, 0.0, _levels(x, safe, best_factor) + LEVELS).to(torch.uint8)
+    return _pack(torch.where(zero, 0.0, best_scale), codes)
 
 
-def _candidate(x: torch.Tensor, weight: torch.Tensor, largest: torch.Tensor, step: float) -> tuple:
-    """Levels rounded at scale -(LEVELS + step) / largest, the best scale for those levels
-    (sum w x l / sum w l^2) and its score (sum w x l)^2 / sum w l^2, which the weighted squared
-    error falls with. A candidate whose levels are all 0 scores 0 as the first one, below any
-    other (make_qx_quants only replaces its first guess with a better-defined one)."""
-    levels = torch.round(-(LEVELS + step) / largest * x).clamp(-LEVELS, LEVELS - 1)
-    sumlx = (weight * x * levels).sum(2, keepdim=True)
-    suml2 = (weight * levels * levels).sum(2, keepdim=True)
+def _levels(x: torch.Tensor, largest: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """x rounded (half to even, as ggml's nearest_int) at scale factor / largest, clamped."""
+    return torch.round(factor / largest * x).clamp_(-LEVELS, LEVELS - 1)
+
+
+def _candidate(
+    weighted: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, largest: torch.Tensor, factor, first=False
+) -> tuple:
+    """For the levels `_levels` rounds at `factor`: the score (sum w x l)^2 / sum w l^2, which the
+    weighted squared error falls with, and the best scale for them (sum w x l / sum w l^2). A
+    candidate whose levels are all 0 scores 0 as the first one, below any other (make_qx_quants
+    only replaces its first guess with a better-defined one). `weighted` = w x."""
+    levels = _levels(x, largest, factor)
+    sumlx = (weighted * levels).sum(2, keepdim=True)
+    suml2 = (weight * levels.square_()).sum(2, keepdim=True)
     usable = suml2 > 0
     divisor = torch.where(usable, suml2, 1.0)
-    score = torch.where(usable, sumlx * sumlx / divisor, 0.0 if step == 0 else -1.0)
-    return levels, score, torch.where(usable, sumlx / divisor, 0.0)
+    score = torch.where(usable, sumlx * sumlx / divisor, 0.0 if first else -1.0)
+    return score, torch.where(usable, sumlx / divisor, 0.0)
 
 
 def _pack(scale: torch.Tensor, codes: torch.Tensor) -> np.ndarray:

@@ -39,6 +39,20 @@ def test_every_block_fits_its_weights_at_least_as_well_as_the_reference_rounding
     assert mine.sum() < 0.85 * theirs.sum()  # and clearly better overall: the point of weighing
 
 
+def test_each_stored_scale_is_the_weighted_least_squares_scale_of_its_stored_levels():
+    """The levels written are the ones the chosen scale was fitted to (to the f16 it is stored in)."""
+    torch.manual_seed(3)
+    rows, importance = torch.randn(512, 192), torch.rand(192) ** 3
+    blocks = quantize_q4_0(rows, importance).reshape(512, 6, 18)
+    stored = torch.from_numpy(blocks[..., :2].copy().view(np.float16).astype(np.float32))
+    nibbles = torch.from_numpy(blocks[..., 2:].astype(np.int64))
+    levels = torch.cat([nibbles & 15, nibbles >> 4], dim=2).float() - 8
+    x = rows.reshape(512, 6, 32)
+    w = importance.reshape(1, 6, 32) * torch.sqrt((rows * rows).mean(1).reshape(512, 1, 1) + x * x)
+    fitted = (w * x * levels).sum(2, keepdim=True) / (w * levels * levels).sum(2, keepdim=True)
+    assert ((fitted - stored).abs() <= 2**-11 * fitted.abs()).all()
+
+
 def test_a_column_of_great_importance_is_kept_closer():
     torch.manual_seed(1)
     rows = torch.randn(64, 32)
