@@ -161,6 +161,30 @@ MUTATIONS = {
         "        pass",
         "tests/stages/training/test_fsdp.py::test_fsdp_over_two_processes_equals_one_process_and_resumes_exactly",
     ),
+    "imatrix counts padding": (
+        "headprune_cli/model/formats/gguf_imatrix.py",
+        "rows = rows[keep] if keep is not None and keep.numel() == rows.shape[0] else rows",
+        "rows = rows",
+        "tests/model/formats/test_gguf_imatrix.py::test_importance_counts_real_tokens_only",
+    ),
+    "imatrix nibbles swapped": (
+        "headprune_cli/model/formats/gguf_imatrix.py",
+        "(codes[..., :16] | (codes[..., 16:] << 4))",
+        "((codes[..., :16] << 4) | codes[..., 16:])",
+        "tests/model/formats/test_gguf_imatrix.py::test_every_block_fits_its_weights_at_least_as_well_as_the_reference_rounding",
+    ),
+    "imatrix levels of the first factor": (
+        "headprune_cli/model/formats/gguf_imatrix.py",
+        "_levels(x, safe, best_factor)",
+        "_levels(x, safe, _FACTORS[0])",
+        "tests/model/formats/test_gguf_imatrix.py::test_each_stored_scale_is_the_weighted_least_squares_scale_of_its_stored_levels",
+    ),
+    "imatrix tied embedding unweighed": (
+        "headprune_cli/model/formats/gguf.py",
+        'source = "lm_head.weight" if tied and name == "token_embd.weight" else names.get(name)',
+        "source = names.get(name)",
+        "tests/model/formats/test_gguf_imatrix.py::test_a_tied_embedding_is_weighed_as_the_output_head_it_also_is",
+    ),
 }
 
 
