@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 BLOCK = 32  # weights per q4_0 block
+PIECE_BYTES = 1 << 20  # float32 rows quantized at once
 LEVELS = 8  # q4_0 stores l + 8 for l in [-8, 7]
 # Scales tried (make_qx_quants): -LEVELS / max, then -(LEVELS + 0.1 s) / max for s = -9..9, s != 0,
 # each factor in float32 arithmetic as ggml computes it (a 0-dim tensor, so that rounding at a
@@ -63,7 +64,14 @@ def quantize_q4_0(rows: torch.Tensor, importance: torch.Tensor) -> np.ndarray:
     """`rows` [n, k] (k a multiple of 32) as q4_0 blocks (18 bytes each: an f16 scale, then 16 bytes
     of 4-bit values, low nibbles the block's first 16), each block's scale chosen to minimise
     sum_j w_j (x_j - d l_j)^2 with w_j = importance_j * sqrt(sigma^2 + x_j^2) (sigma^2: the
-    row's mean square), as llama.cpp weighs an imatrix."""
+    row's mean square), as llama.cpp weighs an imatrix. Rows are independent, so they are done
+    PIECE_BYTES at a time: the ~20 temporaries per candidate then stay in cache and in the heap
+    (16 MB pieces spent as long in page faults as in arithmetic, and ran 2.5x slower)."""
+    step = max(1, PIECE_BYTES // (4 * rows.shape[1]))
+    return np.concatenate([_quantize(rows[start : start + step], importance) for start in range(0, len(rows), step)])
+
+
+def _quantize(rows: torch.Tensor, importance: torch.Tensor) -> np.ndarray:
     x = rows.to(torch.float32).reshape(rows.shape[0], -1, BLOCK)
     sigma2 = (x * x).mean(dim=(1, 2), keepdim=True)
     # A column the text never reached (importance 0) would zero a whole block's weights and so

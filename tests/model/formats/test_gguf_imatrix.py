@@ -12,6 +12,7 @@ import torch
 
 import headprune_cli
 from headprune_cli.data.readers import batches, read_data
+from headprune_cli.model.formats import gguf_imatrix
 from headprune_cli.model.formats.gguf_imatrix import collect_importance, quantize_q4_0
 from tests.support.gguf_models import NON_UNIFORM_GRID, TEXT, tiny_llama, write_checkpoint
 from tests.support.refusals import assert_refused
@@ -73,10 +74,13 @@ def test_zero_blocks_and_unreached_columns_stay_defined():
     assert np.abs(back[1, 32:] - rows[1, 32:].numpy()).max() <= 1 / 7  # about one level: not zeroed
 
 
-def test_the_same_rows_give_the_same_bytes():
+def test_the_same_rows_give_the_same_bytes_in_any_pieces(monkeypatch):
     torch.manual_seed(2)
     rows, importance = torch.randn(16, 128), torch.rand(128)
-    assert quantize_q4_0(rows, importance).tobytes() == quantize_q4_0(rows.clone(), importance.clone()).tobytes()
+    whole = quantize_q4_0(rows, importance).tobytes()
+    assert quantize_q4_0(rows.clone(), importance.clone()).tobytes() == whole
+    monkeypatch.setattr(gguf_imatrix, "PIECE_BYTES", 3 * 4 * 128)  # 3 rows a piece, the last one short
+    assert quantize_q4_0(rows, importance).tobytes() == whole
 
 
 @pytest.fixture(scope="module")
