@@ -181,8 +181,8 @@ MUTATIONS = {
     ),
     "imatrix tied embedding unweighed": (
         "headprune_cli/model/formats/gguf.py",
-        'source = "lm_head.weight" if tied and name == "token_embd.weight" else names.get(name)',
-        "source = names.get(name)",
+        "for name in sources.get(t.name, []) if name in importance]",
+        "for name in sources.get(t.name, [])[:1] if name in importance]",
         "tests/model/formats/test_gguf_imatrix.py::test_a_tied_embedding_is_weighed_as_the_output_head_it_also_is",
     ),
 }

@@ -285,17 +285,18 @@ def _gguf_name(name: str, plan: GgufPlan, tied: bool) -> str:
 def _weigh(
     tensors: list[_Tensor], specs: list[Spec], plan: GgufPlan, info: ModelInfo, importance: dict[str, torch.Tensor]
 ) -> None:
-    """Give each importance-weighted matrix its columns' importance. A tied embedding is weighed
-    by the output head's input (its only product); an untied one is a row lookup, not weighed."""
-    if not importance:
-        return
-    by_gguf = {t.name: t for t in tensors}
+    """Give each importance-weighted matrix its columns' importance, found under any of the
+    checkpoint names written as it: a tied embedding is also the output head, and is weighed by
+    the head's input (`lm_head.weight`, the one of its names with a product); an untied one is
+    only a row lookup and is not weighed."""
     tied = bool(info.config.get("tie_word_embeddings"))
-    names = {_gguf_name(spec.name, plan, tied): spec.name for spec in specs}
-    for name, t in by_gguf.items():
-        source = "lm_head.weight" if tied and name == "token_embd.weight" else names.get(name)
-        if t.ggml in WEIGHTED_TYPES and source in importance:
-            t.importance = importance[source]
+    sources: dict[str, list[str]] = {}
+    for spec in specs:
+        sources.setdefault(_gguf_name(spec.name, plan, tied), []).append(spec.name)
+    for t in tensors:
+        found = [importance[name] for name in sources.get(t.name, []) if name in importance]
+        if t.ggml in WEIGHTED_TYPES and found:
+            t.importance = found[0]
 
 
 def _ggml_type(shape, gguf_type: str) -> str:
