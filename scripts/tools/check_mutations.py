@@ -179,10 +179,10 @@ MUTATIONS = {
         "_levels(x, safe, _FACTORS[0])",
         "tests/model/formats/test_gguf_imatrix.py::test_each_stored_scale_is_the_weighted_least_squares_scale_of_its_stored_levels",
     ),
-    "imatrix tied embedding unweighed": (
-        "headprune_cli/model/formats/gguf.py",
-        "for name in sources.get(t.name, []) if name in importance]",
-        "for name in sources.get(t.name, [])[:1] if name in importance]",
+    "imatrix hooks the blocks only": (
+        "headprune_cli/model/formats/gguf_imatrix.py",
+        "if isinstance(m, nn.Linear)]",
+        'if isinstance(m, nn.Linear) and name != "lm_head"]',
         "tests/model/formats/test_gguf_imatrix.py::test_a_tied_embedding_is_weighed_as_the_output_head_it_also_is",
     ),
 }

@@ -285,18 +285,14 @@ def _gguf_name(name: str, plan: GgufPlan, tied: bool) -> str:
 def _weigh(
     tensors: list[_Tensor], specs: list[Spec], plan: GgufPlan, info: ModelInfo, importance: dict[str, torch.Tensor]
 ) -> None:
-    """Give each importance-weighted matrix its columns' importance, found under any of the
-    checkpoint names written as it: a tied embedding is also the output head, and is weighed by
-    the head's input (`lm_head.weight`, the one of its names with a product); an untied one is
-    only a row lookup and is not weighed."""
+    """Give each importance-weighted matrix its columns' importance. A tied embedding is written
+    from `lm_head.weight` (export_specs), so it is weighed by the head's input; an untied
+    embedding is a row lookup, with no input to weigh."""
     tied = bool(info.config.get("tie_word_embeddings"))
-    sources: dict[str, list[str]] = {}
-    for spec in specs:
-        sources.setdefault(_gguf_name(spec.name, plan, tied), []).append(spec.name)
+    sources = {_gguf_name(spec.name, plan, tied): spec.name for spec in specs}
     for t in tensors:
-        found = [importance[name] for name in sources.get(t.name, []) if name in importance]
-        if t.ggml in WEIGHTED_TYPES and found:
-            t.importance = found[0]
+        if t.ggml in WEIGHTED_TYPES and sources.get(t.name) in importance:
+            t.importance = importance[sources[t.name]]
 
 
 def _ggml_type(shape, gguf_type: str) -> str:
