@@ -25,7 +25,6 @@ A cut whose pruned widths are off the type's quantization grid is refused (gguf_
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from collections.abc import Callable
@@ -199,8 +198,7 @@ def export_gguf(
         gguf_type = own
     written = own if gguf_type in LLAMA_CPP_TYPES else gguf_type
     # A k-quant's source file is lossless: llama.cpp's quantizer then gives the embedding its type.
-    tensors = _tensors(specs, plan, info, written, None if gguf_type in LLAMA_CPP_TYPES else embedding_type)
-    _weigh(tensors, specs, plan, info, importance or {})
+    tensors = _tensors(specs, plan, info, written, None if gguf_type in LLAMA_CPP_TYPES else embedding_type, importance)
     fallback = [
         t.name
         for t in tensors
@@ -246,53 +244,38 @@ def _write_file(tmp: str, tensors: list[_Tensor], info: ModelInfo, plan: GgufPla
 
 
 def _tensors(
-    specs: list[Spec], plan: GgufPlan, info: ModelInfo, gguf_type: str, embedding_type: str | None = None
+    specs: list[Spec],
+    plan: GgufPlan,
+    info: ModelInfo,
+    gguf_type: str,
+    embedding_type: str | None = None,
+    importance: dict[str, torch.Tensor] | None = None,
 ) -> list[_Tensor]:
-    """Every tensor in llama.cpp's order (embeddings, blocks, final norm, output), with its type."""
+    """Every tensor in llama.cpp's order (embeddings, blocks, final norm, output), with its type,
+    and for a weighted type the importance of its columns where `importance` has them (a tied
+    embedding is written from `lm_head.weight`, so it is weighed by the head's input; an untied
+    one is a row lookup, with no input to weigh)."""
+    import gguf  # noqa: PLC0415 (keeps gguf out of this module's import)
+
+    arch = {"llama": gguf.MODEL_ARCH.LLAMA, "deci": gguf.MODEL_ARCH.DECI, "qwen3": gguf.MODEL_ARCH.QWEN3}[plan.arch]
+    mapping = gguf.get_tensor_name_map(arch, len(plan.n_head))
     tied = bool(info.config.get("tie_word_embeddings"))
     named: dict[str, _Tensor] = {}
     for spec in specs:
-        name = _gguf_name(spec.name, plan, tied)
-        kind = embedding_type if embedding_type and name in EMBEDDING_TENSORS else gguf_type
-        named[name] = _Tensor(name, tuple(spec.shape), spec.produce, _ggml_type(spec.shape, kind))
+        name = mapping.get_name(spec.name, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise ArchitectureError(f"tensor {spec.name} has no place in llama.cpp's {plan.arch} architecture")
+        if tied and name == "output.weight":  # one tensor serves both; llama.cpp duplicates token_embd
+            name = "token_embd.weight"
+        kind = _ggml_type(spec.shape, embedding_type if embedding_type and name in EMBEDDING_TENSORS else gguf_type)
+        weighed = importance.get(spec.name) if importance and kind in WEIGHTED_TYPES else None
+        named[name] = _Tensor(name, tuple(spec.shape), spec.produce, kind, weighed)
     factors = rope_freqs(info.config, plan.head_dim)
     if factors is not None:  # llama3 RoPE: one tensor of frequency factors, as llama.cpp's converter adds
         named["rope_freqs.weight"] = _Tensor(
             "rope_freqs.weight", factors.shape, lambda: torch.from_numpy(factors), "f32"
         )
     return sorted(named.values(), key=lambda t: _order(t.name))
-
-
-@functools.cache
-def _name_map(arch: str, blocks: int):
-    """gguf-py's checkpoint-name -> GGUF-name map (built once per architecture and depth)."""
-    import gguf  # noqa: PLC0415 (keeps gguf out of this module's import)
-
-    kind = {"llama": gguf.MODEL_ARCH.LLAMA, "deci": gguf.MODEL_ARCH.DECI, "qwen3": gguf.MODEL_ARCH.QWEN3}[arch]
-    return gguf.get_tensor_name_map(kind, blocks)
-
-
-def _gguf_name(name: str, plan: GgufPlan, tied: bool) -> str:
-    """The GGUF name of checkpoint tensor `name` in `plan`'s architecture."""
-    found = _name_map(plan.arch, len(plan.n_head)).get_name(name, try_suffixes=(".weight", ".bias"))
-    if found is None:
-        raise ArchitectureError(f"tensor {name} has no place in llama.cpp's {plan.arch} architecture")
-    if tied and found == "output.weight":  # one tensor serves both; llama.cpp duplicates token_embd
-        return "token_embd.weight"
-    return found
-
-
-def _weigh(
-    tensors: list[_Tensor], specs: list[Spec], plan: GgufPlan, info: ModelInfo, importance: dict[str, torch.Tensor]
-) -> None:
-    """Give each importance-weighted matrix its columns' importance. A tied embedding is written
-    from `lm_head.weight` (export_specs), so it is weighed by the head's input; an untied
-    embedding is a row lookup, with no input to weigh."""
-    tied = bool(info.config.get("tie_word_embeddings"))
-    sources = {_gguf_name(spec.name, plan, tied): spec.name for spec in specs}
-    for t in tensors:
-        if t.ggml in WEIGHTED_TYPES and sources.get(t.name) in importance:
-            t.importance = importance[sources[t.name]]
 
 
 def _ggml_type(shape, gguf_type: str) -> str:

@@ -76,8 +76,6 @@ class ExportOptions(Options):
             raise UsageError("give exactly one of --onnx FILE, --hf DIR, --gguf FILE or --vllm DIR")
         if self.gguf_embedding_type is not None and self.gguf is None:
             raise UsageError("--gguf-embedding-type goes with --gguf FILE")
-        if self.quantize is not None and self.onnx is None:
-            raise UsageError("--quantize goes with --onnx FILE (it quantizes the ONNX graph for onnxruntime)")
         if self.calib_data is not None and self.onnx is None and self.gguf is None:
             raise UsageError(
                 "--calib-data goes with --onnx FILE --quantize int8-static or --gguf FILE --gguf-type q4_0"
@@ -92,6 +90,8 @@ def run(opts: ExportOptions, ctx: Context) -> Result:
     from headprune_cli.model.tensorfile import parse_size  # noqa: PLC0415 (keeps numpy, torch out of this module's import)
 
     opts.check()
+    # --quantize and its --calib-data are the ONNX path's; --calib-data also weighs a GGUF's blocks.
+    check_quantization(opts.quantize, opts.onnx, None if opts.gguf is not None else opts.calib_data)
     if opts.gguf is not None:
         from headprune_cli.stages.export.gguf_file import export_gguf_file  # noqa: PLC0415 (keeps torch out of this module's import)
 
@@ -110,7 +110,6 @@ def run(opts: ExportOptions, ctx: Context) -> Result:
         from headprune_cli.stages.export.vllm_folder import export_vllm_folder  # noqa: PLC0415 (keeps torch out of this module's import)
 
         return export_vllm_folder(opts.checkpoint, opts.vllm, opts.force, opts.max_shard_size, ctx)
-    check_quantization(opts.quantize, opts.onnx, opts.calib_data)
     if opts.onnx is not None:
         check_output(opts.onnx, opts.force, inputs=[opts.checkpoint, opts.calib_data])
         if opts.quantize is not None:
