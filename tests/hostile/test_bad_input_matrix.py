@@ -1535,6 +1535,11 @@ def _report_gguf(extra: Callable[[Path], list] = lambda f: [], gguf: str = "lm.g
     ]
 
 
+def _weighted_gguf(out: str, calib: str, kind: str = "q4_0") -> Callable[[Path], list]:
+    """export --gguf OUT of the LLaMA at `kind`, weighed by the calibration text CALIB."""
+    return lambda f: ["export", f / "lm.safetensors", "--gguf", f / out, "--gguf-type", kind, "--calib-data", f / calib]
+
+
 SERVING_CASES = [
     Case(
         "export --vllm of an encoder",
@@ -1606,65 +1611,28 @@ SERVING_CASES = [
     ),
     Case(
         "export --gguf q4_0 weighted onto its calibration text",
-        lambda f: [
-            "export",
-            f / "lm.safetensors",
-            "--gguf",
-            f / "text.txt",
-            "--gguf-type",
-            "q4_0",
-            "--calib-data",
-            f / "text.txt",
-            "--force",
-        ],  # fmt: skip
+        lambda f: [*_weighted_gguf("text.txt", "text.txt")(f), "--force"],
         2,
         "is also an input",
         _llama,
     ),
     Case(
         "export --gguf --calib-data with a type it does not weigh",
-        lambda f: [
-            "export",
-            f / "lm.safetensors",
-            "--gguf",
-            f / "x.gguf",
-            "--gguf-type",
-            "q8_0",
-            "--calib-data",
-            f / "text.txt",
-        ],  # fmt: skip
+        _weighted_gguf("x.gguf", "text.txt", "q8_0"),
         2,
         "--calib-data with --gguf goes with --gguf-type q4_0",
         _llama,
     ),
     Case(
         "export --gguf --calib-data of a missing file",
-        lambda f: [
-            "export",
-            f / "lm.safetensors",
-            "--gguf",
-            f / "x.gguf",
-            "--gguf-type",
-            "q4_0",
-            "--calib-data",
-            f / "absent.txt",
-        ],  # fmt: skip
+        _weighted_gguf("x.gguf", "absent.txt"),
         1,
         "absent.txt: no such data file",
         _llama,
     ),
     Case(
         "export --gguf --calib-data of an empty text",
-        lambda f: [
-            "export",
-            f / "lm.safetensors",
-            "--gguf",
-            f / "x.gguf",
-            "--gguf-type",
-            "q4_0",
-            "--calib-data",
-            f / "empty.txt",
-        ],  # fmt: skip
+        _weighted_gguf("x.gguf", "empty.txt"),
         1,
         "empty.txt: no examples",
         lambda f: (_llama(f), (f / "empty.txt").write_text("")),
