@@ -64,11 +64,15 @@ def export_args(kind: str, args: argparse.Namespace) -> list[str]:
     """`--gguf-type` (and `--gguf-embedding-type`, `--calib-data`) of a type spec: TYPE, or
     TYPE+EMBEDDING for the token embedding / output head in its own type (e.g. q4_0+q8_0, as
     llama-quantize's --token-embedding-type), and @imatrix for blocks weighed by the importance
-    of their columns on the first --refit-rows rows of --calib (e.g. q4_0@imatrix)."""
+    of their columns on the first --refit-rows rows of --calib (e.g. q4_0@imatrix), @gptq for
+    blocks GPTQ rounds on those rows."""
     spec, _, weighed = kind.partition("@")
     base, _, embedding = spec.partition("+")
     argv = ["--gguf-type", base, *(["--gguf-embedding-type", embedding] if embedding else [])]
-    return argv + (["--calib-data", str(args.calib), "--calib-samples", str(args.refit_rows)] if weighed else [])
+    if not weighed:
+        return argv
+    argv += ["--calib-data", str(args.calib), "--calib-samples", str(args.refit_rows)]
+    return argv + (["--gguf-rounding", "gptq"] if weighed == "gptq" else [])
 
 
 def grid_of(kind: str) -> str:
@@ -400,9 +404,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.targets = [float(t) for t in args.targets.split(",")]
     args.types = args.types.split(",")
-    unknown = [t for t in args.types if t.partition("@")[0].partition("+")[0] not in GRIDS]
+    unknown = [
+        t
+        for t in args.types
+        if t.partition("@")[0].partition("+")[0] not in GRIDS or t.partition("@")[2] not in ("", "imatrix", "gptq")
+    ]
     if unknown:
-        known = f"{', '.join(GRIDS)}, each optionally +EMBEDDING_TYPE and @imatrix"
+        known = f"{', '.join(GRIDS)}, each optionally +EMBEDDING_TYPE and @imatrix or @gptq"
         parser.error(f"unknown types {unknown}; known: {known}")
     args.recover_steps = [int(n) for n in args.recover_steps.split(",")]
     args.refit_rows = args.refit_rows or args.score_rows

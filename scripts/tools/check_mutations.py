@@ -175,15 +175,33 @@ MUTATIONS = {
     ),
     "imatrix levels of the first factor": (
         "headprune_cli/model/formats/gguf_imatrix.py",
-        "_levels(x, safe, best_factor)",
+        "_levels(x, safe, factor)",
         "_levels(x, safe, _FACTORS[0])",
         "tests/model/formats/test_gguf_imatrix.py::test_each_stored_scale_is_the_weighted_least_squares_scale_of_its_stored_levels",
     ),
     "imatrix hooks the blocks only": (
         "headprune_cli/model/formats/gguf_imatrix.py",
-        "if isinstance(m, nn.Linear)]",
-        'if isinstance(m, nn.Linear) and name != "lm_head"]',
+        "if isinstance(m, nn.Linear)}",
+        'if isinstance(m, nn.Linear) and name != "lm_head"}',
         "tests/model/formats/test_gguf_imatrix.py::test_a_tied_embedding_is_weighed_as_the_output_head_it_also_is",
+    ),
+    "gptq error kept within its lazy batch": (
+        "headprune_cli/model/formats/gguf_gptq.py",
+        "w[:, end:] -= errors @ inverse[start:end, end:]",
+        "w[:, end:] -= 0",
+        "tests/model/formats/test_gguf_gptq.py::test_the_layer_output_on_the_text_is_closer_than_nearest_rounding_at_weighted_scales",
+    ),
+    "gptq bytes in the checkpoint's Q/K row order": (
+        "headprune_cli/model/formats/gguf.py",
+        "yield _permuted(torch.from_numpy(self.t.quantized), self.t.name, self.plan).numpy()",
+        "yield self.t.quantized",
+        "tests/model/formats/test_gguf_gptq.py::test_export_rounds_every_q4_0_matrix_closer_on_the_text",
+    ),
+    "gptq scale not rounded to the stored f16": (
+        "headprune_cli/model/formats/gguf_gptq.py",
+        ".to(torch.float16).float()",
+        "",
+        "tests/model/formats/test_gguf_gptq.py::test_with_uncorrelated_inputs_each_weight_is_its_nearest_level_at_the_stored_scale",
     ),
 }
 

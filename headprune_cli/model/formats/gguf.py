@@ -168,6 +168,7 @@ class _Tensor:
     produce: Callable[[], torch.Tensor]
     ggml: str  # the ggml type written: f32, f16, bf16 or a quantized type
     importance: torch.Tensor | None = None  # per column: the blocks' scales weigh it (gguf_imatrix)
+    quantized: np.ndarray | None = None  # its q4_0 bytes, rounded already (gguf_gptq), rows as torch has them
 
 
 def export_gguf(
@@ -179,13 +180,15 @@ def export_gguf(
     arch: str = "auto",
     embedding_type: str | None = None,
     importance: dict[str, torch.Tensor] | None = None,
+    quantized: dict[str, np.ndarray] | None = None,
 ) -> GgufExport:
     """Write the (meta) `model` whose tensors `specs` produce as a GGUF file at `out`, atomically.
     The caller has checked `out` (outputs.check_output), and for a k-quant found llama.cpp's
     `engine` python. Tensor infos come from the shapes, so the header is written first and then
     each tensor is read, converted and written in turn. `embedding_type`: the token embedding and
     output head in that type instead of `gguf_type`. `importance` (weight name -> per-column mean
-    square input, gguf_imatrix.collect_importance): the q4_0 blocks of those matrices weigh it."""
+    square input, gguf_imatrix.collect_importance): the q4_0 blocks of those matrices weigh it.
+    `quantized` (weight name -> q4_0 bytes, gguf_gptq.gptq_model): written as they are."""
     info = info_of(model)
     plan = gguf_plan(info, arch)
     check_gguf_type(gguf_type)
@@ -198,7 +201,8 @@ def export_gguf(
         gguf_type = own
     written = own if gguf_type in LLAMA_CPP_TYPES else gguf_type
     # A k-quant's source file is lossless: llama.cpp's quantizer then gives the embedding its type.
-    tensors = _tensors(specs, plan, info, written, None if gguf_type in LLAMA_CPP_TYPES else embedding_type, importance)
+    own_embedding = None if gguf_type in LLAMA_CPP_TYPES else embedding_type
+    tensors = _tensors(specs, plan, info, written, own_embedding, (importance or {}, quantized or {}))
     fallback = [
         t.name
         for t in tensors
@@ -249,12 +253,14 @@ def _tensors(
     info: ModelInfo,
     gguf_type: str,
     embedding_type: str | None = None,
-    importance: dict[str, torch.Tensor] | None = None,
+    weighing: tuple[dict[str, torch.Tensor], dict[str, np.ndarray]] = ({}, {}),
 ) -> list[_Tensor]:
     """Every tensor in llama.cpp's order (embeddings, blocks, final norm, output), with its type,
-    and for a weighted type the importance of its columns where `importance` has them (a tied
-    embedding is written from `lm_head.weight`, so it is weighed by the head's input; an untied
-    one is a row lookup, with no input to weigh)."""
+    and for a weighted type the importance of its columns or its bytes rounded already where
+    `weighing` (importance, quantized) has them (a tied embedding is written from
+    `lm_head.weight`, so it is weighed by the head's input; an untied one is a row lookup, with
+    no input to weigh)."""
+    importance, quantized = weighing
     import gguf  # noqa: PLC0415 (keeps gguf out of this module's import)
 
     arch = {"llama": gguf.MODEL_ARCH.LLAMA, "deci": gguf.MODEL_ARCH.DECI, "qwen3": gguf.MODEL_ARCH.QWEN3}[plan.arch]
@@ -268,8 +274,15 @@ def _tensors(
         if tied and name == "output.weight":  # one tensor serves both; llama.cpp duplicates token_embd
             name = "token_embd.weight"
         kind = _ggml_type(spec.shape, embedding_type if embedding_type and name in EMBEDDING_TENSORS else gguf_type)
-        weighed = importance.get(spec.name) if importance and kind in WEIGHTED_TYPES else None
-        named[name] = _Tensor(name, tuple(spec.shape), spec.produce, kind, weighed)
+        weighed = kind in WEIGHTED_TYPES
+        named[name] = _Tensor(
+            name,
+            tuple(spec.shape),
+            spec.produce,
+            kind,
+            importance.get(spec.name) if weighed else None,
+            quantized.get(spec.name) if weighed else None,
+        )
     factors = rope_freqs(info.config, plan.head_dim)
     if factors is not None:  # llama3 RoPE: one tensor of frequency factors, as llama.cpp's converter adds
         named["rope_freqs.weight"] = _Tensor(
@@ -321,6 +334,9 @@ class _Converted:
 
     def pieces(self):
         """The converted rows, in order, CHUNK_BYTES of float32 at a time."""
+        if self.t.quantized is not None:  # the rows' bytes are made: only Q/K's row order is llama.cpp's
+            yield _permuted(torch.from_numpy(self.t.quantized), self.t.name, self.plan).numpy()
+            return
         source = _permuted(self.t.produce().detach(), self.t.name, self.plan)
         rows = source.reshape(-1, source.shape[-1]) if source.dim() > 1 else source.reshape(1, -1)
         step = max(1, self.CHUNK_BYTES // (4 * rows.shape[1]))

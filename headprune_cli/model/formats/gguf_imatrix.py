@@ -15,6 +15,8 @@ only where it also serves as the tied output head (the head's input is then its 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import numpy as np
 import torch
 from torch import nn
@@ -32,6 +34,18 @@ _FACTORS = [torch.tensor(-float(LEVELS))] + [-(LEVELS + _TENTH * s) for s in ran
 def collect_importance(model: nn.Module, batches) -> dict[str, torch.Tensor]:
     """Weight name -> mean over real calibration tokens of each input column's square, for every
     nn.Linear of `model` (what llama-imatrix accumulates), from one forward per batch."""
+    linears = {f"{name}.weight": m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    return input_means(model, batches, linears, lambda rows: (rows * rows).sum(0))
+
+
+def input_means(
+    model: nn.Module,
+    batches: Iterable[dict],
+    linears: dict[str, nn.Linear],
+    statistic: Callable[[torch.Tensor], torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """Weight name -> `statistic` (a sum over its rows) of each of `linears`' inputs, divided by the
+    number of real (unpadded) calibration tokens, from one forward of `model` per batch."""
     sums: dict[str, torch.Tensor] = {}
     counts: dict[str, int] = {}
     mask: list[torch.Tensor] = []
@@ -42,13 +56,12 @@ def collect_importance(model: nn.Module, batches) -> dict[str, torch.Tensor]:
             keep = mask[0].reshape(-1).bool() if mask and x.dim() == 3 else None
             rows = x.reshape(-1, x.shape[-1])
             rows = rows[keep] if keep is not None and keep.numel() == rows.shape[0] else rows
-            sums[name] = sums.get(name, 0) + (rows * rows).sum(0)
+            sums[name] = sums.get(name, 0) + statistic(rows)
             counts[name] = counts.get(name, 0) + rows.shape[0]
 
         return record
 
-    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-    handles = [m.register_forward_pre_hook(hook(f"{name}.weight")) for name, m in linears]
+    handles = [m.register_forward_pre_hook(hook(name)) for name, m in linears.items()]
     try:
         with torch.no_grad():
             for batch in batches:
@@ -73,7 +86,27 @@ def quantize_q4_0(rows: torch.Tensor, importance: torch.Tensor) -> np.ndarray:
 
 def _quantize(rows: torch.Tensor, importance: torch.Tensor) -> np.ndarray:
     x = rows.to(torch.float32).reshape(rows.shape[0], -1, BLOCK)
-    sigma2 = (x * x).mean(dim=(1, 2), keepdim=True)
+    largest, scale, factor = _search(x, importance, (x * x).mean(dim=(1, 2), keepdim=True))
+    zero = largest == 0  # an all-zero block: scale 0, every value stored as level 0 (the ggml convention)
+    safe = torch.where(zero, torch.ones_like(largest), largest)
+    codes = torch.where(zero, 0.0, _levels(x, safe, factor) + LEVELS).to(torch.uint8)
+    return pack_q4_0(torch.where(zero, 0.0, scale), codes)
+
+
+def weighted_scales(x: torch.Tensor, importance: torch.Tensor, sigma2: torch.Tensor) -> torch.Tensor:
+    """The scale `quantize_q4_0` stores for each block of `x` [n, blocks, 32] (float32, before the
+    f16 rounding; 0 for an all-zero block), as [n, blocks, 1], for rows whose mean squares are
+    `sigma2` [n, 1, 1] (a caller holding only some of a row's blocks passes the whole row's)."""
+    largest, scale, _factor = _search(x.to(torch.float32), importance, sigma2)
+    return torch.where(largest == 0, 0.0, scale)
+
+
+def _search(
+    x: torch.Tensor, importance: torch.Tensor, sigma2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For blocks `x` [n, blocks, 32] of rows whose mean squares are `sigma2`: each block's signed
+    largest value, and of the candidate factors the best scale and the factor whose rounding
+    gave it."""
     # A column the text never reached (importance 0) would zero a whole block's weights and so
     # its scale; a floor far below any used column keeps the fit defined there.
     imp = importance.to(torch.float32).clamp_min(float(importance.mean()) * 1e-6 + 1e-30)
@@ -91,9 +124,7 @@ def _quantize(rows: torch.Tensor, importance: torch.Tensor) -> np.ndarray:
         best_score = torch.where(better, score, best_score)
         best_scale = torch.where(better, scale, best_scale)
         best_factor = torch.where(better, factor, best_factor)
-    zero = largest == 0  # an all-zero block: scale 0, every value stored as level 0 (the ggml convention)
-    codes = torch.where(zero, 0.0, _levels(x, safe, best_factor) + LEVELS).to(torch.uint8)
-    return _pack(torch.where(zero, 0.0, best_scale), codes)
+    return largest, best_scale, best_factor
 
 
 def _levels(x: torch.Tensor, largest: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
@@ -117,7 +148,7 @@ def _candidate(
     return score, torch.where(usable, sumlx / divisor, 0.0)
 
 
-def _pack(scale: torch.Tensor, codes: torch.Tensor) -> np.ndarray:
+def pack_q4_0(scale: torch.Tensor, codes: torch.Tensor) -> np.ndarray:
     """The q4_0 bytes of [n, blocks, 1] scales and [n, blocks, 32] 4-bit codes."""
     d = scale.to(torch.float16).numpy().view(np.uint8)  # [n, blocks, 2], little-endian f16
     nibbles = (codes[..., :16] | (codes[..., 16:] << 4)).numpy()

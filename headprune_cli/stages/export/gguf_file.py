@@ -31,8 +31,9 @@ def export_gguf_file(
     embedding_type: str | None = None,
     calib_data: Path | None = None,
     calib_samples: int = 128,
+    rounding: str = "nearest",
 ) -> Result:
-    calibration = Calibration(calib_data, calib_samples, ctx) if calib_data is not None else None
+    calibration = Calibration(calib_data, calib_samples, ctx, rounding) if calib_data is not None else None
     result = write_gguf(
         checkpoint,
         out,
@@ -47,7 +48,8 @@ def export_gguf_file(
     fallback = fallback if n else ""
     kind = result.gguf_type + (f", embedding {result.embedding_type}" if result.embedding_type else "")
     if calibration is not None:
-        kind += f", weighted by {calibration.rows} calibration rows"
+        how = "rounded by GPTQ on" if rounding == "gptq" else "weighted by"
+        kind += f", {how} {calibration.rows} calibration rows"
     ctx.print(
         f"wrote {out} (llama.cpp architecture {result.arch}, {kind}, {result.tensors} tensors{fallback})",
         soft_wrap=True,
@@ -82,9 +84,9 @@ def write_gguf(
     from headprune_cli.model.formats.gguf import export_gguf  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
     from headprune_cli.model.streaming import export_specs  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
 
-    importance = calibration.importance(checkpoint) if calibration else None
+    importance, quantized = calibration.weigh(checkpoint) if calibration else ({}, {})
     model, specs = export_specs(checkpoint)
-    return export_gguf(model, specs, out, gguf_type, engine, arch, embedding_type, importance)
+    return export_gguf(model, specs, out, gguf_type, engine, arch, embedding_type, importance, quantized)
 
 
 def check_weighted(gguf_type: str, calibration: Calibration | None) -> None:
@@ -104,36 +106,47 @@ def check_weighted(gguf_type: str, calibration: Calibration | None) -> None:
 
 @dataclass
 class Calibration:
-    """The text whose activations weigh the quantized blocks (gguf_imatrix), read at up to
-    MAX_LENGTH tokens a row (llama-imatrix's default context)."""
+    """The text whose activations weigh the quantized blocks, read at up to MAX_LENGTH tokens a
+    row (llama-imatrix's default context): `rounding` "nearest" weighs each block's scale by
+    its columns' importance (gguf_imatrix); "gptq" also rounds each matrix's columns in turn,
+    spreading each one's error over those after it (gguf_gptq)."""
 
     data: Path
     samples: int
     ctx: Context | None = None
+    rounding: str = "nearest"
     rows: int = 0
     MAX_LENGTH = 512
     BATCH = 8
 
-    def importance(self, checkpoint: Path) -> dict:
-        from rich.progress import track  # noqa: PLC0415 (rich's progress only when it runs)
-
-        from headprune_cli.data.readers import batches, num_batches, read_data  # noqa: PLC0415 (keeps torch out of this module's import)
+    def weigh(self, checkpoint: Path) -> tuple[dict, dict]:
+        """(weight name -> importance, weight name -> q4_0 bytes rounded already): what
+        gguf.export_gguf takes."""
+        from headprune_cli.data.readers import read_data  # noqa: PLC0415 (keeps torch out of this module's import)
         from headprune_cli.model.checkpoint import load  # noqa: PLC0415 (keeps numpy, torch, transformers out of this module's import)
+        from headprune_cli.model.formats.gguf_gptq import gptq_model  # noqa: PLC0415 (keeps torch out of this module's import)
         from headprune_cli.model.formats.gguf_imatrix import collect_importance  # noqa: PLC0415 (keeps torch out of this module's import)
 
         model = load(checkpoint)
         data = read_data(self.data, model, max_length=self.MAX_LENGTH, samples=self.samples, need_labels=False)
         self.rows = len(data)
-        show = self.ctx is not None and self.ctx.progress
-        steps = track(
+        if self.rounding == "gptq":
+            return {}, gptq_model(model, lambda: self._steps(data, "rounding columns (GPTQ)"))
+        return collect_importance(model, self._steps(data, "weighing columns")), {}
+
+    def _steps(self, data, description: str):
+        from rich.progress import track  # noqa: PLC0415 (rich's progress only when it runs)
+
+        from headprune_cli.data.readers import batches, num_batches  # noqa: PLC0415 (keeps torch out of this module's import)
+
+        return track(
             batches(data, self.BATCH),
-            description="weighing columns",
+            description=description,
             total=num_batches(data, self.BATCH),
             console=self.ctx.console if self.ctx else None,
             transient=True,
-            disable=not show,
+            disable=not (self.ctx is not None and self.ctx.progress),
         )
-        return collect_importance(model, steps)
 
 
 def _require_gguf() -> None:

@@ -16,6 +16,7 @@ from headprune_cli.stages.unit import Context, Options, Result, Stage, option
 # As model.tensorfile.DEFAULT_MAX_SHARD (a test holds them equal); written out here so
 # that reading the options does not import torch.
 DEFAULT_MAX_SHARD = "5GB"
+ROUNDINGS = ("nearest", "gptq")  # --gguf-rounding
 
 
 class ExportOptions(Options):
@@ -68,6 +69,12 @@ class ExportOptions(Options):
         "(llama.cpp's imatrix).",
     )
     calib_samples: int = option(128, "--calib-data: rows read from it.", ge=1)
+    gguf_rounding: str = option(
+        "nearest",
+        "--gguf-type q4_0 --calib-data: nearest (each weight to its nearest level, at the importance-weighted "
+        "scale) or gptq (columns rounded in turn, each one's error moved onto those not yet rounded: GPTQ; "
+        "slower, closer outputs).",
+    )
     force: bool = option(False, "Overwrite an existing output (a folder only if headprune wrote it).")
 
     def check(self) -> None:
@@ -80,6 +87,10 @@ class ExportOptions(Options):
             raise UsageError(
                 "--calib-data goes with --onnx FILE --quantize int8-static or --gguf FILE --gguf-type q4_0"
             )
+        if self.gguf_rounding not in ROUNDINGS:
+            raise UsageError(f"--gguf-rounding: one of {', '.join(ROUNDINGS)} (got {self.gguf_rounding})")
+        if self.gguf_rounding != "nearest" and (self.gguf is None or self.calib_data is None):
+            raise UsageError(f"--gguf-rounding {self.gguf_rounding} goes with --gguf FILE --calib-data TEXT")
         if self.with_onnx is not None and self.hf is None:
             raise UsageError("--with-onnx/--no-onnx go with --hf DIR (--onnx FILE writes only the ONNX file)")
 
@@ -105,6 +116,7 @@ def run(opts: ExportOptions, ctx: Context) -> Result:
             opts.gguf_embedding_type,
             opts.calib_data,
             opts.calib_samples,
+            opts.gguf_rounding,
         )
     if opts.vllm is not None:
         from headprune_cli.stages.export.vllm_folder import export_vllm_folder  # noqa: PLC0415 (keeps torch out of this module's import)
