@@ -162,9 +162,9 @@ MUTATIONS = {
         "tests/stages/training/test_fsdp.py::test_fsdp_over_two_processes_equals_one_process_and_resumes_exactly",
     ),
     "imatrix counts padding": (
-        "headprune_cli/model/formats/gguf_imatrix.py",
-        "rows = rows[keep] if keep is not None and keep.numel() == rows.shape[0] else rows",
-        "rows = rows",
+        "headprune_cli/model/formats/layer_inputs.py",
+        "return rows[keep] if keep is not None and keep.numel() == rows.shape[0] else rows",
+        "return rows",
         "tests/model/formats/test_gguf_imatrix.py::test_importance_counts_real_tokens_only",
     ),
     "imatrix nibbles swapped": (

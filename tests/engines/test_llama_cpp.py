@@ -274,16 +274,17 @@ def test_a_k_quant_takes_the_embedding_type_through_llama_cpps_quantizer(
     assert {k: v for k, v in after.items() if "blk." in k} == {k: v for k, v in before.items() if "blk." in k}
 
 
-def test_an_importance_weighted_q4_0_file_computes_its_own_weights(engine, checkpoints, cli, tmp_path):
-    """`--gguf-type q4_0 --calib-data`: llama.cpp reads headprune's own importance-weighted blocks
-    as the plain q4_0 it is, and computes what headprune computes on the file's weights."""
+@pytest.mark.parametrize("rounding", ["nearest", "gptq"])
+def test_an_importance_weighted_q4_0_file_computes_its_own_weights(engine, checkpoints, cli, tmp_path, rounding):
+    """`--gguf-type q4_0 --calib-data` (either rounding): llama.cpp reads headprune's own weighted
+    blocks as the plain q4_0 they are, and computes what headprune computes on the file's weights."""
     calib = tmp_path / "calib.txt"
     calib.write_text("\n".join(TEXTS * 4) + "\n", encoding="utf-8")
     path = tmp_path / "weighed.gguf"
-    result = cli(
-        "export", checkpoints["non-uniform-grid"], "--gguf", path, "--gguf-type", "q4_0", "--calib-data", calib
-    )
-    assert result.code == 0 and "weighted by" in result.err, result
+    weighed = ("--gguf-type", "q4_0", "--calib-data", calib, "--gguf-rounding", rounding)
+    result = cli("export", checkpoints["non-uniform-grid"], "--gguf", path, *weighed)
+    said = "rounded by GPTQ on" if rounding == "gptq" else "weighted by"
+    assert result.code == 0 and said in result.err, result
     theirs = llama_cpp_run(engine, path)
     model = weights_of_file(checkpoints["non-uniform-grid"], path)
     tokenizer = Tokenizer.from_str(info_of(model).tokenizer)

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from headprune_cli.model.formats.gguf_imatrix import BLOCK, LEVELS, input_means, pack_q4_0, weighted_scales
+from headprune_cli.model.formats.gguf_imatrix import BLOCK, LEVELS, pack_q4_0, weighted_scales
+from headprune_cli.model.formats.layer_inputs import input_means
 
 HESSIAN_BYTES = 1 << 30  # the H matrices accumulated in one calibration pass
 LAZY = 128  # columns whose updates are applied together (GPTQ's lazy batch; a multiple of BLOCK)

@@ -15,11 +15,11 @@ only where it also serves as the tied output head (the head's input is then its 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-
 import numpy as np
 import torch
 from torch import nn
+
+from headprune_cli.model.formats.layer_inputs import input_means
 
 BLOCK = 32  # weights per q4_0 block
 PIECE_BYTES = 1 << 20  # float32 rows quantized at once
@@ -36,41 +36,6 @@ def collect_importance(model: nn.Module, batches) -> dict[str, torch.Tensor]:
     nn.Linear of `model` (what llama-imatrix accumulates), from one forward per batch."""
     linears = {f"{name}.weight": m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
     return input_means(model, batches, linears, lambda rows: (rows * rows).sum(0))
-
-
-def input_means(
-    model: nn.Module,
-    batches: Iterable[dict],
-    linears: dict[str, nn.Linear],
-    statistic: Callable[[torch.Tensor], torch.Tensor],
-) -> dict[str, torch.Tensor]:
-    """Weight name -> `statistic` (a sum over its rows) of each of `linears`' inputs, divided by the
-    number of real (unpadded) calibration tokens, from one forward of `model` per batch."""
-    sums: dict[str, torch.Tensor] = {}
-    counts: dict[str, int] = {}
-    mask: list[torch.Tensor] = []
-
-    def hook(name: str):
-        def record(_module, inputs) -> None:
-            x = inputs[0].detach().float()
-            keep = mask[0].reshape(-1).bool() if mask and x.dim() == 3 else None
-            rows = x.reshape(-1, x.shape[-1])
-            rows = rows[keep] if keep is not None and keep.numel() == rows.shape[0] else rows
-            sums[name] = sums.get(name, 0) + statistic(rows)
-            counts[name] = counts.get(name, 0) + rows.shape[0]
-
-        return record
-
-    handles = [m.register_forward_pre_hook(hook(name)) for name, m in linears.items()]
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                mask[:] = [batch["attention_mask"]]
-                model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-    finally:
-        for handle in handles:
-            handle.remove()
-    return {name: sums[name] / max(counts[name], 1) for name in sums}
 
 
 def quantize_q4_0(rows: torch.Tensor, importance: torch.Tensor) -> np.ndarray:

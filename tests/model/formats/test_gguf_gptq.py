@@ -99,6 +99,19 @@ def test_layers_taken_in_groups_give_the_same_bytes(on_grid, calib, monkeypatch)
     assert all(np.array_equal(at_once[name], in_groups[name]) for name in at_once)
 
 
+def test_a_pass_for_early_layers_stops_after_them(on_grid, calib):  # noqa: F811 (fixtures)
+    """Each group's pass over the text ends once its layers have seen the batch."""
+    model = headprune_cli.load(on_grid)
+    data = read_data(calib, model, max_length=64, samples=4, need_labels=False)
+    reached = []
+    model.model.layers[-1].register_forward_pre_hook(lambda *_: reached.append(1))
+    first = {"model.layers.0.self_attn.k_proj.weight": model.model.layers[0].self_attn.k_proj}
+    hessians = collect_hessians(model, batches(data, 2), first)
+    assert list(hessians) == list(first) and not reached
+    collect_hessians(model, batches(data, 2), {"lm_head.weight": model.lm_head})
+    assert len(reached) == 2  # a pass for the head runs every layer, once per batch
+
+
 def test_export_rounds_every_q4_0_matrix_closer_on_the_text(on_grid, calib, tmp_path, cli):  # noqa: F811 (fixtures)
     nearest, gptq = tmp_path / "nearest.gguf", tmp_path / "gptq.gguf"
     common = ("--gguf-type", "q4_0", "--calib-data", calib)
