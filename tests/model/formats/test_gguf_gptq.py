@@ -48,12 +48,12 @@ def test_the_layer_output_on_the_text_is_closer_than_nearest_rounding_at_weighte
 def test_with_uncorrelated_inputs_each_weight_is_its_nearest_level_at_the_stored_scale():
     """H diagonal: no error has anywhere to go, so GPTQ is plain rounding at each block's scale."""
     torch.manual_seed(2)
-    weight = torch.randn(40, 128)
-    blocks = gptq_q4_0(weight, torch.diag(torch.rand(128) + 0.5)).reshape(40, 4, 18)
+    weight = torch.randn(1024, 128)  # enough weights that some sit where the f16 rounding of a scale moves them
+    blocks = gptq_q4_0(weight, torch.diag(torch.rand(128) + 0.5)).reshape(1024, 4, 18)
     scale = torch.from_numpy(blocks[..., :2].copy().view(np.float16).astype(np.float32))
     nibbles = torch.from_numpy(blocks[..., 2:].astype(np.int64))
     levels = torch.cat([nibbles & 15, nibbles >> 4], dim=2).float() - 8
-    expected = torch.round(weight.reshape(40, 4, 32) / scale).clamp(-8, 7)
+    expected = torch.round(weight.reshape(1024, 4, 32) / scale).clamp(-8, 7)
     assert torch.equal(levels, expected)
 
 
