@@ -230,7 +230,8 @@ HELP = """Export a (pruned) checkpoint for deployment: an ONNX file or an HF-sty
     --gguf-type T`, whose widths are on T's quantization blocks; q4_K_M/q5_K_M/q6_K
     are quantized by llama.cpp's own quantizer in its engine environment; q4_0 with
     --calib-data TEXT rounds each block for the columns that text leans on, as
-    llama.cpp's imatrix does: same bytes, lower perplexity).
+    llama.cpp's imatrix does, and with --gguf-rounding gptq as GPTQ does: same bytes,
+    lower perplexity).
 
     Examples:
 
@@ -249,6 +250,8 @@ HELP = """Export a (pruned) checkpoint for deployment: an ONNX file or an HF-sty
       headprune export small-llama.safetensors --gguf small-q4.gguf --gguf-type q4_0 --gguf-embedding-type q8_0
 
       headprune export small-llama.safetensors --gguf small-q4.gguf --gguf-type q4_0 --calib-data calib.txt   # imatrix
+
+      headprune export small-llama.safetensors --gguf small-q4.gguf --gguf-type q4_0 --calib-data calib.txt --gguf-rounding gptq
     """
 
 STAGE = Stage(
