@@ -30,15 +30,17 @@ LAZY = 128  # columns whose updates are applied together (GPTQ's lazy batch; a m
 DAMP = 0.01  # of H's mean diagonal, added to the diagonal (the paper's default)
 
 
-def gptq_model(model: nn.Module, batches: Callable[[], Iterable[dict]]) -> dict[str, np.ndarray]:
+def gptq_model(model: nn.Module, batches: Callable[[str], Iterable[dict]]) -> dict[str, np.ndarray]:
     """Weight name -> q4_0 bytes ([rows, bytes per row], rows in the checkpoint's order) for every
-    nn.Linear of `model` whose columns are whole blocks; `batches()` yields the calibration
-    batches afresh for each group of layers."""
+    nn.Linear of `model` whose columns are whole blocks; `batches(label)` yields the calibration
+    batches afresh for each group of layers (the label says which group, for a progress bar)."""
     linears = [(f"{name}.weight", m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     linears = [(name, m) for name, m in linears if m.in_features % BLOCK == 0]
     quantized: dict[str, np.ndarray] = {}
-    for group in _groups(linears):
-        hessians = collect_hessians(model, batches(), dict(group))
+    groups = _groups(linears)
+    for group in groups:
+        label = f"GPTQ, matrices {len(quantized) + 1}-{len(quantized) + len(group)} of {len(linears)}"
+        hessians = collect_hessians(model, batches(label if len(groups) > 1 else "GPTQ"), dict(group))
         for name, module in group:
             quantized[name] = gptq_q4_0(module.weight.detach(), hessians.pop(name))
     return quantized

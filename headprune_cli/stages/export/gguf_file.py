@@ -131,7 +131,7 @@ class Calibration:
         data = read_data(self.data, model, max_length=self.MAX_LENGTH, samples=self.samples, need_labels=False)
         self.rows = len(data)
         if self.rounding == "gptq":
-            return {}, gptq_model(model, lambda: self._steps(data, "rounding columns (GPTQ)"))
+            return {}, gptq_model(model, lambda label: self._steps(data, f"{label}: reading the text"))
         return collect_importance(model, self._steps(data, "weighing columns")), {}
 
     def _steps(self, data, description: str):

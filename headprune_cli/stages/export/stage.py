@@ -251,7 +251,7 @@ HELP = """Export a (pruned) checkpoint for deployment: an ONNX file or an HF-sty
 
       headprune export small-llama.safetensors --gguf small-q4.gguf --gguf-type q4_0 --calib-data calib.txt   # imatrix
 
-      headprune export small-llama.safetensors --gguf small-q4.gguf --gguf-type q4_0 --calib-data calib.txt --gguf-rounding gptq
+      headprune export lm.safetensors --gguf lm-q4.gguf --gguf-type q4_0 --calib-data calib.txt --gguf-rounding gptq
     """
 
 STAGE = Stage(

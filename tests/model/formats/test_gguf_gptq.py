@@ -90,11 +90,12 @@ def test_layers_taken_in_groups_give_the_same_bytes(on_grid, calib, monkeypatch)
     """A large model's H are accumulated a few layers per calibration pass: same bytes as at once."""
     model = headprune_cli.load(on_grid)
     data = read_data(calib, model, max_length=64, samples=4, need_labels=False)
-    at_once = gptq_model(model, lambda: batches(data, 4))
+    at_once = gptq_model(model, lambda _label: batches(data, 4))
     monkeypatch.setattr(gguf_gptq, "HESSIAN_BYTES", 1)
     passes = []
-    in_groups = gptq_model(model, lambda: passes.append(1) or batches(data, 4))
+    in_groups = gptq_model(model, lambda label: passes.append(label) or batches(data, 4))
     assert len(passes) == len(at_once) > 1
+    assert passes[1] == f"GPTQ, matrices 2-2 of {len(at_once)}"
     assert at_once.keys() == in_groups.keys()
     assert all(np.array_equal(at_once[name], in_groups[name]) for name in at_once)
 
