@@ -11,7 +11,8 @@ gguf_imatrix's weighted search (over the block's weights as GPTQ has updated the
 reaches the block), then rounded to the f16 the file stores before any weight is rounded at it.
 
 H is [columns, columns] for every linear layer; so that a large model's matrices are not all held
-at once, the layers are taken in groups whose H fit HESSIAN_BYTES, one calibration pass per group.
+at once, the layers are taken in groups whose H fit HESSIAN_BYTES, one calibration pass per group
+(each pass stops after its group's last layer).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch import nn
 from headprune_cli.model.formats.gguf_imatrix import BLOCK, LEVELS, pack_q4_0, weighted_scales
 from headprune_cli.model.formats.layer_inputs import input_means
 
-HESSIAN_BYTES = 1 << 30  # the H matrices accumulated in one calibration pass
+HESSIAN_BYTES = 1 << 29  # the H matrices accumulated in one calibration pass (float32, as if none were shared)
 LAZY = 128  # columns whose updates are applied together (GPTQ's lazy batch; a multiple of BLOCK)
 DAMP = 0.01  # of H's mean diagonal, added to the diagonal (the paper's default)
 
@@ -86,12 +87,15 @@ def gptq_q4_0(weight: torch.Tensor, hessian: torch.Tensor) -> np.ndarray:
 def _inverse_cholesky(hessian: torch.Tensor) -> torch.Tensor:
     """The upper Cholesky factor of H^-1 (damped; a column no token reached gets a unit diagonal),
     whose rows say how a column's rounding error moves the columns after it."""
+    # float64 for the factorisations; each step replaces the last, so two [columns^2] float64
+    # matrices are held at a time (a 5632-wide FFN's are 254 MB each).
     h = hessian.to(torch.float64).clone()
     dead = torch.diagonal(h) == 0
     h[dead, dead] = 1.0
-    h += DAMP * torch.diagonal(h).mean() * torch.eye(len(h), dtype=h.dtype)
-    inverse = torch.cholesky_inverse(torch.linalg.cholesky(h))
-    return torch.linalg.cholesky(inverse, upper=True).to(torch.float32)
+    h.diagonal().add_(DAMP * torch.diagonal(h).mean())
+    h = torch.linalg.cholesky(h)
+    h = torch.cholesky_inverse(h)
+    return torch.linalg.cholesky(h, upper=True).to(torch.float32)
 
 
 def _round_columns(
