@@ -14,7 +14,7 @@ from headprune_cli.data.readers import batches, read_data
 from headprune_cli.model.formats import gguf_gptq
 from headprune_cli.model.formats.gguf_gptq import collect_hessians, gptq_model, gptq_q4_0
 from headprune_cli.model.formats.gguf_imatrix import quantize_q4_0
-from tests.model.formats.test_gguf_imatrix import Q4, _row_order, calib, on_grid  # noqa: F401 (fixtures)
+from tests.model.formats.test_gguf_imatrix import Q4, assert_closer, calib, on_grid  # noqa: F401 (fixtures)
 from tests.support.refusals import assert_refused
 
 
@@ -124,19 +124,10 @@ def test_export_rounds_every_q4_0_matrix_closer_on_the_text(on_grid, calib, tmp_
     data = read_data(calib, model, max_length=512, need_labels=False)
     linears = {f"{n}.weight": m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     hessians = collect_hessians(model, batches(data, 8), linears)
-    state = model.state_dict()
-    before = {t.name: t for t in gguf.GGUFReader(nearest).tensors}
-    after = {t.name: t for t in gguf.GGUFReader(gptq).tensors}
     names = {"blk.0.attn_q.weight": "model.layers.0.self_attn.q_proj.weight"}
     names |= {"blk.1.ffn_down.weight": "model.layers.1.mlp.down_proj.weight"}  # 64 of 128 neurons
     names |= {"blk.2.ffn_gate.weight": "model.layers.2.mlp.gate_proj.weight", "output.weight": "lm_head.weight"}
-    for gguf_name, name in names.items():
-        assert after[gguf_name].tensor_type == Q4
-        rows = state[name].float()
-        if "attn_q" in gguf_name:  # llama.cpp's row order: a permutation of rows, each row's error unchanged
-            rows = rows[_row_order(before[gguf_name].data, rows)]
-        mine = output_error(rows, after[gguf_name].data, hessians[name])
-        assert mine < output_error(rows, before[gguf_name].data, hessians[name]), gguf_name
+    assert_closer(gptq, nearest, model.state_dict(), names, lambda r, b, n: output_error(r, b, hessians[n]))
 
 
 def test_rounding_refusals_come_before_any_work(on_grid, calib, tmp_path, cli):  # noqa: F811 (fixtures)

@@ -5,6 +5,8 @@ bytes) shows as a wrong weight, not as a number only this code agrees with."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
@@ -120,22 +122,27 @@ def test_export_weighs_the_q4_0_matrices_by_the_text(on_grid, calib, tmp_path, c
     assert "q4_0, weighted by 12 calibration rows" in result.err
     model = headprune_cli.load(on_grid)
     importance = collect_importance(model, batches(read_data(calib, model, max_length=512, need_labels=False), 8))
-    state = model.state_dict()
-    before = {t.name: t for t in gguf.GGUFReader(plain).tensors}
-    after = {t.name: t for t in gguf.GGUFReader(weighed).tensors}
     names = {"blk.0.attn_q.weight": "model.layers.0.self_attn.q_proj.weight"}
     names |= {"blk.1.ffn_down.weight": "model.layers.1.mlp.down_proj.weight"}  # 64 of 128 neurons
     names |= {"blk.2.attn_output.weight": "model.layers.2.self_attn.o_proj.weight", "output.weight": "lm_head.weight"}
+    assert_closer(weighed, plain, model.state_dict(), names, lambda r, b, n: weighted_error(r, b, importance[n]).sum())
+    # The untied token embedding is a row lookup: nothing weighs it, its bytes are the plain ones.
+    before = {t.name: t for t in gguf.GGUFReader(plain).tensors}
+    after = {t.name: t for t in gguf.GGUFReader(weighed).tensors}
+    assert np.array_equal(after["token_embd.weight"].data, before["token_embd.weight"].data)
+
+
+def assert_closer(better: Path, worse: Path, state: dict, names: dict[str, str], error) -> None:
+    """Each q4_0 matrix `names` maps (GGUF name -> checkpoint name) has less error(rows, blocks,
+    checkpoint name) in the file `better` than in `worse`."""
+    before = {t.name: t for t in gguf.GGUFReader(worse).tensors}
+    after = {t.name: t for t in gguf.GGUFReader(better).tensors}
     for gguf_name, name in names.items():
         assert after[gguf_name].tensor_type == Q4
         rows = state[name].float()
         if "attn_q" in gguf_name:  # llama.cpp's row order: a permutation of rows, each row's error unchanged
             rows = rows[_row_order(before[gguf_name].data, rows)]
-        mine = weighted_error(rows, after[gguf_name].data, importance[name]).sum()
-        plain_error = weighted_error(rows, before[gguf_name].data, importance[name]).sum()
-        assert mine < plain_error, gguf_name
-    # The untied token embedding is a row lookup: nothing weighs it, its bytes are the plain ones.
-    assert np.array_equal(after["token_embd.weight"].data, before["token_embd.weight"].data)
+        assert error(rows, after[gguf_name].data, name) < error(rows, before[gguf_name].data, name), gguf_name
 
 
 def _row_order(blocks: np.ndarray, rows: torch.Tensor) -> torch.Tensor:
