@@ -60,6 +60,10 @@ GRIDS = {
 }
 
 
+# A type spec's @suffix -> the export options it adds to --calib-data.
+WEIGHINGS = {"imatrix": [], "gptq": ["--gguf-rounding", "gptq"]}
+
+
 def export_args(kind: str, args: argparse.Namespace) -> list[str]:
     """`--gguf-type` (and `--gguf-embedding-type`, `--calib-data`) of a type spec: TYPE, or
     TYPE+EMBEDDING for the token embedding / output head in its own type (e.g. q4_0+q8_0, as
@@ -71,8 +75,7 @@ def export_args(kind: str, args: argparse.Namespace) -> list[str]:
     argv = ["--gguf-type", base, *(["--gguf-embedding-type", embedding] if embedding else [])]
     if not weighed:
         return argv
-    argv += ["--calib-data", str(args.calib), "--calib-samples", str(args.refit_rows)]
-    return argv + (["--gguf-rounding", "gptq"] if weighed == "gptq" else [])
+    return argv + ["--calib-data", str(args.calib), "--calib-samples", str(args.refit_rows), *WEIGHINGS[weighed]]
 
 
 def grid_of(kind: str) -> str:
@@ -407,10 +410,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [
         t
         for t in args.types
-        if t.partition("@")[0].partition("+")[0] not in GRIDS or t.partition("@")[2] not in ("", "imatrix", "gptq")
+        if t.partition("@")[0].partition("+")[0] not in GRIDS or t.partition("@")[2] not in ("", *WEIGHINGS)
     ]
     if unknown:
-        known = f"{', '.join(GRIDS)}, each optionally +EMBEDDING_TYPE and @imatrix or @gptq"
+        known = f"{', '.join(GRIDS)}, each optionally +EMBEDDING_TYPE and @{' or @'.join(WEIGHINGS)}"
         parser.error(f"unknown types {unknown}; known: {known}")
     args.recover_steps = [int(n) for n in args.recover_steps.split(",")]
     args.refit_rows = args.refit_rows or args.score_rows

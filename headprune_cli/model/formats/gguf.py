@@ -202,7 +202,7 @@ def export_gguf(
     written = own if gguf_type in LLAMA_CPP_TYPES else gguf_type
     # A k-quant's source file is lossless: llama.cpp's quantizer then gives the embedding its type.
     own_embedding = None if gguf_type in LLAMA_CPP_TYPES else embedding_type
-    tensors = _tensors(specs, plan, info, written, own_embedding, (importance or {}, quantized or {}))
+    tensors = _tensors(specs, plan, info, written, own_embedding, importance or {}, quantized or {})
     fallback = [
         t.name
         for t in tensors
@@ -252,15 +252,14 @@ def _tensors(
     plan: GgufPlan,
     info: ModelInfo,
     gguf_type: str,
-    embedding_type: str | None = None,
-    weighing: tuple[dict[str, torch.Tensor], dict[str, np.ndarray]] = ({}, {}),
+    embedding_type: str | None,
+    importance: dict[str, torch.Tensor],
+    quantized: dict[str, np.ndarray],
 ) -> list[_Tensor]:
     """Every tensor in llama.cpp's order (embeddings, blocks, final norm, output), with its type,
     and for a weighted type the importance of its columns or its bytes rounded already where
-    `weighing` (importance, quantized) has them (a tied embedding is written from
-    `lm_head.weight`, so it is weighed by the head's input; an untied one is a row lookup, with
-    no input to weigh)."""
-    importance, quantized = weighing
+    `importance` or `quantized` has them (a tied embedding is written from `lm_head.weight`, so
+    it is weighed by the head's input; an untied one is a row lookup, with no input to weigh)."""
     import gguf  # noqa: PLC0415 (keeps gguf out of this module's import)
 
     arch = {"llama": gguf.MODEL_ARCH.LLAMA, "deci": gguf.MODEL_ARCH.DECI, "qwen3": gguf.MODEL_ARCH.QWEN3}[plan.arch]
