@@ -107,3 +107,50 @@ def test_explicit_head_dim_is_whether_the_config_can_state_it(family):
     adapter = ADAPTERS[family]
     assert adapter.explicit_head_dim == (adapter.head_dim(model) == 4), adapter.head_dim(model)
     assert CONFIGS.keys() == set(ADAPTERS) - {"reference", "vit"}  # every other transformers family is asked
+
+
+# Post-norm families add each projection's output to its residual inside a LayerNorm's input.
+_POST_NORM_SUMS = {
+    "bert": ("attention.output.LayerNorm", "output.LayerNorm"),
+    "roberta": ("attention.output.LayerNorm", "output.LayerNorm"),
+    "electra": ("attention.output.LayerNorm", "output.LayerNorm"),
+    "distilbert": ("sa_layer_norm", "output_layer_norm"),
+}
+
+
+def _first_input(module, seen: list):
+    return module.register_forward_pre_hook(
+        lambda m, args, kw: seen.append((args[0] if args else kw["hidden_states"]).detach()), with_kwargs=True
+    )
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_residual_input_reads_the_stream_each_projection_is_added_to(name):
+    """Compensation fits residual + projection output (Streams.statistics): in every family the
+    module residual_input names must hold, as its input, exactly the stream that the projection's
+    output is added to. Pre-norm: the FFN's residual is the attention's sum, the block's output the
+    FFN's sum; post-norm: each sum is the input of the LayerNorm that follows the addition."""
+    model = TINY[name]()
+    adapter = adapter_for(model)
+    block = adapter.layer_list(model)[1]
+    seen: dict[str, list] = {k: [] for k in ("r_attn", "r_ffn", "o", "down", "out", "sum_attn", "sum_ffn")}
+    hooks = [
+        _first_input(adapter.residual_input(block, "attention"), seen["r_attn"]),
+        _first_input(adapter.residual_input(block, "ffn"), seen["r_ffn"]),
+        adapter.attention(block).o.register_forward_hook(lambda m, a, out: seen["o"].append(out)),
+        adapter.ffn(block).down.register_forward_hook(lambda m, a, out: seen["down"].append(out)),
+        block.register_forward_hook(lambda m, a, out: seen["out"].append(out[0] if isinstance(out, tuple) else out)),
+    ]
+    if name in _POST_NORM_SUMS:
+        for key, path in zip(("sum_attn", "sum_ffn"), _POST_NORM_SUMS[name]):
+            hooks.append(_first_input(block.get_submodule(path), seen[key]))
+    inputs = adapter.example_inputs(model, 2, 6, seed=1, first_token=2)
+    with torch.no_grad():
+        model(**inputs)
+    for hook in hooks:
+        hook.remove()
+    one = {k: v[0] for k, v in seen.items() if v}
+    sum_attn, sum_ffn = (one["sum_attn"], one["sum_ffn"]) if name in _POST_NORM_SUMS else (one["r_ffn"], one["out"])
+    torch.testing.assert_close(one["r_attn"] + one["o"], sum_attn)
+    torch.testing.assert_close(one["r_ffn"] + one["down"], sum_ffn)
+    assert name in _POST_NORM_SUMS or not torch.equal(one["r_ffn"], one["r_attn"])  # a distinct point of the block

@@ -91,3 +91,30 @@ def test_a_mixed_cut_saves_and_reloads_bit_identical(gemma, tmp_path: Path) -> N
     assert type(again).__name__ == "Gemma3ForCausalLM" and again.config.num_hidden_layers == 5
     assert again.config.layer_types == gemma.config.layer_types
     assert torch.equal(_logits(again), _logits(gemma))
+
+
+def test_no_residual_stream_is_named_for_compensation(gemma) -> None:
+    """Gemma 3 normalises each projection's output (post_attention_layernorm,
+    post_feedforward_layernorm) before adding it, so residual + projection output is not the
+    stream the next stage reads: compensation must fit the projection's output alone."""
+    layer = gemma.model.layers[1]
+    adapter = adapter_for(gemma)
+    assert adapter.residual_input(layer, "attention") is None and adapter.residual_input(layer, "ffn") is None
+    seen: dict = {}
+
+    def keep(key: str, tensor: torch.Tensor) -> None:
+        seen.setdefault(key, tensor.detach())
+
+    hooks = [
+        layer.register_forward_pre_hook(
+            lambda m, a, kw: keep("r", a[0] if a else kw["hidden_states"]), with_kwargs=True
+        ),
+        layer.self_attn.o_proj.register_forward_hook(lambda m, a, out: keep("o", out)),
+        layer.pre_feedforward_layernorm.register_forward_pre_hook(lambda m, a: keep("sum", a[0])),
+    ]
+    _logits(gemma)
+    for hook in hooks:
+        hook.remove()
+    assert not torch.allclose(seen["r"] + seen["o"], seen["sum"], atol=1e-3)
+    with torch.no_grad():
+        torch.testing.assert_close(seen["r"] + layer.post_attention_layernorm(seen["o"]), seen["sum"])

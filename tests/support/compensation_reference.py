@@ -1,7 +1,8 @@
 """The compensation algorithm as it was before streaming (frozen reference for tests).
 
-Kept verbatim (apart from imports, and the per-token weights of the statistics, which the
-algorithm gained later; the statistics record and the solvers are the module's own) so
+Kept verbatim (apart from imports, and the per-token weights and residual targets of the
+statistics, which the algorithm gained later; the statistics record and the solvers are the
+module's own) so
 that tests can prove that the streaming version in
 headprune_cli.stages.prune.compensation gives the same weights: for every pruned layer it ran the
 whole model twice per batch up to that layer, O(L^2) block forwards.
@@ -98,13 +99,15 @@ def _statistics(model, pos, cols, originals, gates, remove_layers, batches, has_
     w_full, b_full = (t.double() if t is not None else None for t in originals[pos])
     for batch in batches:
         with _original_weights(model, originals):
-            x_full = _o_input(model, pos, batch)
+            x_full, h_full = _o_input(model, pos, batch)
         with HeadGates(model, gates), skip_layers(model, remove_layers):
-            x_kept = _o_input(model, pos, batch)[:, cols]
-        y = x_full @ w_full.T + (b_full if b_full is not None else 0)
+            x_kept, h_pruned = _o_input(model, pos, batch)
+        x_kept = x_kept[:, cols]
+        # The target: the unpruned residual stream after the addition, less the pruned one before it.
+        y = x_full @ w_full.T + (b_full if b_full is not None else 0) + (h_full - h_pruned)
         xa = torch.cat([x_kept, torch.ones(len(x_kept), 1, dtype=x_kept.dtype)], 1) if has_bias else x_kept
         norms = (y * y).sum(1)
-        weights = token_weights(norms)  # each token's error relative to its own output
+        weights = token_weights(norms)  # each token's error relative to its own target
         part = ((xa * weights[:, None]).T @ xa, (xa * weights[:, None]).T @ y, float((weights * norms).sum()), len(xa))
         stats = part if stats is None else tuple(a + b for a, b in zip(stats, part))
     if not torch.isfinite(stats[0]).all() or not torch.isfinite(stats[1]).all():
@@ -112,17 +115,22 @@ def _statistics(model, pos, cols, originals, gates, remove_layers, batches, has_
     return Stats(*stats, has_bias=has_bias)
 
 
-def _o_input(model: nn.Module, pos: int, batch: dict) -> torch.Tensor:
-    """Layer `pos`'s output-projection input on the batch's real tokens, [tokens, d] float64."""
+def _o_input(model: nn.Module, pos: int, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer `pos`'s output-projection input and the block's own input (the residual stream
+    the projection adds to) on the batch's real tokens, [tokens, d] float64 each."""
     adapter = adapter_for(model)
-    o = adapter.attention(adapter.layer_list(model)[pos]).o
+    block = adapter.layer_list(model)[pos]
+    o = adapter.attention(block).o
     captured = {}
+
+    def block_hook(module, args, kwargs):
+        captured["h"] = (args[0] if args else kwargs["hidden_states"]).detach()
 
     def hook(module, args):
         captured["x"] = args[0].detach()
         raise _Stop
 
-    handle = o.register_forward_pre_hook(hook)
+    handles = [block.register_forward_pre_hook(block_hook, with_kwargs=True), o.register_forward_pre_hook(hook)]
     device = next(model.parameters()).device
     try:
         with torch.no_grad():
@@ -130,8 +138,12 @@ def _o_input(model: nn.Module, pos: int, batch: dict) -> torch.Tensor:
     except _Stop:
         pass
     finally:
-        handle.remove()
-    x = captured["x"]
+        for handle in handles:
+            handle.remove()
+    return _tokens(captured["x"], batch), _tokens(captured["h"], batch)
+
+
+def _tokens(x: torch.Tensor, batch: dict) -> torch.Tensor:
     mask = batch.get("attention_mask")
     if mask is not None and x.dim() == 3 and mask.shape == x.shape[:2]:
         x = x[mask.to(x.device).bool()]

@@ -151,6 +151,14 @@ class Adapter:
         """Update whatever head-count attributes the family's forward reads."""
         raise NotImplementedError
 
+    def residual_input(self, layer: HFModule, part: str) -> HFModule | None:
+        """The module of `layer` whose hidden-state input is the residual stream that the
+        output projection of `part` ("attention" | "ffn") is added to, unnormalised; None
+        where a norm sits between the projection and the addition. Compensation fits that
+        sum, so it must know where the stream is. For attention it is the block's own input
+        in every family here (pre-norm and post-norm alike); None by default for the FFN."""
+        return layer if part == "attention" else None
+
     def ffn(self, layer: HFModule) -> FFNView:
         raise NotImplementedError
 

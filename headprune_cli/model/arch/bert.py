@@ -17,6 +17,10 @@ class BertAdapter(Adapter):
     def ffn(self, layer: HFModule) -> FFNView:
         return FFNView.of(layer.intermediate.dense, down=layer.output.dense)
 
+    def residual_input(self, layer: HFModule, part: str) -> HFModule | None:
+        # Post-norm: BertOutput adds the FFN's output to the attention output, its own input.
+        return layer if part == "attention" else layer.intermediate.dense
+
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
         view.module.num_attention_heads = num_heads
         view.module.all_head_size = num_heads * view.head_dim

@@ -10,6 +10,7 @@ What head and layer cuts must respect, and why they are exact here:
   heads changes no other head's output.
 """
 
+from headprune_cli.model.arch.base import HFModule
 from headprune_cli.model.arch.llama import LlamaAdapter
 
 
@@ -19,3 +20,8 @@ class Gemma3Adapter(LlamaAdapter):
 
     family = "gemma3"
     model_types = ("gemma3_text",)
+
+    def residual_input(self, layer: HFModule, part: str) -> HFModule | None:
+        # post_attention_layernorm and post_feedforward_layernorm normalise each projection's
+        # output before it is added: no linear fit of the sum exists.
+        return None

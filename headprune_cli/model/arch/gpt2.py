@@ -38,6 +38,9 @@ class GPT2Adapter(Adapter):
     def ffn(self, layer: HFModule) -> FFNView:
         return FFNView.of(layer.mlp.c_fc, down=layer.mlp.c_proj)
 
+    def residual_input(self, layer: HFModule, part: str) -> HFModule | None:
+        return layer if part == "attention" else layer.ln_2  # pre-norm
+
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
         view.module.num_heads = num_heads
         view.module.split_size = num_heads * view.head_dim

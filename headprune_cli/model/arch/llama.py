@@ -17,6 +17,10 @@ class LlamaAdapter(Adapter):
     def ffn(self, layer: HFModule) -> FFNView:
         return FFNView.of(layer.mlp.gate_proj, layer.mlp.up_proj, down=layer.mlp.down_proj)
 
+    def residual_input(self, layer: HFModule, part: str) -> HFModule | None:
+        # Pre-norm: the FFN's residual is what enters post_attention_layernorm.
+        return layer if part == "attention" else layer.post_attention_layernorm
+
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
         # repeat_kv in eager and SDPA attention reads this to expand K/V to the query heads.
         view.module.num_key_value_groups = num_heads // num_kv_heads

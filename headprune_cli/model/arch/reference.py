@@ -129,6 +129,9 @@ class ReferenceAdapter(Adapter):
     def ffn(self, layer: HFModule) -> FFNView:
         return FFNView.of(layer.mlp[0], down=layer.mlp[2])
 
+    def residual_input(self, layer: HFModule, part: str) -> HFModule | None:
+        return layer if part == "attention" else layer.ln_mlp  # pre-norm
+
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
         view.module.num_heads = num_heads
 

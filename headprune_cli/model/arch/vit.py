@@ -18,6 +18,9 @@ class ViTAdapter(Adapter):
     def ffn(self, layer: HFModule) -> FFNView:
         return FFNView.of(layer.mlp.fc1, down=layer.mlp.fc2)
 
+    def residual_input(self, layer: HFModule, part: str) -> HFModule | None:
+        return layer if part == "attention" else layer.layernorm_after  # pre-norm
+
     def set_head_counts(self, view: AttentionView, num_heads: int, num_kv_heads: int) -> None:
         view.module.num_attention_heads = num_heads
 

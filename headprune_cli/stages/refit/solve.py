@@ -17,7 +17,8 @@ from headprune_cli.model.arch.base import HFModule, is_conv1d
 
 @dataclass
 class Stats:
-    # Sums over tokens t weighted by w_t (streams.token_weights: 1 / |Y_t|^2).
+    # Sums over tokens t weighted by w_t (streams.token_weights: 1 / |Y_t|^2), Y the fit's
+    # target (Streams.statistics: the projection's unpruned output plus the residual drift).
     gram: torch.Tensor  # [d+1, d+1] (or [d, d] without bias): [X 1]^T W [X 1]
     cross: torch.Tensor  # [d(+1), out]: [X 1]^T W Y
     yy: float  # sum_t w_t |Y_t|^2

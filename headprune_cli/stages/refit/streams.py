@@ -101,10 +101,19 @@ class Streams:
         has_bias: bool,
         advance_full: bool = True,
         rewritten: Sequence[Original] = (),
+        residual: HFModule | None = None,
     ) -> Stats:
-        """Sum [X 1]^T W [X 1], [X 1]^T W Y, sum_t w_t |Y_t|^2 for projection `o` of block `pos`:
-        X = the kept input features `cols` in the pruned stream, Y = `o`'s output in the
-        unpruned one, W = diag(w) the per-token weights (token_weights).
+        """Sum [X 1]^T W [X 1], [X 1]^T W T, sum_t w_t |T_t|^2 for projection `o` of block `pos`:
+        X = the kept input features `cols` in the pruned stream, T = the target (below),
+        W = diag(w) the per-token weights (token_weights of |T_t|^2).
+
+        T = Y + (R_unpruned - R_pruned): Y is `o`'s output in the unpruned stream, R the
+        residual stream `o`'s output is added to, read as the input of `residual` (the
+        adapter's residual_input) in each stream. So the fit puts the sum back on the unpruned
+        model's residual stream, cancelling what upstream cuts left there as far as the kept
+        features can, not only `o`'s own output (on SmolLM2-135M at 0.8 of the FLOPs: perplexity
+        1.23x against 1.33x; BENCHMARKS.md "Residual targets"). Without `residual`
+        (a norm sits between `o` and the addition, or no cut upstream), T = Y.
 
         With `advance_full` the unpruned stream moves on through the block; without it
         (another projection of the same block is fitted next) its run stops at `o`.
@@ -114,7 +123,7 @@ class Streams:
         w_full, b_full = linear_weights(o)
         w_full, b_full = w_full.double(), (b_full.double() if b_full is not None else None)
         for i, calls in enumerate(self.calls):
-            with _Captured(o) as seen:
+            with _Captured(o) as seen, _StreamInputs(residual) as residuals:
                 with _originals(rewritten):
                     if advance_full:
                         self.full[i] = calls[pos].run(self.blocks[pos], self.full[i])
@@ -126,13 +135,15 @@ class Streams:
                 # pruned stream advances through the refit weights afterwards).
                 seen.run_until(lambda: self._run_pruned(pos, i))  # noqa: B023 (called at once)
                 x_kept = _real_tokens(seen.input(), self.masks[i])[:, cols.to(seen.input().device)]
-            y = x_full @ w_full.to(x_full.device).T + (b_full.to(x_full.device) if b_full is not None else 0)
+            target = x_full @ w_full.to(x_full.device).T + (b_full.to(x_full.device) if b_full is not None else 0)
+            if residual is not None:
+                target += _real_tokens(residuals.drift(), self.masks[i])
             ones = torch.ones(len(x_kept), 1, dtype=x_kept.dtype, device=x_kept.device)
             xa = torch.cat([x_kept, ones], 1) if has_bias else x_kept
-            norms = (y * y).sum(1)
+            norms = (target * target).sum(1)
             weights = token_weights(norms)
             xw = xa * weights[:, None]
-            part = ((xw.T @ xa).cpu(), (xw.T @ y).cpu(), float((weights * norms).sum()), len(xa))
+            part = ((xw.T @ xa).cpu(), (xw.T @ target).cpu(), float((weights * norms).sum()), len(xa))
             if stats is not None:  # summed over the batches
                 part = (stats[0] + part[0], stats[1] + part[1], stats[2] + part[2], stats[3] + part[3])
             stats = part
@@ -244,6 +255,32 @@ def _no_cache(model: nn.Module) -> dict:
     return {"use_cache": False} if getattr(getattr(model, "config", None), "use_cache", None) is not None else {}
 
 
+class _StreamInputs:
+    """The hidden-state input of `module` (None: nothing is read) in each run of its block:
+    the unpruned stream's run first, then the pruned stream's."""
+
+    def __init__(self, module: nn.Module | None):
+        self.module = module
+        self.seen: list[torch.Tensor] = []
+
+    def __enter__(self) -> _StreamInputs:
+        if self.module is not None:
+            self._handle = self.module.register_forward_pre_hook(self._hook, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.module is not None:
+            self._handle.remove()
+
+    def _hook(self, module, args, kwargs):
+        self.seen.append((args[0] if args else kwargs["hidden_states"]).detach())
+
+    def drift(self) -> torch.Tensor:
+        """Unpruned minus pruned: what the upstream cuts moved the residual stream by."""
+        assert len(self.seen) == 2, "each stream's run of the block reads the residual stream once"
+        return self.seen[0] - self.seen[1]
+
+
 class _Captured:
     """The input of `o` (after any gate hook), each time it runs inside the block."""
 
@@ -280,8 +317,8 @@ class _Captured:
 
 
 def token_weights(norms: torch.Tensor) -> torch.Tensor:
-    """1 / |Y_t|^2 per token: the fit minimises every token's error relative to its own
-    output, as the next LayerNorm (RMSNorm) sees it, not the sum of squared errors, which a
+    """1 / |T_t|^2 per token: the fit minimises every token's error relative to its own
+    target, as the next LayerNorm (RMSNorm) sees it, not the sum of squared errors, which a
     few tokens with massive activations own (all-MiniLM-L6-v2's layer-0 FFN puts 98.8% of
     its output energy in one dimension of the [CLS] token). The floor (1e-6 of the batch's
     mean) keeps a token with next to no output from owning the fit instead."""

@@ -201,8 +201,8 @@ def _ridge_diag(x: torch.Tensor, y: torch.Tensor, w0: torch.Tensor, b0: torch.Te
 def test_the_refit_solves_the_least_squares_problem_it_states(family, fit, drop):
     """Every cut layer's down projection solves its ridge problem on X = the kept neurons'
     activations in the compensated, gated model (earlier layers and the block's own heads
-    already compensated) and Y = the unpruned model's down-projection output, each token's
-    error relative to its |Y_t|."""
+    already compensated) and Y = the unpruned model's down-projection output plus its residual
+    stream there, less the compensated model's, each token's error relative to its |Y_t|."""
     base = TINY[family]()
     heads = {l: h for l, h in HEADS.get(family, DEFAULT_HEADS).items() if l not in drop}
     remove_ffn = {l: n for l, n in half_of_every_ffn(base).items() if l not in drop}
@@ -212,8 +212,8 @@ def test_the_refit_solves_the_least_squares_problem_it_states(family, fit, drop)
     assert result.ffn_layers == sorted(remove_ffn)
     solve = _ridge_lstsq if fit == "full" else _ridge_diag
     for layer, removed in remove_ffn.items():
-        x = _down_inputs(got, layer, data, heads, remove_ffn, drop)
-        y = _down_outputs(base, layer, data)
+        x, residual = _down_inputs(got, layer, data, heads, remove_ffn, drop)
+        y = _down_outputs(base, layer, data) - residual
         kept = [n for n in range(info_of(base).layout.num_ffn[layer]) if n not in set(removed)]
         w, b = _in_out(down(base, layer))
         want_w, want_b = solve(x[:, kept], y, w[kept], b, ridge=0.1)
@@ -236,30 +236,42 @@ def _real(x: torch.Tensor, batch: dict) -> torch.Tensor:
     return x[mask.bool()].double() if mask is not None else x.reshape(-1, x.shape[-1]).double()
 
 
-def _down_inputs(model, layer: int, data, heads, remove_ffn, drop) -> torch.Tensor:
-    seen = []
-    hook = down(model, layer).register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
+def _down_inputs(model, layer: int, data, heads, remove_ffn, drop) -> tuple[torch.Tensor, torch.Tensor]:
+    """The down projection's input and the residual stream it adds to, in the gated model."""
     with (
-        torch.no_grad(),
         HeadGates(model, removal_gates(model, heads)),
         NeuronGates(model, removal_ffn_gates(model, remove_ffn)),
         skip_layers(model, drop),
     ):
-        for batch in data:
-            model(**batch)
-    hook.remove()
-    return torch.cat([_real(x, b) for x, b in zip(seen, data)])
+        return _inputs(model, layer, data)
 
 
 def _down_outputs(model, layer: int, data) -> torch.Tensor:
-    seen = []
-    hook = down(model, layer).register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
+    """The down projection's output plus the residual stream it is added to."""
+    x, residual = _inputs(model, layer, data)
+    w, b = _in_out(down(model, layer))
+    return x @ w + (b if b is not None else 0) + residual
+
+
+def _inputs(model, layer: int, data) -> tuple[torch.Tensor, torch.Tensor]:
+    """On every batch's real tokens: the input of `layer`'s down projection, and the input of the
+    adapter's residual_input module for its FFN (the hidden states, positional or by keyword)."""
+    xs, residuals = [], []
+    adapter = adapter_for(model)
+    stream = adapter.residual_input(adapter.layer_list(model)[layer], "ffn")
+    hooks = [
+        down(model, layer).register_forward_pre_hook(lambda m, args: xs.append(args[0].detach())),
+        stream.register_forward_pre_hook(
+            lambda m, args, kw: residuals.append((args[0] if args else kw["hidden_states"]).detach()), with_kwargs=True
+        ),
+    ]
     with torch.no_grad():
         for batch in data:
             model(**batch)
-    hook.remove()
-    w, b = _in_out(down(model, layer))
-    return torch.cat([_real(x, bt) @ w + (b if b is not None else 0) for x, bt in zip(seen, data)])
+    for hook in hooks:
+        hook.remove()
+    real = [torch.cat([_real(t, b) for t, b in zip(ts, data)]) for ts in (xs, residuals)]
+    return real[0], real[1]
 
 
 def _deep_llama(layers: int):
