@@ -167,7 +167,7 @@ def _tell(result, ctx: Context) -> None:
         if layers:
             ctx.print(
                 f"{result.method} compensation on {result.tokens} tokens, "
-                f"{len(layers)} layers: relative {what}-output error "
+                f"{len(layers)} layers: relative error of the residual stream after the {what} "
                 f"{sum(before.values()) / len(layers):.4f} -> {sum(after.values()) / len(layers):.4f}"
             )
 
@@ -175,10 +175,7 @@ def _tell(result, ctx: Context) -> None:
 # `headprune prune --help`: the command's text (cli/ builds the command from STAGE).
 HELP = """Remove heads, FFN neurons and layers physically (smaller dense matrices); optionally compensate.
 
-    With neither --plan nor --scores, a plan or a scores JSON is read from stdin.
-    Compensation (retraining-free, seconds): `bias` adds the removed heads' mean
-    contribution to the output-projection bias; `lstsq` refits the kept columns of each
-    pruned layer's output projection to match the unpruned layer on --data.
+    With neither --plan nor --scores, a plan or a scores JSON is read from stdin. Compensation (retraining-free, seconds): `bias` adds the removed heads' mean contribution to the output-projection bias; `lstsq` refits the kept columns of each pruned layer's output and down projections on --data so that the residual stream after each matches the unpruned model's (which also cancels the drift the cuts before it left).
 
     Examples:
 

@@ -2,7 +2,7 @@
 
 `prune --compensate bias|lstsq` refits the kept columns of every cut output projection
 (heads) and down projection (FFN neurons) towards the unpruned model's output of that
-projection (prune/compensation.py). Re-running that per candidate would cost a calibration
+projection plus the residual stream's drift there (prune/compensation.py). Re-running that per candidate would cost a calibration
 pass each. Here the statistics are collected once, with the unpruned model, over every input
 feature of every projection the search may cut: G = [X 1]^T diag(w) [X 1], C = [X 1]^T diag(w) Y
 with Y the projection's own output and w_t = 1 / |Y_t|^2 (the same per-token weights prune
@@ -11,8 +11,9 @@ closed forms (refit/solve.py) give its weights: a small linear solve per cut pro
 cached per (projection, kept features) since a move changes one or two layers.
 
 The one approximation: prune takes X from the pruned model, with every earlier layer already
-cut and compensated, so it also corrects error that accumulates upstream; here X is the
-unpruned model's (Kwon et al. and ZipLM judge their candidates the same way). The shipped
+cut and compensated, and adds to Y the residual stream's drift, so it also corrects error that
+accumulates upstream; here X is the unpruned model's and there is no drift to correct (Kwon et
+al. and ZipLM judge their candidates the same way). The shipped
 cut is therefore at least as well compensated as the judged one, layer by layer.
 
 Memory: one (d+1)^2 float64 Gram matrix per projection: 0.9 MB per attention projection and
