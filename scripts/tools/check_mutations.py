@@ -203,6 +203,24 @@ MUTATIONS = {
         "",
         "tests/model/formats/test_gguf_gptq.py::test_with_uncorrelated_inputs_each_weight_is_its_nearest_level_at_the_stored_scale",
     ),
+    "refit target without the residual drift": (
+        "headprune_cli/stages/prune/compensation.py",
+        "rewritten=rewritten, residual=residual",
+        "rewritten=rewritten, residual=None",
+        "tests/stages/prune/test_compensation_ffn.py::test_the_refit_solves_the_least_squares_problem_it_states",
+    ),
+    "refit tokens weighted by the projection's output, not the target": (
+        "headprune_cli/stages/refit/streams.py",
+        "norms = (target * target).sum(1)",
+        "norms = ((x_full @ w_full.to(x_full.device).T) ** 2).sum(1)",
+        "tests/stages/prune/test_compensation.py::test_streaming_equals_the_old_algorithm",
+    ),
+    "llama FFN residual read at the block's input": (
+        "headprune_cli/model/arch/llama.py",
+        'else layer.post_attention_layernorm',
+        "else layer",
+        "tests/model/test_adapters.py::test_residual_input_reads_the_stream_each_projection_is_added_to",
+    ),
 }
 
 

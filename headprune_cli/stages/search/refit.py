@@ -2,13 +2,14 @@
 
 `prune --compensate bias|lstsq` refits the kept columns of every cut output projection
 (heads) and down projection (FFN neurons) towards the unpruned model's output of that
-projection plus the residual stream's drift there (prune/compensation.py). Re-running that per candidate would cost a calibration
-pass each. Here the statistics are collected once, with the unpruned model, over every input
-feature of every projection the search may cut: G = [X 1]^T diag(w) [X 1], C = [X 1]^T diag(w) Y
-with Y the projection's own output and w_t = 1 / |Y_t|^2 (the same per-token weights prune
-uses). A candidate's kept features K select a sub-block, G[K, K] and C[K], and the same
-closed forms (refit/solve.py) give its weights: a small linear solve per cut projection,
-cached per (projection, kept features) since a move changes one or two layers.
+projection plus the residual stream's drift there (prune/compensation.py). Re-running that
+per candidate would cost a calibration pass each. Here the statistics are collected once,
+with the unpruned model, over every input feature of every projection the search may cut:
+G = [X 1]^T diag(w) [X 1], C = [X 1]^T diag(w) Y with Y the projection's own output and
+w_t = 1 / |Y_t|^2 (the same per-token weights prune uses, its target being Y here). A
+candidate's kept features K select a sub-block, G[K, K] and C[K], and the same closed forms
+(refit/solve.py) give its weights: a small linear solve per cut projection, cached per
+(projection, kept features) since a move changes one or two layers.
 
 The one approximation: prune takes X from the pruned model, with every earlier layer already
 cut and compensated, and adds to Y the residual stream's drift, so it also corrects error that
