@@ -217,7 +217,7 @@ MUTATIONS = {
     ),
     "llama FFN residual read at the block's input": (
         "headprune_cli/model/arch/llama.py",
-        'else layer.post_attention_layernorm',
+        "else layer.post_attention_layernorm",
         "else layer",
         "tests/model/test_adapters.py::test_residual_input_reads_the_stream_each_projection_is_added_to",
     ),
