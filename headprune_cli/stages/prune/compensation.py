@@ -22,7 +22,7 @@ For pruned layer l, in order, on calibration tokens (padding left out):
        (BENCHMARKS.md, "Residual targets");
 Statistics are accumulated in float64 with one weight per token, w_t = 1 / |Y_t|^2:
 G = [X 1]^T diag(w) [X 1], C = [X 1]^T diag(w) Y. So every fit minimises each token's
-error relative to its own output (what the next LayerNorm or RMSNorm sees), not the total
+error relative to its own target (what the next LayerNorm or RMSNorm sees), not the total
 squared error, which a few tokens with massive activations own: in all-MiniLM-L6-v2's
 layer 0, 98.8% of the FFN output's energy is one dimension of the [CLS] token. A plan
 that removes the neurons behind it (fisher scores them unimportant, and the cut alone

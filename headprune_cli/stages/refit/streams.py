@@ -276,9 +276,10 @@ class _StreamInputs:
         self.seen.append((args[0] if args else kwargs["hidden_states"]).detach())
 
     def drift(self) -> torch.Tensor:
-        """Unpruned minus pruned: what the upstream cuts moved the residual stream by."""
+        """Unpruned minus pruned, in float64 (in bf16 the difference of two close streams would
+        lose most of its digits): what the upstream cuts moved the residual stream by."""
         assert len(self.seen) == 2, "each stream's run of the block reads the residual stream once"
-        return self.seen[0] - self.seen[1]
+        return self.seen[0].double() - self.seen[1].double()
 
 
 class _Captured:
