@@ -16,6 +16,7 @@ from torch import nn
 
 from headprune_cli.errors import ArchitectureError, PlanError
 from headprune_cli.model.arch import adapter_for
+from headprune_cli.model.arch.base import hidden_states_in
 from headprune_cli.model.ffn import current_positions, ffn_cuts
 from headprune_cli.model.layout import info_of
 
@@ -121,7 +122,7 @@ class LayerGates(_BlockHooks):
 
     def _hook(self, pos: int):
         def hook(module, args, kwargs, output):
-            hidden = args[0] if args else kwargs["hidden_states"]
+            hidden = hidden_states_in(args, kwargs)
             out = output[0] if isinstance(output, tuple) else output
             gate = self.gates[..., pos].to(out.device, out.dtype)
             gate = gate.view(-1, *([1] * (out.dim() - 1))) if gate.dim() == 1 else gate
@@ -158,7 +159,7 @@ def skip_layers(model: nn.Module, layers: list[int]) -> Iterator[None]:
 
 
 def _identity_hook(module, args, kwargs, output):
-    hidden = args[0] if args else kwargs["hidden_states"]
+    hidden = hidden_states_in(args, kwargs)
     if isinstance(output, tuple):
         return (hidden, *output[1:])
     return hidden

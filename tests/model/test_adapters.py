@@ -8,6 +8,7 @@ import torch
 import transformers as T
 
 from headprune_cli.model.arch import ADAPTERS, adapter_for
+from headprune_cli.model.arch.base import hidden_states_in
 from tests.support import TINY
 
 
@@ -120,7 +121,7 @@ _POST_NORM_SUMS = {
 
 def _first_input(module, seen: list):
     return module.register_forward_pre_hook(
-        lambda m, args, kw: seen.append((args[0] if args else kw["hidden_states"]).detach()), with_kwargs=True
+        lambda m, args, kw: seen.append(hidden_states_in(args, kw).detach()), with_kwargs=True
     )
 
 

@@ -12,6 +12,7 @@ import transformers
 
 from headprune_cli import load, save
 from headprune_cli.model.arch import adapter_for
+from headprune_cli.model.arch.base import hidden_states_in
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, apply_plan, removal_gates
 
@@ -106,9 +107,7 @@ def test_no_residual_stream_is_named_for_compensation(gemma) -> None:
         seen.setdefault(key, tensor.detach())
 
     hooks = [
-        layer.register_forward_pre_hook(
-            lambda m, a, kw: keep("r", a[0] if a else kw["hidden_states"]), with_kwargs=True
-        ),
+        layer.register_forward_pre_hook(lambda m, a, kw: keep("r", hidden_states_in(a, kw)), with_kwargs=True),
         layer.self_attn.o_proj.register_forward_hook(lambda m, a, out: keep("o", out)),
         layer.pre_feedforward_layernorm.register_forward_pre_hook(lambda m, a: keep("sum", a[0])),
     ]

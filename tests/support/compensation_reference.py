@@ -17,7 +17,7 @@ from torch import nn
 
 from headprune_cli.errors import NumericalError, PlanError, UsageError
 from headprune_cli.model.arch import adapter_for
-from headprune_cli.model.arch.base import is_conv1d, out_rows
+from headprune_cli.model.arch.base import hidden_states_in, is_conv1d, out_rows
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, removal_gates, skip_layers
 from headprune_cli.names import did_you_mean
@@ -124,7 +124,7 @@ def _o_input(model: nn.Module, pos: int, batch: dict) -> tuple[torch.Tensor, tor
     captured = {}
 
     def block_hook(module, args, kwargs):
-        captured["h"] = (args[0] if args else kwargs["hidden_states"]).detach()
+        captured["h"] = hidden_states_in(args, kwargs).detach()
 
     def hook(module, args):
         captured["x"] = args[0].detach()

@@ -73,6 +73,12 @@ class FFNView:
         return cls(ups=list(ups), down=down, width=width)
 
 
+def hidden_states_in(args: tuple, kwargs: dict) -> torch.Tensor:
+    """A block's (or norm's) hidden-state input as a forward hook with kwargs sees it: the first
+    positional argument, or `hidden_states=` (transformers calls its decoder layers so)."""
+    return args[0] if args else kwargs["hidden_states"]
+
+
 def out_rows(head_indices: list[int], head_dim: int) -> torch.Tensor:
     """Feature indices that belong to the given heads in a [heads * head_dim] axis."""
     rows = [h * head_dim + i for h in head_indices for i in range(head_dim)]

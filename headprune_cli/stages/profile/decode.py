@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from headprune_cli.model.arch import adapter_for
+from headprune_cli.model.arch.base import hidden_states_in
 from headprune_cli.stages.model_latency import cache_name, prefill, prompt_ids
 
 
@@ -54,7 +55,7 @@ def frozen_call(model: nn.Module, context: int):
     adapter = adapter_for(model)
 
     def call_args_for(args: tuple, kwargs: dict):
-        hidden = args[0] if args else kwargs["hidden_states"]
+        hidden = hidden_states_in(args, kwargs)
 
         def call(block: nn.Module):
             view = adapter.attention(block)

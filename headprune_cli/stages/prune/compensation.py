@@ -265,9 +265,10 @@ def _fit_projection(
     """Solve for the kept columns of one projection of block `pos` and write them in place
     (its original weights join `rewritten`, for the unpruned run of the block's next fit)."""
     ffn = fit.part == "ffn"
-    o = _projection(adapter_for(streams.model), streams.blocks[pos], fit)
+    adapter = adapter_for(streams.model)
+    o = _projection(adapter, streams.blocks[pos], fit)
     has_bias = o.bias is not None
-    residual = adapter_for(streams.model).residual_input(streams.blocks[pos], fit.part)
+    residual = adapter.residual_input(streams.blocks[pos], fit.part)
     stats = streams.statistics(
         pos, o, fit.kept, has_bias, advance_full=advance_full, rewritten=rewritten, residual=residual
     )

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from headprune_cli.errors import NumericalError
-from headprune_cli.model.arch.base import HFModule
+from headprune_cli.model.arch.base import HFModule, hidden_states_in
 from headprune_cli.stages.refit.solve import Stats, linear_weights
 
 
@@ -123,7 +123,7 @@ class Streams:
         w_full, b_full = linear_weights(o)
         w_full, b_full = w_full.double(), (b_full.double() if b_full is not None else None)
         for i, calls in enumerate(self.calls):
-            with _Captured(o) as seen, _StreamInputs(residual) as residuals:
+            with _Captured(o) as seen, _Captured(residual) as stream:
                 with _originals(rewritten):
                     if advance_full:
                         self.full[i] = calls[pos].run(self.blocks[pos], self.full[i])
@@ -131,13 +131,14 @@ class Streams:
                         # run_until calls it at once, within this iteration: late binding is harmless
                         seen.run_until(lambda: calls[pos].run(self.blocks[pos], self.full[i]))  # noqa: B023
                 x_full = _real_tokens(seen.input(), self.masks[i])
+                r_full = _real_tokens(stream.input(), self.masks[i]) if residual is not None else None
                 # Only the projection's input is needed: the block's output is dropped (the
                 # pruned stream advances through the refit weights afterwards).
                 seen.run_until(lambda: self._run_pruned(pos, i))  # noqa: B023 (called at once)
                 x_kept = _real_tokens(seen.input(), self.masks[i])[:, cols.to(seen.input().device)]
             target = x_full @ w_full.to(x_full.device).T + (b_full.to(x_full.device) if b_full is not None else 0)
-            if residual is not None:
-                target += _real_tokens(residuals.drift(), self.masks[i])
+            if r_full is not None:  # float64 (_real_tokens): in bf16 the difference would lose its digits
+                target += r_full - _real_tokens(stream.input(), self.masks[i])
             ones = torch.ones(len(x_kept), 1, dtype=x_kept.dtype, device=x_kept.device)
             xa = torch.cat([x_kept, ones], 1) if has_bias else x_kept
             norms = (target * target).sum(1)
@@ -200,7 +201,7 @@ def _record_calls(model: nn.Module, blocks, batch: dict, last: int) -> tuple[tor
 
     def record(module, args, kwargs):
         keyword = not args
-        hidden = kwargs["hidden_states"] if keyword else args[0]
+        hidden = hidden_states_in(args, kwargs)
         if not calls:
             first["hidden"] = hidden.detach()
         rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
@@ -229,7 +230,7 @@ class _PassThrough:
         self.template = template
 
     def __call__(self, *args, **kwargs):
-        hidden = kwargs["hidden_states"] if not args else args[0]
+        hidden = hidden_states_in(args, kwargs)
         if isinstance(self.template, tuple):
             return (hidden, *self.template[1:])
         return hidden
@@ -255,49 +256,25 @@ def _no_cache(model: nn.Module) -> dict:
     return {"use_cache": False} if getattr(getattr(model, "config", None), "use_cache", None) is not None else {}
 
 
-class _StreamInputs:
-    """The hidden-state input of `module` (None: nothing is read) in each run of its block:
-    the unpruned stream's run first, then the pruned stream's."""
-
-    def __init__(self, module: nn.Module | None):
-        self.module = module
-        self.seen: list[torch.Tensor] = []
-
-    def __enter__(self) -> _StreamInputs:
-        if self.module is not None:
-            self._handle = self.module.register_forward_pre_hook(self._hook, with_kwargs=True)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.module is not None:
-            self._handle.remove()
-
-    def _hook(self, module, args, kwargs):
-        self.seen.append((args[0] if args else kwargs["hidden_states"]).detach())
-
-    def drift(self) -> torch.Tensor:
-        """Unpruned minus pruned, in float64 (in bf16 the difference of two close streams would
-        lose most of its digits): what the upstream cuts moved the residual stream by."""
-        assert len(self.seen) == 2, "each stream's run of the block reads the residual stream once"
-        return self.seen[0].double() - self.seen[1].double()
-
-
 class _Captured:
-    """The input of `o` (after any gate hook), each time it runs inside the block."""
+    """The input of `o` (after any gate hook; a block's or norm's hidden states, positional or by
+    keyword), each time it runs inside the block. `o` None: nothing is read."""
 
-    def __init__(self, o: nn.Module):
+    def __init__(self, o: nn.Module | None):
         self.o, self._stop = o, False
         self.x: torch.Tensor | None = None
 
     def __enter__(self) -> _Captured:
-        self._handle = self.o.register_forward_pre_hook(self._hook)
+        if self.o is not None:
+            self._handle = self.o.register_forward_pre_hook(self._hook, with_kwargs=True)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._handle.remove()
+        if self.o is not None:
+            self._handle.remove()
 
-    def _hook(self, module, args):
-        self.x = args[0].detach()
+    def _hook(self, module, args, kwargs):
+        self.x = hidden_states_in(args, kwargs).detach()
         if self._stop:
             raise _Stop
 

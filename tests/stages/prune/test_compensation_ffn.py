@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from headprune_cli.model.arch import adapter_for
-from headprune_cli.model.arch.base import is_conv1d
+from headprune_cli.model.arch.base import hidden_states_in, is_conv1d
 from headprune_cli.model.ffn import removal_ffn_gates
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, NeuronGates, apply_plan, removal_gates, skip_layers
@@ -262,7 +262,7 @@ def _inputs(model, layer: int, data) -> tuple[torch.Tensor, torch.Tensor]:
     hooks = [
         down(model, layer).register_forward_pre_hook(lambda m, args: xs.append(args[0].detach())),
         stream.register_forward_pre_hook(
-            lambda m, args, kw: residuals.append((args[0] if args else kw["hidden_states"]).detach()), with_kwargs=True
+            lambda m, args, kw: residuals.append(hidden_states_in(args, kw).detach()), with_kwargs=True
         ),
     ]
     with torch.no_grad():

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from headprune_cli.data.readers import Dataset, batches
 from headprune_cli.errors import DataError
 from headprune_cli.model.arch import adapter_for
+from headprune_cli.model.arch.base import hidden_states_in
 from headprune_cli.model.layout import info_of
 from headprune_cli.model.surgery import HeadGates, NeuronGates, apply_plan, skip_layers
 from headprune_cli.stages.objectives import check_finite, embed, per_example_loss
@@ -34,7 +35,7 @@ class BlockInfluence(Importance):
 
         def hook(pos):
             def record(module, args, kwargs, output):
-                hidden_in = args[0] if args else kwargs["hidden_states"]
+                hidden_in = hidden_states_in(args, kwargs)
                 hidden_out = output[0] if isinstance(output, tuple) else output
                 seen[pos] = (1 - F.cosine_similarity(hidden_in.double(), hidden_out.double(), dim=-1)).to(ctx.device)
 

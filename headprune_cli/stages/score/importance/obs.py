@@ -39,7 +39,7 @@ import torch
 
 from headprune_cli.errors import UsageError
 from headprune_cli.model.arch import adapter_for
-from headprune_cli.model.arch.base import is_conv1d
+from headprune_cli.model.arch.base import hidden_states_in, is_conv1d
 from headprune_cli.model.surgery import removal_gates
 from headprune_cli.names import did_you_mean
 from headprune_cli.stages.refit.solve import Stats, kept_weights
@@ -178,7 +178,7 @@ def _energies(ctx: ScoreContext) -> dict[str, list[float]]:
         sums[key][pos] += float(((x * x).sum(-1) * real.to(x.device)).sum())
 
     def block_hook(pos: int):
-        return lambda module, args, kwargs: add("residual", pos, kwargs["hidden_states"] if not args else args[0])
+        return lambda module, args, kwargs: add("residual", pos, hidden_states_in(args, kwargs))
 
     def out_hook(key: str, pos: int):
         return lambda module, args, output: add(key, pos, output)

@@ -12,6 +12,7 @@ import torch
 
 from headprune_cli.errors import UsageError
 from headprune_cli.model.arch import adapter_for
+from headprune_cli.model.arch.base import hidden_states_in
 from headprune_cli.stages.score.importance import score_model
 from headprune_cli.stages.score.importance.obs_greedy import STEP_SHARE, greedy_order
 from tests.stages.score.importance.test_published import _inputs, _setup, _weight
@@ -166,7 +167,7 @@ def _residual_energy(model, data, blocks) -> list[float]:
 
     def keep(pos):
         def hook(module, args, kwargs):
-            h = (kwargs["hidden_states"] if not args else args[0]).detach()[real].double()
+            h = hidden_states_in(args, kwargs).detach()[real].double()
             seen[pos] = float((h * h).sum(1).mean())
 
         return hook
