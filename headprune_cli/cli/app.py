@@ -201,13 +201,22 @@ def _signals_interrupt():
 
     SIGTERM's default action kills the process on the spot, leaving a half-written
     temporary beside its output; as an exception it unwinds through atomic_write's
-    cleanup instead. The previous handlers come back afterwards (tests call main
-    in-process)."""
+    cleanup instead. A second SIGTERM is ignored: torchrun stops a worker with killpg, so
+    the rank gets one SIGTERM and its watcher (files/watcher.py) passes on another, which
+    would otherwise land in the middle of the first one's unwinding (say, while the rank
+    names its dead peer). A second Ctrl-C still stops the cleanup; the watcher sweeps what
+    it leaves. The previous handlers come back afterwards (tests call main in-process)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    stopping = False
 
     def interrupt(signum, frame):
+        nonlocal stopping
+        if signum == signal.SIGTERM:
+            if stopping:
+                return
+            stopping = True
         raise Interrupted(signal.Signals(signum).name)
 
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -83,6 +83,26 @@ def test_torchruns_sigterm_during_the_cleanup_after_a_named_fault_keeps_the_line
     assert capsys.readouterr().err.startswith(f"Error: rank 1 (pid {dead_peer}) died while rank 0 trained")
 
 
+def test_the_watchers_copy_of_torchruns_sigterm_is_the_same_stop(dead_peer: int, monkeypatch, capsys):
+    # torchrun stops a worker with killpg: the rank gets SIGTERM, and its watcher passes on a
+    # second one, which (a flaky CI case) landed while the rank looked for its dead peer and
+    # turned the named fault into "Error: interrupted".
+    look = faults.dead_peers
+
+    def looking_when_the_copy_lands(wait_s: float = 0.0) -> list[int]:
+        _signal_self()
+        return look(wait_s)
+
+    monkeypatch.setattr(faults, "dead_peers", looking_when_the_copy_lands)
+
+    def command():
+        with faults.peer_faults(None):
+            _signal_self()
+
+    assert _main_running(command, monkeypatch) == 1
+    assert capsys.readouterr().err.startswith(f"Error: rank 1 (pid {dead_peer}) died while rank 0 trained")
+
+
 def test_a_ctrl_c_is_the_users_stop_even_with_a_dead_peer(dead_peer: int, monkeypatch, capsys):
     assert _main_running(_gloo_error_then(signal.SIGINT), monkeypatch) == EXIT_INTERRUPTED
     assert capsys.readouterr().err.strip() == "Error: interrupted"
