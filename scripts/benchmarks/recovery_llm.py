@@ -32,6 +32,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -211,7 +212,7 @@ class Bench:
             argv += ["--lr", lr]
         if route == "lora":
             argv += ["--lora", "--lora-rank", a.lora_rank, "--lora-alpha", 2 * a.lora_rank]
-        return argv
+        return argv + shlex.split(a.finetune_options)
 
     def adapter_args(self, route: str, name: str) -> list:
         """LoRA: also keep the unmerged adapter, for `check`."""
@@ -323,6 +324,9 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--lr", type=float, help="peak rate (default: finetune's own)")
     parser.add_argument("--lora-rank", type=int, default=8)
+    parser.add_argument(
+        "--finetune-options", default="", help="more `finetune` options for every run, one string ('--kd-weight 1')"
+    )
     parser.add_argument("--lrs", type=float, nargs="+", help="pick the rate among these first (--dev)")
     parser.add_argument("--trial-steps", type=int, default=24, help="--lrs: steps each rate runs before the choice")
     parser.add_argument("--calib-rows", type=int, default=16)
