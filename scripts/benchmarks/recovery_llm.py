@@ -11,6 +11,9 @@ one run's trajectory: the points before the last are mid-schedule (the learning 
 not decayed yet), the last is the run's own output. Perplexity is on the first --eval-rows
 rows of the held-out text, which nothing here trains, scores or selects on.
 
+Another cut (an `iterate` output, say) is trained instead when it is put in OUT as
+cut-T.safetensors beforehand; --label names it in the rows, so the plot keeps its curve apart.
+
 --lrs A,B: the learning-rate trial instead: short runs of --trial-steps at each rate (its
 own warmup and decay), judged on --dev rows (not the held-out text).
 
@@ -179,6 +182,8 @@ class Bench:
         return any(all(r.get(k) == v for k, v in key.items()) for r in self.rows())
 
     def record(self, row: dict) -> None:
+        if self.args.label:
+            row = {**row, "label": self.args.label}
         with self.results.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), file=sys.stderr, flush=True)
@@ -280,7 +285,7 @@ class Bench:
         theirs = final.state_dict()
         return max(float((v.float() - theirs[k].float()).abs().max()) for k, v in ours.state_dict().items())
 
-    def lr_trial(self, target: float, route: str) -> float:
+    def lr_trial(self, target: float, route: str) -> float | None:
         """The first --trial-steps of the full run at each of --lrs (the same schedule up to there),
         side by side, judged on the --dev rows (never the held-out text); the best rate, whose
         run `curve` then continues."""
@@ -326,6 +331,9 @@ def main() -> None:
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument(
         "--finetune-options", default="", help="more `finetune` options for every run, one string ('--kd-weight 1')"
+    )
+    parser.add_argument(
+        "--label", help="names the cut in every row (a cut put in OUT as cut-T.safetensors beforehand, not the default)"
     )
     parser.add_argument("--lrs", type=float, nargs="+", help="pick the rate among these first (--dev)")
     parser.add_argument("--trial-steps", type=int, default=24, help="--lrs: steps each rate runs before the choice")

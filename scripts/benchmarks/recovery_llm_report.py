@@ -21,18 +21,23 @@ def projection(curve: list[dict], tokens: float) -> float | None:
     return 1 + math.exp(float(ys.mean()) + slope * (math.log(tokens) - float(xs.mean())))
 
 
-def curves(rows: list[dict]) -> dict[tuple[float, str], list[dict]]:
-    """(target, route) -> its points by tokens: the cut itself, then the trained states."""
-    out: dict[tuple[float, str], list[dict]] = {}
+def curves(rows: list[dict]) -> dict[tuple[float, str, str], list[dict]]:
+    """(target, cut label, route) -> its points by tokens: the cut itself, then the trained states.
+    Rows without a "label" are the default route's cut; a label names another cut of that target."""
+    out: dict[tuple[float, str, str], list[dict]] = {}
     for target in sorted({r["target"] for r in rows}, reverse=True):
-        cut = [r for r in rows if r["target"] == target and r["route"] == "cut"]
-        for route in ("lora", "full"):
-            trained = sorted(
-                (r for r in rows if r["target"] == target and r["route"] == route), key=lambda r: r["step"]
-            )
-            if trained:
-                out[(target, route)] = cut + trained
+        for label in dict.fromkeys(r.get("label", "") for r in rows if r["target"] == target):
+            ours = [r for r in rows if r["target"] == target and r.get("label", "") == label]
+            cut = [r for r in ours if r["route"] == "cut"]
+            for route in ("lora", "full"):
+                trained = sorted((r for r in ours if r["route"] == route), key=lambda r: r["step"])
+                if trained:
+                    out[(target, label, route)] = cut + trained
     return out
+
+
+def _name(target: float, label: str) -> str:
+    return f"{target:g} ({label})" if label else f"{target:g}"
 
 
 def render(rows: list[dict], project_to: float) -> str:
@@ -42,14 +47,15 @@ def render(rows: list[dict], project_to: float) -> str:
         "| cut (FLOPs kept) | recovery | step | tokens | perplexity | x unpruned |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    for (target, route), points in curves(rows).items():
+    for (target, label, route), points in curves(rows).items():
+        cut = _name(target, label)
         for r in points:
             lines.append(
-                f"| {target:g} | {names[route]} | {r['step']} | {r['tokens']:,} | {r['ppl']:.2f} | {r['x_ppl']:.3f} |"
+                f"| {cut} | {names[route]} | {r['step']} | {r['tokens']:,} | {r['ppl']:.2f} | {r['x_ppl']:.3f} |"
             )
         guess = projection(points, project_to)
         if guess is not None:
-            lines.append(f"| {target:g} | {names[route]} | extrapolated | {project_to:,.0f} | | ~{guess:.2f} |")
+            lines.append(f"| {cut} | {names[route]} | extrapolated | {project_to:,.0f} | | ~{guess:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -60,9 +66,10 @@ def plot(rows: list[dict], path: Path, unpruned: float, project_to: float) -> No
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    for (target, route), points in curves(rows).items():
+    for (target, label, route), points in curves(rows).items():
         xs = [max(r["tokens"], 1e3) for r in points]  # the cut itself drawn at 1 k on the log axis
-        line = ax.plot(xs, [r["x_ppl"] for r in points], marker="o", label=f"{target:g} of the FLOPs, {route} KD")
+        name = f"{_name(target, label)} of the FLOPs, {route} KD"
+        line = ax.plot(xs, [r["x_ppl"] for r in points], marker="o", label=name)
         guess = projection(points, project_to)
         if guess is not None:
             ax.plot([xs[-1], project_to], [points[-1]["x_ppl"], guess], ls=":", color=line[0].get_color())

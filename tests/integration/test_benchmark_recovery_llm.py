@@ -54,12 +54,13 @@ def test_curve_and_rate_trial_on_the_tiny_llama(tmp_path):
     argv = ["--model", model, "--scores", scores, "--calib", TEXT, "--train", TEXT, "--heldout", TEXT]
     argv += ["--dev", TEXT, "--out", out, "--unpruned-ppl", 100.0, "--targets", 0.8, "--steps", 20, "--points", 10]
     argv += ["--batch-size", 2, "--max-length", 32, "--eval-rows", 4, "--lora-rank", 2, "--lrs", 1e-3, 1e-2]
-    argv += ["--trial-steps", 10]  # 10 steps between saves: time enough for the copies
+    argv += ["--trial-steps", 10, "--label", "tiny"]  # 10 steps between saves: time enough for the copies
     done = subprocess.run(
         [sys.executable, "-m", "scripts.benchmarks.recovery_llm", *map(str, argv)], cwd=ROOT, capture_output=True
     )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert all(r["label"] == "tiny" for r in rows)
     trial = [r for r in rows if r["route"] == "lora lr trial"]
     assert sorted(r["lr"] for r in trial) == [1e-3, 1e-2] and all(r["dev_ppl"] > 1 for r in trial)
     best = min(trial, key=lambda r: r["dev_ppl"])["lr"]
@@ -84,9 +85,24 @@ def test_projection_follows_a_power_law_and_the_table_says_it_is_one():
     for step, tokens in ((24, 25_000), (48, 50_000), (96, 100_000)):
         x = 1 + 2 * tokens**-0.25
         rows.append({"target": 0.8, "route": "lora", "step": step, "tokens": tokens, "ppl": 37.29 * x, "x_ppl": x})
-    curve = report.curves(rows)[(0.8, "lora")]
+    curve = report.curves(rows)[(0.8, "", "lora")]
     assert [r["step"] for r in curve] == [0, 24, 48, 96]
     assert report.projection(curve, 2e6) == pytest.approx(1 + 2 * 2e6**-0.25, rel=1e-9)
     assert report.projection(curve[:2], 2e6) is None  # one trained point fits no slope
     table = report.render(rows, 2e6)
     assert "| 0.8 | LoRA KD | 96 | 100,000 | 41.48 | 1.112 |" in table and "| extrapolated | 2,000,000 | | ~" in table
+
+
+def test_a_labelled_cut_of_the_same_target_is_its_own_curve():
+    rows = [
+        {"target": 0.5, "route": "cut", "step": 0, "tokens": 0, "ppl": 99.5, "x_ppl": 2.67},
+        {"target": 0.5, "route": "lora", "step": 48, "tokens": 47_185, "ppl": 77.8, "x_ppl": 2.09},
+        {"target": 0.5, "route": "cut", "step": 0, "tokens": 0, "ppl": 88.9, "x_ppl": 2.38, "label": "iterate"},
+        {"target": 0.5, "route": "lora", "step": 48, "tokens": 47_185, "ppl": 69.9, "x_ppl": 1.87, "label": "iterate"},
+    ]
+    found = report.curves(rows)
+    assert [r["ppl"] for r in found[(0.5, "", "lora")]] == [99.5, 77.8]
+    assert [r["ppl"] for r in found[(0.5, "iterate", "lora")]] == [88.9, 69.9]
+    table = report.render(rows, 2e6)
+    assert "| 0.5 (iterate) | LoRA KD | 48 | 47,185 | 69.90 | 1.870 |" in table
+    assert "| 0.5 | LoRA KD | 48 | 47,185 | 77.80 | 2.090 |" in table
