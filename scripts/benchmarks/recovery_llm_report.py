@@ -68,7 +68,7 @@ def plot(rows: list[dict], path: Path, unpruned: float, project_to: float) -> No
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for (target, label, route), points in curves(rows).items():
         xs = [max(r["tokens"], 1e3) for r in points]  # the cut itself drawn at 1 k on the log axis
-        name = f"{_name(target, label)} of the FLOPs, {route} KD"
+        name = f"{target:g} of the FLOPs{f' ({label})' if label else ''}, {route} KD"
         line = ax.plot(xs, [r["x_ppl"] for r in points], marker="o", label=name)
         guess = projection(points, project_to)
         if guess is not None:
@@ -79,7 +79,7 @@ def plot(rows: list[dict], path: Path, unpruned: float, project_to: float) -> No
     ax.set_yscale("log")
     ax.set_xlabel("tokens trained (the cut itself at 1 k; dotted: extrapolation)")
     ax.set_ylabel(f"perplexity / unpruned ({unpruned:.2f})")
-    ax.set_title("SmolLM2-135M: recovery after the default route's cut")
+    ax.set_title("SmolLM2-135M: recovery after each cut")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
