@@ -13,6 +13,8 @@ rows of the held-out text, which nothing here trains, scores or selects on.
 
 Another cut (an `iterate` output, say) is trained instead when it is put in OUT as
 cut-T.safetensors beforehand; --label names it in the rows, so the plot keeps its curve apart.
+A cut that was trained before it was cut again (LoRA KD between two rounds) counts those
+tokens in with --tokens-before, so its curve starts where they end.
 
 --lrs A,B: the learning-rate trial instead: short runs of --trial-steps at each rate (its
 own warmup and decay), judged on --dev rows (not the held-out text).
@@ -193,11 +195,11 @@ class Bench:
         if not path.exists():
             calib = ["--data", a.calib, "--samples", a.calib_rows, "--max-length", a.max_length]
             headprune("prune", a.model, "--scores", a.scores, "--target-flops", target, *calib, "-o", path)
-        if not self.has(target=target, route="cut", tokens=0):
+        if not self.has(target=target, route="cut", step=0):
             model = hp.load(path)
             flops = hp.flops_per_token(model, a.max_length) / hp.flops_per_token(hp.load(a.model), a.max_length)
             ppl = perplexity(model, a.heldout, a.eval_rows)
-            row = {"target": target, "route": "cut", "step": 0, "tokens": 0, "ppl": ppl}
+            row = {"target": target, "route": "cut", "step": 0, "tokens": round(a.tokens_before), "ppl": ppl}
             self.record({**row, "x_ppl": ppl / a.unpruned_ppl, "flops_share": flops})
         return path
 
@@ -270,7 +272,7 @@ class Bench:
 
     def row(self, target: float, route: str, step: int, per_step: float, ppl: float, **extra) -> None:
         base = self.args.unpruned_ppl
-        tokens = round(step * per_step)
+        tokens = round(step * per_step + self.args.tokens_before)
         self.record(
             {"target": target, "route": route, "step": step, "tokens": tokens, "ppl": ppl, "x_ppl": ppl / base, **extra}
         )
@@ -334,6 +336,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--label", help="names the cut in every row (a cut put in OUT as cut-T.safetensors beforehand, not the default)"
+    )
+    parser.add_argument(
+        "--tokens-before",
+        type=float,
+        default=0.0,
+        help="tokens the cut in OUT was already trained on (recovered between rounds), counted into every row",
     )
     parser.add_argument("--lrs", type=float, nargs="+", help="pick the rate among these first (--dev)")
     parser.add_argument("--trial-steps", type=int, default=24, help="--lrs: steps each rate runs before the choice")

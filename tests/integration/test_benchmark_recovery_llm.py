@@ -55,6 +55,7 @@ def test_curve_and_rate_trial_on_the_tiny_llama(tmp_path):
     argv += ["--dev", TEXT, "--out", out, "--unpruned-ppl", 100.0, "--targets", 0.8, "--steps", 20, "--points", 10]
     argv += ["--batch-size", 2, "--max-length", 32, "--eval-rows", 4, "--lora-rank", 2, "--lrs", 1e-3, 1e-2]
     argv += ["--trial-steps", 10, "--label", "tiny"]  # 10 steps between saves: time enough for the copies
+    argv += ["--tokens-before", 1000]  # as if the cut had been trained on 1,000 tokens before this run
     done = subprocess.run(
         [sys.executable, "-m", "scripts.benchmarks.recovery_llm", *map(str, argv)], cwd=ROOT, capture_output=True
     )
@@ -65,9 +66,9 @@ def test_curve_and_rate_trial_on_the_tiny_llama(tmp_path):
     assert sorted(r["lr"] for r in trial) == [1e-3, 1e-2] and all(r["dev_ppl"] > 1 for r in trial)
     best = min(trial, key=lambda r: r["dev_ppl"])["lr"]
     curve = [r for r in rows if r["route"] in ("cut", "lora")]
-    assert [r["step"] for r in curve] == [0, 10, 20]
+    assert [r["step"] for r in curve] == [0, 10, 20] and curve[0]["tokens"] == 1000
     assert all(r["lr"] == best for r in curve[1:]) and curve[-1]["peak_rss_gib"] > 0
-    assert 0 < curve[1]["tokens"] <= 10 * 2 * 32  # 10 steps of 2 rows of at most 32 tokens
+    assert 1000 < curve[1]["tokens"] <= 1000 + 10 * 2 * 32  # then 10 steps of 2 rows of at most 32 tokens
     # the output finetune merged itself and this script's merge of the adapter it kept agree
     assert curve[-1]["check"] is not None and curve[-1]["check"] < 1e-5
     assert curve[-1]["ppl"] != curve[0]["ppl"]
