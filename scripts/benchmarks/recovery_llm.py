@@ -198,9 +198,7 @@ class Bench:
         if not self.has(target=target, route="cut", step=0):
             model = hp.load(path)
             flops = hp.flops_per_token(model, a.max_length) / hp.flops_per_token(hp.load(a.model), a.max_length)
-            ppl = perplexity(model, a.heldout, a.eval_rows)
-            row = {"target": target, "route": "cut", "step": 0, "tokens": round(a.tokens_before), "ppl": ppl}
-            self.record({**row, "x_ppl": ppl / a.unpruned_ppl, "flops_share": flops})
+            self.row(target, "cut", 0, 0.0, perplexity(model, a.heldout, a.eval_rows), flops_share=flops)
         return path
 
     @functools.cache  # noqa: B019 (one Bench per run)

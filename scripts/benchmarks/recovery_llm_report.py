@@ -36,8 +36,9 @@ def curves(rows: list[dict]) -> dict[tuple[float, str, str], list[dict]]:
     return out
 
 
-def _name(target: float, label: str) -> str:
-    return f"{target:g} ({label})" if label else f"{target:g}"
+def _name(target: float, label: str, unit: str = "") -> str:
+    """The cut as a table row or a legend names it: `unit` follows the target, the label after."""
+    return f"{target:g}{unit} ({label})" if label else f"{target:g}{unit}"
 
 
 def render(rows: list[dict], project_to: float) -> str:
@@ -68,7 +69,7 @@ def plot(rows: list[dict], path: Path, unpruned: float, project_to: float) -> No
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for (target, label, route), points in curves(rows).items():
         xs = [max(r["tokens"], 1e3) for r in points]  # the cut itself drawn at 1 k on the log axis
-        name = f"{target:g} of the FLOPs{f' ({label})' if label else ''}, {route} KD"
+        name = f"{_name(target, label, ' of the FLOPs')}, {route} KD"
         line = ax.plot(xs, [r["x_ppl"] for r in points], marker="o", label=name)
         guess = projection(points, project_to)
         if guess is not None:
